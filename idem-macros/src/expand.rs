@@ -1,0 +1,134 @@
+//! Code generation: the claim, the body on the claim's transaction, the commit.
+
+use proc_macro2::{Ident, Span, TokenStream};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{FnArg, ItemFn, LitStr, Path};
+
+use crate::args::{self, Args};
+use crate::diag::Diag;
+use crate::signature::{self, Handler};
+use crate::validate;
+
+pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    let item: ItemFn = match syn::parse2(item.clone()) {
+        Ok(item) => item,
+        Err(_) => {
+            // Not a function at all: say so on the item, and give it back untouched.
+            let err = syn::Error::new(
+                Span::call_site(),
+                "`#[idempotent]` goes on an `async fn` that takes a transaction and returns a `Result`",
+            )
+            .to_compile_error();
+            return quote!(#err #item);
+        }
+    };
+    let mut diag = Diag::default();
+    let args = args::parse(args, &mut diag);
+    let handler = signature::analyse(&item, &mut diag);
+    if args.key.is_none() {
+        diag.error_at(
+            Span::call_site(),
+            "`#[idempotent]` needs `key`, the expression that reads the job's stable id: \
+             `#[idempotent(key = \"job.id\")]`",
+        );
+    }
+    if let (Some(handler), Some((_, expr))) = (&handler, &args.key) {
+        validate::key(expr, handler, &mut diag);
+    }
+    match (diag.finish(), handler) {
+        (Ok(()), Some(handler)) => expand(&args, &item, &handler),
+        (result, _) => {
+            // Give rustc the function as written, so one mistake is one error and the IDE
+            // keeps resolving the body.
+            let errors = result.err().map(|e| e.to_compile_error());
+            quote!(#errors #item)
+        }
+    }
+}
+
+fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
+    let krate: Path = args
+        .krate
+        .clone()
+        .unwrap_or_else(|| syn::parse_quote!(::idem));
+    let private = quote!(#krate::__private);
+    let (key_lit, key) = args.key.as_ref().expect("checked by the caller");
+    let scope = args
+        .scope
+        .clone()
+        .unwrap_or_else(|| LitStr::new(&item.sig.ident.to_string(), item.sig.ident.span()));
+
+    let local = |name: &str| Ident::new(name, Span::mixed_site());
+    let store = local("store");
+    let key_var = local("__idem_key");
+    let guard = local("__idem_guard");
+    let tx_var = local("__idem_tx");
+    let result = local("__idem_result");
+    let err = local("__idem_err");
+
+    let mut sig = item.sig.clone();
+    let db = &handler.db;
+    let store_arg: FnArg = syn::parse_quote!(#store: &#private::Store<#db>);
+    *sig.inputs.iter_mut().nth(handler.tx_index).expect("index from analyse") = store_arg;
+    let ok = &handler.ok;
+    let outcome: syn::Type = syn::parse_quote!(#private::Outcome<#ok>);
+    let ret = &handler.ret;
+    if let syn::ReturnType::Type(_, ty) = &mut sig.output {
+        **ty = signature::with_ok(ret, outcome);
+    }
+
+    // Errors about the key's type land on the `key` literal, errors about converting
+    // `idem::Error` into the handler's error land on its return type.
+    let key_eval = quote_spanned! {key_lit.span()=>
+        let #key_var = #private::key(&(#key));
+    };
+    let ret_span = ret.span();
+    let into_err = quote_spanned! {ret_span=>
+        ::core::result::Result::Err(::core::convert::From::from(#err))
+    };
+    let tx_pat = &handler.tx_pat;
+    let tx_ty = &handler.tx_ty;
+    let stmts = &item.block.stmts;
+    let body = quote! {
+        #key_eval
+        let mut #guard = match #private::claim(#store, #scope, #key_var).await {
+            ::core::result::Result::Ok(#private::Claim::Fresh(#guard)) => #guard,
+            ::core::result::Result::Ok(#private::Claim::Duplicate) => {
+                return ::core::result::Result::Ok(#private::Outcome::Duplicate);
+            }
+            ::core::result::Result::Err(#err) => return #into_err,
+        };
+        let #tx_var = #guard.tx();
+        let #result: #ret = async move {
+            let #tx_pat: #tx_ty = #tx_var;
+            #(#stmts)*
+        }
+        .await;
+        #guard.finish(#result).await
+    };
+
+    let attrs = &item.attrs;
+    let vis = &item.vis;
+    let has_docs = attrs.iter().any(|a| a.path().is_ident("doc"));
+    let note = has_docs.then(|| {
+        let text = format!(
+            "\n\n*Idempotent* (scope `{}`): the effect commits once per key; a later delivery \
+             of the same key returns `Outcome::Duplicate` without running.",
+            scope.value()
+        );
+        quote!(#[doc = #text])
+    });
+    let mut out = TokenStream::new();
+    for a in attrs {
+        a.to_tokens(&mut out);
+    }
+    quote! {
+        #note
+        #vis #sig {
+            #body
+        }
+    }
+    .to_tokens(&mut out);
+    out
+}

@@ -1,0 +1,112 @@
+use sqlx::mysql::MySqlDatabaseError;
+use sqlx::{MySql, Pool, Transaction};
+
+use super::{Backend, Sql, sealed};
+
+impl sealed::Sealed for MySql {}
+
+const ER_DUP_ENTRY: u16 = 1062;
+const ER_LOCK_DEADLOCK: u16 = 1213;
+
+// `key` is a reserved word in MySQL. The binary collation makes keys that differ in case or
+// trailing spaces distinct (the default utf8mb4 collations treat them as equal). 255 + 255
+// characters of utf8mb4 stay within InnoDB's 3072-byte index limit.
+const DDL: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS {t} (
+        scope VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+        `key` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+        state VARCHAR(16) NOT NULL DEFAULT 'completed',
+        fingerprint VARBINARY(64) NULL,
+        result JSON NULL,
+        locked_until DATETIME(6) NULL,
+        token BIGINT NULL,
+        attempts INT NOT NULL DEFAULT 1,
+        created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+        completed_at DATETIME(6) NULL,
+        PRIMARY KEY (scope, `key`),
+        KEY {t}_completed_at (state, completed_at),
+        CHECK (state IN ('in_progress', 'completed'))
+    ) ENGINE = InnoDB",
+];
+
+fn number(err: &sqlx::Error) -> Option<u16> {
+    err.as_database_error()
+        .and_then(|e| e.try_downcast_ref::<MySqlDatabaseError>())
+        .map(MySqlDatabaseError::number)
+}
+
+impl Backend for MySql {
+    const BACKEND: &'static str = "mysql";
+
+    fn sql(table: &str) -> Sql {
+        Sql::new(
+            table,
+            "BEGIN",
+            // A plain INSERT: `INSERT IGNORE` would turn every error into a warning, and
+            // `ON DUPLICATE KEY UPDATE` reports a row under sqlx's CLIENT_FOUND_ROWS.
+            "INSERT INTO {t} (scope, `key`, completed_at) VALUES (?, ?, CURRENT_TIMESTAMP(6))",
+            "DELETE FROM {t} WHERE scope = ? AND `key` = ?",
+            DDL,
+        )
+    }
+
+    async fn try_claim<'t>(
+        tx: &'t mut Transaction<'static, Self>,
+        sql: &'t Sql,
+        scope: &'t str,
+        key: &'t str,
+    ) -> Result<bool, sqlx::Error> {
+        match sqlx::query(sql.claim.clone())
+            .bind(scope)
+            .bind(key)
+            .execute(&mut **tx)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if number(&e) == Some(ER_DUP_ENTRY) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn is_transient(err: &sqlx::Error) -> bool {
+        // InnoDB may pick a waiter as deadlock victim when the first claimer rolls back.
+        number(err) == Some(ER_LOCK_DEADLOCK)
+    }
+
+    async fn migrate<'p>(pool: &'p Pool<Self>, sql: &'p Sql) -> Result<(), sqlx::Error> {
+        // DDL commits implicitly in MySQL, so a named lock (held by this connection) is what
+        // makes concurrent workers take turns.
+        let mut conn = pool.acquire().await?;
+        let lock = format!("idem.migrate.{}", sql.table);
+        sqlx::query("SELECT GET_LOCK(?, 60)")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await?;
+        let mut result = Ok(());
+        for stmt in &sql.ddl {
+            if let Err(e) = sqlx::query(stmt.clone()).execute(&mut *conn).await {
+                result = Err(e);
+                break;
+            }
+        }
+        sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await?;
+        result
+    }
+
+    async fn forget<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p Sql,
+        scope: &'p str,
+        key: &'p str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(sql.forget.clone())
+            .bind(scope)
+            .bind(key)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+}

@@ -1,0 +1,84 @@
+use sqlx::{Pool, Sqlite, Transaction};
+
+use super::{Backend, Sql, sealed};
+
+impl sealed::Sealed for Sqlite {}
+
+// Text compares with the BINARY collation, so keys differing in case or trailing spaces stay
+// distinct. Times are ISO-8601 UTC text, SQLite's own convention.
+const DDL: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS {t} (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'completed' CHECK (state IN ('in_progress', 'completed')),
+        fingerprint BLOB,
+        result TEXT,
+        locked_until TEXT,
+        token INTEGER,
+        attempts INTEGER NOT NULL DEFAULT 1,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        completed_at TEXT,
+        PRIMARY KEY (scope, key)
+    ) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS {t}_completed_at ON {t} (completed_at) WHERE state = 'completed'",
+];
+
+impl Backend for Sqlite {
+    const BACKEND: &'static str = "sqlite";
+
+    fn sql(table: &str) -> Sql {
+        Sql::new(
+            table,
+            // A deferred transaction that reads first and writes later can deadlock with
+            // another one on the lock upgrade; IMMEDIATE takes the write lock up front, and
+            // the connection's busy timeout decides how long a second writer waits for it.
+            "BEGIN IMMEDIATE",
+            "INSERT INTO {t} (scope, key, completed_at) \
+             VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) ON CONFLICT DO NOTHING",
+            "DELETE FROM {t} WHERE scope = ?1 AND key = ?2",
+            DDL,
+        )
+    }
+
+    async fn try_claim<'t>(
+        tx: &'t mut Transaction<'static, Self>,
+        sql: &'t Sql,
+        scope: &'t str,
+        key: &'t str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(sql.claim.clone())
+            .bind(scope)
+            .bind(key)
+            .execute(&mut **tx)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    fn is_transient(_: &sqlx::Error) -> bool {
+        // Writers are serialised by the write lock taken at BEGIN IMMEDIATE; a busy timeout
+        // running out is the user's configured limit, not a race to retry.
+        false
+    }
+
+    async fn migrate<'p>(pool: &'p Pool<Self>, sql: &'p Sql) -> Result<(), sqlx::Error> {
+        let mut tx = pool.begin_with(sql.begin.clone()).await?;
+        for stmt in &sql.ddl {
+            sqlx::query(stmt.clone()).execute(&mut *tx).await?;
+        }
+        tx.commit().await
+    }
+
+    async fn forget<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p Sql,
+        scope: &'p str,
+        key: &'p str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(sql.forget.clone())
+            .bind(scope)
+            .bind(key)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+}

@@ -1,0 +1,26 @@
+//! Runtime of [idem](https://docs.rs/idem): the claim store that `#[idempotent]` handlers call.
+//!
+//! Use it through the `idem` crate, which re-exports everything here together with the
+//! attribute. A [`Store`] keeps one marker per handled job, keyed by `(scope, key)`, in the
+//! same database (and the same transaction) as the job's effect.
+
+#![warn(missing_docs)]
+
+mod backend;
+mod error;
+mod key;
+mod outcome;
+mod store;
+
+pub use backend::Backend;
+pub use error::{Error, KeyError};
+pub use key::{IntoKey, Key, KeyWriter, MAX_KEY_LEN};
+pub use outcome::Outcome;
+pub use store::{Claim, DEFAULT_TABLE, Guard, Store};
+
+/// The transaction an `#[idempotent]` handler's body runs on (an alias of
+/// `sqlx::Transaction`, so either spelling works in a handler's signature).
+pub type Tx<'c, DB> = sqlx::Transaction<'c, DB>;
+
+#[doc(hidden)]
+pub mod __private;

@@ -1,0 +1,50 @@
+//! Make at-least-once job and message handlers exactly-once in effect.
+//!
+//! Brokers deliver every job at least once and sometimes twice. idem gives each job a stable
+//! key, records a marker for it in the same database transaction as the job's effect, and
+//! skips any later delivery whose marker is already committed. A crash loses both the marker
+//! and the effect, or keeps both.
+//!
+//! ```no_run
+//! use idem::{Outcome, Store};
+//! use sqlx::{Sqlite, Transaction};
+//!
+//! struct TopUp { id: String, account: i64, credits: i64 }
+//!
+//! #[idem::idempotent(key = "job.id", scope = "billing.top_up")]
+//! async fn top_up(tx: &mut Transaction<'_, Sqlite>, job: &TopUp) -> Result<(), sqlx::Error> {
+//!     sqlx::query("UPDATE accounts SET credits = credits + ?1 WHERE id = ?2")
+//!         .bind(job.credits)
+//!         .bind(job.account)
+//!         .execute(&mut **tx)
+//!         .await?;
+//!     Ok(())
+//! }
+//!
+//! # async fn run(store: Store<Sqlite>, job: TopUp) -> Result<(), sqlx::Error> {
+//! // `top_up` now takes `&Store<Sqlite>` where it took the transaction.
+//! match top_up(&store, &job).await? {
+//!     Outcome::Applied(()) => { /* this delivery did the work: ack */ }
+//!     Outcome::Duplicate => { /* an earlier delivery did: ack, nothing ran */ }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Databases are chosen with the cargo features `sqlite` (on by default), `postgres` and
+//! `mysql`. See [`idempotent`] for the attribute and [`Store`] for the table it keeps.
+
+#![warn(missing_docs)]
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+// Lets the examples and tests inside this crate spell `::idem::...` like users do.
+extern crate self as idem;
+
+#[doc(inline)]
+pub use idem_macros::idempotent;
+pub use idem_runtime::*;
+
+#[doc(hidden)]
+pub mod __private {
+    pub use idem_runtime::__private::*;
+}
