@@ -9,6 +9,9 @@ use crate::{Error, Key, Outcome};
 /// The table of markers that [`Store::new`] uses.
 pub const DEFAULT_TABLE: &str = "idem_processed";
 
+/// The most rows one statement of [`Store::purge`] deletes.
+pub const PURGE_BATCH: i64 = 5_000;
+
 /// How often a claim that lost a race to a transient error (a serialization failure or a
 /// deadlock between waiters) is tried again before the error is returned.
 const CLAIM_ATTEMPTS: u32 = 5;
@@ -112,6 +115,26 @@ impl<DB: Backend> Store<DB> {
         let key = Key::new(key)?;
         let done = DB::forget(&self.pool, &self.sql, scope, key.as_str()).await?;
         Ok(done)
+    }
+
+    /// Deletes the markers of jobs completed more than `older_than` ago, in batches of at most
+    /// [`PURGE_BATCH`] rows (each its own short statement, so a purge never holds many locks);
+    /// returns how many it deleted.
+    ///
+    /// Retention must outlast the longest time the broker may still redeliver a job (SQS
+    /// visibility timeouts and retention, RabbitMQ requeues, JetStream `max_deliver` with
+    /// back-off, a replay from a dead-letter queue): a redelivery that arrives after its marker
+    /// was purged runs again.
+    pub async fn purge(&self, older_than: std::time::Duration) -> Result<u64, Error> {
+        let age_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        let mut total = 0;
+        loop {
+            let n = DB::purge_batch(&self.pool, &self.sql, age_ms, PURGE_BATCH).await?;
+            total += n;
+            if n < PURGE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
     }
 
     /// Begins a transaction and claims `(scope, key)` in it.

@@ -52,7 +52,55 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         scope: &'p str,
         key: &'p str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
+
+    /// Deletes at most `limit` completed markers older than `age_ms`; returns how many.
+    #[doc(hidden)]
+    fn purge_batch<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p Sql,
+        age_ms: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'p;
 }
+
+/// `forget` and `purge_batch` read the same on every backend but for the concrete types, which
+/// sqlx's generic API cannot name without a wall of bounds.
+macro_rules! pool_statements {
+    () => {
+        async fn forget<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Sql,
+            scope: &'p str,
+            key: &'p str,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(sql.forget.clone())
+                .bind(scope)
+                .bind(key)
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected() > 0)
+        }
+
+        async fn purge_batch<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Sql,
+            age_ms: i64,
+            limit: i64,
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(sql.purge.clone())
+                .bind(age_ms)
+                .bind(limit)
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
+    };
+}
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    allow(unused)
+)]
+use pool_statements;
 
 /// The statements of one backend for one table, built once per [`Store`](crate::Store) so
 /// that every call reuses the same strings and hits sqlx's prepared-statement cache.
@@ -63,20 +111,22 @@ pub struct Sql {
     pub(crate) begin: SqlStr,
     pub(crate) claim: SqlStr,
     pub(crate) forget: SqlStr,
+    pub(crate) purge: SqlStr,
     pub(crate) ddl: Vec<SqlStr>,
 }
 
 impl Sql {
     /// `table` has been checked to be a plain identifier, so formatting it into SQL is safe.
-    fn new(table: &str, begin: &'static str, claim: &str, forget: &str, ddl: &[&str]) -> Sql {
+    fn new(table: &str, begin: &'static str, dml: [&str; 3], ddl: &[&str]) -> Sql {
+        let [claim, forget, purge] = dml;
         let fill = |s: &str| sqlx::AssertSqlSafe(s.replace("{t}", table)).into_sql_str();
         Sql {
             table: table.to_owned(),
             begin: begin.into_sql_str(),
             claim: fill(claim),
             forget: fill(forget),
+            purge: fill(purge),
             ddl: ddl.iter().map(|s| fill(s)).collect(),
         }
     }
 }
-

@@ -11,8 +11,7 @@ const ER_LOCK_DEADLOCK: u16 = 1213;
 // `key` is a reserved word in MySQL. The binary collation makes keys that differ in case or
 // trailing spaces distinct (the default utf8mb4 collations treat them as equal). 255 + 255
 // characters of utf8mb4 stay within InnoDB's 3072-byte index limit.
-const DDL: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS {t} (
+const DDL: &[&str] = &["CREATE TABLE IF NOT EXISTS {t} (
         scope VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
         `key` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
         state VARCHAR(16) NOT NULL DEFAULT 'completed',
@@ -26,8 +25,7 @@ const DDL: &[&str] = &[
         PRIMARY KEY (scope, `key`),
         KEY {t}_completed_at (state, completed_at),
         CHECK (state IN ('in_progress', 'completed'))
-    ) ENGINE = InnoDB",
-];
+    ) ENGINE = InnoDB"];
 
 fn number(err: &sqlx::Error) -> Option<u16> {
     err.as_database_error()
@@ -44,8 +42,13 @@ impl Backend for MySql {
             "BEGIN",
             // A plain INSERT: `INSERT IGNORE` would turn every error into a warning, and
             // `ON DUPLICATE KEY UPDATE` reports a row under sqlx's CLIENT_FOUND_ROWS.
-            "INSERT INTO {t} (scope, `key`, completed_at) VALUES (?, ?, CURRENT_TIMESTAMP(6))",
-            "DELETE FROM {t} WHERE scope = ? AND `key` = ?",
+            [
+                "INSERT INTO {t} (scope, `key`, completed_at) VALUES (?, ?, CURRENT_TIMESTAMP(6))",
+                "DELETE FROM {t} WHERE scope = ? AND `key` = ?",
+                "DELETE FROM {t} WHERE state = 'completed' \
+                 AND completed_at < CURRENT_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
+                 ORDER BY completed_at LIMIT ?",
+            ],
             DDL,
         )
     }
@@ -96,17 +99,5 @@ impl Backend for MySql {
         result
     }
 
-    async fn forget<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p Sql,
-        scope: &'p str,
-        key: &'p str,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(sql.forget.clone())
-            .bind(scope)
-            .bind(key)
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
-    }
+    super::pool_statements!();
 }

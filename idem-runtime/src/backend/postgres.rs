@@ -30,9 +30,14 @@ impl Backend for Postgres {
         Sql::new(
             table,
             "BEGIN",
-            "INSERT INTO {t} (scope, key, completed_at) VALUES ($1, $2, now()) \
-             ON CONFLICT DO NOTHING",
-            "DELETE FROM {t} WHERE scope = $1 AND key = $2",
+            [
+                "INSERT INTO {t} (scope, key, completed_at) VALUES ($1, $2, now()) \
+                 ON CONFLICT DO NOTHING",
+                "DELETE FROM {t} WHERE scope = $1 AND key = $2",
+                "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
+                 WHERE state = 'completed' AND completed_at < now() - $1 * interval '1 millisecond' \
+                 LIMIT $2)",
+            ],
             DDL,
         )
     }
@@ -70,19 +75,7 @@ impl Backend for Postgres {
         tx.commit().await
     }
 
-    async fn forget<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p Sql,
-        scope: &'p str,
-        key: &'p str,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(sql.forget.clone())
-            .bind(scope)
-            .bind(key)
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
-    }
+    super::pool_statements!();
 }
 
 fn database_code(err: &sqlx::Error) -> Option<String> {

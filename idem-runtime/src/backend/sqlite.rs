@@ -33,9 +33,15 @@ impl Backend for Sqlite {
             // another one on the lock upgrade; IMMEDIATE takes the write lock up front, and
             // the connection's busy timeout decides how long a second writer waits for it.
             "BEGIN IMMEDIATE",
-            "INSERT INTO {t} (scope, key, completed_at) \
-             VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) ON CONFLICT DO NOTHING",
-            "DELETE FROM {t} WHERE scope = ?1 AND key = ?2",
+            [
+                "INSERT INTO {t} (scope, key, completed_at) \
+                 VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) ON CONFLICT DO NOTHING",
+                "DELETE FROM {t} WHERE scope = ?1 AND key = ?2",
+                "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
+                 WHERE state = 'completed' AND completed_at < \
+                 strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds') \
+                 LIMIT ?2)",
+            ],
             DDL,
         )
     }
@@ -68,17 +74,5 @@ impl Backend for Sqlite {
         tx.commit().await
     }
 
-    async fn forget<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p Sql,
-        scope: &'p str,
-        key: &'p str,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(sql.forget.clone())
-            .bind(scope)
-            .bind(key)
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
-    }
+    super::pool_statements!();
 }
