@@ -13,6 +13,8 @@ pub(crate) struct Args {
     pub(crate) key: Option<(LitStr, Expr)>,
     pub(crate) scope: Option<LitStr>,
     pub(crate) krate: Option<Path>,
+    /// `key` was written, even if its value was refused (so "missing key" is not said too).
+    pub(crate) key_given: bool,
 }
 
 const KNOWN: &str = "expected `key`, `scope` or `crate`";
@@ -38,6 +40,7 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
             return Ok(());
         }
         seen.push(name.clone());
+        args.key_given |= name == "key";
         let Some(lit) = lit else { return Ok(()) };
         match name.as_str() {
             "key" => match lit.parse::<Expr>() {

@@ -1,6 +1,6 @@
 //! Code generation: the claim, the body on the claim's transaction, the commit.
 
-use proc_macro2::{Ident, Span, TokenStream};
+use proc_macro2::{Group, Ident, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, ItemFn, LitStr, Path};
@@ -26,7 +26,7 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut diag = Diag::default();
     let args = args::parse(args, &mut diag);
     let handler = signature::analyse(&item, &mut diag);
-    if args.key.is_none() {
+    if !args.key_given {
         diag.error_at(
             Span::call_site(),
             "`#[idempotent]` needs `key`, the expression that reads the job's stable id: \
@@ -66,6 +66,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let tx_var = local("__idem_tx");
     let result = local("__idem_result");
     let err = local("__idem_err");
+    let outcome_var = local("__idem_outcome");
 
     let mut sig = item.sig.clone();
     let db = &handler.db;
@@ -81,34 +82,38 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         **ty = signature::with_ok(ret, outcome);
     }
 
-    // Errors about the key's type land on the `key` literal, errors about converting
-    // `idem::Error` into the handler's error land on its return type.
+    // Errors about the key's type land on the `key` literal.
     let key_eval = quote_spanned! {key_lit.span()=>
         let #key_var = #private::key(&(#key));
-    };
-    let ret_span = ret.span();
-    let into_err = quote_spanned! {ret_span=>
-        ::core::result::Result::Err(::core::convert::From::from(#err))
     };
     let tx_pat = &handler.tx_pat;
     let tx_ty = &handler.tx_ty;
     let stmts = &item.block.stmts;
+    // Every idem error reaches the handler's error type through the one `settle` call, spanned
+    // on the return type: a missing `From<idem::Error>` is one error, on the user's type.
+    let settle = located_at(quote!(#private::settle(#outcome_var)), ret.span());
     let body = quote! {
         #key_eval
-        let mut #guard = match #private::claim(#store, #scope, #key_var).await {
-            ::core::result::Result::Ok(#private::Claim::Fresh(#guard)) => #guard,
-            ::core::result::Result::Ok(#private::Claim::Duplicate) => {
-                return ::core::result::Result::Ok(#private::Outcome::Duplicate);
+        let #outcome_var = async move {
+            let mut #guard = match #private::claim(#store, #scope, #key_var).await {
+                ::core::result::Result::Ok(#private::Claim::Fresh(#guard)) => #guard,
+                ::core::result::Result::Ok(#private::Claim::Duplicate) => {
+                    return ::core::result::Result::Ok(#private::Outcome::Duplicate);
+                }
+                ::core::result::Result::Err(#err) => {
+                    return ::core::result::Result::Err(#private::Failed::Idem(#err));
+                }
+            };
+            let #tx_var = #guard.tx();
+            let #result: #ret = async move {
+                let #tx_pat: #tx_ty = #tx_var;
+                #(#stmts)*
             }
-            ::core::result::Result::Err(#err) => return #into_err,
-        };
-        let #tx_var = #guard.tx();
-        let #result: #ret = async move {
-            let #tx_pat: #tx_ty = #tx_var;
-            #(#stmts)*
+            .await;
+            #private::finish(#guard, #result).await
         }
         .await;
-        #guard.finish(#result).await
+        #settle
     };
 
     let attrs = &item.attrs;
@@ -134,4 +139,22 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     }
     .to_tokens(&mut out);
     out
+}
+
+/// Moves every token to `at` for diagnostics while keeping how its names resolve (hygiene),
+/// so that rustc's errors about these tokens point at the user's code.
+fn located_at(tokens: TokenStream, at: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tt| {
+            if let TokenTree::Group(g) = &tt {
+                let mut group = Group::new(g.delimiter(), located_at(g.stream(), at));
+                group.set_span(g.span().located_at(at));
+                tt = TokenTree::Group(group);
+            } else {
+                tt.set_span(tt.span().located_at(at));
+            }
+            tt
+        })
+        .collect()
 }

@@ -20,3 +20,27 @@ pub async fn claim<DB: Backend>(
 ) -> Result<Claim<DB>, Error> {
     store.claim(scope, &key?).await
 }
+
+/// An error of the call: idem's own (claim, commit) or the body's.
+pub enum Failed<E> {
+    Idem(Error),
+    Handler(E),
+}
+
+/// [`Guard::finish`] without converting idem's errors yet.
+#[inline]
+pub async fn finish<DB: Backend, T, E>(
+    guard: Guard<DB>,
+    result: Result<T, E>,
+) -> Result<Outcome<T>, Failed<E>> {
+    guard.end(result).await
+}
+
+/// The one place where an [`Error`] becomes the handler's error type.
+#[inline]
+pub fn settle<T, E: From<Error>>(result: Result<Outcome<T>, Failed<E>>) -> Result<Outcome<T>, E> {
+    result.map_err(|f| match f {
+        Failed::Idem(e) => E::from(e),
+        Failed::Handler(e) => e,
+    })
+}

@@ -194,14 +194,22 @@ impl<DB: Backend> Guard<DB> {
     /// A failed rollback is not reported: the body's error is what the caller needs, and the
     /// database drops the transaction with the connection anyway.
     pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Outcome<T>, E> {
+        crate::__private::settle(self.end(result).await)
+    }
+
+    pub(crate) async fn end<T, E>(
+        self,
+        result: Result<T, E>,
+    ) -> Result<Outcome<T>, crate::__private::Failed<E>> {
+        use crate::__private::Failed;
         match result {
             Ok(value) => match self.tx.commit().await {
                 Ok(()) => Ok(Outcome::Applied(value)),
-                Err(e) => Err(E::from(Error::Database(e))),
+                Err(e) => Err(Failed::Idem(Error::Database(e))),
             },
             Err(e) => {
                 drop(self.tx.rollback().await);
-                Err(e)
+                Err(Failed::Handler(e))
             }
         }
     }

@@ -1,0 +1,13 @@
+use sqlx::{Sqlite, Transaction};
+
+struct Job {
+    id: u64,
+}
+
+#[idem::idempotent(key = "jobs.id", retries = 3)]
+async fn handle(tx: &mut Transaction<'_, Sqlite>, job: &Job) -> Option<()> {
+    let _ = (tx, job);
+    None
+}
+
+fn main() {}

@@ -1,0 +1,16 @@
+use sqlx::{Sqlite, Transaction};
+
+struct Job {
+    id: u64,
+}
+
+#[derive(Debug)]
+struct AppError;
+
+#[idem::idempotent(key = "job.id")]
+async fn handle(tx: &mut Transaction<'_, Sqlite>, job: &Job) -> Result<(), AppError> {
+    let _ = (tx, job);
+    Ok(())
+}
+
+fn main() {}

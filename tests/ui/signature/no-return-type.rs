@@ -1,0 +1,12 @@
+use sqlx::{Sqlite, Transaction};
+
+struct Job {
+    id: u64,
+}
+
+#[idem::idempotent(key = "job.id")]
+async fn handle(tx: &mut Transaction<'_, Sqlite>, job: &Job) {
+    let _ = (tx, job);
+}
+
+fn main() {}

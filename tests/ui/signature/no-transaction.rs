@@ -1,0 +1,13 @@
+use sqlx::{Sqlite, Transaction};
+
+struct Job {
+    id: u64,
+}
+
+#[idem::idempotent(key = "job.id")]
+async fn handle(job: &Job) -> Result<(), sqlx::Error> {
+    let _ = job;
+    Ok(())
+}
+
+fn main() {}

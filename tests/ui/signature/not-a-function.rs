@@ -1,0 +1,10 @@
+use sqlx::{Sqlite, Transaction};
+
+struct Job {
+    id: u64,
+}
+
+#[idem::idempotent(key = "job.id")]
+struct Handler;
+
+fn main() {}
