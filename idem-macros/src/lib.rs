@@ -9,6 +9,9 @@ mod expand;
 mod signature;
 mod validate;
 
+#[cfg(test)]
+mod snapshots;
+
 /// Turns an async handler into claim-then-run code. See the `idem` crate.
 #[proc_macro_attribute]
 pub fn idempotent(

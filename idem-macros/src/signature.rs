@@ -71,7 +71,7 @@ pub(crate) fn analyse(item: &ItemFn, diag: &mut Diag) -> Option<Handler> {
                     );
                     ok = false;
                 } else {
-                    tx = Some((i, (*pt.pat).clone(), elide_lifetimes(&pt.ty), db));
+                    tx = Some((i, (*pt.pat).clone(), elide_lifetimes(&pt.ty), *db));
                 }
             }
         }
@@ -124,7 +124,7 @@ enum TxParam {
     No,
     NotMut,
     NoDb,
-    Yes(Type),
+    Yes(Box<Type>),
 }
 
 /// Recognises `&mut Transaction<'_, DB>` and `&mut Tx<'_, DB>` by the last path segment.
@@ -152,7 +152,7 @@ fn transaction_db(ty: &Type) -> TxParam {
         GenericArgument::Type(t) => Some(t.clone()),
         _ => None,
     }) {
-        Some(db) => TxParam::Yes(db),
+        Some(db) => TxParam::Yes(Box::new(db)),
         None => TxParam::NoDb,
     }
 }
@@ -177,11 +177,12 @@ fn elide_lifetimes(ty: &Type) -> Type {
     ty
 }
 
-/// `T` of `Result<T, E>` or of an alias such as `anyhow::Result<T>`.
+/// `T` of `Result<T, E>` or of an alias whose name ends in `Result` and whose first
+/// parameter is `T` (`anyhow::Result<T>`, `io::Result<T>`, `BoxResult<T>`).
 fn result_ok(ty: &Type) -> Option<Type> {
     let Type::Path(p) = ty else { return None };
     let last = p.path.segments.last()?;
-    if last.ident != "Result" {
+    if !last.ident.to_string().ends_with("Result") {
         return None;
     }
     let PathArguments::AngleBracketed(args) = &last.arguments else {

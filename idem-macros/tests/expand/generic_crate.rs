@@ -1,0 +1,11 @@
+// A generic handler, re-rooted for a crate that re-exports idem.
+#[idempotent(key = "job.key()", crate = "::my_app::idem")]
+pub(crate) async fn handle<J: Job + Sync>(
+    job: &J,
+    mut tx: &mut sqlx::Transaction<'_, MySql>,
+) -> Result<J::Output, sqlx::Error>
+where
+    J::Output: Send,
+{
+    job.run(&mut tx).await
+}

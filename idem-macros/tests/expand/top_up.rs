@@ -1,0 +1,13 @@
+// The seed's handler: a free function on Postgres with the default scope.
+#[idempotent(key = "job.id")]
+pub async fn apply_top_up(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+    job: &TopUp,
+) -> Result<(), AppError> {
+    sqlx::query("UPDATE accounts SET credits = credits + $1 WHERE id = $2")
+        .bind(job.credits)
+        .bind(job.account_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! The expansion must compile warning-free in a strict crate, whatever the user's module
+//! shadows, for every shape of handler. Each handler also runs, so the test checks behaviour
+//! and not only that it builds.
+#![deny(warnings, clippy::pedantic, unused_qualifications)]
+
+use idem::Outcome;
+use sqlx::{Sqlite, SqlitePool};
+
+/// Names a user's module may define that generated code must never pick up.
+#[allow(dead_code, non_camel_case_types, clippy::upper_case_acronyms)]
+mod shadows {
+    use ::idem::Tx;
+    use sqlx::Sqlite;
+
+    pub(crate) struct Job {
+        pub(crate) id: u64,
+    }
+
+    struct Result;
+    struct Ok;
+    struct Err;
+    struct Option;
+    struct Some;
+    struct None;
+    struct From;
+    struct Outcome;
+    struct Store;
+    struct Claim;
+    mod core {}
+    mod std {}
+    mod idem {}
+
+    /// A parameter named like the one the expansion adds, and locals named like its own.
+    #[::idem::idempotent(key = "job.id")]
+    pub(crate) async fn shadowed(
+        tx: &mut Tx<'_, Sqlite>,
+        job: &Job,
+        store: u64,
+    ) -> ::core::result::Result<u64, sqlx::Error> {
+        let __idem_guard = store;
+        let __idem_key = job.id;
+        sqlx::query("INSERT INTO effects (n) VALUES (1)")
+            .execute(&mut **tx)
+            .await?;
+        ::core::result::Result::Ok(__idem_guard + __idem_key)
+    }
+}
+
+mod reexport {
+    pub(crate) use ::idem as idem_again;
+}
+
+struct Job {
+    tenant: String,
+    id: u64,
+}
+
+struct Worker {
+    name: &'static str,
+}
+
+impl Worker {
+    /// A method: `self` stays a parameter and may be used in the key.
+    #[idem::idempotent(key = "(self.name, job.id)", scope = "worker")]
+    async fn handle(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Sqlite>,
+        job: &Job,
+    ) -> Result<&'static str, sqlx::Error> {
+        sqlx::query("INSERT INTO effects (n) VALUES (1)")
+            .execute(&mut **tx)
+            .await?;
+        Ok(self.name)
+    }
+}
+
+trait HasId {
+    fn id(&self) -> u64;
+}
+
+impl HasId for Job {
+    fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// A generic handler with an early `return` and a composite key.
+#[idem::idempotent(key = "(job.id(), tenant)")]
+pub(crate) async fn generic<J: HasId + Sync>(
+    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    job: &J,
+    tenant: &str,
+) -> Result<u64, sqlx::Error> {
+    if job.id() == 0 {
+        return Ok(0);
+    }
+    sqlx::query("INSERT INTO effects (n) VALUES (?1)")
+        .bind(i64::try_from(job.id()).unwrap_or(i64::MAX))
+        .execute(&mut **tx)
+        .await?;
+    Ok(job.id())
+}
+
+type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// A `Result` alias with one parameter, re-rooted through a re-export.
+#[reexport::idem_again::idempotent(key = "job.tenant", crate = "crate::reexport::idem_again")]
+async fn aliased(tx: &mut sqlx::Transaction<'_, Sqlite>, job: Job) -> BoxResult<String> {
+    sqlx::query("INSERT INTO effects (n) VALUES (1)")
+        .execute(&mut **tx)
+        .await?;
+    Ok(job.tenant)
+}
+
+async fn setup() -> idem::Store<Sqlite> {
+    let pool = SqlitePool::connect("sqlite::memory:").await.unwrap();
+    sqlx::query("CREATE TABLE effects (n INTEGER NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = idem::Store::new(pool);
+    store.migrate().await.unwrap();
+    store
+}
+
+async fn effects(store: &idem::Store<Sqlite>) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM effects")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn shadowed_names_do_not_reach_the_expansion() {
+    let store = setup().await;
+    let job = shadows::Job { id: 5 };
+    assert_eq!(
+        shadows::shadowed(&store, &job, 10).await.unwrap(),
+        Outcome::Applied(15)
+    );
+    assert_eq!(
+        shadows::shadowed(&store, &job, 10).await.unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(effects(&store).await, 1);
+}
+
+#[tokio::test]
+async fn every_shape_runs_once_per_key() {
+    let store = setup().await;
+    let worker = Worker { name: "w1" };
+    let job = Job {
+        tenant: "acme".into(),
+        id: 7,
+    };
+    assert_eq!(
+        worker.handle(&store, &job).await.unwrap(),
+        Outcome::Applied("w1")
+    );
+    assert_eq!(
+        worker.handle(&store, &job).await.unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(
+        generic(&store, &job, "acme").await.unwrap(),
+        Outcome::Applied(7)
+    );
+    assert_eq!(
+        generic(&store, &job, "acme").await.unwrap(),
+        Outcome::Duplicate
+    );
+    // Another tenant is another key.
+    assert_eq!(
+        generic(&store, &job, "globex").await.unwrap(),
+        Outcome::Applied(7)
+    );
+    // The early `return` still commits the marker.
+    let zero = Job {
+        tenant: "acme".into(),
+        id: 0,
+    };
+    assert_eq!(
+        generic(&store, &zero, "acme").await.unwrap(),
+        Outcome::Applied(0)
+    );
+    assert_eq!(
+        generic(&store, &zero, "acme").await.unwrap(),
+        Outcome::Duplicate
+    );
+    let owned = || Job {
+        tenant: "initech".into(),
+        id: 1,
+    };
+    assert_eq!(
+        aliased(&store, owned()).await.unwrap(),
+        Outcome::Applied("initech".to_owned())
+    );
+    assert_eq!(aliased(&store, owned()).await.unwrap(), Outcome::Duplicate);
+    assert_eq!(effects(&store).await, 1 + 2 + 1);
+
+    let scopes: Vec<(String, String)> =
+        sqlx::query_as("SELECT scope, key FROM idem_processed ORDER BY scope, key")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    let expected = [
+        ("aliased", "initech"),
+        ("generic", "1:0|4:acme"),
+        ("generic", "1:7|4:acme"),
+        ("generic", "1:7|6:globex"),
+        ("worker", "2:w1|1:7"),
+    ];
+    let scopes: Vec<(&str, &str)> = scopes.iter().map(|(s, k)| (&**s, &**k)).collect();
+    assert_eq!(scopes, expected);
+}
