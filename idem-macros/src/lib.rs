@@ -1,7 +1,7 @@
 //! The `#[idempotent]` attribute. Use it through the `idem` crate, whose documentation
 //! describes it; this crate only rewrites the function, the work happens in `idem-runtime`.
 
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
 mod args;
 mod diag;

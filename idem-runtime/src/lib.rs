@@ -4,7 +4,7 @@
 //! attribute. A [`Store`] keeps one marker per handled job, keyed by `(scope, key)`, in the
 //! same database (and the same transaction) as the job's effect.
 
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
 mod backend;
 mod error;

@@ -1,0 +1,83 @@
+//! The seed's top-up on PostgreSQL: one job delivered three times, applied once.
+//!
+//! ```text
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run --example top_up --features postgres
+//! ```
+//! `DATABASE_URL` defaults to the local server above.
+
+use std::io::Write;
+
+use idem::{Outcome, Store};
+use sqlx::{PgPool, Postgres, Transaction};
+
+/// The default database of the examples and tests.
+pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+pub struct TopUp {
+    pub id: String,
+    pub account_id: i64,
+    pub credits: i64,
+}
+
+/// DESIGN §2's handler: the marker and the `UPDATE` commit in one transaction.
+#[idem::idempotent(key = "job.id", scope = "billing.top_up")]
+pub async fn apply_top_up(
+    tx: &mut Transaction<'_, Postgres>,
+    job: &TopUp,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE accounts SET credits = credits + $1 WHERE id = $2")
+        .bind(job.credits)
+        .bind(job.account_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Opens a fresh account, delivers one top-up of 50 credits three times and returns the
+/// balance after each delivery.
+pub async fn run(url: &str, out: &mut impl Write) -> Result<Vec<i64>, Box<dyn std::error::Error>> {
+    let pool = PgPool::connect(url)
+        .await
+        .map_err(|e| format!("cannot reach PostgreSQL at {url} (set DATABASE_URL): {e}"))?;
+    let store = Store::new(pool.clone());
+    store.migrate().await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS accounts (id bigserial PRIMARY KEY, credits bigint NOT NULL)",
+    )
+    .execute(&pool)
+    .await?;
+    let account_id: i64 =
+        sqlx::query_scalar("INSERT INTO accounts (credits) VALUES (100) RETURNING id")
+            .fetch_one(&pool)
+            .await?;
+    // A job id as a producer would assign it: unique per job, stable across deliveries.
+    let job = TopUp {
+        id: format!("top-up-for-account-{account_id}"),
+        account_id,
+        credits: 50,
+    };
+    writeln!(out, "account {account_id} starts with 100 credits")?;
+
+    let mut balances = Vec::new();
+    for delivery in 1..=3 {
+        let outcome = match apply_top_up(&store, &job).await? {
+            Outcome::Applied(()) => "applied",
+            Outcome::Duplicate => "duplicate, nothing ran",
+        };
+        let credits: i64 = sqlx::query_scalar("SELECT credits FROM accounts WHERE id = $1")
+            .bind(account_id)
+            .fetch_one(&pool)
+            .await?;
+        writeln!(out, "delivery {delivery} of {}: {outcome}; balance {credits}", job.id)?;
+        balances.push(credits);
+    }
+    pool.close().await;
+    Ok(balances)
+}
+
+#[allow(dead_code)]
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+    run(&url, &mut std::io::stdout()).await.map(|_| ())
+}
