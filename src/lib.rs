@@ -39,6 +39,7 @@
 // Lets the examples and tests inside this crate spell `::idem::...` like users do.
 extern crate self as idem;
 
+#[doc = include_str!("../docs/idempotent.md")]
 #[doc(inline)]
 pub use idem_macros::idempotent;
 pub use idem_runtime::*;
