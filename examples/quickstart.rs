@@ -105,7 +105,12 @@ pub async fn run(
         account: "bob",
         credits: 25,
     };
-    let deliveries = [(&first, false), (&first, false), (&second, true), (&second, false)];
+    let deliveries = [
+        (&first, false),
+        (&first, false),
+        (&second, true),
+        (&second, false),
+    ];
 
     let mut outcomes = Vec::new();
     for (n, (job, crash)) in deliveries.into_iter().enumerate() {

@@ -68,7 +68,11 @@ pub async fn run(url: &str, out: &mut impl Write) -> Result<Vec<i64>, Box<dyn st
             .bind(account_id)
             .fetch_one(&pool)
             .await?;
-        writeln!(out, "delivery {delivery} of {}: {outcome}; balance {credits}", job.id)?;
+        writeln!(
+            out,
+            "delivery {delivery} of {}: {outcome}; balance {credits}",
+            job.id
+        )?;
         balances.push(credits);
     }
     pool.close().await;
