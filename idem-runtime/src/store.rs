@@ -30,6 +30,22 @@ const CLAIM_ATTEMPTS: u32 = 5;
 /// # }
 /// # Ok(()) }
 /// ```
+///
+/// # Backends
+///
+/// - **PostgreSQL**: the claim is `INSERT ... ON CONFLICT DO NOTHING`; a concurrent delivery of
+///   the same key waits on the primary key until the first one commits (then it is a
+///   duplicate) or rolls back (then it claims). Under `REPEATABLE READ` or `SERIALIZABLE` a
+///   lost race (`40001`, `40P01`) is retried, a few times at most.
+/// - **MySQL / MariaDB**: the claim is a plain `INSERT`; duplicate-key error 1062 is the
+///   duplicate signal, and a deadlock victim (1213) among waiters retries its claim. Keys are
+///   stored with a binary collation, so `"Job-A"`, `"job-a"` and `"job-a "` are three keys.
+/// - **SQLite**: every call begins with `BEGIN IMMEDIATE`, taking the write lock up front (a
+///   deferred transaction could deadlock on the lock upgrade). Another writer waits for it up to
+///   the connection's busy timeout (sqlx's default is 5 s; set it with
+///   `SqliteConnectOptions::busy_timeout`) and then fails with `SQLITE_BUSY`, returned as
+///   [`Error::Database`]: nothing was written, the job can be redelivered. Use WAL
+///   (`journal_mode(Wal)`) so readers do not wait on writers.
 pub struct Store<DB: Backend> {
     pool: Pool<DB>,
     sql: Arc<Sql>,
