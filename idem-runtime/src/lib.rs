@@ -6,6 +6,11 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+#[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+compile_error!(
+    "idem needs a database: enable at least one of the cargo features `sqlite`, `postgres`, `mysql`"
+);
+
 mod backend;
 mod error;
 mod key;

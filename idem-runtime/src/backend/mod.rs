@@ -96,11 +96,30 @@ macro_rules! pool_statements {
         }
     };
 }
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-    allow(unused)
-)]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 use pool_statements;
+
+/// The claim of the backends with `INSERT ... ON CONFLICT DO NOTHING`: one row inserted means
+/// this delivery holds the key, none means an earlier one committed it.
+macro_rules! claim_on_conflict {
+    () => {
+        async fn try_claim<'t>(
+            tx: &'t mut Transaction<'static, Self>,
+            sql: &'t Sql,
+            scope: &'t str,
+            key: &'t str,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(sql.claim.clone())
+                .bind(scope)
+                .bind(key)
+                .execute(&mut **tx)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+    };
+}
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use claim_on_conflict;
 
 /// The statements of one backend for one table, built once per [`Store`](crate::Store) so
 /// that every call reuses the same strings and hits sqlx's prepared-statement cache.

@@ -42,19 +42,7 @@ impl Backend for Postgres {
         )
     }
 
-    async fn try_claim<'t>(
-        tx: &'t mut Transaction<'static, Self>,
-        sql: &'t Sql,
-        scope: &'t str,
-        key: &'t str,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(sql.claim.clone())
-            .bind(scope)
-            .bind(key)
-            .execute(&mut **tx)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
+    super::claim_on_conflict!();
 
     fn is_transient(err: &sqlx::Error) -> bool {
         // serialization_failure (REPEATABLE READ / SERIALIZABLE) and deadlock_detected.
