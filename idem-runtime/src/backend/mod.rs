@@ -101,6 +101,7 @@ use pool_statements;
 
 /// The claim of the backends with `INSERT ... ON CONFLICT DO NOTHING`: one row inserted means
 /// this delivery holds the key, none means an earlier one committed it.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 macro_rules! claim_on_conflict {
     () => {
         async fn try_claim<'t>(
