@@ -70,7 +70,7 @@ pub(crate) fn analyse(item: &ItemFn, diag: &mut Diag) -> Option<Handler> {
                     );
                     ok = false;
                 } else {
-                    tx = Some((i, (*pt.pat).clone(), elide_lifetimes(&pt.ty), db));
+                    tx = Some((i, (*pt.pat).clone(), elide_lifetimes(&pt.ty), *db));
                 }
             }
         }
@@ -123,7 +123,7 @@ enum TxParam {
     No,
     NotMut,
     NoDb,
-    Yes(Type),
+    Yes(Box<Type>),
 }
 
 /// Recognises `&mut Transaction<'_, DB>` and `&mut Tx<'_, DB>` by the last path segment.
@@ -151,7 +151,7 @@ fn transaction_db(ty: &Type) -> TxParam {
         GenericArgument::Type(t) => Some(t.clone()),
         _ => None,
     }) {
-        Some(db) => TxParam::Yes(db),
+        Some(db) => TxParam::Yes(Box::new(db)),
         None => TxParam::NoDb,
     }
 }
