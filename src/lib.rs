@@ -34,7 +34,6 @@
 //! `mysql`. See [`idempotent`] for the attribute and [`Store`] for the table it keeps.
 
 #![warn(missing_docs)]
-
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Lets the examples and tests inside this crate spell `::idem::...` like users do.

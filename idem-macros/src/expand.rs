@@ -70,7 +70,10 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let mut sig = item.sig.clone();
     let db = &handler.db;
     let store_arg: FnArg = syn::parse_quote!(#store: &#private::Store<#db>);
-    *sig.inputs.iter_mut().nth(handler.tx_index).expect("index from analyse") = store_arg;
+    *sig.inputs
+        .iter_mut()
+        .nth(handler.tx_index)
+        .expect("index from analyse") = store_arg;
     let ok = &handler.ok;
     let outcome: syn::Type = syn::parse_quote!(#private::Outcome<#ok>);
     let ret = &handler.ret;

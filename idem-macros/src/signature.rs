@@ -22,7 +22,8 @@ pub(crate) struct Handler {
     pub(crate) params: Vec<Ident>,
 }
 
-const TX_HINT: &str = "`tx: &mut sqlx::Transaction<'_, Postgres>` (or `&mut idem::Tx<'_, Postgres>`)";
+const TX_HINT: &str =
+    "`tx: &mut sqlx::Transaction<'_, Postgres>` (or `&mut idem::Tx<'_, Postgres>`)";
 
 pub(crate) fn analyse(item: &ItemFn, diag: &mut Diag) -> Option<Handler> {
     let sig = &item.sig;

@@ -1,8 +1,8 @@
 //! What `#[idempotent]` expands to calls. Not a public API: names and signatures here change
 //! with the macro, which is why the facade pins both crates to one exact version.
 
-pub use crate::{Claim, Guard, IntoKey, Outcome, Store};
 use crate::{Backend, Error, Key};
+pub use crate::{Claim, Guard, IntoKey, Outcome, Store};
 
 /// Encodes the key. Called with the `key` expression before any I/O, so that a type without
 /// [`IntoKey`] is reported on the expression itself.

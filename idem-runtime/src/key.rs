@@ -210,7 +210,10 @@ pointer_keys!(&T, &mut T, Box<T>, Rc<T>, Arc<T>);
 #[cfg(feature = "uuid")]
 impl IntoKey for uuid::Uuid {
     fn write_key(&self, key: &mut KeyWriter) {
-        key.part(self.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()));
+        key.part(
+            self.hyphenated()
+                .encode_lower(&mut uuid::Uuid::encode_buffer()),
+        );
     }
 }
 
