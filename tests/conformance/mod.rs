@@ -906,11 +906,15 @@ macro_rules! suite {
             ctx.cleanup().await;
         }
 
+        /// Effect row (`id`, `amount`) of the job the worker of test 8 hangs in.
+        const KILLED_JOB: (i64, i64) = (8, 80);
+
         // 8
         #[tokio::test(flavor = "multi_thread")]
         async fn worker_killed_inside_the_body_keeps_nothing() {
             let ctx = Ctx::new("sigkill", 2).await;
-            let job = ctx.job("job-killed", 8, 80);
+            let (id, amount) = KILLED_JOB;
+            let job = ctx.job("job-killed", id, amount);
             let mut w = cf::Worker::spawn(
                 "hang",
                 &[
@@ -931,9 +935,9 @@ macro_rules! suite {
             assert_eq!(ctx.effects_total().await, 0, "a killed worker's effect survived");
             let next = apply(&ctx.store, &job, Then::Commit);
             let next = cf::within(120, "delivery after a killed worker", next).await;
-            assert_eq!(applied(next), 80);
+            assert_eq!(applied(next), amount);
             duplicate(apply(&ctx.store, &job, Then::Commit).await);
-            assert_eq!(ctx.effects(8).await, 1);
+            assert_eq!(ctx.effects(id).await, 1);
             assert_eq!(ctx.markers().await, 1);
             ctx.cleanup().await;
         }
@@ -1005,10 +1009,11 @@ macro_rules! suite {
                 "hang" => {
                     let pool = <S as cf::Support>::connect(&url, 1).await;
                     let store = Store::new(pool).with_table(&markers).expect("table name");
+                    let (id, amount) = KILLED_JOB;
                     let job = Job {
                         key: cf::child_env(cf::CHILD_KEY),
-                        id: 8,
-                        amount: 80,
+                        id,
+                        amount,
                         effects,
                     };
                     let r = apply(&store, &job, Then::Hang).await;
