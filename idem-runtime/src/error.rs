@@ -25,7 +25,7 @@ pub enum Error {
     /// The table name given to [`Store::with_table`](crate::Store::with_table) is not a plain
     /// SQL identifier.
     #[error(
-        "invalid table name {name:?}: use a plain SQL identifier of at most 63 characters \
+        "invalid table name {name:?}: use a plain SQL identifier of at most 47 characters \
          (a letter or `_`, then letters, digits or `_`)"
     )]
     InvalidTable {

@@ -21,7 +21,7 @@ pub use backend::Backend;
 pub use error::{Error, KeyError};
 pub use key::{IntoKey, Key, KeyWriter, MAX_KEY_LEN};
 pub use outcome::Outcome;
-pub use store::{Claim, DEFAULT_TABLE, Guard, PURGE_BATCH, Store};
+pub use store::{Claim, DEFAULT_TABLE, Guard, MAX_TABLE_LEN, PURGE_BATCH, Store};
 
 /// The transaction an `#[idempotent]` handler's body runs on (an alias of
 /// `sqlx::Transaction`, so either spelling works in a handler's signature).

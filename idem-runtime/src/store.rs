@@ -9,6 +9,11 @@ use crate::{Error, Key, Outcome};
 /// The table of markers that [`Store::new`] uses.
 pub const DEFAULT_TABLE: &str = "idem_processed";
 
+/// The longest table name [`Store::with_table`] accepts: the names derived from it (the
+/// index `{table}_completed_at`) must fit PostgreSQL's 63-byte identifiers, which it would
+/// otherwise cut silently, merging the index names of tables with a long common prefix.
+pub const MAX_TABLE_LEN: usize = 47;
+
 /// The most rows one statement of [`Store::purge`] deletes.
 pub const PURGE_BATCH: i64 = 5_000;
 
@@ -81,7 +86,7 @@ impl<DB: Backend> Store<DB> {
     /// Keeps the markers in `table` instead.
     ///
     /// The name is written into SQL, so anything but a plain identifier (a letter or `_`, then
-    /// letters, digits or `_`, at most 63 characters) is refused with
+    /// letters, digits or `_`, at most [`MAX_TABLE_LEN`] characters) is refused with
     /// [`Error::InvalidTable`].
     pub fn with_table(self, table: &str) -> Result<Self, Error> {
         if !is_identifier(table) {
@@ -235,16 +240,16 @@ fn is_identifier(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && name.len() <= 63
+        && name.len() <= MAX_TABLE_LEN
 }
 
 #[cfg(test)]
 mod tests {
-    use super::is_identifier;
+    use super::{MAX_TABLE_LEN, is_identifier};
 
     #[test]
     fn only_plain_identifiers_are_table_names() {
-        for ok in ["idem_processed", "_t", "Jobs2", &"a".repeat(63)] {
+        for ok in ["idem_processed", "_t", "Jobs2", &"a".repeat(MAX_TABLE_LEN)] {
             assert!(is_identifier(ok), "{ok}");
         }
         for bad in [
@@ -255,7 +260,7 @@ mod tests {
             "\"jobs\"",
             "jobs-x",
             "jöbs",
-            &"a".repeat(64),
+            &"a".repeat(MAX_TABLE_LEN + 1),
         ] {
             assert!(!is_identifier(bad), "{bad}");
         }

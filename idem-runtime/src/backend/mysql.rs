@@ -8,12 +8,15 @@ impl sealed::Sealed for MySql {}
 const ER_DUP_ENTRY: u16 = 1062;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 
-// `key` is a reserved word in MySQL. The binary collation makes keys that differ in case or
-// trailing spaces distinct (the default utf8mb4 collations treat them as equal). 255 + 255
-// characters of utf8mb4 stay within InnoDB's 3072-byte index limit.
+// `key` is a reserved word in MySQL. `scope` and `key` are byte strings (the `binary`
+// collation), compared byte for byte: keys that differ in case or in trailing spaces stay
+// distinct. `utf8mb4_bin` would not do: it is a PAD SPACE collation in MariaDB and MySQL 5.7,
+// so `x` and `x ` collide on the primary key. 255 bytes is `MAX_KEY_LEN`; the bytes are the
+// UTF-8 that sqlx sends. Index names are per table in MySQL, so the index needs no table
+// prefix (which made a 63-character table name exceed the 64-character identifier limit).
 const DDL: &[&str] = &["CREATE TABLE IF NOT EXISTS {t} (
-        scope VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-        `key` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+        scope VARBINARY(255) NOT NULL,
+        `key` VARBINARY(255) NOT NULL,
         state VARCHAR(16) NOT NULL DEFAULT 'completed',
         fingerprint VARBINARY(64) NULL,
         result JSON NULL,
@@ -23,7 +26,7 @@ const DDL: &[&str] = &["CREATE TABLE IF NOT EXISTS {t} (
         created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
         completed_at DATETIME(6) NULL,
         PRIMARY KEY (scope, `key`),
-        KEY {t}_completed_at (state, completed_at),
+        KEY idem_completed_at (state, completed_at),
         CHECK (state IN ('in_progress', 'completed'))
     ) ENGINE = InnoDB"];
 
@@ -80,7 +83,10 @@ impl Backend for MySql {
         // DDL commits implicitly in MySQL, so a named lock (held by this connection) is what
         // makes concurrent workers take turns.
         let mut conn = pool.acquire().await?;
-        let lock = format!("idem.migrate.{}", sql.table);
+        // MySQL 5.7+ refuses lock names over 64 characters; two long names that share a
+        // prefix then share a lock, which only makes them take turns.
+        let mut lock = format!("idem.migrate.{}", sql.table);
+        lock.truncate(64);
         sqlx::query("SELECT GET_LOCK(?, 60)")
             .bind(&lock)
             .execute(&mut *conn)
