@@ -17,6 +17,7 @@ impl conformance::Support for My {
     // The marker table stores keys as bytes (`VARBINARY`); read them back as UTF-8 text.
     const KEY_TEXT: &'static str = "CONVERT(`key` USING utf8mb4)";
     const BIGINT: &'static str = "SIGNED";
+    const TWO_HOURS_AGO: &'static str = "CURRENT_TIMESTAMP(6) - INTERVAL 2 HOUR";
 
     fn url() -> String {
         conformance::server_url(URL_VAR, "mysql://root@127.0.0.1:3306/test")

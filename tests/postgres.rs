@@ -16,6 +16,7 @@ impl conformance::Support for Pg {
     type Db = Postgres;
     const KEY_TEXT: &'static str = "key";
     const BIGINT: &'static str = "BIGINT";
+    const TWO_HOURS_AGO: &'static str = "now() - interval '2 hours'";
 
     fn url() -> String {
         conformance::server_url(URL_VAR, "postgres://postgres@127.0.0.1:5432/test")

@@ -17,6 +17,7 @@ impl conformance::Support for Lite {
     type Db = Sqlite;
     const KEY_TEXT: &'static str = "key";
     const BIGINT: &'static str = "INTEGER";
+    const TWO_HOURS_AGO: &'static str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-7200 seconds')";
 
     fn url() -> String {
         let file =

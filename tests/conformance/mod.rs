@@ -48,6 +48,9 @@ pub(crate) trait Support: 'static {
     /// The type to `CAST` an aggregate to so that it decodes as `i64`.
     const BIGINT: &'static str;
 
+    /// An SQL expression for the time two hours ago, in the marker table's time format.
+    const TWO_HOURS_AGO: &'static str;
+
     /// Removes what [`url`](Support::url) created outside the database (files), if anything.
     fn remove(_url: &str) {}
 }
@@ -1259,6 +1262,44 @@ macro_rules! suite {
             assert_eq!(ctx.markers().await, 1);
             assert!(!ctx.store.forget("apply", "job-unknown").await.expect("forget"));
             assert_eq!(ctx.markers().await, 1);
+            ctx.cleanup().await;
+        }
+
+        // Retention: purge deletes old completed markers, in batches, and nothing younger.
+        #[tokio::test(flavor = "multi_thread")]
+        async fn purge_deletes_only_markers_older_than_the_retention() {
+            let ctx = Ctx::new("purge", 2).await;
+            let old = ::idem::PURGE_BATCH + 7;
+            for n in 0..old + 3 {
+                let key = ::idem::Key::new(&n).expect("integer keys are valid");
+                match ctx.store.claim("aged", &key).await.expect("claim") {
+                    ::idem::Claim::Fresh(guard) => {
+                        let done = guard.finish(Ok::<(), ::idem::Error>(())).await;
+                        assert_eq!(done.expect("commit"), Outcome::Applied(()));
+                    }
+                    ::idem::Claim::Duplicate => panic!("key {n} was claimed twice"),
+                }
+            }
+            let table = ctx.store.table().to_owned();
+            ctx.exec(&format!(
+                "UPDATE {table} SET completed_at = {} WHERE scope = 'aged' AND {} NOT IN ('{}', '{}', '{}')",
+                <S as cf::Support>::TWO_HOURS_AGO,
+                <S as cf::Support>::KEY_TEXT,
+                old,
+                old + 1,
+                old + 2,
+            ))
+            .await;
+            let purged = ctx.store.purge(Duration::from_secs(3600)).await.expect("purge");
+            assert_eq!(purged, u64::try_from(old).unwrap());
+            assert_eq!(ctx.markers().await, 3);
+            // The young markers still stop their jobs.
+            let young = ::idem::Key::new(&old).unwrap();
+            assert!(matches!(
+                ctx.store.claim("aged", &young).await.expect("claim"),
+                ::idem::Claim::Duplicate
+            ));
+            assert_eq!(ctx.store.purge(Duration::from_secs(3600)).await.expect("purge"), 0);
             ctx.cleanup().await;
         }
     };
