@@ -1,11 +1,16 @@
 //! Throughput of the seed's top-up job with and without idem, and against pgbench.
 //!
-//! `cargo bench --bench throughput --features postgres,mysql [-- --quick] [-- --plot PATH]`
+//! ```text
+//! cargo bench --bench throughput --features postgres,mysql                 # full, ~13 min
+//! cargo bench --bench throughput --features postgres,mysql -- --quick      # < 60 s
+//! ```
+//! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
+//! sqlite|mysql`, `--rounds N`, `--run-ms N`.
 //!
 //! Against the local PostgreSQL, a temporary SQLite file (WAL) and the local MariaDB, the job
-//! `UPDATE accounts SET credits = credits + $1 WHERE id = $2` runs in four variants, interleaved
-//! round by round (plain, handwritten, macro, duplicate, then pgbench on PostgreSQL) so that
-//! whatever else the machine is doing hits all of them alike:
+//! `UPDATE accounts SET credits = credits + $1 WHERE id = $2` (10 000 accounts, so concurrent
+//! jobs rarely meet on a row) runs at 1, 8 and 32 workers (tokio tasks over a pool of as many
+//! connections) in these variants:
 //!
 //! - `plain`: the effect alone in a transaction (the floor);
 //! - `handwritten`: the claim written by hand with sqlx, on a marker table made by
@@ -14,7 +19,12 @@
 //! - `duplicate`: `macro` re-delivering jobs it already applied;
 //! - `pgbench`: the handwritten transaction through `pgbench -M prepared` (PostgreSQL only).
 //!
-//! Only ratios measured within one run mean anything here: the machine is shared.
+//! Each round runs every variant once, every other round in reverse order, so that whatever
+//! else the machine does weighs on all of them alike: only ratios measured within one run mean
+//! anything here. Full mode also measures claim latency against 0, 1M and 10M markers and the
+//! rate of `Store::purge` (PostgreSQL). Every run checks that each committed effect landed
+//! exactly once. Tables are the bench's own (`idem_bench_*`), dropped at start and at the end.
+//!
 //! Progress goes to stderr; the Markdown report goes to stdout and ends with
 //! `ratio macro/handwritten: X.XX` (PostgreSQL, 8 workers).
 
@@ -323,6 +333,19 @@ impl Conn {
             (Conn::My(s), Variant::Handwritten) => my::handwritten(s.pool(), job).await,
             (Conn::My(s), _) => Ok(my::top_up(s, job).await?.is_applied()),
         }
+    }
+
+    /// Between worker counts, never during a timed run: the PostgreSQL here runs with
+    /// autovacuum off, so the bench vacuums its own tables where autovacuum would have.
+    async fn maintain(&self) -> Res<()> {
+        if let Conn::Pg(s) = self {
+            exec(
+                s.pool(),
+                &format!("VACUUM ANALYZE {T_ACCOUNTS}, {T_MACRO}, {T_HAND}, {T_PGBENCH}"),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     async fn close(&self) {
@@ -769,22 +792,48 @@ async fn bench_kind(
     for workers in WORKERS {
         let t0 = Instant::now();
         let conn = Arc::new(connect(kind, workers, sqlite).await?);
+        conn.maintain().await?;
         eprintln!("{} / {workers} workers: warming up", kind.name());
         // These two prepare every statement on every connection (plain's UPDATE is theirs
         // too, duplicate's claim is macro's).
+        let mut hand_rate = 0.0;
         for v in [Variant::Handwritten, Variant::Macro] {
-            run_variant(&conn, keys, v, workers, set.warmup).await?;
+            let run = run_variant(&conn, keys, v, workers, set.warmup).await?;
+            if v == Variant::Handwritten {
+                hand_rate = run.jobs as f64 / run.secs;
+            }
         }
         let pgbench = if kind == Kind::Postgres {
             pgbench
         } else {
             None
         };
-        let mut hand_rate = 0.0;
+        // Every round runs each variant once, and every other round runs them backwards
+        // (A B C D, D C B A, ...): drift over the run, and whatever one variant leaves behind
+        // for the next, then weigh on every variant alike instead of always on the later ones.
+        let mut order: Vec<Variant> = VARIANTS.to_vec();
+        if pgbench.is_some() {
+            order.push(Variant::Pgbench);
+        }
         for round in 0..set.rounds {
             let mut line = format!("{} / {workers} workers / round {}:", kind.name(), round + 1);
-            for v in VARIANTS {
-                let run = run_variant(&conn, keys, v, workers, set.run).await?;
+            for &v in &order {
+                let run = match (v, pgbench) {
+                    (Variant::Pgbench, Some(pgb)) => {
+                        let length = if set.quick {
+                            let txns = hand_rate * PGBENCH_QUICK_RUN.as_secs_f64() / workers as f64;
+                            PgbenchLength::PerClient((txns.ceil() as u64).max(20))
+                        } else {
+                            PgbenchLength::Secs(set.run.as_secs_f64().ceil().max(1.0) as u64)
+                        };
+                        let run = pgb
+                            .run(workers, length, &format!("{workers}-{round}"))
+                            .await?;
+                        keys.effects.fetch_add(run.jobs, Ordering::Relaxed);
+                        run
+                    }
+                    _ => run_variant(&conn, keys, v, workers, set.run).await?,
+                };
                 let rate = run.jobs as f64 / run.secs;
                 if v == Variant::Handwritten {
                     hand_rate = rate;
@@ -792,24 +841,7 @@ async fn bench_kind(
                 let _ = write!(line, " {} {rate:.0}", v.name());
                 results.entry((kind, workers, v)).or_default().add(run);
             }
-            if let Some(pgb) = pgbench {
-                let length = if set.quick {
-                    let txns = hand_rate * PGBENCH_QUICK_RUN.as_secs_f64() / workers as f64;
-                    PgbenchLength::PerClient((txns.ceil() as u64).max(20))
-                } else {
-                    PgbenchLength::Secs(set.run.as_secs_f64().ceil().max(1.0) as u64)
-                };
-                let run = pgb
-                    .run(workers, length, &format!("{workers}-{round}"))
-                    .await?;
-                keys.effects.fetch_add(run.jobs, Ordering::Relaxed);
-                let rate = run.jobs as f64 / run.secs;
-                let _ = write!(line, " pgbench {rate:.0}");
-                results
-                    .entry((kind, workers, Variant::Pgbench))
-                    .or_default()
-                    .add(run);
-            }
+            order.reverse();
             eprintln!("{line}");
         }
         conn.close().await;
@@ -876,7 +908,7 @@ async fn main() -> Res<()> {
     } else {
         Settings {
             quick,
-            rounds: 9,
+            rounds: 12,
             run: Duration::from_secs(1),
             warmup: Duration::from_millis(500),
         }
@@ -1171,7 +1203,8 @@ fn report(set: Settings, results: &Results, growth: Option<&Growth>) -> String {
         out,
         "## Throughput\n\n\
          jobs/s: median of {} runs of {:.1} s each (min–max beside it); latency: p50 and p99 of \
-         every job of those runs. Variants interleaved run by run.\n",
+         every job of those runs. Variants interleaved run by run, every other round in reverse \
+         order.\n",
         set.rounds,
         set.run.as_secs_f64()
     );
@@ -1426,6 +1459,9 @@ fn draw(path: &Path, results: &Results) -> Res<()> {
                 .draw()?;
         }
         root.present()?;
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
     }
     let file = std::io::BufWriter::new(std::fs::File::create(path)?);
     let mut encoder = png::Encoder::new(file, width, height);
