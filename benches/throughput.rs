@@ -1203,8 +1203,9 @@ fn report(set: Settings, results: &Results, growth: Option<&Growth>) -> String {
         out,
         "## Throughput\n\n\
          jobs/s: median of {} runs of {:.1} s each (min–max beside it); latency: p50 and p99 of \
-         every job of those runs. Variants interleaved run by run, every other round in reverse \
-         order.\n",
+         every job of those runs; client CPU: CPU time of the bench process per job (for SQLite \
+         it includes the database engine, which runs in the process). Variants interleaved run \
+         by run, every other round in reverse order.\n",
         set.rounds,
         set.run.as_secs_f64()
     );
