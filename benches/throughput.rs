@@ -1,8 +1,8 @@
 //! Throughput of the seed's top-up job with and without idem, and against pgbench.
 //!
 //! ```text
-//! cargo bench --bench throughput --features postgres,mysql                 # full, ~13 min
-//! cargo bench --bench throughput --features postgres,mysql -- --quick      # < 60 s
+//! cargo bench --bench throughput                  # full, ~13 min
+//! cargo bench --bench throughput -- --quick      # < 60 s
 //! ```
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
 //! sqlite|mysql`, `--rounds N`, `--run-ms N`.

@@ -1,7 +1,7 @@
 //! The seed's top-up on PostgreSQL: one job delivered three times, applied once.
 //!
 //! ```text
-//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run --example top_up --features postgres
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run --example top_up
 //! ```
 //! `DATABASE_URL` defaults to the local server above.
 
