@@ -34,9 +34,11 @@ impl Backend for Postgres {
                 "INSERT INTO {t} (scope, key, completed_at) VALUES ($1, $2, now()) \
                  ON CONFLICT DO NOTHING",
                 "DELETE FROM {t} WHERE scope = $1 AND key = $2",
-                "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
+                // Selecting the batch by ctid makes each batch a TID scan; an `IN (SELECT
+                // scope, key ...)` ran as a hash join over the whole table, every batch.
+                "DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t} \
                  WHERE state = 'completed' AND completed_at < now() - $1 * interval '1 millisecond' \
-                 LIMIT $2)",
+                 LIMIT $2))",
             ],
             DDL,
         )
