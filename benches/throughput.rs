@@ -87,117 +87,84 @@ struct TopUp {
     credits: i64,
 }
 
-mod pg {
-    use super::*;
+/// The three variants on a backend whose claim is `INSERT ... ON CONFLICT DO NOTHING`, written
+/// as a user would by hand. Every variant begins with the statement idem uses there (`BEGIN`;
+/// `BEGIN IMMEDIATE` on SQLite), so the only difference between them is the marker.
+macro_rules! on_conflict_variants {
+    ($db:ty, begin: $begin:literal, update: $update:literal, claim: $claim:literal) => {
+        use super::*;
 
-    pub(super) const UPDATE: &str =
-        "UPDATE idem_bench_accounts SET credits = credits + $1 WHERE id = $2";
-    // The claim statement idem uses, on the hand-written marker table.
-    const CLAIM: &str = "INSERT INTO idem_bench_hand (scope, key, completed_at) \
-                         VALUES ($1, $2, now()) ON CONFLICT DO NOTHING";
+        pub(super) const UPDATE: &str = $update;
+        const CLAIM: &str = $claim;
 
-    pub(super) async fn plain(pool: &Pool<Postgres>, job: &TopUp) -> Result<bool, sqlx::Error> {
-        let mut tx = pool.begin().await?;
-        sqlx::query(UPDATE)
-            .bind(job.credits)
-            .bind(job.account)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(true)
-    }
-
-    pub(super) async fn handwritten(
-        pool: &Pool<Postgres>,
-        job: &TopUp,
-    ) -> Result<bool, sqlx::Error> {
-        let mut tx = pool.begin().await?;
-        let claimed = sqlx::query(CLAIM)
-            .bind(SCOPE)
-            .bind(job.id.as_str())
-            .execute(&mut *tx)
-            .await?;
-        if claimed.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Ok(false);
+        pub(super) async fn plain(pool: &Pool<$db>, job: &TopUp) -> Result<bool, sqlx::Error> {
+            let mut tx = pool.begin_with($begin).await?;
+            sqlx::query(UPDATE)
+                .bind(job.credits)
+                .bind(job.account)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(true)
         }
-        sqlx::query(UPDATE)
-            .bind(job.credits)
-            .bind(job.account)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(true)
-    }
 
-    #[idem::idempotent(key = "job.id", scope = "bench.top_up")]
-    pub(super) async fn top_up(
-        tx: &mut Transaction<'_, Postgres>,
-        job: &TopUp,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(UPDATE)
-            .bind(job.credits)
-            .bind(job.account)
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
+        pub(super) async fn handwritten(
+            pool: &Pool<$db>,
+            job: &TopUp,
+        ) -> Result<bool, sqlx::Error> {
+            let mut tx = pool.begin_with($begin).await?;
+            let claimed = sqlx::query(CLAIM)
+                .bind(SCOPE)
+                .bind(job.id.as_str())
+                .execute(&mut *tx)
+                .await?;
+            if claimed.rows_affected() == 0 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            sqlx::query(UPDATE)
+                .bind(job.credits)
+                .bind(job.account)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(true)
+        }
+
+        #[idem::idempotent(key = "job.id", scope = "bench.top_up")]
+        pub(super) async fn top_up(
+            tx: &mut Transaction<'_, $db>,
+            job: &TopUp,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(UPDATE)
+                .bind(job.credits)
+                .bind(job.account)
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        }
+    };
+}
+
+mod pg {
+    on_conflict_variants!(
+        Postgres,
+        begin: "BEGIN",
+        update: "UPDATE idem_bench_accounts SET credits = credits + $1 WHERE id = $2",
+        // The claim statement idem uses, on the hand-written marker table.
+        claim: "INSERT INTO idem_bench_hand (scope, key, completed_at) \
+                VALUES ($1, $2, now()) ON CONFLICT DO NOTHING"
+    );
 }
 
 mod lite {
-    use super::*;
-
-    // idem claims with `BEGIN IMMEDIATE` on SQLite; every variant does the same, so the only
-    // difference between them is the marker.
-    const BEGIN: &str = "BEGIN IMMEDIATE";
-    const UPDATE: &str = "UPDATE idem_bench_accounts SET credits = credits + ?1 WHERE id = ?2";
-    const CLAIM: &str = "INSERT INTO idem_bench_hand (scope, key, completed_at) \
-                         VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
-                         ON CONFLICT DO NOTHING";
-
-    pub(super) async fn plain(pool: &Pool<Sqlite>, job: &TopUp) -> Result<bool, sqlx::Error> {
-        let mut tx = pool.begin_with(BEGIN).await?;
-        sqlx::query(UPDATE)
-            .bind(job.credits)
-            .bind(job.account)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(true)
-    }
-
-    pub(super) async fn handwritten(pool: &Pool<Sqlite>, job: &TopUp) -> Result<bool, sqlx::Error> {
-        let mut tx = pool.begin_with(BEGIN).await?;
-        let claimed = sqlx::query(CLAIM)
-            .bind(SCOPE)
-            .bind(job.id.as_str())
-            .execute(&mut *tx)
-            .await?;
-        if claimed.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Ok(false);
-        }
-        sqlx::query(UPDATE)
-            .bind(job.credits)
-            .bind(job.account)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(true)
-    }
-
-    #[idem::idempotent(key = "job.id", scope = "bench.top_up")]
-    pub(super) async fn top_up(
-        tx: &mut Transaction<'_, Sqlite>,
-        job: &TopUp,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(UPDATE)
-            .bind(job.credits)
-            .bind(job.account)
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
+    on_conflict_variants!(
+        Sqlite,
+        begin: "BEGIN IMMEDIATE",
+        update: "UPDATE idem_bench_accounts SET credits = credits + ?1 WHERE id = ?2",
+        claim: "INSERT INTO idem_bench_hand (scope, key, completed_at) \
+                VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) ON CONFLICT DO NOTHING"
+    );
 }
 
 mod my {
