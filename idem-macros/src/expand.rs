@@ -95,7 +95,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let body = quote! {
         #key_eval
         let #outcome_var = async move {
-            let mut #guard = match #private::claim(#store, #scope, #key_var).await {
+            let mut #guard = match #private::claim(#store, #scope, #private::ClaimOptions::new(), #key_var).await {
                 ::core::result::Result::Ok(#private::Claim::Fresh(#guard)) => #guard,
                 ::core::result::Result::Ok(#private::Claim::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);

@@ -1,8 +1,11 @@
 //! What `#[idempotent]` expands to calls. Not a public API: names and signatures here change
 //! with the macro, which is why the facade pins both crates to one exact version.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::{Backend, Error, Key};
-pub use crate::{Claim, Guard, IntoKey, Outcome, Store};
+pub use crate::{Claim, ClaimOptions, Guard, IntoKey, Isolation, Outcome, Store};
+pub use core::time::Duration;
 
 /// Encodes the key. Called with the `key` expression before any I/O, so that a type without
 /// [`IntoKey`] is reported on the expression itself.
@@ -15,10 +18,13 @@ pub fn key<K: IntoKey + ?Sized>(value: &K) -> Result<Key, Error> {
 #[inline]
 pub async fn claim<DB: Backend>(
     store: &Store<DB>,
-    scope: &str,
+    scope: &'static str,
+    options: ClaimOptions,
     key: Result<Key, Error>,
 ) -> Result<Claim<DB>, Error> {
-    store.claim(scope, &key?).await
+    store
+        .claim_owned(std::borrow::Cow::Borrowed(scope), key?, options)
+        .await
 }
 
 /// An error of the call: idem's own (claim, commit) or the body's.
@@ -43,4 +49,16 @@ pub fn settle<T, E: From<Error>>(result: Result<Outcome<T>, Failed<E>>) -> Resul
         Failed::Idem(e) => E::from(e),
         Failed::Handler(e) => e,
     })
+}
+
+static CLAIM_RETRIES: AtomicU64 = AtomicU64::new(0);
+
+/// Claims retried after a lost race (serialization failure, deadlock victim) in this process
+/// so far; the race tests print it.
+pub fn claim_retries() -> u64 {
+    CLAIM_RETRIES.load(Ordering::Relaxed)
+}
+
+pub(crate) fn count_retry() {
+    CLAIM_RETRIES.fetch_add(1, Ordering::Relaxed);
 }

@@ -32,6 +32,49 @@ pub enum Error {
         /// The name that was refused.
         name: String,
     },
+
+    /// The scope given to [`Store::claim`](crate::Store::claim) or
+    /// [`Store::forget`](crate::Store::forget) is empty, longer than 255 bytes or holds a NUL
+    /// byte. Nothing was written.
+    #[error(
+        "invalid scope {scope:?}: a scope is 1 to 255 bytes with no NUL byte, \
+         like \"billing.top_up\""
+    )]
+    InvalidScope {
+        /// The scope that was refused.
+        scope: String,
+    },
+
+    /// The body returned `Ok`, but the database did not commit: a statement in the body failed
+    /// and the body carried on (PostgreSQL then aborts the transaction and answers `COMMIT`
+    /// with a rollback; MySQL rolls the whole transaction back on a deadlock; SQLite on
+    /// `INSERT OR ROLLBACK` and disk errors). Neither the marker nor the effect was kept.
+    #[error(
+        "the transaction of {scope:?} / {key:?} was rolled back by the database although the \
+         body returned Ok: a statement in the body failed and its error was ignored. Nothing \
+         was kept; let the job be redelivered, and return database errors from the body with \
+         `?` instead of ignoring or retrying them"
+    )]
+    RolledBack {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+    },
+
+    /// Another delivery of the same key still holds it (its transaction or its lease), and
+    /// this one stopped waiting (`wait`). Nothing ran; nack the job so that the broker
+    /// redelivers it later: never ack it, the first delivery may still fail.
+    #[error(
+        "another delivery of {scope:?} / {key:?} is still in progress: nothing ran; nack the \
+         job so that it is redelivered later (do not ack it: the other delivery may still fail)"
+    )]
+    InProgress {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+    },
 }
 
 /// Why a key was refused. Keys are checked before any I/O, so a refused key writes nothing.
@@ -58,8 +101,8 @@ impl fmt::Display for KeyError {
             ),
             KeyError::TooLong { len } => write!(
                 f,
-                "the key is {len} bytes, more than the {} allowed: use a shorter id, \
-                 or derive one from the data (for example with `idem::job_id`)",
+                "the encoded key is {len} bytes, more than the {} allowed: use a shorter id, \
+                 or a digest of a long one (for example the hex SHA-256 of it)",
                 crate::MAX_KEY_LEN
             ),
             KeyError::Nul => f.write_str(

@@ -1,10 +1,12 @@
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::{Pool, Transaction};
 
 use crate::backend::{Backend, Sql};
-use crate::{Error, Key, Outcome};
+use crate::{ClaimOptions, Error, Key, Outcome};
 
 /// The table of markers that [`Store::new`] uses.
 pub const DEFAULT_TABLE: &str = "idem_processed";
@@ -20,6 +22,9 @@ pub const PURGE_BATCH: i64 = 5_000;
 /// How often a claim that lost a race to a transient error (a serialization failure or a
 /// deadlock between waiters) is tried again before the error is returned.
 const CLAIM_ATTEMPTS: u32 = 5;
+
+/// Retentions from here on purge nothing (see [`Store::purge`]).
+const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 
 /// Where the markers live: a connection pool plus the name of the marker table.
 ///
@@ -133,6 +138,7 @@ impl<DB: Backend> Store<DB> {
         scope: &str,
         key: &K,
     ) -> Result<bool, Error> {
+        check_scope(scope)?;
         let key = Key::new(key)?;
         let done = DB::forget(&self.pool, &self.sql, scope, key.as_str()).await?;
         Ok(done)
@@ -146,8 +152,13 @@ impl<DB: Backend> Store<DB> {
     /// visibility timeouts and retention, RabbitMQ requeues, JetStream `max_deliver` with
     /// back-off, a replay from a dead-letter queue): a redelivery that arrives after its marker
     /// was purged runs again.
-    pub async fn purge(&self, older_than: std::time::Duration) -> Result<u64, Error> {
-        let age_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+    pub async fn purge(&self, older_than: Duration) -> Result<u64, Error> {
+        // No marker is older than a century; a longer retention (up to `Duration::MAX`) would
+        // overflow the databases' interval arithmetic, and purges nothing anyway.
+        if older_than >= MAX_RETENTION {
+            return Ok(0);
+        }
+        let age_ms = i64::try_from(older_than.as_millis()).expect("below MAX_RETENTION");
         let mut total = 0;
         loop {
             let n = DB::purge_batch(&self.pool, &self.sql, age_ms, PURGE_BATCH).await?;
@@ -158,30 +169,77 @@ impl<DB: Backend> Store<DB> {
         }
     }
 
-    /// Begins a transaction and claims `(scope, key)` in it.
+    /// Begins a transaction and claims `(scope, key)` in it, with the database's defaults.
     ///
     /// This is what `#[idempotent]` expands to; call it by hand only where the attribute does
     /// not fit. On [`Claim::Fresh`] run the effect on [`Guard::tx`] and end with
-    /// [`Guard::finish`]; dropping the guard rolls everything back.
+    /// [`Guard::finish`]; dropping the guard rolls everything back. The scope is checked like
+    /// the attribute's (1 to 255 bytes, no NUL: else [`Error::InvalidScope`], before any I/O).
     pub async fn claim(&self, scope: &str, key: &Key) -> Result<Claim<DB>, Error> {
+        self.claim_with(scope, key, ClaimOptions::new()).await
+    }
+
+    /// [`claim`](Store::claim) with a `wait` and an isolation level.
+    pub async fn claim_with(
+        &self,
+        scope: &str,
+        key: &Key,
+        options: ClaimOptions,
+    ) -> Result<Claim<DB>, Error> {
+        check_scope(scope)?;
+        self.claim_owned(Cow::Owned(scope.to_owned()), key.clone(), options)
+            .await
+    }
+
+    pub(crate) async fn claim_owned(
+        &self,
+        scope: Cow<'static, str>,
+        key: Key,
+        options: ClaimOptions,
+    ) -> Result<Claim<DB>, Error> {
         let mut attempt = 1;
         loop {
-            let mut tx = self.pool.begin_with(self.sql.begin.clone()).await?;
-            match DB::try_claim(&mut tx, &self.sql, scope, key.as_str()).await {
-                Ok(true) => return Ok(Claim::Fresh(Guard { tx })),
+            let begin = DB::begin_sql(&self.sql, &options);
+            let mut tx = match self.pool.begin_with(begin).await {
+                Ok(tx) => tx,
+                Err(e) if DB::is_lock_timeout(&e) => return Err(in_progress(scope, key)),
+                Err(e) => return Err(e.into()),
+            };
+            match DB::try_claim(&mut tx, &self.sql, &scope, key.as_str()).await {
+                Ok(true) => {
+                    return Ok(Claim::Fresh(Guard {
+                        tx,
+                        sql: self.sql.clone(),
+                        options,
+                        scope,
+                        key,
+                    }));
+                }
                 Ok(false) => {
-                    tx.rollback().await?;
+                    DB::rollback(tx, &options).await?;
                     return Ok(Claim::Duplicate);
+                }
+                Err(e) if DB::is_lock_timeout(&e) => {
+                    drop(DB::rollback(tx, &options).await);
+                    return Err(in_progress(scope, key));
                 }
                 // Another claimer's rollback or commit let us go with a transient error: the
                 // race is decided, so asking again gives the real answer.
                 Err(e) if attempt < CLAIM_ATTEMPTS && DB::is_transient(&e) => {
-                    drop(tx.rollback().await);
+                    drop(DB::rollback(tx, &options).await);
+                    crate::__private::count_retry();
                     attempt += 1;
                 }
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+}
+
+fn in_progress(scope: Cow<'static, str>, key: Key) -> Error {
+    Error::InProgress {
+        scope: scope.into_owned(),
+        key: key.as_str().to_owned(),
     }
 }
 
@@ -202,6 +260,10 @@ pub enum Claim<DB: Backend> {
 #[derive(Debug)]
 pub struct Guard<DB: Backend> {
     tx: Transaction<'static, DB>,
+    sql: Arc<Sql>,
+    options: ClaimOptions,
+    scope: Cow<'static, str>,
+    key: Key,
 }
 
 impl<DB: Backend> Guard<DB> {
@@ -224,16 +286,31 @@ impl<DB: Backend> Guard<DB> {
     ) -> Result<Outcome<T>, crate::__private::Failed<E>> {
         use crate::__private::Failed;
         match result {
-            Ok(value) => match self.tx.commit().await {
-                Ok(()) => Ok(Outcome::Applied(value)),
+            Ok(value) => match DB::commit(self.tx, &self.sql, &self.options).await {
+                Ok(true) => Ok(Outcome::Applied(value)),
+                Ok(false) => Err(Failed::Idem(Error::RolledBack {
+                    scope: self.scope.into_owned(),
+                    key: self.key.as_str().to_owned(),
+                })),
                 Err(e) => Err(Failed::Idem(Error::Database(e))),
             },
             Err(e) => {
-                drop(self.tx.rollback().await);
+                drop(DB::rollback(self.tx, &self.options).await);
                 Err(Failed::Handler(e))
             }
         }
     }
+}
+
+/// Scopes are checked like keys: the attribute checks its literal at compile time, the store
+/// checks the scopes that hand-written code passes.
+fn check_scope(scope: &str) -> Result<(), Error> {
+    if scope.is_empty() || scope.len() > crate::MAX_KEY_LEN || scope.contains('\0') {
+        return Err(Error::InvalidScope {
+            scope: scope.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 fn is_identifier(name: &str) -> bool {

@@ -10,6 +10,7 @@ where
         let mut __idem_guard = match ::my_app::idem::__private::claim(
                 store,
                 "handle",
+                ::my_app::idem::__private::ClaimOptions::new(),
                 __idem_key,
             )
             .await

@@ -12,6 +12,7 @@ async fn send_receipt(
         let mut __idem_guard = match ::idem::__private::claim(
                 store,
                 "billing.receipt",
+                ::idem::__private::ClaimOptions::new(),
                 __idem_key,
             )
             .await

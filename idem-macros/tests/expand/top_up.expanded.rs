@@ -7,6 +7,7 @@ pub async fn apply_top_up(
         let mut __idem_guard = match ::idem::__private::claim(
                 store,
                 "apply_top_up",
+                ::idem::__private::ClaimOptions::new(),
                 __idem_key,
             )
             .await

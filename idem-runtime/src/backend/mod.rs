@@ -4,6 +4,8 @@ use std::future::Future;
 
 use sqlx::{Pool, SqlSafeStr as _, SqlStr, Transaction};
 
+use crate::ClaimOptions;
+
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -25,6 +27,32 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
 
     #[doc(hidden)]
     fn sql(table: &str) -> Sql;
+
+    /// The statement that begins a claim's transaction: `BEGIN` with the options' isolation
+    /// level and lock wait, in one round trip.
+    #[doc(hidden)]
+    fn begin_sql(sql: &Sql, options: &ClaimOptions) -> SqlStr;
+
+    /// Commits `tx`, in one round trip; `Ok(false)` means the database rolled the transaction
+    /// back instead (a failed statement aborted it, or a deadlock undid it), so nothing of it
+    /// was kept.
+    #[doc(hidden)]
+    fn commit<'a>(
+        tx: Transaction<'static, Self>,
+        sql: &'a Sql,
+        options: &'a ClaimOptions,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Rolls `tx` back (and undoes what [`begin_sql`](Backend::begin_sql) set on the session).
+    #[doc(hidden)]
+    fn rollback<'a>(
+        tx: Transaction<'static, Self>,
+        options: &'a ClaimOptions,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// The claim waited longer than the `wait` it was given.
+    #[doc(hidden)]
+    fn is_lock_timeout(err: &sqlx::Error) -> bool;
 
     /// Inserts the marker in `tx`; `Ok(false)` means an earlier delivery already committed it.
     #[doc(hidden)]
@@ -98,6 +126,23 @@ macro_rules! pool_statements {
 }
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 use pool_statements;
+
+/// `ms` rounded up to whole seconds (at least one), for databases that count lock waits in
+/// seconds.
+#[cfg(feature = "mysql")]
+fn whole_seconds(wait: std::time::Duration) -> u64 {
+    wait.as_millis()
+        .div_ceil(1000)
+        .max(1)
+        .try_into()
+        .unwrap_or(u64::MAX)
+}
+
+/// Milliseconds for a `SET`, capped where databases stop accepting them (`i32::MAX`).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn millis(wait: std::time::Duration) -> u64 {
+    wait.as_millis().clamp(1, i32::MAX as u128) as u64
+}
 
 /// The claim of the backends with `INSERT ... ON CONFLICT DO NOTHING`: one row inserted means
 /// this delivery holds the key, none means an earlier one committed it.

@@ -1,12 +1,20 @@
 use sqlx::mysql::MySqlDatabaseError;
-use sqlx::{MySql, Pool, Transaction};
+use sqlx::{AssertSqlSafe, MySql, Pool, Row as _, SqlSafeStr as _, SqlStr, Transaction};
 
 use super::{Backend, Sql, sealed};
+use crate::ClaimOptions;
 
 impl sealed::Sealed for MySql {}
 
 const ER_DUP_ENTRY: u16 = 1062;
 const ER_LOCK_DEADLOCK: u16 = 1213;
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+
+/// The largest `innodb_lock_wait_timeout` MariaDB accepts (MySQL accepts more).
+const MAX_LOCK_WAIT_SECONDS: u64 = 100_000_000;
+
+/// Puts the session's lock wait back after a claim that set it (`wait`).
+const RESTORE_WAIT: &str = "SET @@SESSION.innodb_lock_wait_timeout = DEFAULT";
 
 // `key` is a reserved word in MySQL. `scope` and `key` are byte strings (the `binary`
 // collation), compared byte for byte: keys that differ in case or in trailing spaces stay
@@ -54,6 +62,72 @@ impl Backend for MySql {
             ],
             DDL,
         )
+    }
+
+    fn begin_sql(sql: &Sql, options: &ClaimOptions) -> SqlStr {
+        if options.is_default() {
+            return sql.begin.clone();
+        }
+        // One text-protocol message. The lock wait is a session variable: `commit` and
+        // `rollback` set it back to the server's default.
+        let mut begin = String::new();
+        if let Some(wait) = options.wait {
+            let secs = super::whole_seconds(wait).min(MAX_LOCK_WAIT_SECONDS);
+            begin.push_str(&format!(
+                "SET @@SESSION.innodb_lock_wait_timeout = {secs}; "
+            ));
+        }
+        if let Some(level) = options.isolation {
+            begin.push_str(&format!(
+                "SET TRANSACTION ISOLATION LEVEL {}; ",
+                level.sql()
+            ));
+        }
+        begin.push_str("BEGIN");
+        AssertSqlSafe(begin).into_sql_str()
+    }
+
+    async fn commit<'a>(
+        mut tx: Transaction<'static, Self>,
+        _: &'a Sql,
+        options: &'a ClaimOptions,
+    ) -> Result<bool, sqlx::Error> {
+        // A deadlock inside the body rolls the whole transaction back, marker included, and
+        // later statements run in autocommit; `COMMIT` then succeeds with nothing to commit.
+        // `@@in_transaction`, read in the same message, tells whether ours was still open.
+        // The trailing `BEGIN` is for sqlx's bookkeeping, as on PostgreSQL: dropping `tx`
+        // queues its `ROLLBACK`, which the pool's ping on release flushes.
+        let sql = match options.wait {
+            None => "SELECT CAST(@@in_transaction AS SIGNED); COMMIT; BEGIN",
+            Some(_) => {
+                "SELECT CAST(@@in_transaction AS SIGNED); COMMIT; \
+                 SET @@SESSION.innodb_lock_wait_timeout = DEFAULT; BEGIN"
+            }
+        };
+        let rows = sqlx::raw_sql(AssertSqlSafe(sql))
+            .fetch_all(&mut *tx)
+            .await?;
+        let open: i64 = match rows.first() {
+            Some(row) => row.try_get(0)?,
+            None => 0,
+        };
+        Ok(open == 1)
+    }
+
+    async fn rollback<'a>(
+        mut tx: Transaction<'static, Self>,
+        options: &'a ClaimOptions,
+    ) -> Result<(), sqlx::Error> {
+        if options.wait.is_none() {
+            return tx.rollback().await;
+        }
+        let sql = format!("ROLLBACK; {RESTORE_WAIT}; BEGIN");
+        sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *tx).await?;
+        Ok(())
+    }
+
+    fn is_lock_timeout(err: &sqlx::Error) -> bool {
+        number(err) == Some(ER_LOCK_WAIT_TIMEOUT)
     }
 
     async fn try_claim<'t>(

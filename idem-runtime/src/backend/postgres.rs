@@ -1,6 +1,12 @@
-use sqlx::{Pool, Postgres, Transaction};
+use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, SqlStr, Transaction};
 
 use super::{Backend, Sql, sealed};
+use crate::ClaimOptions;
+
+/// `in_failed_sql_transaction`: a statement after one that failed.
+const IN_FAILED_TRANSACTION: &str = "25P02";
+/// `lock_not_available`: `lock_timeout` ran out.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 impl sealed::Sealed for Postgres {}
 
@@ -42,6 +48,59 @@ impl Backend for Postgres {
             ],
             DDL,
         )
+    }
+
+    fn begin_sql(sql: &Sql, options: &ClaimOptions) -> SqlStr {
+        if options.is_default() {
+            return sql.begin.clone();
+        }
+        // One simple-query message: `SET LOCAL` lasts until the end of this transaction, so
+        // nothing leaks to the pooled connection's next user.
+        let mut begin = String::from("BEGIN");
+        if let Some(level) = options.isolation {
+            begin.push_str(" ISOLATION LEVEL ");
+            begin.push_str(level.sql());
+        }
+        if let Some(wait) = options.wait {
+            begin.push_str(&format!(
+                "; SET LOCAL lock_timeout = {}",
+                super::millis(wait)
+            ));
+        }
+        AssertSqlSafe(begin).into_sql_str()
+    }
+
+    async fn commit<'a>(
+        mut tx: Transaction<'static, Self>,
+        _: &'a Sql,
+        _: &'a ClaimOptions,
+    ) -> Result<bool, sqlx::Error> {
+        // PostgreSQL answers `COMMIT` of an aborted transaction with a silent `ROLLBACK`, and
+        // sqlx reports that as success. Any other statement fails in an aborted transaction,
+        // so `SELECT 1` first tells the two apart, in the same message (one round trip): if it
+        // fails, the rest of the message is skipped. The trailing `BEGIN` leaves sqlx's
+        // bookkeeping (which still counts this transaction as open) something to roll back:
+        // dropping `tx` queues that `ROLLBACK`, and the pool sends it with the ping it makes
+        // when the connection comes back, so it costs no round trip of its own.
+        match sqlx::raw_sql("SELECT 1; COMMIT; BEGIN")
+            .execute(&mut *tx)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if database_code(&e).as_deref() == Some(IN_FAILED_TRANSACTION) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn rollback<'a>(
+        tx: Transaction<'static, Self>,
+        _: &'a ClaimOptions,
+    ) -> Result<(), sqlx::Error> {
+        tx.rollback().await
+    }
+
+    fn is_lock_timeout(err: &sqlx::Error) -> bool {
+        database_code(err).as_deref() == Some(LOCK_NOT_AVAILABLE)
     }
 
     super::claim_on_conflict!();

@@ -1,6 +1,10 @@
-use sqlx::{Pool, Sqlite, Transaction};
+use sqlx::{AssertSqlSafe, Pool, SqlSafeStr as _, SqlStr, Sqlite, Transaction};
 
 use super::{Backend, Sql, sealed};
+use crate::ClaimOptions;
+
+/// `SQLITE_BUSY`: the busy timeout ran out waiting for the write lock.
+const SQLITE_BUSY: &str = "5";
 
 impl sealed::Sealed for Sqlite {}
 
@@ -44,6 +48,47 @@ impl Backend for Sqlite {
             ],
             DDL,
         )
+    }
+
+    fn begin_sql(sql: &Sql, options: &ClaimOptions) -> SqlStr {
+        // SQLite's transactions are always serializable, so `isolation` changes nothing. The
+        // only lock a claim waits for is the database's write lock, for the connection's busy
+        // timeout: `wait` sets that (it stays set on the pooled connection).
+        match options.wait {
+            None => sql.begin.clone(),
+            Some(wait) => AssertSqlSafe(format!(
+                "PRAGMA busy_timeout = {}; BEGIN IMMEDIATE",
+                super::millis(wait)
+            ))
+            .into_sql_str(),
+        }
+    }
+
+    async fn commit<'a>(
+        tx: Transaction<'static, Self>,
+        _: &'a Sql,
+        _: &'a ClaimOptions,
+    ) -> Result<bool, sqlx::Error> {
+        // A statement that rolled the whole transaction back (`INSERT OR ROLLBACK`, a full
+        // disk) leaves nothing to commit, and SQLite says so.
+        match tx.commit().await {
+            Ok(()) => Ok(true),
+            Err(e) if e.to_string().contains("no transaction is active") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn rollback<'a>(
+        tx: Transaction<'static, Self>,
+        _: &'a ClaimOptions,
+    ) -> Result<(), sqlx::Error> {
+        tx.rollback().await
+    }
+
+    fn is_lock_timeout(err: &sqlx::Error) -> bool {
+        err.as_database_error()
+            .and_then(|e| e.code())
+            .is_some_and(|c| c == SQLITE_BUSY)
     }
 
     super::claim_on_conflict!();
