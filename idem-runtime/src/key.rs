@@ -30,13 +30,24 @@ impl Key {
     pub fn new<K: IntoKey + ?Sized>(value: &K) -> Result<Key, KeyError> {
         let mut w = KeyWriter {
             buf: String::new(),
-            depth: 0,
-            first: true,
+            items: 0,
             error: None,
         };
         value.write_key(&mut w);
         if let Some(e) = w.error {
             return Err(e);
+        }
+        // Items are written in their element form (`5:acme1`, `(...)`); a key of one item is
+        // stored in its plain form (`acme1`, or a tuple's elements without the parentheses),
+        // which keeps the encodings of strings, integers and tuples what they always were.
+        if w.items == 1 {
+            let plain = if w.buf.starts_with('(') {
+                1..w.buf.len() - 1
+            } else {
+                w.buf.find(':').map_or(0, |colon| colon + 1)..w.buf.len()
+            };
+            w.buf.truncate(plain.end);
+            w.buf.drain(..plain.start);
         }
         check(&w.buf)?;
         Ok(Key(w.buf))
@@ -69,14 +80,18 @@ fn check(s: &str) -> Result<(), KeyError> {
 
 /// Receives the parts of a key from [`IntoKey::write_key`].
 ///
-/// A scalar key is stored as it is (`42`, `order-7`). The parts of a tuple are each prefixed by
-/// their length in bytes and separated by `|` (`4:acme|1:7`), so no two different tuples of the
-/// same shape encode to the same key, whatever characters their parts hold.
+/// A key of one part is stored as it is (`42`, `order-7`). Several parts are stored as a tuple:
+/// each prefixed by its length in bytes and separated by `|` (`4:acme|1:7`), a nested tuple in
+/// parentheses. So a custom key that writes two parts encodes like the tuple of those parts,
+/// and no two different sequences of parts encode to the same key, whatever characters the
+/// parts hold. A type whose values write different shapes (one part for some, several for
+/// others) should start every value with a part naming its shape: a one-part key `4:acme|1:7`
+/// and the two parts `acme`, `7` are the same stored key.
 #[derive(Debug)]
 pub struct KeyWriter {
     buf: String,
-    depth: u32,
-    first: bool,
+    /// Items written at the current level: parts, tuples and grouped values.
+    items: u32,
     error: Option<KeyError>,
 }
 
@@ -94,13 +109,9 @@ impl KeyWriter {
             self.error = Some(KeyError::Nul);
             return;
         }
-        if self.depth == 0 {
-            self.buf.push_str(part);
-        } else {
-            self.separate();
-            // Writing into a String cannot fail.
-            let _ = write!(self.buf, "{}:{part}", part.len());
-        }
+        self.separate();
+        // Writing into a String cannot fail.
+        let _ = write!(self.buf, "{}:{part}", part.len());
     }
 
     /// Appends a part written by its `Display` implementation.
@@ -110,28 +121,45 @@ impl KeyWriter {
         self.part(&s);
     }
 
-    /// Writes the parts that `f` writes as one tuple.
+    /// Appends the parts that `f` writes as one nested tuple.
     pub fn tuple(&mut self, f: impl FnOnce(&mut KeyWriter)) {
-        let nested = self.depth > 0;
-        if nested {
-            self.separate();
-            self.buf.push('(');
-        }
-        self.depth += 1;
-        self.first = true;
+        self.separate();
+        self.buf.push('(');
+        let outer = std::mem::replace(&mut self.items, 0);
         f(self);
-        self.depth -= 1;
-        self.first = false;
-        if nested {
-            self.buf.push(')');
+        if self.items == 0 && self.error.is_none() {
+            self.error = Some(KeyError::Empty);
+        }
+        self.items = outer;
+        self.buf.push(')');
+    }
+
+    /// Appends the key of `value` as one item: as it is if it writes one part or one tuple,
+    /// as a nested tuple if it writes several parts. Tuples write each element with it, so
+    /// elements that write several parts cannot run into their neighbours.
+    pub fn value<K: IntoKey + ?Sized>(&mut self, value: &K) {
+        if self.items > 0 {
+            self.buf.push('|');
+        }
+        let start = self.buf.len();
+        let outer = std::mem::replace(&mut self.items, 0);
+        value.write_key(self);
+        let written = std::mem::replace(&mut self.items, outer + 1);
+        match written {
+            0 if self.error.is_none() => self.error = Some(KeyError::Empty),
+            0 | 1 => {}
+            _ => {
+                self.buf.insert(start, '(');
+                self.buf.push(')');
+            }
         }
     }
 
     fn separate(&mut self) {
-        if !self.first {
+        if self.items > 0 {
             self.buf.push('|');
         }
-        self.first = false;
+        self.items += 1;
     }
 }
 
@@ -221,7 +249,7 @@ macro_rules! tuple_keys {
     ($(($($t:ident $i:tt),+))*) => {$(
         impl<$($t: IntoKey),+> IntoKey for ($($t,)+) {
             fn write_key(&self, key: &mut KeyWriter) {
-                key.tuple(|key| { $(self.$i.write_key(key);)+ });
+                key.tuple(|key| { $(key.value(&self.$i);)+ });
             }
         }
     )*};
@@ -262,10 +290,85 @@ mod tests {
         assert_eq!(enc(&(1,)).unwrap(), "1:1");
     }
 
+    /// A key of the user's own, writing its parts itself.
+    struct Tenant<'a>(&'a str, u32);
+
+    impl IntoKey for Tenant<'_> {
+        fn write_key(&self, key: &mut KeyWriter) {
+            key.part(self.0);
+            key.display(self.1);
+        }
+    }
+
+    /// A part count that depends on the value.
+    enum Either<'a> {
+        One(&'a str),
+        Two(&'a str, &'a str),
+    }
+
+    impl IntoKey for Either<'_> {
+        fn write_key(&self, key: &mut KeyWriter) {
+            match self {
+                Either::One(a) => key.part(a),
+                Either::Two(a, b) => {
+                    key.part(a);
+                    key.part(b);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn custom_keys_with_several_parts_cannot_collide() {
+        assert_ne!(
+            enc(&Tenant("acme1", 7)).unwrap(),
+            enc(&Tenant("acme", 17)).unwrap()
+        );
+        // Several parts encode like the tuple of those parts.
+        assert_eq!(
+            enc(&Tenant("acme", 17)).unwrap(),
+            enc(&("acme", 17)).unwrap()
+        );
+        assert_eq!(enc(&Tenant("acme", 17)).unwrap(), "4:acme|2:17");
+        // Inside a tuple, an element that writes several parts is grouped.
+        let a = enc(&(Either::Two("x", "y"), Either::One("z"))).unwrap();
+        let b = enc(&(Either::One("x"), Either::Two("y", "z"))).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a, "(1:x|1:y)|1:z");
+        assert_eq!(b, "1:x|(1:y|1:z)");
+        assert_eq!(
+            enc(&("t", Tenant("a", 1))).unwrap(),
+            enc(&("t", ("a", 1))).unwrap()
+        );
+    }
+
+    #[test]
+    fn every_part_sequence_of_a_tuple_has_its_own_key() {
+        // Exhaustive over short parts drawn from the characters the encoding itself uses.
+        let alphabet = ["1", ":", "|", "(", ")", "1:", "|1", "a|1:b"];
+        let mut seen = std::collections::HashMap::new();
+        for a in alphabet {
+            for b in alphabet {
+                let pairs = [
+                    enc(&(a, b)).unwrap(),
+                    enc(&(a, (b,))).unwrap(),
+                    enc(&((a,), b)).unwrap(),
+                    enc(&(Either::Two(a, b), "z")).unwrap(),
+                ];
+                for (shape, key) in pairs.into_iter().enumerate() {
+                    if let Some(prev) = seen.insert(key.clone(), (shape, a, b)) {
+                        panic!("{key:?} encodes both {prev:?} and {:?}", (shape, a, b));
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn bad_keys_are_refused() {
         assert_eq!(enc(""), Err(KeyError::Empty));
         assert_eq!(enc(&("", 1)), Err(KeyError::Empty));
+        assert_eq!(enc(&(Either::Two("a", ""), 1)), Err(KeyError::Empty));
         assert_eq!(enc("a\0b"), Err(KeyError::Nul));
         assert_eq!(enc(&("ab", "c\0")), Err(KeyError::Nul));
         assert_eq!(enc(&"x".repeat(256)), Err(KeyError::TooLong { len: 256 }));
