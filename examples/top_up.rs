@@ -1,9 +1,10 @@
-//! The seed's top-up on PostgreSQL: one job delivered three times, applied once.
+//! The classic top-up on PostgreSQL: one job delivered three times, applied once.
 //!
 //! ```text
-//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run --example top_up
+//! cargo run --example top_up
 //! ```
-//! `DATABASE_URL` defaults to the local server above.
+//! The database is `DATABASE_URL` if set, else `IDEM_POSTGRES_URL` (the variable the tests
+//! read), else the local server `postgres://postgres@127.0.0.1:5432/test`.
 
 use std::io::Write;
 
@@ -12,6 +13,14 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 /// The default database of the examples and tests.
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// `DATABASE_URL`, else `IDEM_POSTGRES_URL`, else [`DEFAULT_URL`].
+pub fn database_url() -> String {
+    ["DATABASE_URL", "IDEM_POSTGRES_URL"]
+        .iter()
+        .find_map(|var| std::env::var(var).ok())
+        .unwrap_or_else(|| DEFAULT_URL.to_owned())
+}
 
 pub struct TopUp {
     pub id: String,
@@ -38,7 +47,7 @@ pub async fn apply_top_up(
 pub async fn run(url: &str, out: &mut impl Write) -> Result<Vec<i64>, Box<dyn std::error::Error>> {
     let pool = PgPool::connect(url)
         .await
-        .map_err(|e| format!("cannot reach PostgreSQL at {url} (set DATABASE_URL): {e}"))?;
+        .map_err(|e| format!("cannot reach PostgreSQL at {url} (set DATABASE_URL or IDEM_POSTGRES_URL): {e}"))?;
     let store = Store::new(pool.clone());
     store.migrate().await?;
     sqlx::query(
@@ -82,6 +91,6 @@ pub async fn run(url: &str, out: &mut impl Write) -> Result<Vec<i64>, Box<dyn st
 #[allow(dead_code)]
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+    let url = database_url();
     run(&url, &mut std::io::stdout()).await.map(|_| ())
 }

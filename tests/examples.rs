@@ -37,7 +37,7 @@ async fn quickstart_applies_each_top_up_once() {
 
 #[tokio::test]
 async fn top_up_applies_once_in_three_deliveries() {
-    let url = std::env::var("IDEM_POSTGRES_URL").unwrap_or_else(|_| top_up::DEFAULT_URL.into());
+    let url = top_up::database_url();
     let mut out = Vec::new();
     let balances = top_up::run(&url, &mut out)
         .await
