@@ -46,16 +46,33 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 /// - **PostgreSQL**: the claim is `INSERT ... ON CONFLICT DO NOTHING`; a concurrent delivery of
 ///   the same key waits on the primary key until the first one commits (then it is a
 ///   duplicate) or rolls back (then it claims). Under `REPEATABLE READ` or `SERIALIZABLE` a
-///   lost race (`40001`, `40P01`) is retried, a few times at most.
+///   lost race (`40001`, `40P01`) is retried, a few times at most. `wait` is `SET LOCAL
+///   lock_timeout` in the begin statement, so it bounds every lock wait of the transaction.
 /// - **MySQL / MariaDB**: the claim is a plain `INSERT`; duplicate-key error 1062 is the
 ///   duplicate signal, and a deadlock victim (1213) among waiters retries its claim. Keys are
-///   stored with a binary collation, so `"Job-A"`, `"job-a"` and `"job-a "` are three keys.
+///   stored as bytes, so `"Job-A"`, `"job-a"` and `"job-a "` are three keys. `wait` sets the
+///   session's `innodb_lock_wait_timeout` (whole seconds) for the transaction and puts the
+///   server's default back when it ends.
 /// - **SQLite**: every call begins with `BEGIN IMMEDIATE`, taking the write lock up front (a
 ///   deferred transaction could deadlock on the lock upgrade). Another writer waits for it up to
 ///   the connection's busy timeout (sqlx's default is 5 s; set it with
-///   `SqliteConnectOptions::busy_timeout`) and then fails with `SQLITE_BUSY`, returned as
-///   [`Error::Database`]: nothing was written, the job can be redelivered. Use WAL
-///   (`journal_mode(Wal)`) so readers do not wait on writers.
+///   `SqliteConnectOptions::busy_timeout`, or per handler with `wait`, which sets it on the
+///   pooled connection) and then gets [`Error::InProgress`]: nothing was written, the job can
+///   be redelivered. SQLite has one writer at a time, so on SQLite that wait is for any
+///   writer, not only a delivery of the same key. Use WAL (`journal_mode(Wal)`) so readers do
+///   not wait on writers.
+///
+/// # Applied means committed
+///
+/// [`Outcome::Applied`] is returned only when the database confirmed the commit. A body that
+/// ignores a failed statement and returns `Ok` gets [`Error::RolledBack`] where the database
+/// threw the transaction away: PostgreSQL aborts the transaction at the first failed statement
+/// (and answers `COMMIT` with a rollback), MySQL rolls the whole transaction back on a
+/// deadlock (1213) and runs later statements in autocommit, SQLite on `INSERT OR ROLLBACK`
+/// and I/O errors. The check rides in the commit's own message (PostgreSQL `SELECT 1;
+/// COMMIT`, MySQL `SELECT @@in_transaction; COMMIT`), at no extra round trip. Statements a
+/// MySQL body ran in autocommit after such a rollback are kept, marker or not: a body must
+/// return database errors (with `?`), never ignore or retry them.
 pub struct Store<DB: Backend> {
     pool: Pool<DB>,
     sql: Arc<Sql>,

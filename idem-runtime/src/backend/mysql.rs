@@ -1,5 +1,5 @@
 use sqlx::mysql::MySqlDatabaseError;
-use sqlx::{AssertSqlSafe, MySql, Pool, Row as _, SqlSafeStr as _, SqlStr, Transaction};
+use sqlx::{AssertSqlSafe, Connection as _, MySql, Pool, Row as _, SqlSafeStr as _, SqlStr, Transaction};
 
 use super::{Backend, Sql, sealed};
 use crate::ClaimOptions;
@@ -154,29 +154,40 @@ impl Backend for MySql {
     }
 
     async fn migrate<'p>(pool: &'p Pool<Self>, sql: &'p Sql) -> Result<(), sqlx::Error> {
-        // DDL commits implicitly in MySQL, so a named lock (held by this connection) is what
-        // makes concurrent workers take turns.
-        let mut conn = pool.acquire().await?;
+        // DDL commits implicitly in MySQL, so a named lock is what makes concurrent workers
+        // take turns. The lock belongs to the session: the connection is detached from the
+        // pool, so that a cancelled migration closes it (and the server frees the lock)
+        // instead of returning it to the pool still holding the lock.
+        let mut conn = pool.acquire().await?.detach();
         // MySQL 5.7+ refuses lock names over 64 characters; two long names that share a
         // prefix then share a lock, which only makes them take turns.
         let mut lock = format!("idem.migrate.{}", sql.table);
         lock.truncate(64);
-        sqlx::query("SELECT GET_LOCK(?, 60)")
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
             .bind(&lock)
-            .execute(&mut *conn)
+            .fetch_one(&mut conn)
             .await?;
+        if got != Some(1) {
+            return Err(sqlx::Error::Protocol(format!(
+                "GET_LOCK({lock:?}, 60) answered {got:?}: another migration of the table held \
+                 the lock for 60 s; try again"
+            )));
+        }
         let mut result = Ok(());
         for stmt in &sql.ddl {
-            if let Err(e) = sqlx::query(stmt.clone()).execute(&mut *conn).await {
+            if let Err(e) = sqlx::query(stmt.clone()).execute(&mut conn).await {
                 result = Err(e);
                 break;
             }
         }
-        sqlx::query("SELECT RELEASE_LOCK(?)")
+        // The DDL's own error, if any, is the one worth reporting.
+        let released = sqlx::query("SELECT RELEASE_LOCK(?)")
             .bind(&lock)
-            .execute(&mut *conn)
-            .await?;
-        result
+            .execute(&mut conn)
+            .await;
+        result?;
+        released?;
+        conn.close().await
     }
 
     super::pool_statements!();
