@@ -172,7 +172,7 @@ mod my {
 
     const UPDATE: &str = "UPDATE idem_bench_accounts SET credits = credits + ? WHERE id = ?";
     // MySQL has no ON CONFLICT DO NOTHING: a plain INSERT whose duplicate-key error is the
-    // duplicate signal, as idem does it (see STYLE.md).
+    // duplicate signal, as idem does it (a plain INSERT; `INSERT IGNORE` would hide every error).
     const CLAIM: &str = "INSERT INTO idem_bench_hand (scope, `key`, completed_at) \
                          VALUES (?, ?, CURRENT_TIMESTAMP(6))";
 
