@@ -12,11 +12,11 @@ pub enum Error {
     ///
     /// The marker and the effect live in one transaction, so they were either both kept or both
     /// lost: letting the broker redeliver the job is safe, it will run once or report a duplicate.
-    #[error(
-        "database error: {0} (the job's marker and its effect were kept or lost together: \
-         let the broker redeliver the job, idem will run it once or report a duplicate)"
-    )]
-    Database(#[from] sqlx::Error),
+    /// The message says the cause once, with advice that fits it (a missing marker table, a
+    /// database that cannot be reached); the sqlx error is the variant's field, not a
+    /// `source()`, so that error reporters do not print it twice.
+    #[error("{}", DatabaseMessage(.0))]
+    Database(sqlx::Error),
 
     /// The key was refused before any I/O: nothing was written.
     #[error("invalid idempotency key: {0}")]
@@ -115,6 +115,58 @@ impl fmt::Display for KeyError {
 
 impl std::error::Error for KeyError {}
 
+impl From<sqlx::Error> for Error {
+    fn from(err: sqlx::Error) -> Self {
+        Error::Database(err)
+    }
+}
+
+/// The text of [`Error::Database`]: the cause, once, then what to do about it.
+struct DatabaseMessage<'a>(&'a sqlx::Error);
+
+impl fmt::Display for DatabaseMessage<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let err = self.0;
+        // sqlx prefixes database errors with "error returned from database:" and the code;
+        // the server's own message is what says what happened.
+        match err.as_database_error() {
+            Some(db) => write!(f, "the database refused a statement: {}", db.message())?,
+            None => write!(f, "{err}")?,
+        }
+        f.write_str(": ")?;
+        f.write_str(advice(err))
+    }
+}
+
+fn advice(err: &sqlx::Error) -> &'static str {
+    if is_missing_table(err) {
+        return "the marker table does not exist: call `Store::migrate()` at start-up, or add \
+                the statements of `Store::ddl()` to your migrations";
+    }
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Configuration(_) => {
+            "the database could not be reached: check its URL and that it is running; \
+             nothing ran, so the job can be redelivered"
+        }
+        _ => {
+            "the job's marker and its effect were kept or lost together, so let the broker \
+             redeliver the job: it will run once or be reported as a duplicate"
+        }
+    }
+}
+
+/// PostgreSQL `42P01`, MySQL 1146, SQLite "no such table".
+fn is_missing_table(err: &sqlx::Error) -> bool {
+    let Some(db) = err.as_database_error() else {
+        return false;
+    };
+    matches!(db.code().as_deref(), Some("42P01" | "42S02")) || db.message().contains("no such table")
+}
+
 impl From<Error> for sqlx::Error {
     /// Lets handlers that return `sqlx::Error` use `#[idempotent]` as they are.
     fn from(err: Error) -> Self {
@@ -122,5 +174,74 @@ impl From<Error> for sqlx::Error {
             Error::Database(e) => e,
             other => sqlx::Error::InvalidArgument(other.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn an_unreachable_database_is_said_once_with_what_to_do() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let err = Error::from(sqlx::Error::Io(refused));
+        let msg = err.to_string();
+        assert!(msg.contains("check its URL"), "{msg}");
+        assert_eq!(msg.matches("refused").count(), 1, "{msg}");
+        assert!(err.source().is_none());
+    }
+
+    #[test]
+    fn every_variant_says_what_to_do() {
+        let cases = [
+            (Error::from(KeyError::Empty), "non-empty id"),
+            (
+                Error::InvalidTable { name: "a b".into() },
+                "plain SQL identifier",
+            ),
+            (Error::InvalidScope { scope: String::new() }, "1 to 255 bytes"),
+            (
+                Error::RolledBack {
+                    scope: "s".into(),
+                    key: "k".into(),
+                },
+                "return database errors from the body with `?`",
+            ),
+            (
+                Error::InProgress {
+                    scope: "s".into(),
+                    key: "k".into(),
+                },
+                "nack the job",
+            ),
+            (Error::from(sqlx::Error::PoolTimedOut), "could not be reached"),
+            (
+                Error::from(sqlx::Error::RowNotFound),
+                "kept or lost together",
+            ),
+        ];
+        for (err, advice) in cases {
+            let msg = err.to_string();
+            assert!(msg.contains(advice), "{msg:?} lacks {advice:?}");
+        }
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_missing_marker_table_points_at_migrate() {
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        let store = crate::Store::new(pool);
+        let key = crate::Key::new("job-1").unwrap();
+        let err = store.claim("scope", &key).await.unwrap_err();
+        let msg = err.to_string();
+        assert_eq!(
+            msg,
+            "the database refused a statement: no such table: idem_processed: the marker \
+             table does not exist: call `Store::migrate()` at start-up, or add the statements \
+             of `Store::ddl()` to your migrations"
+        );
+        assert!(err.source().is_none());
     }
 }

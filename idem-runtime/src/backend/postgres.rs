@@ -114,6 +114,11 @@ impl Backend for Postgres {
         // Concurrent `CREATE TABLE IF NOT EXISTS` can still fail on the catalog's unique
         // index; a transaction-scoped advisory lock makes the workers take turns.
         let mut tx = pool.begin().await?;
+        // `IF NOT EXISTS` answers an existing table with a NOTICE, which sqlx logs at INFO:
+        // every worker's start-up would say "relation already exists, skipping".
+        sqlx::query("SET LOCAL client_min_messages = warning")
+            .execute(&mut *tx)
+            .await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idem.migrate.' || $1))")
             .bind(&sql.table)
             .execute(&mut *tx)
