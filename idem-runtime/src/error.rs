@@ -20,7 +20,7 @@ pub enum Error {
 
     /// The key was refused before any I/O: nothing was written.
     #[error("invalid idempotency key: {0}")]
-    InvalidKey(#[from] KeyError),
+    InvalidKey(KeyError),
 
     /// The table name given to [`Store::with_table`](crate::Store::with_table) is not a plain
     /// SQL identifier.
@@ -114,6 +114,12 @@ impl fmt::Display for KeyError {
 }
 
 impl std::error::Error for KeyError {}
+
+impl From<KeyError> for Error {
+    fn from(err: KeyError) -> Self {
+        Error::InvalidKey(err)
+    }
+}
 
 impl From<sqlx::Error> for Error {
     fn from(err: sqlx::Error) -> Self {
@@ -225,6 +231,8 @@ mod tests {
         for (err, advice) in cases {
             let msg = err.to_string();
             assert!(msg.contains(advice), "{msg:?} lacks {advice:?}");
+            // Each message is whole: nothing to print again from a source.
+            assert!(err.source().is_none(), "{msg}");
         }
     }
 
