@@ -45,9 +45,9 @@ pub async fn apply_top_up(
 /// Opens a fresh account, delivers one top-up of 50 credits three times and returns the
 /// balance after each delivery.
 pub async fn run(url: &str, out: &mut impl Write) -> Result<Vec<i64>, Box<dyn std::error::Error>> {
-    let pool = PgPool::connect(url)
-        .await
-        .map_err(|e| format!("cannot reach PostgreSQL at {url} (set DATABASE_URL or IDEM_POSTGRES_URL): {e}"))?;
+    let pool = PgPool::connect(url).await.map_err(|e| {
+        format!("cannot reach PostgreSQL at {url} (set DATABASE_URL or IDEM_POSTGRES_URL): {e}")
+    })?;
     let store = Store::new(pool.clone());
     store.migrate().await?;
     sqlx::query(

@@ -4,7 +4,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{Backend, Error, Key};
-pub use crate::{Claim, ClaimOptions, Guard, IntoKey, Isolation, Outcome, Store};
+pub use crate::{
+    Claim, ClaimOptions, Guard, IntoKey, Isolation, Lease, LeaseOptions, Leased, Outcome, Store,
+};
 pub use core::time::Duration;
 
 /// Encodes the key. Called with the `key` expression before any I/O, so that a type without
@@ -25,6 +27,28 @@ pub async fn claim<DB: Backend>(
     store
         .claim_owned(std::borrow::Cow::Borrowed(scope), key?, options)
         .await
+}
+
+/// Lease mode's claim of an already-encoded key.
+#[inline]
+pub async fn lease<DB: Backend>(
+    store: &Store<DB>,
+    scope: &'static str,
+    options: LeaseOptions,
+    key: Result<Key, Error>,
+) -> Result<Leased, Error> {
+    store
+        .lease_owned(std::borrow::Cow::Borrowed(scope), key?, options)
+        .await
+}
+
+/// Lease mode's end: `result` is the body's result, or the timeout that cut it short.
+#[inline]
+pub async fn lease_finish<T, E>(
+    lease: Lease,
+    result: Result<Result<T, E>, Error>,
+) -> Result<Outcome<T>, Failed<E>> {
+    lease.end(result).await
 }
 
 /// An error of the call: idem's own (claim, commit) or the body's.

@@ -75,6 +75,38 @@ pub enum Error {
         /// The encoded key of the call.
         key: String,
     },
+
+    /// Lease mode: the body finished, but its lease had run out and another delivery took the
+    /// key over (or an operator forgot it), so this result was not recorded. The other
+    /// delivery, which holds the same idempotency key, decides the outcome.
+    #[error(
+        "the lease on {scope:?} / {key:?} was lost: it ran out and another delivery took the \
+         key over, so this delivery's result was not recorded; nack or drop the job, the \
+         holder of the lease completes it (a longer lease, or `Lease::renew` during long \
+         calls, avoids this)"
+    )]
+    LeaseLost {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+    },
+
+    /// Lease mode: the body ran longer than its timeout and was cancelled; the key was released
+    /// at once, so a redelivery retries (with the same idempotency key).
+    #[error(
+        "the body of {scope:?} / {key:?} did not finish within {after:?} and was cancelled; \
+         the key was released: nack the job so that it is retried (the outside call may have \
+         happened: the retry sends the same idempotency key)"
+    )]
+    Timeout {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+        /// The timeout that ran out.
+        after: std::time::Duration,
+    },
 }
 
 /// Why a key was refused. Keys are checked before any I/O, so a refused key writes nothing.
@@ -170,7 +202,8 @@ fn is_missing_table(err: &sqlx::Error) -> bool {
     let Some(db) = err.as_database_error() else {
         return false;
     };
-    matches!(db.code().as_deref(), Some("42P01" | "42S02")) || db.message().contains("no such table")
+    matches!(db.code().as_deref(), Some("42P01" | "42S02"))
+        || db.message().contains("no such table")
 }
 
 impl From<Error> for sqlx::Error {
@@ -207,7 +240,12 @@ mod tests {
                 Error::InvalidTable { name: "a b".into() },
                 "plain SQL identifier",
             ),
-            (Error::InvalidScope { scope: String::new() }, "1 to 255 bytes"),
+            (
+                Error::InvalidScope {
+                    scope: String::new(),
+                },
+                "1 to 255 bytes",
+            ),
             (
                 Error::RolledBack {
                     scope: "s".into(),
@@ -222,7 +260,10 @@ mod tests {
                 },
                 "nack the job",
             ),
-            (Error::from(sqlx::Error::PoolTimedOut), "could not be reached"),
+            (
+                Error::from(sqlx::Error::PoolTimedOut),
+                "could not be reached",
+            ),
             (
                 Error::from(sqlx::Error::RowNotFound),
                 "kept or lost together",

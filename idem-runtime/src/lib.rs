@@ -14,6 +14,7 @@ compile_error!(
 mod backend;
 mod error;
 mod key;
+mod lease;
 mod options;
 mod outcome;
 mod store;
@@ -21,6 +22,7 @@ mod store;
 pub use backend::Backend;
 pub use error::{Error, KeyError};
 pub use key::{IntoKey, Key, KeyWriter, MAX_KEY_LEN};
+pub use lease::{Lease, LeaseOptions, Leased};
 pub use options::{ClaimOptions, Isolation};
 pub use outcome::Outcome;
 pub use store::{Claim, DEFAULT_TABLE, Guard, MAX_TABLE_LEN, PURGE_BATCH, Store};

@@ -127,6 +127,10 @@ impl<DB: Backend> Store<DB> {
         &self.pool
     }
 
+    pub(crate) fn sql(&self) -> &Sql {
+        &self.sql
+    }
+
     /// The name of the marker table.
     pub fn table(&self) -> &str {
         &self.sql.table
@@ -321,7 +325,7 @@ impl<DB: Backend> Guard<DB> {
 
 /// Scopes are checked like keys: the attribute checks its literal at compile time, the store
 /// checks the scopes that hand-written code passes.
-fn check_scope(scope: &str) -> Result<(), Error> {
+pub(crate) fn check_scope(scope: &str) -> Result<(), Error> {
     if scope.is_empty() || scope.len() > crate::MAX_KEY_LEN || scope.contains('\0') {
         return Err(Error::InvalidScope {
             scope: scope.to_owned(),

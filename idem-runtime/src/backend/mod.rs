@@ -5,6 +5,7 @@ use std::future::Future;
 use sqlx::{Pool, SqlSafeStr as _, SqlStr, Transaction};
 
 use crate::ClaimOptions;
+use crate::lease::LeaseState;
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -79,6 +80,31 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         sql: &'p Sql,
         scope: &'p str,
         key: &'p str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
+
+    /// Lease mode: claims `(scope, key)` for `lease_ms` of the database's clock, taking an
+    /// expired lease over (token + 1, attempts + 1), in as few statements as the backend
+    /// allows; autocommit, outside any transaction.
+    #[doc(hidden)]
+    fn lease_claim<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p Sql,
+        scope: &'p str,
+        key: &'p str,
+        lease_ms: i64,
+    ) -> impl Future<Output = Result<LeaseState, sqlx::Error>> + Send + 'p;
+
+    /// Lease mode: completes, releases or renews the lease of the holder of `token`;
+    /// `Ok(true)` if that holder still had the key.
+    #[doc(hidden)]
+    fn lease_update<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p Sql,
+        op: LeaseOp,
+        scope: &'p str,
+        key: &'p str,
+        token: i64,
+        lease_ms: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
 
     /// Deletes at most `limit` completed markers older than `age_ms`; returns how many.
@@ -167,6 +193,100 @@ macro_rules! claim_on_conflict {
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use claim_on_conflict;
 
+/// Lease claim of the backends with `INSERT ... ON CONFLICT DO UPDATE ... WHERE ...
+/// RETURNING`: one statement inserts a fresh marker or takes an expired one over; no row back
+/// means the marker is completed or held, which one more statement tells apart.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+macro_rules! lease_claim_on_conflict {
+    () => {
+        async fn lease_claim<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Sql,
+            scope: &'p str,
+            key: &'p str,
+            lease_ms: i64,
+        ) -> Result<LeaseState, sqlx::Error> {
+            let taken: Option<(i64, i64)> = sqlx::query_as(sql.lease.claim.clone())
+                .bind(scope)
+                .bind(key)
+                .bind(lease_ms)
+                .fetch_optional(pool)
+                .await?;
+            if let Some((token, attempts)) = taken {
+                return Ok(LeaseState::Taken { token, attempts });
+            }
+            let state: Option<String> = sqlx::query_scalar(sql.lease.state.clone())
+                .bind(scope)
+                .bind(key)
+                .fetch_optional(pool)
+                .await?;
+            Ok(super::lease_state(state.as_deref()))
+        }
+    };
+}
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use lease_claim_on_conflict;
+
+/// Lease updates of the backends with numbered placeholders: scope, key and token are `$1` to
+/// `$3` of every statement, the lease `$4` of `renew`.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+macro_rules! lease_update_numbered {
+    () => {
+        async fn lease_update<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Sql,
+            op: LeaseOp,
+            scope: &'p str,
+            key: &'p str,
+            token: i64,
+            lease_ms: i64,
+        ) -> Result<bool, sqlx::Error> {
+            let query = sqlx::query(op.statement(sql).clone())
+                .bind(scope)
+                .bind(key)
+                .bind(token);
+            let query = match op {
+                LeaseOp::Renew => query.bind(lease_ms),
+                LeaseOp::Complete | LeaseOp::Release => query,
+            };
+            Ok(query.execute(pool).await?.rows_affected() == 1)
+        }
+    };
+}
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use lease_update_numbered;
+
+/// What a lease holder does with its marker after the claim.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseOp {
+    /// `Ok`: `completed`, if the token still matches.
+    Complete,
+    /// `Err`, timeout, panic: expire the lease now (attempts are kept).
+    Release,
+    /// Extend the lease by its length from the database's now.
+    Renew,
+}
+
+impl LeaseOp {
+    fn statement(self, sql: &Sql) -> &SqlStr {
+        match self {
+            LeaseOp::Complete => &sql.lease.complete,
+            LeaseOp::Release => &sql.lease.release,
+            LeaseOp::Renew => &sql.lease.renew,
+        }
+    }
+}
+
+/// What the `state` column of a marker that could not be taken says.
+fn lease_state(state: Option<&str>) -> LeaseState {
+    match state {
+        Some("completed") => LeaseState::Completed,
+        Some(_) => LeaseState::Held,
+        None => LeaseState::Missing,
+    }
+}
+
 /// The statements of one backend for one table, built once per [`Store`](crate::Store) so
 /// that every call reuses the same strings and hits sqlx's prepared-statement cache.
 #[doc(hidden)]
@@ -177,21 +297,59 @@ pub struct Sql {
     pub(crate) claim: SqlStr,
     pub(crate) forget: SqlStr,
     pub(crate) purge: SqlStr,
+    pub(crate) lease: LeaseSql,
     pub(crate) ddl: Vec<SqlStr>,
+}
+
+/// Lease mode's statements (see each backend for their binds).
+#[derive(Debug)]
+pub(crate) struct LeaseSql {
+    /// Inserts an `in_progress` marker, or takes an expired one over where the backend can do
+    /// both in one statement.
+    pub(crate) claim: SqlStr,
+    /// Takes an expired marker over (MySQL, whose claim only inserts).
+    pub(crate) takeover: SqlStr,
+    /// Reads `state` of one marker.
+    pub(crate) state: SqlStr,
+    pub(crate) complete: SqlStr,
+    pub(crate) release: SqlStr,
+    pub(crate) renew: SqlStr,
+}
+
+/// The text of a backend's statements, `{t}` standing for the table.
+pub(crate) struct Statements<'a> {
+    pub(crate) begin: &'static str,
+    pub(crate) claim: &'a str,
+    pub(crate) forget: &'a str,
+    pub(crate) purge: &'a str,
+    pub(crate) lease_claim: &'a str,
+    pub(crate) lease_takeover: &'a str,
+    pub(crate) lease_state: &'a str,
+    pub(crate) lease_complete: &'a str,
+    pub(crate) lease_release: &'a str,
+    pub(crate) lease_renew: &'a str,
+    pub(crate) ddl: &'a [&'a str],
 }
 
 impl Sql {
     /// `table` has been checked to be a plain identifier, so formatting it into SQL is safe.
-    fn new(table: &str, begin: &'static str, dml: [&str; 3], ddl: &[&str]) -> Sql {
-        let [claim, forget, purge] = dml;
+    fn new(table: &str, s: Statements<'_>) -> Sql {
         let fill = |s: &str| sqlx::AssertSqlSafe(s.replace("{t}", table)).into_sql_str();
         Sql {
             table: table.to_owned(),
-            begin: begin.into_sql_str(),
-            claim: fill(claim),
-            forget: fill(forget),
-            purge: fill(purge),
-            ddl: ddl.iter().map(|s| fill(s)).collect(),
+            begin: s.begin.into_sql_str(),
+            claim: fill(s.claim),
+            forget: fill(s.forget),
+            purge: fill(s.purge),
+            lease: LeaseSql {
+                claim: fill(s.lease_claim),
+                takeover: fill(s.lease_takeover),
+                state: fill(s.lease_state),
+                complete: fill(s.lease_complete),
+                release: fill(s.lease_release),
+                renew: fill(s.lease_renew),
+            },
+            ddl: s.ddl.iter().map(|s| fill(s)).collect(),
         }
     }
 }

@@ -1,8 +1,11 @@
 use sqlx::mysql::MySqlDatabaseError;
-use sqlx::{AssertSqlSafe, Connection as _, MySql, Pool, Row as _, SqlSafeStr as _, SqlStr, Transaction};
+use sqlx::{
+    AssertSqlSafe, Connection as _, MySql, Pool, Row as _, SqlSafeStr as _, SqlStr, Transaction,
+};
 
-use super::{Backend, Sql, sealed};
+use super::{Backend, LeaseOp, Sql, Statements, sealed};
 use crate::ClaimOptions;
+use crate::lease::LeaseState;
 
 impl sealed::Sealed for MySql {}
 
@@ -50,17 +53,47 @@ impl Backend for MySql {
     fn sql(table: &str) -> Sql {
         Sql::new(
             table,
-            "BEGIN",
-            // A plain INSERT: `INSERT IGNORE` would turn every error into a warning, and
-            // `ON DUPLICATE KEY UPDATE` reports a row under sqlx's CLIENT_FOUND_ROWS.
-            [
-                "INSERT INTO {t} (scope, `key`, completed_at) VALUES (?, ?, CURRENT_TIMESTAMP(6))",
-                "DELETE FROM {t} WHERE scope = ? AND `key` = ?",
-                "DELETE FROM {t} WHERE state = 'completed' \
-                 AND completed_at < CURRENT_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
-                 ORDER BY completed_at LIMIT ?",
-            ],
-            DDL,
+            Statements {
+                begin: "BEGIN",
+                // A plain INSERT: `INSERT IGNORE` would turn every error into a warning, and
+                // `ON DUPLICATE KEY UPDATE` reports a row under sqlx's CLIENT_FOUND_ROWS.
+                claim: "INSERT INTO {t} (scope, `key`, completed_at) \
+                        VALUES (?, ?, CURRENT_TIMESTAMP(6))",
+                forget: "DELETE FROM {t} WHERE scope = ? AND `key` = ?",
+                purge: "DELETE FROM {t} WHERE state = 'completed' \
+                        AND completed_at < CURRENT_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
+                        ORDER BY completed_at LIMIT ?",
+                // Binds: scope, key, lease ms. Error 1062 sends the claim to `takeover`.
+                lease_claim: "INSERT INTO {t} \
+                              (scope, `key`, state, locked_until, token, attempts, completed_at) \
+                              VALUES (?, ?, 'in_progress', \
+                              CURRENT_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND, 1, 1, NULL)",
+                // Binds: lease ms, scope, key. The UPDATE has no RETURNING here, so the new
+                // token comes back as the statement's last insert id. Concurrent takers
+                // queue on the row lock and re-read it: only the first still matches.
+                lease_takeover: "UPDATE {t} SET token = LAST_INSERT_ID(token + 1), \
+                                 attempts = attempts + 1, \
+                                 locked_until = CURRENT_TIMESTAMP(6) \
+                                 + INTERVAL (? * 1000) MICROSECOND \
+                                 WHERE scope = ? AND `key` = ? AND state = 'in_progress' \
+                                 AND (locked_until IS NULL \
+                                 OR locked_until <= CURRENT_TIMESTAMP(6))",
+                lease_state: "SELECT state, CAST(attempts AS SIGNED) FROM {t} \
+                              WHERE scope = ? AND `key` = ?",
+                // Binds: scope, key, token.
+                lease_complete: "UPDATE {t} SET state = 'completed', \
+                                 completed_at = CURRENT_TIMESTAMP(6), locked_until = NULL \
+                                 WHERE scope = ? AND `key` = ? AND token = ? \
+                                 AND state = 'in_progress'",
+                lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = ? \
+                                AND `key` = ? AND token = ? AND state = 'in_progress'",
+                // Binds: lease ms, scope, key, token.
+                lease_renew: "UPDATE {t} SET locked_until = CURRENT_TIMESTAMP(6) \
+                              + INTERVAL (? * 1000) MICROSECOND \
+                              WHERE scope = ? AND `key` = ? AND token = ? \
+                              AND state = 'in_progress'",
+                ddl: DDL,
+            },
         )
     }
 
@@ -114,9 +147,9 @@ impl Backend for MySql {
         Ok(open == 1)
     }
 
-    async fn rollback<'a>(
+    async fn rollback(
         mut tx: Transaction<'static, Self>,
-        options: &'a ClaimOptions,
+        options: &ClaimOptions,
     ) -> Result<(), sqlx::Error> {
         if options.wait.is_none() {
             return tx.rollback().await;
@@ -188,6 +221,72 @@ impl Backend for MySql {
         result?;
         released?;
         conn.close().await
+    }
+
+    async fn lease_claim<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p Sql,
+        scope: &'p str,
+        key: &'p str,
+        lease_ms: i64,
+    ) -> Result<LeaseState, sqlx::Error> {
+        let inserted = sqlx::query(sql.lease.claim.clone())
+            .bind(scope)
+            .bind(key)
+            .bind(lease_ms)
+            .execute(pool)
+            .await;
+        match inserted {
+            Ok(_) => {
+                return Ok(LeaseState::Taken {
+                    token: 1,
+                    attempts: 1,
+                });
+            }
+            Err(e) if number(&e) == Some(ER_DUP_ENTRY) => {}
+            Err(e) => return Err(e),
+        }
+        let taken = sqlx::query(sql.lease.takeover.clone())
+            .bind(lease_ms)
+            .bind(scope)
+            .bind(key)
+            .execute(pool)
+            .await?;
+        let state: Option<(String, i64)> = sqlx::query_as(sql.lease.state.clone())
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(pool)
+            .await?;
+        if taken.rows_affected() == 1 {
+            let token = i64::try_from(taken.last_insert_id()).unwrap_or(i64::MAX);
+            // The lease is ours until it runs out, so the row read back is our own.
+            let attempts = state.map_or(1, |(_, attempts)| attempts);
+            return Ok(LeaseState::Taken { token, attempts });
+        }
+        Ok(super::lease_state(state.as_ref().map(|(s, _)| s.as_str())))
+    }
+
+    async fn lease_update<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p Sql,
+        op: LeaseOp,
+        scope: &'p str,
+        key: &'p str,
+        token: i64,
+        lease_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let query = match op {
+            LeaseOp::Complete => sqlx::query(sql.lease.complete.clone()),
+            LeaseOp::Release => sqlx::query(sql.lease.release.clone()),
+            LeaseOp::Renew => sqlx::query(sql.lease.renew.clone()).bind(lease_ms),
+        };
+        let done = query
+            .bind(scope)
+            .bind(key)
+            .bind(token)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     super::pool_statements!();

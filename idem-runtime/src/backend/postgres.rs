@@ -1,7 +1,8 @@
 use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, SqlStr, Transaction};
 
-use super::{Backend, Sql, sealed};
+use super::{Backend, LeaseOp, Sql, Statements, sealed};
 use crate::ClaimOptions;
+use crate::lease::LeaseState;
 
 /// `in_failed_sql_transaction`: a statement after one that failed.
 const IN_FAILED_TRANSACTION: &str = "25P02";
@@ -35,18 +36,41 @@ impl Backend for Postgres {
     fn sql(table: &str) -> Sql {
         Sql::new(
             table,
-            "BEGIN",
-            [
-                "INSERT INTO {t} (scope, key, completed_at) VALUES ($1, $2, now()) \
-                 ON CONFLICT DO NOTHING",
-                "DELETE FROM {t} WHERE scope = $1 AND key = $2",
+            Statements {
+                begin: "BEGIN",
+                claim: "INSERT INTO {t} (scope, key, completed_at) VALUES ($1, $2, now()) \
+                        ON CONFLICT DO NOTHING",
+                forget: "DELETE FROM {t} WHERE scope = $1 AND key = $2",
                 // Selecting the batch by ctid makes each batch a TID scan; an `IN (SELECT
                 // scope, key ...)` ran as a hash join over the whole table, every batch.
-                "DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t} \
-                 WHERE state = 'completed' AND completed_at < now() - $1 * interval '1 millisecond' \
-                 LIMIT $2))",
-            ],
-            DDL,
+                purge: "DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t} \
+                        WHERE state = 'completed' \
+                        AND completed_at < now() - $1 * interval '1 millisecond' LIMIT $2))",
+                // Fresh or expired: one statement. Concurrent takers of an expired lease
+                // queue on the row; each re-checks the WHERE against the winner's version,
+                // so exactly one gets a row back. `now()` is the server's clock.
+                lease_claim: "INSERT INTO {t} AS m \
+                              (scope, key, state, locked_until, token, attempts, completed_at) \
+                              VALUES ($1, $2, 'in_progress', \
+                              now() + $3 * interval '1 millisecond', 1, 1, NULL) \
+                              ON CONFLICT (scope, key) DO UPDATE \
+                              SET locked_until = EXCLUDED.locked_until, \
+                              token = m.token + 1, attempts = m.attempts + 1 \
+                              WHERE m.state = 'in_progress' \
+                              AND (m.locked_until IS NULL OR m.locked_until <= now()) \
+                              RETURNING token, attempts::bigint",
+                lease_takeover: "",
+                lease_state: "SELECT state FROM {t} WHERE scope = $1 AND key = $2",
+                lease_complete: "UPDATE {t} SET state = 'completed', completed_at = now(), \
+                                 locked_until = NULL WHERE scope = $1 AND key = $2 \
+                                 AND token = $3 AND state = 'in_progress'",
+                lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = $1 \
+                                AND key = $2 AND token = $3 AND state = 'in_progress'",
+                lease_renew: "UPDATE {t} SET locked_until = now() + $4 * interval '1 millisecond' \
+                              WHERE scope = $1 AND key = $2 AND token = $3 \
+                              AND state = 'in_progress'",
+                ddl: DDL,
+            },
         )
     }
 
@@ -92,9 +116,9 @@ impl Backend for Postgres {
         }
     }
 
-    async fn rollback<'a>(
+    async fn rollback(
         tx: Transaction<'static, Self>,
-        _: &'a ClaimOptions,
+        _: &ClaimOptions,
     ) -> Result<(), sqlx::Error> {
         tx.rollback().await
     }
@@ -104,6 +128,8 @@ impl Backend for Postgres {
     }
 
     super::claim_on_conflict!();
+    super::lease_claim_on_conflict!();
+    super::lease_update_numbered!();
 
     fn is_transient(err: &sqlx::Error) -> bool {
         // serialization_failure (REPEATABLE READ / SERIALIZABLE) and deadlock_detected.

@@ -1,7 +1,8 @@
 use sqlx::{AssertSqlSafe, Pool, SqlSafeStr as _, SqlStr, Sqlite, Transaction};
 
-use super::{Backend, Sql, sealed};
+use super::{Backend, LeaseOp, Sql, Statements, sealed};
 use crate::ClaimOptions;
+use crate::lease::LeaseState;
 
 /// `SQLITE_BUSY`: the busy timeout ran out waiting for the write lock.
 const SQLITE_BUSY: &str = "5";
@@ -33,20 +34,46 @@ impl Backend for Sqlite {
     fn sql(table: &str) -> Sql {
         Sql::new(
             table,
-            // A deferred transaction that reads first and writes later can deadlock with
-            // another one on the lock upgrade; IMMEDIATE takes the write lock up front, and
-            // the connection's busy timeout decides how long a second writer waits for it.
-            "BEGIN IMMEDIATE",
-            [
-                "INSERT INTO {t} (scope, key, completed_at) \
-                 VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) ON CONFLICT DO NOTHING",
-                "DELETE FROM {t} WHERE scope = ?1 AND key = ?2",
-                "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
-                 WHERE state = 'completed' AND completed_at < \
-                 strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds') \
-                 LIMIT ?2)",
-            ],
-            DDL,
+            Statements {
+                // A deferred transaction that reads first and writes later can deadlock with
+                // another one on the lock upgrade; IMMEDIATE takes the write lock up front,
+                // and the connection's busy timeout decides how long a second writer waits.
+                begin: "BEGIN IMMEDIATE",
+                claim: "INSERT INTO {t} (scope, key, completed_at) \
+                        VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
+                        ON CONFLICT DO NOTHING",
+                forget: "DELETE FROM {t} WHERE scope = ?1 AND key = ?2",
+                purge: "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
+                        WHERE state = 'completed' AND completed_at < \
+                        strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds') \
+                        LIMIT ?2)",
+                // As on PostgreSQL; writers are serialised, so there is no race to lose.
+                // Times are ISO-8601 text, which compares in time order.
+                lease_claim: "INSERT INTO {t} AS m \
+                              (scope, key, state, locked_until, token, attempts, completed_at) \
+                              VALUES (?1, ?2, 'in_progress', \
+                              strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
+                              '+' || (?3 / 1000.0) || ' seconds'), 1, 1, NULL) \
+                              ON CONFLICT (scope, key) DO UPDATE \
+                              SET locked_until = excluded.locked_until, \
+                              token = m.token + 1, attempts = m.attempts + 1 \
+                              WHERE m.state = 'in_progress' AND (m.locked_until IS NULL \
+                              OR m.locked_until <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
+                              RETURNING token, attempts",
+                lease_takeover: "",
+                lease_state: "SELECT state FROM {t} WHERE scope = ?1 AND key = ?2",
+                lease_complete: "UPDATE {t} SET state = 'completed', \
+                                 completed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), \
+                                 locked_until = NULL WHERE scope = ?1 AND key = ?2 \
+                                 AND token = ?3 AND state = 'in_progress'",
+                lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = ?1 \
+                                AND key = ?2 AND token = ?3 AND state = 'in_progress'",
+                lease_renew: "UPDATE {t} SET locked_until = strftime('%Y-%m-%dT%H:%M:%fZ', \
+                              'now', '+' || (?4 / 1000.0) || ' seconds') \
+                              WHERE scope = ?1 AND key = ?2 AND token = ?3 \
+                              AND state = 'in_progress'",
+                ddl: DDL,
+            },
         )
     }
 
@@ -78,9 +105,9 @@ impl Backend for Sqlite {
         }
     }
 
-    async fn rollback<'a>(
+    async fn rollback(
         tx: Transaction<'static, Self>,
-        _: &'a ClaimOptions,
+        _: &ClaimOptions,
     ) -> Result<(), sqlx::Error> {
         tx.rollback().await
     }
@@ -92,6 +119,8 @@ impl Backend for Sqlite {
     }
 
     super::claim_on_conflict!();
+    super::lease_claim_on_conflict!();
+    super::lease_update_numbered!();
 
     fn is_transient(_: &sqlx::Error) -> bool {
         // Writers are serialised by the write lock taken at BEGIN IMMEDIATE; a busy timeout
