@@ -1,11 +1,12 @@
 //! Code generation: the claim, the body on the claim's transaction, the commit.
 
-use proc_macro2::{Group, Ident, Span, TokenStream, TokenTree};
+use proc_macro2::{Group, Ident, Literal, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{FnArg, ItemFn, LitStr, Path};
+use syn::{AttrStyle, FnArg, ItemFn, LitStr, Path};
 
-use crate::args::{self, Args};
+use crate::args::{self, Args, Isolation};
 use crate::diag::Diag;
 use crate::signature::{self, Handler};
 use crate::validate;
@@ -26,12 +27,15 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut diag = Diag::default();
     let args = args::parse(args, &mut diag);
     let handler = signature::analyse(&item, &mut diag);
-    if !args.key_given {
+    if !args.gave("key") && !args.unknown {
         diag.error_at(
             Span::call_site(),
             "`#[idempotent]` needs `key`, the expression that reads the job's stable id: \
              `#[idempotent(key = \"job.id\")]`",
         );
+    }
+    if !args.gave("scope") && !args.unknown {
+        validate::scope(&item.sig, &mut diag);
     }
     if let (Some(handler), Some((_, expr))) = (&handler, &args.key) {
         validate::key(expr, handler, &mut diag);
@@ -57,7 +61,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let scope = args
         .scope
         .clone()
-        .unwrap_or_else(|| LitStr::new(&item.sig.ident.to_string(), item.sig.ident.span()));
+        .unwrap_or_else(|| LitStr::new(&item.sig.ident.unraw().to_string(), item.sig.ident.span()));
 
     let local = |name: &str| Ident::new(name, Span::mixed_site());
     let store = local("store");
@@ -82,6 +86,8 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         **ty = signature::with_ok(ret, outcome);
     }
 
+    let options = claim_options(args, &private);
+
     // Errors about the key's type land on the `key` literal.
     let key_eval = quote_spanned! {key_lit.span()=>
         let #key_var = #private::key(&(#key));
@@ -95,7 +101,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let body = quote! {
         #key_eval
         let #outcome_var = async move {
-            let mut #guard = match #private::claim(#store, #scope, #private::ClaimOptions::new(), #key_var).await {
+            let mut #guard = match #private::claim(#store, #scope, #options, #key_var).await {
                 ::core::result::Result::Ok(#private::Claim::Fresh(#guard)) => #guard,
                 ::core::result::Result::Ok(#private::Claim::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);
@@ -116,7 +122,12 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         #settle
     };
 
-    let attrs = &item.attrs;
+    // syn keeps the body's `#![...]` among the fn's attributes; before the `fn` they would
+    // be inner attributes of the enclosing module, so they go back inside the body.
+    let (attrs, inner): (Vec<_>, Vec<_>) = item
+        .attrs
+        .iter()
+        .partition(|a| matches!(a.style, AttrStyle::Outer));
     let vis = &item.vis;
     let has_docs = attrs.iter().any(|a| a.path().is_ident("doc"));
     let note = has_docs.then(|| {
@@ -134,11 +145,30 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     quote! {
         #note
         #vis #sig {
+            #(#inner)*
             #body
         }
     }
     .to_tokens(&mut out);
     out
+}
+
+/// The `options` argument of the claim: `ClaimOptions::new()` and one call per argument given,
+/// so that a handler without `wait` or `isolation` keeps the database's own behaviour.
+fn claim_options(args: &Args, private: &TokenStream) -> TokenStream {
+    let mut options = quote!(#private::ClaimOptions::new());
+    if let Some(ms) = args.wait {
+        let ms = Literal::u64_unsuffixed(ms);
+        options.extend(quote!(.wait(#private::Duration::from_millis(#ms))));
+    }
+    if let Some(level) = args.isolation {
+        let variant = match level {
+            Isolation::Serializable => quote!(Serializable),
+            Isolation::RepeatableRead => quote!(RepeatableRead),
+        };
+        options.extend(quote!(.isolation(#private::Isolation::#variant)));
+    }
+    options
 }
 
 /// Moves every token to `at` for diagnostics while keeping how its names resolve (hygiene),
