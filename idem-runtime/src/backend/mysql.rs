@@ -114,9 +114,9 @@ impl Backend for MySql {
         Ok(open == 1)
     }
 
-    async fn rollback<'a>(
+    async fn rollback(
         mut tx: Transaction<'static, Self>,
-        options: &'a ClaimOptions,
+        options: &ClaimOptions,
     ) -> Result<(), sqlx::Error> {
         if options.wait.is_none() {
             return tx.rollback().await;

@@ -92,10 +92,7 @@ impl Backend for Postgres {
         }
     }
 
-    async fn rollback<'a>(
-        tx: Transaction<'static, Self>,
-        _: &'a ClaimOptions,
-    ) -> Result<(), sqlx::Error> {
+    async fn rollback(tx: Transaction<'static, Self>, _: &ClaimOptions) -> Result<(), sqlx::Error> {
         tx.rollback().await
     }
 
