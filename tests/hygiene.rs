@@ -84,8 +84,8 @@ impl HasId for Job {
     }
 }
 
-/// A generic handler with an early `return` and a composite key.
-#[idem::idempotent(key = "(job.id(), tenant)")]
+/// A generic handler (so it names its scope) with an early `return` and a composite key.
+#[idem::idempotent(key = "(job.id(), tenant)", scope = "generic")]
 pub(crate) async fn generic<J: HasId + Sync>(
     tx: &mut sqlx::Transaction<'_, Sqlite>,
     job: &J,
@@ -99,6 +99,21 @@ pub(crate) async fn generic<J: HasId + Sync>(
         .execute(&mut **tx)
         .await?;
     Ok(job.id())
+}
+
+/// A raw identifier, whose scope is the bare name; its lifetime needs no scope; and an inner
+/// attribute, which must stay inside the body (this crate denies warnings).
+#[idem::idempotent(key = "job.id")]
+async fn r#type<'a>(
+    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    job: &'a Job,
+) -> Result<&'a str, sqlx::Error> {
+    #![allow(unused_variables)]
+    let unused = job.id;
+    sqlx::query("INSERT INTO effects (n) VALUES (1)")
+        .execute(&mut **tx)
+        .await?;
+    Ok(job.tenant.as_str())
 }
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -196,7 +211,12 @@ async fn every_shape_runs_once_per_key() {
         Outcome::Applied("initech".to_owned())
     );
     assert_eq!(aliased(&store, owned()).await.unwrap(), Outcome::Duplicate);
-    assert_eq!(effects(&store).await, 1 + 2 + 1);
+    assert_eq!(
+        r#type(&store, &job).await.unwrap(),
+        Outcome::Applied("acme")
+    );
+    assert_eq!(r#type(&store, &job).await.unwrap(), Outcome::Duplicate);
+    assert_eq!(effects(&store).await, 1 + 2 + 1 + 1);
 
     let scopes: Vec<(String, String)> =
         sqlx::query_as("SELECT scope, key FROM idem_processed ORDER BY scope, key")
@@ -208,6 +228,7 @@ async fn every_shape_runs_once_per_key() {
         ("generic", "1:0|4:acme"),
         ("generic", "1:7|4:acme"),
         ("generic", "1:7|6:globex"),
+        ("type", "7"),
         ("worker", "2:w1|1:7"),
     ];
     let scopes: Vec<(&str, &str)> = scopes.iter().map(|(s, k)| (&**s, &**k)).collect();

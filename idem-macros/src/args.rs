@@ -1,4 +1,4 @@
-//! The attribute's arguments: `key = "..."`, `scope = "..."`, `crate = "..."`.
+//! The attribute's arguments: `key`, `scope`, `wait`, `isolation`, `crate`, each `= "..."`.
 
 use proc_macro2::TokenStream;
 use syn::meta::ParseNestedMeta;
@@ -6,43 +6,62 @@ use syn::parse::Parser;
 use syn::{Expr, LitStr, Path};
 
 use crate::diag::Diag;
+use crate::duration;
 
 #[derive(Default)]
 pub(crate) struct Args {
     /// The literal (for spans) and the expression parsed from it.
     pub(crate) key: Option<(LitStr, Expr)>,
     pub(crate) scope: Option<LitStr>,
+    /// Milliseconds of `wait`.
+    pub(crate) wait: Option<u64>,
+    pub(crate) isolation: Option<Isolation>,
     pub(crate) krate: Option<Path>,
-    /// `key` was written, even if its value was refused (so "missing key" is not said too).
-    pub(crate) key_given: bool,
+    /// Arguments written, even with a refused value: a refused `key` has had its error, so
+    /// "missing key" would be a second one for the same mistake.
+    pub(crate) given: Vec<&'static str>,
+    /// An unknown argument was written: it may be the misspelt `key` or `scope`, whose absence
+    /// is then not reported again.
+    pub(crate) unknown: bool,
 }
 
-const KNOWN: &str = "expected `key`, `scope` or `crate`";
+impl Args {
+    pub(crate) fn gave(&self, name: &str) -> bool {
+        self.given.contains(&name)
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(crate) enum Isolation {
+    RepeatableRead,
+    Serializable,
+}
+
+const NAMES: [&str; 5] = ["key", "scope", "wait", "isolation", "crate"];
 
 pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
     let mut args = Args::default();
-    let mut seen: Vec<String> = Vec::new();
     let parser = syn::meta::parser(|meta| {
-        let name = meta
+        let written = meta
             .path
             .get_ident()
             .map(ToString::to_string)
             .unwrap_or_default();
-        if !matches!(name.as_str(), "key" | "scope" | "crate") {
+        let Some(name) = NAMES.into_iter().find(|n| *n == written) else {
+            args.unknown = true;
             let path = &meta.path;
             let shown = quote::quote!(#path).to_string().replace(' ', "");
-            diag.error(&meta.path, format!("unknown argument `{shown}`; {KNOWN}"));
+            diag.error(&meta.path, unknown_message(&shown));
             return skip_value(&meta);
-        }
-        let lit = string_value(&meta, &name, diag)?;
-        if seen.contains(&name) {
+        };
+        let lit = string_value(&meta, name, diag)?;
+        if args.gave(name) {
             diag.error(&meta.path, format!("`{name}` is given twice; keep one"));
             return Ok(());
         }
-        seen.push(name.clone());
-        args.key_given |= name == "key";
+        args.given.push(name);
         let Some(lit) = lit else { return Ok(()) };
-        match name.as_str() {
+        match name {
             "key" => match lit.parse::<Expr>() {
                 Ok(expr) => args.key = Some((lit, expr)),
                 Err(e) => diag.error(
@@ -65,6 +84,28 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
                     args.scope = Some(lit);
                 }
             }
+            "wait" => match duration::millis(&lit.value()) {
+                Some(ms) => args.wait = Some(ms),
+                None => diag.error(
+                    &lit,
+                    format!(
+                        "`wait` must be a duration: {}; got \"{}\"",
+                        duration::FORMS,
+                        lit.value()
+                    ),
+                ),
+            },
+            "isolation" => match lit.value().as_str() {
+                "serializable" => args.isolation = Some(Isolation::Serializable),
+                "repeatable read" => args.isolation = Some(Isolation::RepeatableRead),
+                other => diag.error(
+                    &lit,
+                    format!(
+                        "unknown isolation \"{other}\"; expected \"serializable\" or \
+                         \"repeatable read\" (leave `isolation` out for the database's default)"
+                    ),
+                ),
+            },
             _ => match lit.parse::<Path>() {
                 Ok(path) => args.krate = Some(path),
                 Err(_) => diag.error(
@@ -79,6 +120,41 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
         diag.push(e);
     }
     args
+}
+
+/// Names the nearest known argument when the written one is plausibly a typo of it, and all
+/// of them otherwise: a wrong guess would send the reader after the wrong fix.
+fn unknown_message(written: &str) -> String {
+    let nearest = NAMES
+        .into_iter()
+        .map(|n| (edit_distance(&written.to_lowercase(), n), n))
+        .min_by_key(|(d, _)| *d);
+    match nearest {
+        Some((d, name)) if d <= name.len().div_ceil(3) => {
+            format!("unknown argument `{written}`; did you mean `{name}`?")
+        }
+        _ => format!(
+            "unknown argument `{written}`; expected `key`, `scope`, `wait`, `isolation` or `crate`"
+        ),
+    }
+}
+
+/// Levenshtein distance over chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 /// The `= "..."` of an argument; anything but a string literal is reported with the fix.
@@ -117,4 +193,48 @@ fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
         meta.parse_nested_meta(|inner| skip_value(&inner))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{edit_distance, unknown_message};
+
+    #[test]
+    fn edit_distance_counts_single_edits() {
+        assert_eq!(edit_distance("kee", "key"), 1);
+        assert_eq!(edit_distance("ky", "key"), 1);
+        assert_eq!(edit_distance("keys", "key"), 1);
+        assert_eq!(edit_distance("", "key"), 3);
+        assert_eq!(edit_distance("isolaton", "isolation"), 1);
+        assert_eq!(edit_distance("retries", "crate"), 5);
+    }
+
+    #[test]
+    fn suggests_only_close_names() {
+        assert_eq!(
+            unknown_message("kee"),
+            "unknown argument `kee`; did you mean `key`?"
+        );
+        assert_eq!(
+            unknown_message("Scope"),
+            "unknown argument `Scope`; did you mean `scope`?"
+        );
+        assert_eq!(
+            unknown_message("scpoe"),
+            "unknown argument `scpoe`; did you mean `scope`?"
+        );
+        assert_eq!(
+            unknown_message("isolatoin"),
+            "unknown argument `isolatoin`; did you mean `isolation`?"
+        );
+        assert_eq!(
+            unknown_message("retries"),
+            "unknown argument `retries`; expected `key`, `scope`, `wait`, `isolation` or `crate`"
+        );
+        // Nothing in common: a guess would mislead.
+        assert_eq!(
+            unknown_message("id"),
+            "unknown argument `id`; expected `key`, `scope`, `wait`, `isolation` or `crate`"
+        );
+    }
 }

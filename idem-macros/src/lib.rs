@@ -5,6 +5,7 @@
 
 mod args;
 mod diag;
+mod duration;
 mod expand;
 mod signature;
 mod validate;

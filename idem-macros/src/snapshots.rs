@@ -66,3 +66,109 @@ fn expand_file(source: &str) -> String {
     let expanded: syn::File = syn::parse2(out).expect("the expansion parses");
     prettyplease::unparse(&expanded)
 }
+
+/// The messages of an expansion that failed, in order; empty if it succeeded.
+fn errors_of(args: &str, function: &str) -> Vec<String> {
+    let out = crate::expand::idempotent(args.parse().unwrap(), function.parse().unwrap());
+    let file: syn::File = syn::parse2(out).expect("the expansion parses");
+    file.items
+        .iter()
+        .filter_map(|item| match item {
+            syn::Item::Macro(m) if m.mac.path.segments.last().unwrap().ident == "compile_error" => {
+                Some(m.mac.parse_body::<syn::LitStr>().unwrap().value())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+const TX: &str = "tx: &mut sqlx::Transaction<'_, Sqlite>";
+
+#[test]
+fn scope_is_required_where_the_name_is_not_unique() {
+    let cases = [
+        (
+            format!("async fn handle(&self, {TX}, job: &Job) -> Result<(), E> {{ Ok(()) }}"),
+            "`handle` is a method: two types' `handle` methods would share one scope and skip \
+             each other's jobs; name it: `#[idempotent(key = \"...\", scope = \"email.handle\")]`",
+        ),
+        (
+            format!("async fn make({TX}, job: &Job) -> Result<Self, E> {{ todo!() }}"),
+            "`make` names `Self`: two types' `make` functions would share one scope and skip \
+             each other's jobs; name it: `#[idempotent(key = \"...\", scope = \"email.make\")]`",
+        ),
+        (
+            format!("async fn run<J: Job>({TX}, job: &J) -> Result<(), E> {{ Ok(()) }}"),
+            "`run` is generic: two instantiations would share one scope and skip each other's \
+             jobs; name it: `#[idempotent(key = \"...\", scope = \"email.run\")]`",
+        ),
+        (
+            format!(
+                "async fn run<const N: usize>({TX}, job: &[u8; N]) -> Result<(), E> {{ Ok(()) }}"
+            ),
+            "`run` is generic: two instantiations would share one scope and skip each other's \
+             jobs; name it: `#[idempotent(key = \"...\", scope = \"email.run\")]`",
+        ),
+        (
+            format!("async fn r#run({TX}, job: &impl Job) -> Result<(), E> {{ Ok(()) }}"),
+            "`run` takes an `impl Trait`, so it is generic: two instantiations would share one \
+             scope and skip each other's jobs; name it: \
+             `#[idempotent(key = \"...\", scope = \"email.run\")]`",
+        ),
+    ];
+    for (function, message) in &cases {
+        assert_eq!(
+            errors_of("key = \"job.id\"", function),
+            [*message],
+            "{function}"
+        );
+        assert_eq!(
+            errors_of("key = \"job.id\", scope = \"s\"", function),
+            Vec::<String>::new(),
+            "{function}"
+        );
+    }
+    let free = [
+        format!("async fn r#type<'a>({TX}, job: &'a Job) -> Result<&'a str, E> {{ todo!() }}"),
+        format!("async fn plain({TX}, job: Job) -> Result<(), E> {{ Ok(()) }}"),
+    ];
+    for function in &free {
+        assert_eq!(
+            errors_of("key = \"job.id\"", function),
+            Vec::<String>::new(),
+            "{function}"
+        );
+    }
+}
+
+#[test]
+fn one_mistake_in_the_arguments_is_one_error() {
+    let method = format!("async fn handle(&self, {TX}, job: &Job) -> Result<(), E> {{ Ok(()) }}");
+    let cases = [
+        (
+            "kee = \"job.id\"",
+            "unknown argument `kee`; did you mean `key`?",
+        ),
+        (
+            "key = \"job.id\", scoop = \"a\"",
+            "unknown argument `scoop`; did you mean `scope`?",
+        ),
+        (
+            "key = \"job.id\", scope = \"\"",
+            "`scope` must be 1 to 255 bytes with no NUL byte, like \"billing.top_up\"",
+        ),
+        (
+            "key = \"job.id\", scope = \"a\", wait = \"30 seconds\"",
+            "`wait` must be a duration: a whole number followed by `ms`, `s`, `m` or `h`, like \
+             \"500ms\", \"30s\" or \"2m\"; got \"30 seconds\"",
+        ),
+        (
+            "key = \"job.id\", scope = \"a\", isolation = \"read committed\"",
+            "unknown isolation \"read committed\"; expected \"serializable\" or \"repeatable \
+             read\" (leave `isolation` out for the database's default)",
+        ),
+    ];
+    for (args, message) in cases {
+        assert_eq!(errors_of(args, &method), [message], "{args}");
+    }
+}

@@ -1,6 +1,10 @@
-//! Checks of meaning, after parsing: does the key read the handler's own parameters?
+//! Checks of meaning, after parsing: does the key read the handler's own parameters, and can
+//! the scope default to the function's name?
 
-use syn::{Expr, Ident};
+use proc_macro2::{TokenStream, TokenTree};
+use quote::ToTokens;
+use syn::ext::IdentExt;
+use syn::{Expr, FnArg, GenericParam, Ident, Signature};
 
 use crate::diag::Diag;
 use crate::signature::Handler;
@@ -60,4 +64,56 @@ fn roots<'e>(expr: &'e Expr, out: &mut Vec<&'e Ident>) {
         Expr::Tuple(t) => t.elems.iter().for_each(|e| roots(e, out)),
         _ => {}
     }
+}
+
+/// The default scope is the bare function name, which is only unique for a free, non-generic
+/// function: every type's `handle` method, and every instantiation of a generic function,
+/// would otherwise claim keys in one scope and see each other's jobs as duplicates.
+pub(crate) fn scope(sig: &Signature, diag: &mut Diag) {
+    let name = sig.ident.unraw();
+    let why = if sig.receiver().is_some() {
+        format!(
+            "`{name}` is a method: two types' `{name}` methods would share one scope and skip \
+             each other's jobs"
+        )
+    } else if mentions(sig.to_token_stream(), "Self") {
+        format!(
+            "`{name}` names `Self`: two types' `{name}` functions would share one scope and skip \
+             each other's jobs"
+        )
+    } else if sig
+        .generics
+        .params
+        .iter()
+        .any(|p| !matches!(p, GenericParam::Lifetime(_)))
+    {
+        format!(
+            "`{name}` is generic: two instantiations would share one scope and skip each \
+             other's jobs"
+        )
+    } else if sig.inputs.iter().any(|arg| match arg {
+        FnArg::Typed(pt) => mentions(pt.ty.to_token_stream(), "impl"),
+        FnArg::Receiver(_) => false,
+    }) {
+        format!(
+            "`{name}` takes an `impl Trait`, so it is generic: two instantiations would share \
+             one scope and skip each other's jobs"
+        )
+    } else {
+        return;
+    };
+    diag.error(
+        &sig.ident,
+        format!("{why}; name it: `#[idempotent(key = \"...\", scope = \"email.{name}\")]`"),
+    );
+}
+
+/// Whether the keyword or identifier `word` occurs anywhere in `tokens`, macro calls and
+/// nested groups included.
+fn mentions(tokens: TokenStream, word: &str) -> bool {
+    tokens.into_iter().any(|tt| match tt {
+        TokenTree::Ident(ident) => ident == word,
+        TokenTree::Group(group) => mentions(group.stream(), word),
+        _ => false,
+    })
 }

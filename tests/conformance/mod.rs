@@ -500,8 +500,8 @@ macro_rules! suite {
                 }
             }
 
-            /// A generic function over the job type.
-            #[::idem::idempotent(key = "job.id()")]
+            /// A generic function over the job type (so it names its scope).
+            #[::idem::idempotent(key = "job.id()", scope = "shapes.generic")]
             pub(crate) async fn generic<J: HasId + Sync>(
                 tx: &mut Transaction<'_, Db>,
                 job: &J,

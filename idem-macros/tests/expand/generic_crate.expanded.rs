@@ -9,7 +9,7 @@ where
     let __idem_outcome = async move {
         let mut __idem_guard = match ::my_app::idem::__private::claim(
                 store,
-                "handle",
+                "jobs.handle",
                 ::my_app::idem::__private::ClaimOptions::new(),
                 __idem_key,
             )

@@ -1,5 +1,5 @@
-// A generic handler, re-rooted for a crate that re-exports idem.
-#[idempotent(key = "job.key()", crate = "::my_app::idem")]
+// A generic handler (so it names its scope), re-rooted for a crate that re-exports idem.
+#[idempotent(key = "job.key()", scope = "jobs.handle", crate = "::my_app::idem")]
 pub(crate) async fn handle<J: Job + Sync>(
     job: &J,
     mut tx: &mut sqlx::Transaction<'_, MySql>,

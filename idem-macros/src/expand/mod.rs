@@ -1,9 +1,14 @@
-//! Code generation: the claim, the body on the claim's transaction, the commit.
+//! Code generation. This module holds what every mode shares (the signature, the key, the
+//! scope, the conversion of errors); `transaction` holds the claim-run-commit of the
+//! transaction mode.
+
+mod transaction;
 
 use proc_macro2::{Group, Ident, Span, TokenStream, TokenTree};
-use quote::{ToTokens, quote, quote_spanned};
+use quote::{quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{FnArg, ItemFn, LitStr, Path};
+use syn::{AttrStyle, FnArg, ItemFn, LitStr, Path};
 
 use crate::args::{self, Args};
 use crate::diag::Diag;
@@ -26,12 +31,15 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut diag = Diag::default();
     let args = args::parse(args, &mut diag);
     let handler = signature::analyse(&item, &mut diag);
-    if !args.key_given {
+    if !args.gave("key") && !args.unknown {
         diag.error_at(
             Span::call_site(),
             "`#[idempotent]` needs `key`, the expression that reads the job's stable id: \
              `#[idempotent(key = \"job.id\")]`",
         );
+    }
+    if !args.gave("scope") && !args.unknown {
+        validate::scope(&item.sig, &mut diag);
     }
     if let (Some(handler), Some((_, expr))) = (&handler, &args.key) {
         validate::key(expr, handler, &mut diag);
@@ -47,26 +55,51 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
+/// What a mode's claim-and-run code needs from the shared part: where idem is, the scope,
+/// the handler, and the locals it reads (`store`, the key) and binds (the outcome).
+struct Shared<'a> {
+    /// `::idem::__private`, re-rooted by `crate = "..."`.
+    private: TokenStream,
+    scope: LitStr,
+    handler: &'a Handler,
+    /// The parameter that replaces the transaction.
+    store: Ident,
+    /// The encoded key, bound before any I/O.
+    key_var: Ident,
+    /// The `Result<Outcome<T>, Failed<E>>` that `settle` converts.
+    outcome_var: Ident,
+}
+
+/// A local of the generated code: invisible to the body's names, and they to it.
+fn local(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
+}
+
 fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let krate: Path = args
         .krate
         .clone()
         .unwrap_or_else(|| syn::parse_quote!(::idem));
-    let private = quote!(#krate::__private);
-    let (key_lit, key) = args.key.as_ref().expect("checked by the caller");
-    let scope = args
-        .scope
-        .clone()
-        .unwrap_or_else(|| LitStr::new(&item.sig.ident.to_string(), item.sig.ident.span()));
-
-    let local = |name: &str| Ident::new(name, Span::mixed_site());
-    let store = local("store");
-    let key_var = local("__idem_key");
-    let guard = local("__idem_guard");
-    let tx_var = local("__idem_tx");
-    let result = local("__idem_result");
-    let err = local("__idem_err");
-    let outcome_var = local("__idem_outcome");
+    let ident = &item.sig.ident;
+    let shared = Shared {
+        private: quote!(#krate::__private),
+        scope: args
+            .scope
+            .clone()
+            .unwrap_or_else(|| LitStr::new(&ident.unraw().to_string(), ident.span())),
+        handler,
+        store: local("store"),
+        key_var: local("__idem_key"),
+        outcome_var: local("__idem_outcome"),
+    };
+    let Shared {
+        private,
+        scope,
+        store,
+        key_var,
+        outcome_var,
+        ..
+    } = &shared;
 
     let mut sig = item.sig.clone();
     let db = &handler.db;
@@ -82,41 +115,22 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         **ty = signature::with_ok(ret, outcome);
     }
 
+    let (key_lit, key) = args.key.as_ref().expect("checked by the caller");
     // Errors about the key's type land on the `key` literal.
     let key_eval = quote_spanned! {key_lit.span()=>
         let #key_var = #private::key(&(#key));
     };
-    let tx_pat = &handler.tx_pat;
-    let tx_ty = &handler.tx_ty;
-    let stmts = &item.block.stmts;
+    let run = transaction::run(&shared, args, &item.block.stmts);
     // Every idem error reaches the handler's error type through the one `settle` call, spanned
     // on the return type: a missing `From<idem::Error>` is one error, on the user's type.
     let settle = located_at(quote!(#private::settle(#outcome_var)), ret.span());
-    let body = quote! {
-        #key_eval
-        let #outcome_var = async move {
-            let mut #guard = match #private::claim(#store, #scope, #private::ClaimOptions::new(), #key_var).await {
-                ::core::result::Result::Ok(#private::Claim::Fresh(#guard)) => #guard,
-                ::core::result::Result::Ok(#private::Claim::Duplicate) => {
-                    return ::core::result::Result::Ok(#private::Outcome::Duplicate);
-                }
-                ::core::result::Result::Err(#err) => {
-                    return ::core::result::Result::Err(#private::Failed::Idem(#err));
-                }
-            };
-            let #tx_var = #guard.tx();
-            let #result: #ret = async move {
-                let #tx_pat: #tx_ty = #tx_var;
-                #(#stmts)*
-            }
-            .await;
-            #private::finish(#guard, #result).await
-        }
-        .await;
-        #settle
-    };
 
-    let attrs = &item.attrs;
+    // syn keeps the body's `#![...]` among the fn's attributes; before the `fn` they would
+    // be inner attributes of the enclosing module, so they go back inside the body.
+    let (attrs, inner): (Vec<_>, Vec<_>) = item
+        .attrs
+        .iter()
+        .partition(|a| matches!(a.style, AttrStyle::Outer));
     let vis = &item.vis;
     let has_docs = attrs.iter().any(|a| a.path().is_ident("doc"));
     let note = has_docs.then(|| {
@@ -127,18 +141,16 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         );
         quote!(#[doc = #text])
     });
-    let mut out = TokenStream::new();
-    for a in attrs {
-        a.to_tokens(&mut out);
-    }
     quote! {
+        #(#attrs)*
         #note
         #vis #sig {
-            #body
+            #(#inner)*
+            #key_eval
+            #run
+            #settle
         }
     }
-    .to_tokens(&mut out);
-    out
 }
 
 /// Moves every token to `at` for diagnostics while keeping how its names resolve (hygiene),

@@ -1,0 +1,68 @@
+//! The transaction mode: claim the key in a transaction, run the body on that transaction, and
+//! commit marker and effect together.
+
+use proc_macro2::{Literal, TokenStream};
+use quote::quote;
+use syn::Stmt;
+
+use super::{Shared, local};
+use crate::args::{Args, Isolation};
+
+/// Binds `outcome_var` to the call's `Result<Outcome<T>, Failed<E>>`.
+pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStream {
+    let Shared {
+        private,
+        scope,
+        handler,
+        store,
+        key_var,
+        outcome_var,
+    } = shared;
+    let guard = local("__idem_guard");
+    let tx_var = local("__idem_tx");
+    let result = local("__idem_result");
+    let err = local("__idem_err");
+    let options = claim_options(args, private);
+    let ret = &handler.ret;
+    let tx_pat = &handler.tx_pat;
+    let tx_ty = &handler.tx_ty;
+    quote! {
+        let #outcome_var = async move {
+            let mut #guard = match #private::claim(#store, #scope, #options, #key_var).await {
+                ::core::result::Result::Ok(#private::Claim::Fresh(#guard)) => #guard,
+                ::core::result::Result::Ok(#private::Claim::Duplicate) => {
+                    return ::core::result::Result::Ok(#private::Outcome::Duplicate);
+                }
+                ::core::result::Result::Err(#err) => {
+                    return ::core::result::Result::Err(#private::Failed::Idem(#err));
+                }
+            };
+            let #tx_var = #guard.tx();
+            let #result: #ret = async move {
+                let #tx_pat: #tx_ty = #tx_var;
+                #(#stmts)*
+            }
+            .await;
+            #private::finish(#guard, #result).await
+        }
+        .await;
+    }
+}
+
+/// The `options` argument of the claim: `ClaimOptions::new()` and one call per argument given,
+/// so that a handler without `wait` or `isolation` keeps the database's own behaviour.
+fn claim_options(args: &Args, private: &TokenStream) -> TokenStream {
+    let mut options = quote!(#private::ClaimOptions::new());
+    if let Some(ms) = args.wait {
+        let ms = Literal::u64_unsuffixed(ms);
+        options.extend(quote!(.wait(#private::Duration::from_millis(#ms))));
+    }
+    if let Some(level) = args.isolation {
+        let variant = match level {
+            Isolation::Serializable => quote!(Serializable),
+            Isolation::RepeatableRead => quote!(RepeatableRead),
+        };
+        options.extend(quote!(.isolation(#private::Isolation::#variant)));
+    }
+    options
+}

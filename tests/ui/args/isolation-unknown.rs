@@ -1,0 +1,13 @@
+use sqlx::{Sqlite, Transaction};
+
+struct Job {
+    id: u64,
+}
+
+#[idem::idempotent(key = "job.id", isolation = "read committed")]
+async fn handle(tx: &mut Transaction<'_, Sqlite>, job: &Job) -> Result<(), sqlx::Error> {
+    let _ = (tx, job);
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,14 @@
+use sqlx::{Sqlite, Transaction};
+
+struct Job {
+    id: u64,
+}
+
+// One typo, one error: no second one saying that `key` is missing.
+#[idem::idempotent(kee = "job.id")]
+async fn handle(tx: &mut Transaction<'_, Sqlite>, job: &Job) -> Result<(), sqlx::Error> {
+    let _ = (tx, job);
+    Ok(())
+}
+
+fn main() {}
