@@ -2,11 +2,11 @@
 //! is checked against the database, so an example that stops telling the truth fails CI.
 
 #[allow(dead_code)]
-#[path = "../examples/quickstart.rs"]
+#[path = "../quickstart.rs"]
 mod quickstart;
 
 #[allow(dead_code)]
-#[path = "../examples/top_up.rs"]
+#[path = "../top_up.rs"]
 mod top_up;
 
 #[tokio::test]

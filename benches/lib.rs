@@ -1,0 +1,2 @@
+//! Nothing to see: the benchmark is `throughput.rs`, run with `cargo bench --bench throughput`.
+//! Cargo wants a library or binary target in every package.

@@ -1,0 +1,2 @@
+//! Support code the examples share with their tests. The examples themselves are the files
+//! next to this folder: `cargo run --example quickstart`.
