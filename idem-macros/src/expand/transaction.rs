@@ -7,6 +7,7 @@ use syn::Stmt;
 
 use super::{Shared, local};
 use crate::args::{Args, Isolation};
+use crate::signature::Kind;
 
 /// Binds `outcome_var` to the call's `Result<Outcome<T>, Failed<E>>`.
 pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStream {
@@ -24,8 +25,10 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
     let err = local("__idem_err");
     let options = claim_options(args, private);
     let ret = &handler.ret;
-    let tx_pat = &handler.tx_pat;
-    let tx_ty = &handler.tx_ty;
+    let tx_pat = &handler.pat;
+    let Kind::Transaction { ty: tx_ty, .. } = &handler.kind else {
+        unreachable!("transaction mode has a transaction parameter")
+    };
     quote! {
         let #outcome_var = async move {
             let mut #guard = match #private::claim(#store, #scope, #options, #key_var).await {
