@@ -25,9 +25,9 @@ pub(crate) struct Handler {
 pub(crate) enum Kind {
     Transaction {
         /// The transaction's type with every lifetime elided, to annotate its binding.
-        ty: Type,
+        ty: Box<Type>,
         /// `DB` of `&mut Transaction<'_, DB>`.
-        db: Type,
+        db: Box<Type>,
     },
     /// `&Lease`: names no database, so the expansion adds a type parameter for it.
     Lease,
@@ -119,8 +119,8 @@ pub(crate) fn analyse(item: &ItemFn, mode: Mode, diag: &mut Diag) -> Option<Hand
                     ok = false;
                 } else {
                     let kind = Kind::Transaction {
-                        ty: elide_lifetimes(&pt.ty),
-                        db: *db,
+                        ty: Box::new(elide_lifetimes(&pt.ty)),
+                        db,
                     };
                     special = Some((i, (*pt.pat).clone(), kind));
                 }

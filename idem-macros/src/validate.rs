@@ -31,7 +31,8 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
             FnArg::Receiver(_) => false,
         })
     };
-    if !args.gave("lease") && !(args.unknown && lease_param()) {
+    let lease_mode = args.gave("lease") || (args.unknown && lease_param());
+    if !lease_mode {
         if let Some(span) = args.span_of("timeout") {
             diag.error_at(
                 span,

@@ -4,9 +4,8 @@
 use proc_macro2::{Literal, TokenStream};
 use quote::quote;
 use syn::Stmt;
-use syn::spanned::Spanned;
 
-use super::{Shared, local, located_at};
+use super::{Shared, local, pinned_body};
 use crate::args::Args;
 
 /// Binds `outcome_var` to the call's `Result<Outcome<T>, Failed<E>>`.
@@ -24,13 +23,15 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
     let result = local("__idem_result");
     let err = local("__idem_err");
     let options = lease_options(args, private);
-    let ret = &handler.ret;
+    let body_var = local("__idem_body");
     let pat = &handler.pat;
-    // The body's type is pinned to the declared return type; spanned there, so that a
-    // mismatch is reported against the user's signature rather than the expansion.
-    let result_ty = located_at(
-        quote!(::core::result::Result<#ret, #private::Error>),
-        ret.span(),
+    // Pinned inside `run`'s future rather than on `run`'s result, so that a body of the wrong
+    // type is reported as the declared type, not wrapped in `run`'s `Result<_, Error>`.
+    let body = pinned_body(
+        &handler.ret,
+        &body_var,
+        quote!(let #pat: &#private::Lease = #lease_ref;),
+        stmts,
     );
     quote! {
         let #outcome_var = async move {
@@ -45,10 +46,10 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
             };
             // The body borrows the lease while `run` holds it too; both only read it.
             let #lease_ref = &#lease;
-            let #result: #result_ty = #lease
+            let #result = #lease
                 .run(async move {
-                    let #pat: &#private::Lease = #lease_ref;
-                    #(#stmts)*
+                    #body
+                    #body_var
                 })
                 .await;
             #private::lease_finish(#lease, #result).await

@@ -5,11 +5,11 @@
 mod lease;
 mod transaction;
 
-use proc_macro2::{Group, Ident, Span, TokenStream, TokenTree};
-use quote::{quote, quote_spanned};
+use proc_macro2::{Delimiter, Group, Ident, Span, TokenStream, TokenTree};
+use quote::{ToTokens, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{AttrStyle, FnArg, ItemFn, LitStr, Path};
+use syn::{AttrStyle, FnArg, ItemFn, LitStr, Path, Stmt};
 
 use crate::args::{self, Args};
 use crate::diag::Diag;
@@ -171,6 +171,23 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
             #settle
         }
     }
+}
+
+/// `let var: Ret = async move { prelude body }.await;`: the body's type is pinned to the
+/// declared return type, with `return` and `?` ending the inner block as they ended the
+/// function. The block's own tokens sit at the return type, so a body of the wrong type is
+/// reported there and states the user's type, not the expansion's.
+fn pinned_body(ret: &syn::Type, var: &Ident, prelude: TokenStream, stmts: &[Stmt]) -> TokenStream {
+    // The expression runs from `async` to `await`: at the return type's first and last
+    // tokens, rustc underlines the whole type (a joined span needs nightly).
+    let tokens: Vec<TokenTree> = ret.to_token_stream().into_iter().collect();
+    let first = tokens.first().map_or_else(|| ret.span(), TokenTree::span);
+    let last = tokens.last().map_or(first, TokenTree::span);
+    let head = located_at(quote!(async move), first);
+    let mut block = Group::new(Delimiter::Brace, quote!(#prelude #(#stmts)*));
+    block.set_span(block.span().located_at(last));
+    let tail = located_at(quote!(.await), last);
+    quote!(let #var: #ret = #head #block #tail;)
 }
 
 /// Moves every token to `at` for diagnostics while keeping how its names resolve (hygiene),
