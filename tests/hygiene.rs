@@ -3,6 +3,9 @@
 //! and not only that it builds.
 #![deny(warnings, clippy::pedantic, unused_qualifications)]
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use idem::Outcome;
 use sqlx::{Sqlite, SqlitePool};
 
@@ -26,6 +29,10 @@ mod shadows {
     struct Outcome;
     struct Store;
     struct Claim;
+    struct Lease;
+    struct Leased;
+    struct Backend;
+    struct Duration;
     mod core {}
     mod std {}
     mod idem {}
@@ -43,6 +50,20 @@ mod shadows {
             .execute(&mut **tx)
             .await?;
         ::core::result::Result::Ok(__idem_guard + __idem_key)
+    }
+
+    /// Lease mode among the same shadows, with locals named like the expansion's own.
+    #[::idem::idempotent(key = "job.id", scope = "hygiene.lease_shadowed", lease = "5s")]
+    pub(crate) async fn shadowed_lease(
+        __idem_lease: &::idem::Lease,
+        job: &Job,
+        store: u64,
+    ) -> ::core::result::Result<u64, sqlx::Error> {
+        let __idem_lease_ref = store;
+        let __idem_result = job.id;
+        ::core::result::Result::Ok(
+            __idem_lease_ref + __idem_result + u64::from(__idem_lease.attempt()),
+        )
     }
 }
 
@@ -125,6 +146,20 @@ async fn aliased(tx: &mut sqlx::Transaction<'_, Sqlite>, job: Job) -> BoxResult<
         .execute(&mut **tx)
         .await?;
     Ok(job.tenant)
+}
+
+/// Lease mode: the body runs outside any transaction; it counts its runs where the test can
+/// see them, as an outside system would.
+#[idem::idempotent(
+    key = "job.id",
+    scope = "hygiene.lease",
+    lease = "30s",
+    timeout = "10s"
+)]
+async fn leased(lease: &idem::Lease, job: &Job, runs: &AtomicU32) -> Result<String, sqlx::Error> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    assert!(lease.remaining() <= std::time::Duration::from_secs(30));
+    Ok(format!("{} {}", lease.idempotency_key(), job.tenant))
 }
 
 async fn setup() -> idem::Store<Sqlite> {
@@ -233,4 +268,37 @@ async fn every_shape_runs_once_per_key() {
     ];
     let scopes: Vec<(&str, &str)> = scopes.iter().map(|(s, k)| (&**s, &**k)).collect();
     assert_eq!(scopes, expected);
+}
+
+#[tokio::test]
+async fn lease_mode_runs_once_under_tokio_spawn() {
+    let store = setup().await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let call = || {
+        let (store, runs) = (store.clone(), runs.clone());
+        // `tokio::spawn` needs the whole call to be `Send + 'static`.
+        tokio::spawn(async move {
+            let job = Job {
+                tenant: "acme".into(),
+                id: 9,
+            };
+            leased(&store, &job, &runs).await
+        })
+    };
+    assert_eq!(
+        call().await.unwrap().unwrap(),
+        Outcome::Applied("13:hygiene.lease|1:9 acme".to_owned())
+    );
+    assert_eq!(call().await.unwrap().unwrap(), Outcome::Duplicate);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let job = shadows::Job { id: 5 };
+    assert_eq!(
+        shadows::shadowed_lease(&store, &job, 10).await.unwrap(),
+        Outcome::Applied(16)
+    );
+    assert_eq!(
+        shadows::shadowed_lease(&store, &job, 10).await.unwrap(),
+        Outcome::Duplicate
+    );
 }

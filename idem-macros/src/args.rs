@@ -1,6 +1,7 @@
-//! The attribute's arguments: `key`, `scope`, `wait`, `isolation`, `crate`, each `= "..."`.
+//! The attribute's arguments: `key`, `scope`, `lease`, `timeout`, `wait`, `isolation`, `crate`,
+//! each `= "..."`.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use syn::meta::ParseNestedMeta;
 use syn::parse::Parser;
 use syn::{Expr, LitStr, Path};
@@ -13,13 +14,17 @@ pub(crate) struct Args {
     /// The literal (for spans) and the expression parsed from it.
     pub(crate) key: Option<(LitStr, Expr)>,
     pub(crate) scope: Option<LitStr>,
+    /// The literal (for spans) and its milliseconds.
+    pub(crate) lease: Option<(LitStr, u64)>,
+    pub(crate) timeout: Option<(LitStr, u64)>,
     /// Milliseconds of `wait`.
     pub(crate) wait: Option<u64>,
     pub(crate) isolation: Option<Isolation>,
     pub(crate) krate: Option<Path>,
     /// Arguments written, even with a refused value: a refused `key` has had its error, so
-    /// "missing key" would be a second one for the same mistake.
-    pub(crate) given: Vec<&'static str>,
+    /// "missing key" would be a second one for the same mistake. With the span of the name, for
+    /// errors about the argument as a whole (`wait` in lease mode).
+    pub(crate) given: Vec<(&'static str, Span)>,
     /// An unknown argument was written: it may be the misspelt `key` or `scope`, whose absence
     /// is then not reported again.
     pub(crate) unknown: bool,
@@ -27,7 +32,12 @@ pub(crate) struct Args {
 
 impl Args {
     pub(crate) fn gave(&self, name: &str) -> bool {
-        self.given.contains(&name)
+        self.span_of(name).is_some()
+    }
+
+    /// Where the argument's name was written.
+    pub(crate) fn span_of(&self, name: &str) -> Option<Span> {
+        self.given.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
     }
 }
 
@@ -37,7 +47,15 @@ pub(crate) enum Isolation {
     Serializable,
 }
 
-const NAMES: [&str; 5] = ["key", "scope", "wait", "isolation", "crate"];
+const NAMES: [&str; 7] = [
+    "key",
+    "scope",
+    "lease",
+    "timeout",
+    "wait",
+    "isolation",
+    "crate",
+];
 
 pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
     let mut args = Args::default();
@@ -59,7 +77,8 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
             diag.error(&meta.path, format!("`{name}` is given twice; keep one"));
             return Ok(());
         }
-        args.given.push(name);
+        args.given
+            .push((name, syn::spanned::Spanned::span(&meta.path)));
         let Some(lit) = lit else { return Ok(()) };
         match name {
             "key" => match lit.parse::<Expr>() {
@@ -84,17 +103,9 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
                     args.scope = Some(lit);
                 }
             }
-            "wait" => match duration::millis(&lit.value()) {
-                Some(ms) => args.wait = Some(ms),
-                None => diag.error(
-                    &lit,
-                    format!(
-                        "`wait` must be a duration: {}; got \"{}\"",
-                        duration::FORMS,
-                        lit.value()
-                    ),
-                ),
-            },
+            "wait" => args.wait = duration_value(name, &lit, diag),
+            "lease" => args.lease = positive_duration(name, &lit, diag).map(|ms| (lit, ms)),
+            "timeout" => args.timeout = positive_duration(name, &lit, diag).map(|ms| (lit, ms)),
             "isolation" => match lit.value().as_str() {
                 "serializable" => args.isolation = Some(Isolation::Serializable),
                 "repeatable read" => args.isolation = Some(Isolation::RepeatableRead),
@@ -122,6 +133,36 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
     args
 }
 
+fn duration_value(name: &str, lit: &LitStr, diag: &mut Diag) -> Option<u64> {
+    let ms = duration::millis(&lit.value());
+    if ms.is_none() {
+        diag.error(
+            lit,
+            format!(
+                "`{name}` must be a duration: {}; got \"{}\"",
+                duration::FORMS,
+                lit.value()
+            ),
+        );
+    }
+    ms
+}
+
+/// A lease of zero has expired before the body starts, and a timeout of zero cuts every body
+/// short: neither can be meant.
+fn positive_duration(name: &str, lit: &LitStr, diag: &mut Diag) -> Option<u64> {
+    match duration_value(name, lit, diag)? {
+        0 => {
+            diag.error(
+                lit,
+                format!("`{name}` must be longer than zero, like \"30s\""),
+            );
+            None
+        }
+        ms => Some(ms),
+    }
+}
+
 /// Names the nearest known argument when the written one is plausibly a typo of it, and all
 /// of them otherwise: a wrong guess would send the reader after the wrong fix.
 fn unknown_message(written: &str) -> String {
@@ -134,7 +175,8 @@ fn unknown_message(written: &str) -> String {
             format!("unknown argument `{written}`; did you mean `{name}`?")
         }
         _ => format!(
-            "unknown argument `{written}`; expected `key`, `scope`, `wait`, `isolation` or `crate`"
+            "unknown argument `{written}`; expected `key`, `scope`, `lease`, `timeout`, `wait`, \
+             `isolation` or `crate`"
         ),
     }
 }
@@ -207,6 +249,7 @@ mod tests {
         assert_eq!(edit_distance("", "key"), 3);
         assert_eq!(edit_distance("isolaton", "isolation"), 1);
         assert_eq!(edit_distance("retries", "crate"), 5);
+        assert_eq!(edit_distance("timout", "timeout"), 1);
     }
 
     #[test]
@@ -229,12 +272,14 @@ mod tests {
         );
         assert_eq!(
             unknown_message("retries"),
-            "unknown argument `retries`; expected `key`, `scope`, `wait`, `isolation` or `crate`"
+            "unknown argument `retries`; expected `key`, `scope`, `lease`, `timeout`, `wait`, \
+             `isolation` or `crate`"
         );
         // Nothing in common: a guess would mislead.
         assert_eq!(
             unknown_message("id"),
-            "unknown argument `id`; expected `key`, `scope`, `wait`, `isolation` or `crate`"
+            "unknown argument `id`; expected `key`, `scope`, `lease`, `timeout`, `wait`, \
+             `isolation` or `crate`"
         );
     }
 }

@@ -25,9 +25,43 @@ pub(crate) fn millis(text: &str) -> Option<u64> {
     number.parse::<u64>().ok()?.checked_mul(scale)
 }
 
+/// `ms` in the largest unit that divides it, in the accepted spelling: `25000` gives `25s`.
+pub(crate) fn show(ms: u64) -> String {
+    match ms {
+        0 => "0s".to_owned(),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// What `LeaseOptions::default_timeout` gives: the lease minus a fifth of it, at most 5 s.
+pub(crate) fn default_timeout(lease_ms: u64) -> u64 {
+    lease_ms - (lease_ms / 5).min(5_000)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::millis;
+    use super::{default_timeout, millis, show};
+
+    #[test]
+    fn shows_in_the_largest_exact_unit() {
+        assert_eq!(show(25_000), "25s");
+        assert_eq!(show(1_600), "1600ms");
+        assert_eq!(show(120_000), "2m");
+        assert_eq!(show(7_200_000), "2h");
+        assert_eq!(show(90_000), "90s");
+        assert_eq!(show(0), "0s");
+    }
+
+    #[test]
+    fn default_timeout_matches_the_runtime() {
+        assert_eq!(default_timeout(30_000), 25_000);
+        assert_eq!(default_timeout(2_000), 1_600);
+        assert_eq!(default_timeout(1), 1);
+        assert_eq!(default_timeout(3_600_000), 3_595_000);
+    }
 
     #[test]
     fn accepts_each_unit() {

@@ -1,19 +1,19 @@
-//! A typed view of the handler's signature: which parameter is the transaction, which database
-//! it runs on, what the body returns, and which names the parameters bind.
+//! A typed view of the handler's signature: which parameter is the transaction (and which
+//! database it runs on) or the lease, what the body returns, and which names the parameters
+//! bind.
 
 use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type};
 
 use crate::diag::Diag;
+use crate::validate::Mode;
 
 pub(crate) struct Handler {
-    /// Index of the transaction parameter in `sig.inputs`.
-    pub(crate) tx_index: usize,
-    /// Its pattern, bound inside the body to the claim's transaction.
-    pub(crate) tx_pat: Pat,
-    /// Its type with every lifetime elided, to annotate that binding.
-    pub(crate) tx_ty: Type,
-    /// `DB` of `&mut Transaction<'_, DB>`.
-    pub(crate) db: Type,
+    /// Index in `sig.inputs` of the parameter that the store replaces: the transaction, or
+    /// the lease.
+    pub(crate) index: usize,
+    /// Its pattern, bound inside the body to the claim's transaction or lease.
+    pub(crate) pat: Pat,
+    pub(crate) kind: Kind,
     /// The declared return type, `Result<T, E>`.
     pub(crate) ret: Type,
     /// `T` of that `Result`.
@@ -22,10 +22,21 @@ pub(crate) struct Handler {
     pub(crate) params: Vec<Ident>,
 }
 
+pub(crate) enum Kind {
+    Transaction {
+        /// The transaction's type with every lifetime elided, to annotate its binding.
+        ty: Box<Type>,
+        /// `DB` of `&mut Transaction<'_, DB>`.
+        db: Box<Type>,
+    },
+    /// `&Lease`: names no database, so the expansion adds a type parameter for it.
+    Lease,
+}
+
 const TX_HINT: &str =
     "`tx: &mut sqlx::Transaction<'_, Postgres>` (or `&mut idem::Tx<'_, Postgres>`)";
 
-pub(crate) fn analyse(item: &ItemFn, diag: &mut Diag) -> Option<Handler> {
+pub(crate) fn analyse(item: &ItemFn, mode: Mode, diag: &mut Diag) -> Option<Handler> {
     let sig = &item.sig;
     let mut ok = true;
     if sig.asyncness.is_none() {
@@ -36,7 +47,10 @@ pub(crate) fn analyse(item: &ItemFn, diag: &mut Diag) -> Option<Handler> {
         ok = false;
     }
 
-    let mut tx: Option<(usize, Pat, Type, Type)> = None;
+    let mut special: Option<(usize, Pat, Kind)> = None;
+    // A parameter of the other mode was reported: the missing one of this mode is the same
+    // mistake.
+    let mut misplaced = false;
     let mut params = Vec::new();
     for (i, arg) in sig.inputs.iter().enumerate() {
         let pt = match arg {
@@ -46,7 +60,40 @@ pub(crate) fn analyse(item: &ItemFn, diag: &mut Diag) -> Option<Handler> {
             }
             FnArg::Typed(pt) => pt,
         };
-        match transaction_db(&pt.ty) {
+        let tx = transaction_db(&pt.ty);
+        if mode == Mode::Lease && !matches!(tx, TxParam::No) {
+            diag.error(
+                pt,
+                "lease mode runs the body outside any transaction: remove the transaction \
+                 parameter, or drop `lease` for transaction mode",
+            );
+            ok = false;
+            misplaced = true;
+            continue;
+        }
+        if is_lease(&pt.ty) {
+            if mode == Mode::Transaction {
+                diag.error(
+                    &pt.ty,
+                    "a `Lease` parameter needs `lease = \"30s\"` on the attribute: lease mode \
+                     claims the key for that long and runs the body outside any transaction; \
+                     or take a transaction instead for transaction mode",
+                );
+                ok = false;
+                misplaced = true;
+            } else if special.is_some() {
+                diag.error(
+                    pt,
+                    "only one `Lease` parameter is allowed: it is this delivery's one hold on \
+                     the key; remove this one",
+                );
+                ok = false;
+            } else {
+                special = Some((i, (*pt.pat).clone(), Kind::Lease));
+            }
+            continue;
+        }
+        match tx {
             TxParam::No => bound_names(&pt.pat, &mut params),
             TxParam::NotMut => {
                 diag.error(
@@ -63,7 +110,7 @@ pub(crate) fn analyse(item: &ItemFn, diag: &mut Diag) -> Option<Handler> {
                 ok = false;
             }
             TxParam::Yes(db) => {
-                if tx.is_some() {
+                if special.is_some() {
                     diag.error(
                         pt,
                         "only one transaction parameter is allowed: idem opens one transaction \
@@ -71,29 +118,42 @@ pub(crate) fn analyse(item: &ItemFn, diag: &mut Diag) -> Option<Handler> {
                     );
                     ok = false;
                 } else {
-                    tx = Some((i, (*pt.pat).clone(), elide_lifetimes(&pt.ty), *db));
+                    let kind = Kind::Transaction {
+                        ty: Box::new(elide_lifetimes(&pt.ty)),
+                        db,
+                    };
+                    special = Some((i, (*pt.pat).clone(), kind));
                 }
             }
         }
     }
-    if tx.is_none() && ok {
-        diag.error_at(
-            sig.paren_token.span.join(),
-            format!(
+    if special.is_none() && ok && !misplaced {
+        let message = match mode {
+            Mode::Transaction => format!(
                 "`#[idempotent]` needs a transaction parameter to run the effect on, so the \
                  marker and the effect commit together: add {TX_HINT}"
             ),
-        );
+            Mode::Lease => "lease mode needs the lease as a parameter, to give its key and \
+                            remaining time to the outside call: add `lease: &idem::Lease`"
+                .to_owned(),
+        };
+        diag.error_at(sig.paren_token.span.join(), message);
     }
 
     let ret = match &sig.output {
         ReturnType::Type(_, ty) => match result_ok(ty) {
             Some(ok_ty) => Some(((**ty).clone(), ok_ty)),
             None => {
+                let why = match mode {
+                    Mode::Transaction => "an `Err` rolls the effect back",
+                    Mode::Lease => "an `Err` releases the key",
+                };
                 diag.error(
                     ty,
-                    "`#[idempotent]` handlers return `Result<T, E>`: an `Err` rolls the effect \
-                     back and lets the job be redelivered",
+                    format!(
+                        "`#[idempotent]` handlers return `Result<T, E>`: {why} and lets the job \
+                         be redelivered"
+                    ),
                 );
                 None
             }
@@ -107,17 +167,29 @@ pub(crate) fn analyse(item: &ItemFn, diag: &mut Diag) -> Option<Handler> {
         }
     };
 
-    let (tx_index, tx_pat, tx_ty, db) = tx?;
+    let (index, pat, kind) = special?;
     let (ret, ok_ty) = ret?;
     ok.then_some(Handler {
-        tx_index,
-        tx_pat,
-        tx_ty,
-        db,
+        index,
+        pat,
+        kind,
         ret,
         ok: ok_ty,
         params,
     })
+}
+
+/// `&Lease`, `&idem::Lease`, `&::idem::Lease`: any path ending in `Lease` behind a shared
+/// reference (the body only reads it; `&mut` is left alone as some other type).
+pub(crate) fn is_lease(ty: &Type) -> bool {
+    let Type::Reference(r) = ty else { return false };
+    if r.mutability.is_some() {
+        return false;
+    }
+    let Type::Path(p) = &*r.elem else {
+        return false;
+    };
+    p.qself.is_none() && p.path.segments.last().is_some_and(|s| s.ident == "Lease")
 }
 
 enum TxParam {

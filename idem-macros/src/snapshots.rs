@@ -172,3 +172,72 @@ fn one_mistake_in_the_arguments_is_one_error() {
         assert_eq!(errors_of(args, &method), [message], "{args}");
     }
 }
+
+const LEASE: &str = "lease: &idem::Lease";
+
+#[test]
+fn lease_mode_checks() {
+    let plain = format!("async fn charge({LEASE}, job: &Job) -> Result<(), E> {{ Ok(()) }}");
+    // The database type parameter the expansion adds is not the user's generic: a free lease
+    // handler may still default its scope.
+    assert_eq!(
+        errors_of("key = \"job.id\", lease = \"30s\"", &plain),
+        Vec::<String>::new()
+    );
+    let generic =
+        format!("async fn charge<J: Job>({LEASE}, job: &J) -> Result<(), E> {{ Ok(()) }}");
+    assert_eq!(
+        errors_of("key = \"job.id\", lease = \"30s\"", &generic),
+        [
+            "`charge` is generic: two instantiations would share one scope and skip each other's \
+          jobs; name it: `#[idempotent(key = \"...\", scope = \"email.charge\")]`"
+        ]
+    );
+    let cases = [
+        (
+            "key = \"job.id\", lease = \"0s\"",
+            plain.clone(),
+            "`lease` must be longer than zero, like \"30s\"",
+        ),
+        (
+            "key = \"job.id\", lease = \"30s\", timeout = \"0ms\"",
+            plain.clone(),
+            "`timeout` must be longer than zero, like \"30s\"",
+        ),
+        (
+            "key = \"job.id\", lease = \"2s\", timeout = \"3s\"",
+            plain.clone(),
+            "`timeout` must be shorter than `lease = \"2s\"`: the lease has to outlast the body, \
+             or another delivery may take the key over while this one still runs; leave \
+             `timeout` out for \"1600ms\" (the lease minus a fifth of it, at most 5s)",
+        ),
+        // A misspelt `lease` next to a `&Lease` parameter is one mistake.
+        (
+            "key = \"job.id\", leese = \"30s\"",
+            plain.clone(),
+            "unknown argument `leese`; did you mean `lease`?",
+        ),
+        (
+            "key = \"lease.key()\", lease = \"30s\"",
+            plain.clone(),
+            "the key cannot come from the lease `lease`: read the job's id from another \
+             parameter, like \"job.id\"",
+        ),
+        (
+            "key = \"job.id\", lease = \"30s\"",
+            "async fn charge(lease: &mut idem::Lease, job: &Job) -> Result<(), E> { Ok(()) }"
+                .to_owned(),
+            "lease mode needs the lease as a parameter, to give its key and remaining time to \
+             the outside call: add `lease: &idem::Lease`",
+        ),
+        (
+            "key = \"job.id\", lease = \"30s\"",
+            format!("async fn charge({LEASE}, job: &Job) -> Option<()> {{ None }}"),
+            "`#[idempotent]` handlers return `Result<T, E>`: an `Err` releases the key and lets \
+             the job be redelivered",
+        ),
+    ];
+    for (args, function, message) in &cases {
+        assert_eq!(errors_of(args, function), [*message], "{args} {function}");
+    }
+}

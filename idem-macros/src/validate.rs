@@ -1,27 +1,97 @@
-//! Checks of meaning, after parsing: does the key read the handler's own parameters, and can
-//! the scope default to the function's name?
+//! Checks of meaning, after parsing: which mode the handler runs in, does the key read the
+//! handler's own parameters, and can the scope default to the function's name?
 
 use proc_macro2::{TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::{Expr, FnArg, GenericParam, Ident, Signature};
 
+use crate::args::Args;
 use crate::diag::Diag;
-use crate::signature::Handler;
+use crate::duration;
+use crate::signature::{self, Handler};
 
-/// The key must be computed from the job, never from the transaction or from names the
-/// handler does not have: report each such root on its own token.
+/// How the handler runs its body. Decided here, once: the signature analysis and the
+/// expansion follow it rather than guessing again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Claim, body and commit in one database transaction.
+    Transaction,
+    /// Claim a lease, run the body outside any transaction, complete the marker after it.
+    Lease,
+}
+
+/// `lease` selects lease mode. Reports the arguments that do not fit the mode.
+pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
+    // An unknown argument next to a `&Lease` parameter is most likely a misspelt `lease`:
+    // assume lease mode, so that the misspelling is the only error.
+    let lease_param = || {
+        sig.inputs.iter().any(|arg| match arg {
+            FnArg::Typed(pt) => signature::is_lease(&pt.ty),
+            FnArg::Receiver(_) => false,
+        })
+    };
+    let lease_mode = args.gave("lease") || (args.unknown && lease_param());
+    if !lease_mode {
+        if let Some(span) = args.span_of("timeout") {
+            diag.error_at(
+                span,
+                "`timeout` bounds a lease-mode body and needs `lease`: add `lease = \"30s\"` \
+                 (longer than the timeout), or remove `timeout`",
+            );
+        }
+        return Mode::Transaction;
+    }
+    if let Some(span) = args.span_of("wait") {
+        diag.error_at(
+            span,
+            "`wait` is a transaction-mode setting: in lease mode a delivery that finds a live \
+             lease returns `InProgress` at once, without waiting; remove `wait`, or drop `lease` \
+             for transaction mode",
+        );
+    }
+    if let Some(span) = args.span_of("isolation") {
+        diag.error_at(
+            span,
+            "`isolation` is a transaction-mode setting: lease mode runs the body outside any \
+             transaction; remove `isolation`, or drop `lease` for transaction mode",
+        );
+    }
+    if let (Some((lease_lit, lease)), Some((timeout_lit, timeout))) = (&args.lease, &args.timeout)
+        && timeout >= lease
+    {
+        diag.error(
+            timeout_lit,
+            format!(
+                "`timeout` must be shorter than `lease = \"{}\"`: the lease has to outlast the \
+                 body, or another delivery may take the key over while this one still runs; \
+                 leave `timeout` out for \"{}\" (the lease minus a fifth of it, at most 5s)",
+                lease_lit.value(),
+                duration::show(duration::default_timeout(*lease)),
+            ),
+        );
+    }
+    Mode::Lease
+}
+
+/// The key must be computed from the job, never from the transaction or the lease (which
+/// exist only once the key is claimed) or from names the handler does not have: report each
+/// such root on its own token.
 pub(crate) fn key(expr: &Expr, handler: &Handler, diag: &mut Diag) {
     let mut found = Vec::new();
     roots(expr, &mut found);
-    let mut tx_names = Vec::new();
-    crate::signature::bound_names(&handler.tx_pat, &mut tx_names);
+    let mut special = Vec::new();
+    signature::bound_names(&handler.pat, &mut special);
+    let what = match handler.kind {
+        signature::Kind::Transaction { .. } => "transaction",
+        signature::Kind::Lease => "lease",
+    };
     for root in found {
-        if tx_names.contains(root) {
+        if special.contains(root) {
             diag.error(
                 root,
                 format!(
-                    "the key cannot come from the transaction `{root}`: read the job's id from \
+                    "the key cannot come from the {what} `{root}`: read the job's id from \
                      another parameter, like \"job.id\""
                 ),
             );

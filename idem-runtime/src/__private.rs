@@ -3,9 +3,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::{Backend, Error, Key};
+use crate::Key;
 pub use crate::{
-    Claim, ClaimOptions, Guard, IntoKey, Isolation, Lease, LeaseOptions, Leased, Outcome, Store,
+    Backend, Claim, ClaimOptions, Error, Guard, IntoKey, Isolation, Lease, LeaseOptions, Leased,
+    Outcome, Store,
 };
 pub use core::time::Duration;
 

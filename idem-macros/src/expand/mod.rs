@@ -1,18 +1,19 @@
 //! Code generation. This module holds what every mode shares (the signature, the key, the
 //! scope, the conversion of errors); `transaction` holds the claim-run-commit of the
-//! transaction mode.
+//! transaction mode, `lease` the claim-run-complete of the lease mode.
 
+mod lease;
 mod transaction;
 
-use proc_macro2::{Group, Ident, Span, TokenStream, TokenTree};
-use quote::{quote, quote_spanned};
+use proc_macro2::{Delimiter, Group, Ident, Span, TokenStream, TokenTree};
+use quote::{ToTokens, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{AttrStyle, FnArg, ItemFn, LitStr, Path};
+use syn::{AttrStyle, FnArg, ItemFn, LitStr, Path, Stmt};
 
 use crate::args::{self, Args};
 use crate::diag::Diag;
-use crate::signature::{self, Handler};
+use crate::signature::{self, Handler, Kind};
 use crate::validate;
 
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -30,7 +31,8 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     let mut diag = Diag::default();
     let args = args::parse(args, &mut diag);
-    let handler = signature::analyse(&item, &mut diag);
+    let mode = validate::mode(&args, &item.sig, &mut diag);
+    let handler = signature::analyse(&item, mode, &mut diag);
     if !args.gave("key") && !args.unknown {
         diag.error_at(
             Span::call_site(),
@@ -102,11 +104,22 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     } = &shared;
 
     let mut sig = item.sig.clone();
-    let db = &handler.db;
+    let db = match &handler.kind {
+        Kind::Transaction { db, .. } => quote!(#db),
+        Kind::Lease => {
+            // A lease handler names no database: the store's type parameter is the caller's
+            // to infer. Added after the user's own, so their turbofish (if any) still fits.
+            let db = local("__IdemDb");
+            sig.generics
+                .params
+                .push(syn::parse_quote!(#db: #private::Backend));
+            quote!(#db)
+        }
+    };
     let store_arg: FnArg = syn::parse_quote!(#store: &#private::Store<#db>);
     *sig.inputs
         .iter_mut()
-        .nth(handler.tx_index)
+        .nth(handler.index)
         .expect("index from analyse") = store_arg;
     let ok = &handler.ok;
     let outcome: syn::Type = syn::parse_quote!(#private::Outcome<#ok>);
@@ -120,7 +133,10 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let key_eval = quote_spanned! {key_lit.span()=>
         let #key_var = #private::key(&(#key));
     };
-    let run = transaction::run(&shared, args, &item.block.stmts);
+    let run = match handler.kind {
+        Kind::Transaction { .. } => transaction::run(&shared, args, &item.block.stmts),
+        Kind::Lease => lease::run(&shared, args, &item.block.stmts),
+    };
     // Every idem error reaches the handler's error type through the one `settle` call, spanned
     // on the return type: a missing `From<idem::Error>` is one error, on the user's type.
     let settle = located_at(quote!(#private::settle(#outcome_var)), ret.span());
@@ -134,9 +150,13 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let vis = &item.vis;
     let has_docs = attrs.iter().any(|a| a.path().is_ident("doc"));
     let note = has_docs.then(|| {
+        let effect = match handler.kind {
+            Kind::Transaction { .. } => "the effect commits once per key",
+            Kind::Lease => "the body runs to completion once per key, under a lease",
+        };
         let text = format!(
-            "\n\n*Idempotent* (scope `{}`): the effect commits once per key; a later delivery \
-             of the same key returns `Outcome::Duplicate` without running.",
+            "\n\n*Idempotent* (scope `{}`): {effect}; a later delivery of the same key \
+             returns `Outcome::Duplicate` without running.",
             scope.value()
         );
         quote!(#[doc = #text])
@@ -151,6 +171,23 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
             #settle
         }
     }
+}
+
+/// `let var: Ret = async move { prelude body }.await;`: the body's type is pinned to the
+/// declared return type, with `return` and `?` ending the inner block as they ended the
+/// function. The block's own tokens sit at the return type, so a body of the wrong type is
+/// reported there and states the user's type, not the expansion's.
+fn pinned_body(ret: &syn::Type, var: &Ident, prelude: TokenStream, stmts: &[Stmt]) -> TokenStream {
+    // The expression runs from `async` to `await`: at the return type's first and last
+    // tokens, rustc underlines the whole type (a joined span needs nightly).
+    let tokens: Vec<TokenTree> = ret.to_token_stream().into_iter().collect();
+    let first = tokens.first().map_or_else(|| ret.span(), TokenTree::span);
+    let last = tokens.last().map_or(first, TokenTree::span);
+    let head = located_at(quote!(async move), first);
+    let mut block = Group::new(Delimiter::Brace, quote!(#prelude #(#stmts)*));
+    block.set_span(block.span().located_at(last));
+    let tail = located_at(quote!(.await), last);
+    quote!(let #var: #ret = #head #block #tail;)
 }
 
 /// Moves every token to `at` for diagnostics while keeping how its names resolve (hygiene),

@@ -5,8 +5,9 @@ use proc_macro2::{Literal, TokenStream};
 use quote::quote;
 use syn::Stmt;
 
-use super::{Shared, local};
+use super::{Shared, local, pinned_body};
 use crate::args::{Args, Isolation};
+use crate::signature::Kind;
 
 /// Binds `outcome_var` to the call's `Result<Outcome<T>, Failed<E>>`.
 pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStream {
@@ -23,9 +24,16 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
     let result = local("__idem_result");
     let err = local("__idem_err");
     let options = claim_options(args, private);
-    let ret = &handler.ret;
-    let tx_pat = &handler.tx_pat;
-    let tx_ty = &handler.tx_ty;
+    let tx_pat = &handler.pat;
+    let Kind::Transaction { ty: tx_ty, .. } = &handler.kind else {
+        unreachable!("transaction mode has a transaction parameter")
+    };
+    let body = pinned_body(
+        &handler.ret,
+        &result,
+        quote!(let #tx_pat: #tx_ty = #tx_var;),
+        stmts,
+    );
     quote! {
         let #outcome_var = async move {
             let mut #guard = match #private::claim(#store, #scope, #options, #key_var).await {
@@ -38,11 +46,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
                 }
             };
             let #tx_var = #guard.tx();
-            let #result: #ret = async move {
-                let #tx_pat: #tx_ty = #tx_var;
-                #(#stmts)*
-            }
-            .await;
+            #body
             #private::finish(#guard, #result).await
         }
         .await;

@@ -116,10 +116,7 @@ impl Backend for Postgres {
         }
     }
 
-    async fn rollback(
-        tx: Transaction<'static, Self>,
-        _: &ClaimOptions,
-    ) -> Result<(), sqlx::Error> {
+    async fn rollback(tx: Transaction<'static, Self>, _: &ClaimOptions) -> Result<(), sqlx::Error> {
         tx.rollback().await
     }
 

@@ -105,10 +105,7 @@ impl Backend for Sqlite {
         }
     }
 
-    async fn rollback(
-        tx: Transaction<'static, Self>,
-        _: &ClaimOptions,
-    ) -> Result<(), sqlx::Error> {
+    async fn rollback(tx: Transaction<'static, Self>, _: &ClaimOptions) -> Result<(), sqlx::Error> {
         tx.rollback().await
     }
 

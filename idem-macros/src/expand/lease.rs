@@ -1,0 +1,73 @@
+//! The lease mode: claim the key for a lease, run the body outside any transaction under the
+//! lease's timeout, and complete the marker if this delivery still holds the key.
+
+use proc_macro2::{Literal, TokenStream};
+use quote::quote;
+use syn::Stmt;
+
+use super::{Shared, local, pinned_body};
+use crate::args::Args;
+
+/// Binds `outcome_var` to the call's `Result<Outcome<T>, Failed<E>>`.
+pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStream {
+    let Shared {
+        private,
+        scope,
+        handler,
+        store,
+        key_var,
+        outcome_var,
+    } = shared;
+    let lease = local("__idem_lease");
+    let lease_ref = local("__idem_lease_ref");
+    let result = local("__idem_result");
+    let err = local("__idem_err");
+    let options = lease_options(args, private);
+    let body_var = local("__idem_body");
+    let pat = &handler.pat;
+    // Pinned inside `run`'s future rather than on `run`'s result, so that a body of the wrong
+    // type is reported as the declared type, not wrapped in `run`'s `Result<_, Error>`.
+    let body = pinned_body(
+        &handler.ret,
+        &body_var,
+        quote!(let #pat: &#private::Lease = #lease_ref;),
+        stmts,
+    );
+    quote! {
+        let #outcome_var = async move {
+            let #lease = match #private::lease(#store, #scope, #options, #key_var).await {
+                ::core::result::Result::Ok(#private::Leased::Fresh(#lease)) => #lease,
+                ::core::result::Result::Ok(#private::Leased::Duplicate) => {
+                    return ::core::result::Result::Ok(#private::Outcome::Duplicate);
+                }
+                ::core::result::Result::Err(#err) => {
+                    return ::core::result::Result::Err(#private::Failed::Idem(#err));
+                }
+            };
+            // The body borrows the lease while `run` holds it too; both only read it.
+            let #lease_ref = &#lease;
+            let #result = #lease
+                .run(async move {
+                    #body
+                    #body_var
+                })
+                .await;
+            #private::lease_finish(#lease, #result).await
+        }
+        .await;
+    }
+}
+
+/// The claim's `LeaseOptions`, built in a `const` block: the durations were checked when the
+/// attribute was read, so nothing about them is left to run time.
+fn lease_options(args: &Args, private: &TokenStream) -> TokenStream {
+    let (_, lease_ms) = args.lease.as_ref().expect("lease mode has a lease");
+    let lease_ms = Literal::u64_unsuffixed(*lease_ms);
+    let mut options =
+        quote!(#private::LeaseOptions::new(#private::Duration::from_millis(#lease_ms)));
+    if let Some((_, ms)) = &args.timeout {
+        let ms = Literal::u64_unsuffixed(*ms);
+        options.extend(quote!(.timeout(#private::Duration::from_millis(#ms))));
+    }
+    quote!(const { #options })
+}
