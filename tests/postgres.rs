@@ -19,7 +19,8 @@ impl conformance::Support for Pg {
     const TWO_HOURS_AGO: &'static str = "now() - interval '2 hours'";
     // A claim queued behind the key waits on the holder's transaction id: a `Lock` wait.
     const LOCK_WAITERS: Option<&'static str> = Some(
-        "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE '%INSERT INTO ' || $1 || ' %'",
     );
     const STATEMENT_AFTER_ROLLBACK_KEPT: bool = false;
 

@@ -123,10 +123,10 @@ impl<S: Support> Ctx<S> {
     /// (the claims queued behind the key), or `None` where SQL cannot see them.
     pub(crate) async fn claims_waiting(&self) -> Option<i64> {
         let sql = S::LOCK_WAITERS?;
-        // The pattern names the marker table, whose name is unique to this test, so waiters of
-        // other tests (and of other engineers' runs on the same server) do not count.
-        let pattern = format!("%INSERT INTO {} %", self.store.table());
-        Some(self.scalar_with(sql, &[Bind::Str(pattern)]).await)
+        // The query filters on the marker table, whose name is unique to this test, so waiters
+        // of other tests (and of other engineers' runs on the same server) do not count.
+        let table = self.store.table().to_owned();
+        Some(self.scalar_with(sql, &[Bind::Str(table)]).await)
     }
 
     /// Drops the test's tables (a failing test keeps them for inspection).

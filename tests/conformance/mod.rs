@@ -67,8 +67,8 @@ pub(crate) trait Support: Send + Sync + 'static {
     /// An SQL expression for the time two hours ago, in the marker table's time format.
     const TWO_HOURS_AGO: &'static str;
 
-    /// A query counting the sessions blocked on a row lock whose current statement matches the
-    /// `LIKE` pattern `$1`, or `None` where waiters cannot be seen from SQL (SQLite: they wait
+    /// A query counting the sessions blocked on a row lock of the marker table named `$1`
+    /// (claims queued behind a key), or `None` where waiters cannot be seen from SQL (SQLite: they wait
     /// in the busy handler of `BEGIN IMMEDIATE`, invisible to other connections).
     const LOCK_WAITERS: Option<&'static str>;
 

@@ -17,7 +17,7 @@ use crate::conformance::{Support, TestDb};
 /// 100) is shared with other suites running at the same time.
 const DELIVERIES: usize = 32;
 
-/// Blocks until the `DELIVERIES - 1` deliveries that are not parked in the body are visibly
+/// Blocks until the `deliveries - 1` deliveries that are not parked in the body are visibly
 /// queued behind the key, so that the race is shown to overlap instead of assumed to.
 ///
 /// PostgreSQL and MariaDB: the database lists them as lock waiters on a statement against
@@ -25,8 +25,8 @@ const DELIVERIES: usize = 32;
 /// which SQL cannot see; instead, every delivery has checked a connection out of the pool
 /// (a claim holds one from `BEGIN IMMEDIATE` on) while a probe without a busy handler finds
 /// the write lock taken, so all but the parked one are inside `BEGIN IMMEDIATE`.
-async fn until_all_queued<S: Support>(ctx: &Ctx<S>) {
-    let waiters = (DELIVERIES - 1) as i64;
+async fn until_all_queued<S: Support>(ctx: &Ctx<S>, deliveries: usize) {
+    let waiters = (deliveries - 1) as i64;
     if S::LOCK_WAITERS.is_some() {
         until(
             120,
@@ -38,7 +38,7 @@ async fn until_all_queued<S: Support>(ctx: &Ctx<S>) {
     }
     until(120, "every delivery holding a connection", || async {
         let pool = &ctx.pool;
-        (pool.size() as usize).saturating_sub(pool.num_idle()) == DELIVERIES
+        (pool.size() as usize).saturating_sub(pool.num_idle()) == deliveries
     })
     .await;
     let mut probe = ctx.pool.acquire().await.expect("an observer connection");
@@ -88,7 +88,7 @@ pub(crate) async fn concurrent_deliveries_of_one_key_apply_once<S: Support>() {
         })
         .collect();
     within(120, "a first delivery parking in its body", hold.entered()).await;
-    until_all_queued(&ctx).await;
+    until_all_queued(&ctx, DELIVERIES).await;
     hold.release();
     let (mut applied_n, mut duplicate_n) = (0, 0);
     for t in tasks {
@@ -138,7 +138,7 @@ pub(crate) async fn concurrent_deliveries_after_failed_holders_apply_once<S: Sup
         })
         .collect();
     within(120, "a first delivery parking in its body", hold.entered()).await;
-    until_all_queued(&ctx).await;
+    until_all_queued(&ctx, DELIVERIES).await;
     hold.release();
     let (mut applied_n, mut duplicate_n, mut refused_n) = (0, 0, 0);
     for t in tasks {
@@ -171,17 +171,19 @@ pub(crate) async fn concurrent_deliveries_after_failed_holders_apply_once<S: Sup
 }
 
 /// `apply` written by hand with [`Store::claim_with`], for the options the attribute of this
-/// branch cannot set yet.
+/// branch cannot set yet; the first body parks on `hold`.
 async fn apply_with<DB: TestDb>(
     store: &Store<DB>,
     job: &Job,
     options: ClaimOptions,
+    hold: &Hold,
 ) -> Result<Outcome<i64>, TestError> {
     let key = idem::Key::new(job.key.as_str()).map_err(idem::Error::from)?;
     match store.claim_with("apply", &key, options).await? {
         Claim::Duplicate => Ok(Outcome::Duplicate),
         Claim::Fresh(mut guard) => {
             let result = insert_effect(guard.tx(), job, "apply").await;
+            hold.park_first().await;
             guard
                 .finish(result.map(|()| job.amount).map_err(TestError::from))
                 .await
@@ -189,23 +191,25 @@ async fn apply_with<DB: TestDb>(
     }
 }
 
-/// Deliveries at `level` all at once (SQLite ignores the level: its writers are serialised).
+/// Deliveries at `level`, shown to overlap like the ones above (SQLite ignores the level: its
+/// writers are serialised). A waiter that wakes to a committed marker outside its snapshot
+/// fails with a serialization failure (PostgreSQL) or deadlocks (InnoDB), and is retried.
 async fn race_at<S: Support>(level: Isolation, tag: &str, id: i64) {
     const RACERS: usize = 16;
     let before = idem::__private::claim_retries();
-    let ctx = Ctx::<S>::new(tag, RACERS as u32 + 1).await;
+    let ctx = Ctx::<S>::new(tag, RACERS as u32 + 2).await;
     let job = ctx.job(&format!("job-{tag}"), id, id * 10);
     let options = ClaimOptions::new().isolation(level);
-    let barrier = Arc::new(tokio::sync::Barrier::new(RACERS));
+    let hold = Arc::new(Hold::default());
     let tasks: Vec<_> = (0..RACERS)
         .map(|_| {
-            let (store, job, barrier) = (ctx.store.clone(), job.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                apply_with(&store, &job, options).await
-            })
+            let (store, job, hold) = (ctx.store.clone(), job.clone(), hold.clone());
+            tokio::spawn(async move { apply_with(&store, &job, options, &hold).await })
         })
         .collect();
+    within(120, "a first delivery parking in its body", hold.entered()).await;
+    until_all_queued(&ctx, RACERS).await;
+    hold.release();
     let (mut applied_n, mut duplicate_n) = (0, 0);
     for t in tasks {
         match within(120, "a concurrent delivery", t)
@@ -264,7 +268,7 @@ pub(crate) async fn delivery_that_stops_waiting_is_in_progress_and_runs_nothing<
         .await
         .expect("no panic");
     assert_eq!(applied(first), 180);
-    duplicate(apply_with(&ctx.store, &job, options).await);
+    duplicate(apply_with(&ctx.store, &job, options, &Hold::default()).await);
     assert_eq!(ctx.effects(18).await, 1);
     assert_eq!(ctx.effects_total().await, 1);
     assert_eq!(ctx.markers().await, 1);

@@ -15,7 +15,7 @@ use crate::conformance::util::within;
     unreachable_pub,
     reason = "the suite checks that `pub` handlers expand"
 )]
-mod shapes {
+mod shaped {
     use sqlx::Transaction;
 
     use crate::conformance::TestDb;
@@ -79,6 +79,10 @@ mod shapes {
         Ok(job.amount)
     }
 
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "the signature is the check: the future is Send + 'static"
+    )]
     pub(crate) fn owned_call<DB: TestDb>(
         store: idem::Store<DB>,
         job: Job,
@@ -111,12 +115,12 @@ mod shapes {
 pub(crate) async fn every_handler_shape_runs_under_tokio_spawn<S: Support>() {
     let ctx = Ctx::<S>::new("shapes", 2).await;
     let job = ctx.job("job-shape", 10, 100);
-    let service = Arc::new(shapes::Service { origin: "method" });
+    let service = Arc::new(shaped::Service { origin: "method" });
     for round in 0..2 {
         let spawned = [
             tokio::spawn({
                 let (store, job) = (ctx.store.clone(), job.clone());
-                async move { shapes::free(&store, &job).await }
+                async move { shaped::free(&store, &job).await }
             }),
             tokio::spawn({
                 let (store, job) = (ctx.store.clone(), job.clone());
@@ -125,9 +129,9 @@ pub(crate) async fn every_handler_shape_runs_under_tokio_spawn<S: Support>() {
             }),
             tokio::spawn({
                 let (store, job) = (ctx.store.clone(), job.clone());
-                async move { shapes::generic(&store, &job).await }
+                async move { shaped::generic(&store, &job).await }
             }),
-            tokio::spawn(shapes::owned_call(ctx.store.clone(), job.clone())),
+            tokio::spawn(shaped::owned_call(ctx.store.clone(), job.clone())),
         ];
         for (i, task) in spawned.into_iter().enumerate() {
             let result = task.await.expect("no panic");
@@ -152,7 +156,7 @@ pub(crate) async fn destructured_and_impl_trait_parameters_run_under_tokio_spawn
     for round in 0..2 {
         let task = tokio::spawn({
             let (store, job) = (ctx.store.clone(), job.clone());
-            async move { shapes::destructured(&job, (150, 40), &store, String::from("split")).await }
+            async move { shaped::destructured(&job, (150, 40), &store, String::from("split")).await }
         });
         let result = within(60, "the destructured handler", task)
             .await
