@@ -19,7 +19,6 @@
 //! - `handlers`: the job, the error type, the handlers;
 //! - `ctx`: one test's pool, store and tables, and counts read back from the database;
 //! - `worker`: the worker processes of the multi-process cases;
-//! - `proxy`: a loopback TCP proxy that cuts a connection at a chosen message;
 //! - `cases/*`: the cases, grouped by concern.
 
 // Each test binary includes this module and lists the cases its backend runs: SQLite skips the
@@ -34,7 +33,6 @@ pub(crate) mod cases;
 pub(crate) mod ctx;
 pub(crate) mod db;
 pub(crate) mod handlers;
-pub(crate) mod proxy;
 pub(crate) mod util;
 pub(crate) mod worker;
 
