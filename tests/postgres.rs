@@ -17,6 +17,26 @@ impl conformance::Support for Pg {
     const KEY_TEXT: &'static str = "key";
     const BIGINT: &'static str = "BIGINT";
     const TWO_HOURS_AGO: &'static str = "now() - interval '2 hours'";
+    // A claim queued behind the key waits on the holder's transaction id: a `Lock` wait.
+    const LOCK_WAITERS: Option<&'static str> = Some(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE '%INSERT INTO ' || $1 || ' %'",
+    );
+    const STATEMENT_AFTER_ROLLBACK_KEPT: bool = false;
+
+    async fn swallow_a_rollback(conn: &mut PgConnection, _: &PgPool, _: &str) {
+        // The error aborts the transaction: every later statement fails with 25P02, and
+        // `COMMIT` answers with a rollback.
+        let err = sqlx::query("SELECT 1 / 0")
+            .execute(conn)
+            .await
+            .expect_err("division by zero");
+        assert_eq!(
+            conformance::util::db_code(&err).as_deref(),
+            Some("22012"),
+            "{err}"
+        );
+    }
 
     fn url() -> String {
         conformance::server_url(URL_VAR, "postgres://postgres@127.0.0.1:5432/test")
@@ -65,4 +85,43 @@ impl conformance::Server for Pg {
     }
 }
 
-conformance::suite!(Pg, server);
+conformance::tests!(Pg;
+    first_delivery_applies_second_is_duplicate,
+    handler_error_keeps_nothing_and_next_delivery_applies,
+    handler_panic_rolls_back_and_next_delivery_applies,
+    concurrent_deliveries_of_one_key_apply_once,
+    concurrent_deliveries_after_failed_holders_apply_once,
+    same_key_in_two_scopes_runs_once_in_each,
+    invalid_keys_are_refused_and_write_nothing,
+    four_processes_apply_every_job_exactly_once,
+    worker_killed_inside_the_body_keeps_nothing,
+    every_handler_shape_runs_under_tokio_spawn,
+    destructured_and_impl_trait_parameters_run_under_tokio_spawn,
+    failing_effect_statement_unique_violation_releases_the_claim,
+    failing_effect_statement_check_violation_releases_the_claim,
+    longest_multibyte_key_round_trips,
+    keys_differing_in_case_or_trailing_space_are_distinct,
+    concurrent_migrations_of_a_fresh_table_succeed,
+    table_names_that_are_not_identifiers_are_refused,
+    longest_table_name_works,
+    forget_lets_a_job_run_again,
+    purge_deletes_only_markers_older_than_the_retention,
+    body_that_swallows_a_rollback_is_rolled_back_not_applied,
+    concurrent_serializable_deliveries_apply_once,
+    concurrent_repeatable_read_deliveries_apply_once,
+    delivery_that_stops_waiting_is_in_progress_and_runs_nothing,
+    store_refuses_bad_scopes_and_writes_nothing,
+    purge_with_the_longest_retention_deletes_nothing,
+    serialization_failure_in_the_body_is_an_error_not_applied,
+    connection_killed_before_commit_keeps_nothing,
+    unreachable_server_fails_the_test_naming_url_and_variable,
+);
+
+/// The worker process of the multi-process cases (this binary, started again by them).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a worker process: started by four_processes_apply_every_job_exactly_once and \
+            worker_killed_inside_the_body_keeps_nothing, with its orders in \
+            IDEM_CONFORMANCE_* variables"]
+async fn child_process() {
+    conformance::worker::child_process::<Pg>().await;
+}

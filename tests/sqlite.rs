@@ -6,10 +6,10 @@ mod conformance;
 use std::str::FromStr as _;
 use std::time::Duration;
 
-use sqlx::Sqlite;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
+use sqlx::{Sqlite, SqliteConnection};
 
 struct Lite;
 
@@ -18,6 +18,21 @@ impl conformance::Support for Lite {
     const KEY_TEXT: &'static str = "key";
     const BIGINT: &'static str = "INTEGER";
     const TWO_HOURS_AGO: &'static str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-7200 seconds')";
+    // Writers queue in the busy handler of `BEGIN IMMEDIATE`, which no other connection sees.
+    const LOCK_WAITERS: Option<&'static str> = None;
+    const STATEMENT_AFTER_ROLLBACK_KEPT: bool = true;
+
+    async fn swallow_a_rollback(conn: &mut SqliteConnection, _: &SqlitePool, rows: &str) {
+        // Id 1 exists: the conflict resolution `ROLLBACK` ends the whole transaction, and the
+        // connection is back in autocommit.
+        let sql = format!("INSERT OR ROLLBACK INTO {rows} (id, v) VALUES (1, 0)");
+        let err = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(conn)
+            .await
+            .expect_err("a primary-key conflict");
+        let kind = err.as_database_error().map(|e| e.kind());
+        assert_eq!(kind, Some(sqlx::error::ErrorKind::UniqueViolation), "{err}");
+    }
 
     fn url() -> String {
         let file =
@@ -49,4 +64,40 @@ impl conformance::Support for Lite {
     }
 }
 
-conformance::suite!(Lite);
+conformance::tests!(Lite;
+    first_delivery_applies_second_is_duplicate,
+    handler_error_keeps_nothing_and_next_delivery_applies,
+    handler_panic_rolls_back_and_next_delivery_applies,
+    concurrent_deliveries_of_one_key_apply_once,
+    concurrent_deliveries_after_failed_holders_apply_once,
+    same_key_in_two_scopes_runs_once_in_each,
+    invalid_keys_are_refused_and_write_nothing,
+    four_processes_apply_every_job_exactly_once,
+    worker_killed_inside_the_body_keeps_nothing,
+    every_handler_shape_runs_under_tokio_spawn,
+    destructured_and_impl_trait_parameters_run_under_tokio_spawn,
+    failing_effect_statement_unique_violation_releases_the_claim,
+    failing_effect_statement_check_violation_releases_the_claim,
+    longest_multibyte_key_round_trips,
+    keys_differing_in_case_or_trailing_space_are_distinct,
+    concurrent_migrations_of_a_fresh_table_succeed,
+    table_names_that_are_not_identifiers_are_refused,
+    longest_table_name_works,
+    forget_lets_a_job_run_again,
+    purge_deletes_only_markers_older_than_the_retention,
+    body_that_swallows_a_rollback_is_rolled_back_not_applied,
+    concurrent_serializable_deliveries_apply_once,
+    concurrent_repeatable_read_deliveries_apply_once,
+    delivery_that_stops_waiting_is_in_progress_and_runs_nothing,
+    store_refuses_bad_scopes_and_writes_nothing,
+    purge_with_the_longest_retention_deletes_nothing,
+);
+
+/// The worker process of the multi-process cases (this binary, started again by them).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a worker process: started by four_processes_apply_every_job_exactly_once and \
+            worker_killed_inside_the_body_keeps_nothing, with its orders in \
+            IDEM_CONFORMANCE_* variables"]
+async fn child_process() {
+    conformance::worker::child_process::<Lite>().await;
+}
