@@ -92,15 +92,21 @@ impl Backend for Sqlite {
     }
 
     async fn commit<'a>(
-        tx: Transaction<'static, Self>,
+        mut tx: Transaction<'static, Self>,
         _: &'a Sql,
         _: &'a ClaimOptions,
     ) -> Result<bool, sqlx::Error> {
         // A statement that rolled the whole transaction back (`INSERT OR ROLLBACK`, a full
-        // disk) leaves nothing to commit, and SQLite says so.
-        match tx.commit().await {
-            Ok(()) => Ok(true),
-            Err(e) if e.to_string().contains("no transaction is active") => Ok(false),
+        // disk) leaves nothing to commit, and SQLite says so. sqlx's own `commit` would then
+        // keep counting the transaction as open and hand the connection back to the pool in
+        // that state, so the commit is ours, followed (as on the other backends) by a `BEGIN`
+        // that dropping `tx` rolls back, leaving sqlx's count right either way.
+        match sqlx::raw_sql("COMMIT; BEGIN").execute(&mut *tx).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.to_string().contains("no transaction is active") => {
+                sqlx::raw_sql("BEGIN").execute(&mut *tx).await?;
+                Ok(false)
+            }
             Err(e) => Err(e),
         }
     }
