@@ -1,2 +1,4 @@
 //! Support code the examples share with their tests. The examples themselves are the files
 //! next to this folder: `cargo run --example quickstart`.
+
+pub mod payments;

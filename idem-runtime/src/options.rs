@@ -20,6 +20,7 @@ pub enum Isolation {
 }
 
 impl Isolation {
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn sql(self) -> &'static str {
         match self {
             Isolation::RepeatableRead => "REPEATABLE READ",
@@ -80,6 +81,7 @@ impl ClaimOptions {
         self.isolation
     }
 
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn is_default(&self) -> bool {
         self.wait.is_none() && self.isolation.is_none()
     }

@@ -269,6 +269,7 @@ pub enum LeaseOp {
 }
 
 impl LeaseOp {
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     fn statement(self, sql: &Sql) -> &SqlStr {
         match self {
             LeaseOp::Complete => &sql.lease.complete,
@@ -308,6 +309,7 @@ pub(crate) struct LeaseSql {
     /// both in one statement.
     pub(crate) claim: SqlStr,
     /// Takes an expired marker over (MySQL, whose claim only inserts).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) takeover: SqlStr,
     /// Reads `state` of one marker.
     pub(crate) state: SqlStr,
