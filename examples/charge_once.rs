@@ -152,7 +152,7 @@ pub async fn run(
                 )?;
                 Delivery::Applied(receipt)
             }
-            Ok(Outcome::Duplicate) => {
+            Ok(Outcome::Duplicate | Outcome::Replayed(_)) => {
                 writeln!(out, "{}: duplicate, nothing sent to the API", job.id)?;
                 Delivery::Duplicate
             }

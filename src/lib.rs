@@ -26,6 +26,7 @@
 //! match top_up(&store, &job).await? {
 //!     Outcome::Applied(()) => { /* this delivery did the work: ack */ }
 //!     Outcome::Duplicate => { /* an earlier delivery did: ack, nothing ran */ }
+//!     Outcome::Replayed(()) => { /* the same, with its stored value (`replay` only) */ }
 //! }
 //! # Ok(()) }
 //! ```

@@ -3,10 +3,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
 use crate::Key;
 pub use crate::{
-    Backend, Claim, ClaimOptions, Error, Guard, IntoKey, Isolation, Lease, LeaseOptions, Leased,
-    Outcome, Store,
+    Backend, Claim, ClaimOptions, Error, Fingerprint, Guard, IntoKey, Isolation, Lease,
+    LeaseOptions, Leased, Outcome, Recorded, Store,
 };
 pub use core::time::Duration;
 
@@ -26,9 +29,67 @@ pub async fn claim<DB: Backend>(
     key: Result<Key, Error>,
 ) -> Result<Claim<DB>, Error> {
     store
-        .claim_owned(std::borrow::Cow::Borrowed(scope), key?, options)
+        .claim_owned(std::borrow::Cow::Borrowed(scope), key?, options, None)
         .await
 }
+
+/// [`claim`] with the payload's fingerprint, computed before any I/O.
+#[inline]
+pub async fn claim_checked<DB: Backend>(
+    store: &Store<DB>,
+    scope: &'static str,
+    options: ClaimOptions,
+    key: Result<Key, Error>,
+    fingerprint: Option<Result<Fingerprint, Error>>,
+) -> Result<Claim<DB>, Error> {
+    let fingerprint = fingerprint.transpose()?;
+    store
+        .claim_owned(
+            std::borrow::Cow::Borrowed(scope),
+            key?,
+            options,
+            fingerprint,
+        )
+        .await
+}
+
+/// The fingerprint of the `fingerprint` expression.
+#[inline]
+pub fn fingerprint<T: Replayable + ?Sized>(value: &T) -> Result<Fingerprint, Error> {
+    Fingerprint::of(value)
+}
+
+/// The first delivery's value, read back for [`Outcome::Replayed`].
+#[inline]
+pub fn replayed<T: DeserializeOwned, E>(recorded: &Recorded) -> Result<Outcome<T>, Failed<E>> {
+    match recorded.decode::<T>() {
+        Ok(Some(value)) => Ok(Outcome::Replayed(value)),
+        Ok(None) => Ok(Outcome::Duplicate),
+        Err(e) => Err(Failed::Idem(e)),
+    }
+}
+
+/// [`finish`] storing the value for later deliveries (`replay`).
+#[inline]
+pub async fn finish_replay<DB: Backend, T: Serialize, E>(
+    guard: Guard<DB>,
+    result: Result<T, E>,
+) -> Result<Outcome<T>, Failed<E>> {
+    guard.end_replay(result).await
+}
+
+/// What `replay` needs of a handler's `T`, named so that a missing impl reads as advice.
+#[diagnostic::on_unimplemented(
+    message = "`replay` stores the handler's value as JSON and reads it back: `{Self}` must implement `serde::Serialize` and `serde::de::DeserializeOwned`",
+    label = "`{Self}` cannot be stored and replayed",
+    note = "derive them: `#[derive(serde::Serialize, serde::Deserialize)]`, or drop `replay`"
+)]
+pub trait Replayable: Serialize {}
+impl<T: Serialize + ?Sized> Replayable for T {}
+
+/// Checks at compile time that `T` can be replayed; spanned on the handler's return type.
+#[inline]
+pub fn assert_replayable<T: Serialize + DeserializeOwned>() {}
 
 /// Lease mode's claim of an already-encoded key.
 #[inline]
@@ -39,8 +100,37 @@ pub async fn lease<DB: Backend>(
     key: Result<Key, Error>,
 ) -> Result<Leased, Error> {
     store
-        .lease_owned(std::borrow::Cow::Borrowed(scope), key?, options)
+        .lease_owned(std::borrow::Cow::Borrowed(scope), key?, options, None)
         .await
+}
+
+/// [`lease`] with the payload's fingerprint, computed before any I/O.
+#[inline]
+pub async fn lease_checked<DB: Backend>(
+    store: &Store<DB>,
+    scope: &'static str,
+    options: LeaseOptions,
+    key: Result<Key, Error>,
+    fingerprint: Option<Result<Fingerprint, Error>>,
+) -> Result<Leased, Error> {
+    let fingerprint = fingerprint.transpose()?;
+    store
+        .lease_owned(
+            std::borrow::Cow::Borrowed(scope),
+            key?,
+            options,
+            fingerprint,
+        )
+        .await
+}
+
+/// [`lease_finish`] storing the value for later deliveries (`replay`).
+#[inline]
+pub async fn lease_finish_replay<T: Serialize, E>(
+    lease: Lease,
+    result: Result<Result<T, E>, Error>,
+) -> Result<Outcome<T>, Failed<E>> {
+    lease.end_replay(result).await
 }
 
 /// Lease mode's end: `result` is the body's result, or the timeout that cut it short.

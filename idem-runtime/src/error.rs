@@ -76,6 +76,30 @@ pub enum Error {
         key: String,
     },
 
+    /// The key was used before for another payload (`fingerprint`): the job was refused
+    /// without running. A client that reuses an idempotency key for a different request must
+    /// be told, not silently skipped (HTTP APIs answer 422).
+    #[error(
+        "the key {key:?} of {scope:?} was already used for another payload: nothing ran; \
+         this is a different job under a reused id, so give it its own key (do not retry it)"
+    )]
+    KeyReused {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+    },
+
+    /// A value could not be turned into JSON or back: the `fingerprint` expression, the
+    /// handler's `Ok` value with `replay` (then nothing was committed), or a stored value that
+    /// no longer reads as the handler's type.
+    #[error(
+        "cannot serialise a replayed value or a fingerprint: {0}; nothing was committed, fix \
+         the type's `Serialize`/`Deserialize` (a stored value must read back as the handler's \
+         return type)"
+    )]
+    Serialize(String),
+
     /// Lease mode: the body finished, but its lease had run out and another delivery took the
     /// key over (or an operator forgot it), so this result was not recorded. The other
     /// delivery, which holds the same idempotency key, decides the outcome.

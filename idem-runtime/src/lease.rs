@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest as _, Sha256};
 
 use crate::backend::{Backend, LeaseOp};
-use crate::{Error, Key, MAX_KEY_LEN, Store};
+use crate::{Error, Fingerprint, Key, MAX_KEY_LEN, Recorded, Store};
 
 /// How often a claim that found its marker gone between two statements (forgotten or purged
 /// by an operator) asks again.
@@ -25,6 +25,7 @@ const LEASE_CLAIM_ATTEMPTS: u32 = 3;
 pub struct LeaseOptions {
     pub(crate) lease: Duration,
     pub(crate) timeout: Duration,
+    pub(crate) replay: bool,
 }
 
 impl LeaseOptions {
@@ -33,7 +34,15 @@ impl LeaseOptions {
         LeaseOptions {
             lease,
             timeout: Self::default_timeout(lease),
+            replay: false,
         }
+    }
+
+    /// A delivery that finds the key completed gets the first delivery's stored value back
+    /// (`replay`).
+    pub const fn replay(mut self) -> Self {
+        self.replay = true;
+        self
     }
 
     /// The timeout when none is given: the lease minus a safety margin of a fifth of it, at
@@ -73,14 +82,14 @@ impl LeaseOptions {
 
 /// What a lease-mode claim found.
 #[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum LeaseState {
     /// This delivery holds the key now: fresh, or taken over from an expired holder.
     Taken { token: i64, attempts: i64 },
     /// The job completed earlier.
-    Completed,
+    Completed(Recorded),
     /// Another delivery holds a live lease.
-    Held,
+    Held(Recorded),
     /// No marker (forgotten or purged between two statements): claim again.
     Missing,
 }
@@ -93,6 +102,8 @@ pub enum Leased {
     Fresh(Lease),
     /// An earlier delivery completed this key; nothing is held.
     Duplicate,
+    /// An earlier delivery completed this key and stored its value (`replay`).
+    Replayed(Recorded),
 }
 
 impl<DB: Backend> Store<DB> {
@@ -110,7 +121,23 @@ impl<DB: Backend> Store<DB> {
         options: LeaseOptions,
     ) -> Result<Leased, Error> {
         crate::store::check_scope(scope)?;
-        self.lease_owned(Cow::Owned(scope.to_owned()), key.clone(), options)
+        self.lease_owned(Cow::Owned(scope.to_owned()), key.clone(), options, None)
+            .await
+    }
+
+    /// [`lease`](Store::lease) that stores the payload's fingerprint with the marker, and
+    /// refuses a delivery of the key with another one ([`Error::KeyReused`]), whether the
+    /// marker is completed or still held.
+    pub async fn lease_checked(
+        &self,
+        scope: &str,
+        key: &Key,
+        options: LeaseOptions,
+        fingerprint: Option<&Fingerprint>,
+    ) -> Result<Leased, Error> {
+        crate::store::check_scope(scope)?;
+        let owned = Cow::Owned(scope.to_owned());
+        self.lease_owned(owned, key.clone(), options, fingerprint.copied())
             .await
     }
 
@@ -119,7 +146,9 @@ impl<DB: Backend> Store<DB> {
         scope: Cow<'static, str>,
         key: Key,
         options: LeaseOptions,
+        fingerprint: Option<Fingerprint>,
     ) -> Result<Leased, Error> {
+        let print = fingerprint.as_ref().map(|f| &f.as_bytes()[..]);
         for _ in 0..LEASE_CLAIM_ATTEMPTS {
             let sent = Instant::now();
             let state = DB::lease_claim(
@@ -128,6 +157,7 @@ impl<DB: Backend> Store<DB> {
                 &scope,
                 key.as_str(),
                 options.lease_ms(),
+                print,
             )
             .await?;
             match state {
@@ -137,8 +167,17 @@ impl<DB: Backend> Store<DB> {
                         store, scope, key, token, attempts, options, sent,
                     )));
                 }
-                LeaseState::Completed => return Ok(Leased::Duplicate),
-                LeaseState::Held => break,
+                LeaseState::Completed(recorded) => {
+                    recorded.check(fingerprint.as_ref(), &scope, key.as_str())?;
+                    return Ok(match recorded.result {
+                        Some(_) if options.replay => Leased::Replayed(recorded),
+                        _ => Leased::Duplicate,
+                    });
+                }
+                LeaseState::Held(recorded) => {
+                    recorded.check(fingerprint.as_ref(), &scope, key.as_str())?;
+                    break;
+                }
                 LeaseState::Missing => {}
             }
         }
@@ -148,29 +187,52 @@ impl<DB: Backend> Store<DB> {
         })
     }
 
-    async fn lease_update(&self, lease: &Lease, op: LeaseOp) -> Result<bool, sqlx::Error> {
+    async fn lease_update(
+        &self,
+        lease: &Lease,
+        op: LeaseOp,
+        result: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
         let (scope, key, token, lease_ms) = lease.parts();
-        DB::lease_update(self.pool(), self.sql(), op, scope, key, token, lease_ms).await
+        DB::lease_update(
+            self.pool(),
+            self.sql(),
+            op,
+            scope,
+            key,
+            token,
+            lease_ms,
+            result,
+        )
+        .await
     }
 }
 
 impl<DB: Backend> LeaseStore for Store<DB> {
-    fn complete<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(self.lease_update(lease, LeaseOp::Complete))
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
+        result: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(self.lease_update(lease, LeaseOp::Complete, result))
     }
 
     fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(self.lease_update(lease, LeaseOp::Release))
+        Box::pin(self.lease_update(lease, LeaseOp::Release, None))
     }
 
     fn renew<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(self.lease_update(lease, LeaseOp::Renew))
+        Box::pin(self.lease_update(lease, LeaseOp::Renew, None))
     }
 }
 
 /// The statements a [`Lease`] runs after its claim, without knowing the database type.
 pub(crate) trait LeaseStore: Send + Sync + 'static {
-    fn complete<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
+        result: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
     fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
     fn renew<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
 }
@@ -307,13 +369,37 @@ impl Lease {
     /// [`Error::LeaseLost`], and the value is not reported as applied); `Err` releases the key
     /// at once so that a redelivery may retry.
     pub(crate) async fn end<T, E>(
+        self,
+        result: Result<Result<T, E>, Error>,
+    ) -> Result<crate::Outcome<T>, crate::__private::Failed<E>> {
+        self.end_recording(result, |_| Ok(None)).await
+    }
+
+    pub(crate) async fn end_replay<T: serde::Serialize, E>(
+        self,
+        result: Result<Result<T, E>, Error>,
+    ) -> Result<crate::Outcome<T>, crate::__private::Failed<E>> {
+        self.end_recording(result, |v| crate::replay::encode(v).map(Some))
+            .await
+    }
+
+    async fn end_recording<T, E>(
         mut self,
         result: Result<Result<T, E>, Error>,
+        encode: impl FnOnce(&T) -> Result<Option<String>, Error>,
     ) -> Result<crate::Outcome<T>, crate::__private::Failed<E>> {
         use crate::__private::Failed;
         self.settled = true;
+        let result = match result {
+            Ok(Ok(value)) => match encode(&value) {
+                Ok(json) => Ok(Ok((value, json))),
+                Err(e) => Err(e),
+            },
+            Ok(Err(e)) => Ok(Err(e)),
+            Err(e) => Err(e),
+        };
         match result {
-            Ok(Ok(value)) => match self.store.complete(&self).await {
+            Ok(Ok((value, json))) => match self.store.complete(&self, json.as_deref()).await {
                 Ok(true) => Ok(crate::Outcome::Applied(value)),
                 Ok(false) => Err(Failed::Idem(self.lost())),
                 Err(e) => Err(Failed::Idem(Error::Database(e))),
@@ -322,9 +408,10 @@ impl Lease {
                 drop(self.store.release(&self).await);
                 Err(Failed::Handler(e))
             }
-            Err(timeout) => {
+            // The timeout, or a value that cannot be stored: nothing is completed.
+            Err(e) => {
                 drop(self.store.release(&self).await);
-                Err(Failed::Idem(timeout))
+                Err(Failed::Idem(e))
             }
         }
     }

@@ -17,6 +17,7 @@ mod key;
 mod lease;
 mod options;
 mod outcome;
+mod replay;
 mod store;
 
 pub use backend::Backend;
@@ -25,6 +26,7 @@ pub use key::{IntoKey, Key, KeyWriter, MAX_KEY_LEN};
 pub use lease::{Lease, LeaseOptions, Leased};
 pub use options::{ClaimOptions, Isolation};
 pub use outcome::Outcome;
+pub use replay::{Fingerprint, Recorded};
 pub use store::{Claim, DEFAULT_TABLE, Guard, MAX_TABLE_LEN, PURGE_BATCH, Store};
 
 /// The transaction an `#[idempotent]` handler's body runs on (an alias of

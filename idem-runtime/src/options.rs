@@ -43,6 +43,7 @@ impl Isolation {
 pub struct ClaimOptions {
     pub(crate) wait: Option<Duration>,
     pub(crate) isolation: Option<Isolation>,
+    pub(crate) replay: bool,
 }
 
 impl ClaimOptions {
@@ -51,7 +52,15 @@ impl ClaimOptions {
         ClaimOptions {
             wait: None,
             isolation: None,
+            replay: false,
         }
+    }
+
+    /// A delivery that finds the key committed reads the value the first delivery stored
+    /// (`replay`), to return it as [`Outcome::Replayed`](crate::Outcome::Replayed).
+    pub const fn replay(mut self) -> Self {
+        self.replay = true;
+        self
     }
 
     /// How long a delivery waits for another delivery that holds the same key before it

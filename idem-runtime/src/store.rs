@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::{Pool, Transaction};
 
 use crate::backend::{Backend, Sql};
-use crate::{ClaimOptions, Error, Key, Outcome};
+use crate::{ClaimOptions, Error, Fingerprint, Key, Outcome, Recorded};
 
 /// The table of markers that [`Store::new`] uses.
 pub const DEFAULT_TABLE: &str = "idem_processed";
@@ -212,8 +212,27 @@ impl<DB: Backend> Store<DB> {
         options: ClaimOptions,
     ) -> Result<Claim<DB>, Error> {
         check_scope(scope)?;
-        self.claim_owned(Cow::Owned(scope.to_owned()), key.clone(), options)
+        self.claim_owned(Cow::Owned(scope.to_owned()), key.clone(), options, None)
             .await
+    }
+
+    /// [`claim_with`](Store::claim_with) that stores the payload's fingerprint with the marker,
+    /// and refuses a later delivery of the key with another one ([`Error::KeyReused`]).
+    pub async fn claim_checked(
+        &self,
+        scope: &str,
+        key: &Key,
+        options: ClaimOptions,
+        fingerprint: Option<&Fingerprint>,
+    ) -> Result<Claim<DB>, Error> {
+        check_scope(scope)?;
+        self.claim_owned(
+            Cow::Owned(scope.to_owned()),
+            key.clone(),
+            options,
+            fingerprint.copied(),
+        )
+        .await
     }
 
     pub(crate) async fn claim_owned(
@@ -221,7 +240,9 @@ impl<DB: Backend> Store<DB> {
         scope: Cow<'static, str>,
         key: Key,
         options: ClaimOptions,
+        fingerprint: Option<Fingerprint>,
     ) -> Result<Claim<DB>, Error> {
+        let print = fingerprint.as_ref().map(|f| &f.as_bytes()[..]);
         let mut attempt = 1;
         loop {
             let begin = DB::begin_sql(&self.sql, &options);
@@ -230,7 +251,7 @@ impl<DB: Backend> Store<DB> {
                 Err(e) if DB::is_lock_timeout(&e) => return Err(in_progress(scope, key)),
                 Err(e) => return Err(e.into()),
             };
-            match DB::try_claim(&mut tx, &self.sql, &scope, key.as_str()).await {
+            match DB::try_claim(&mut tx, &self.sql, &scope, key.as_str(), print).await {
                 Ok(true) => {
                     return Ok(Claim::Fresh(Guard {
                         tx,
@@ -239,6 +260,17 @@ impl<DB: Backend> Store<DB> {
                         scope,
                         key,
                     }));
+                }
+                Ok(false) if options.replay || fingerprint.is_some() => {
+                    // Only handlers that asked for it pay for reading the marker back.
+                    let recorded = DB::recorded(&mut tx, &self.sql, &scope, key.as_str()).await;
+                    DB::rollback(tx, &options).await?;
+                    let recorded = recorded?;
+                    recorded.check(fingerprint.as_ref(), &scope, key.as_str())?;
+                    return Ok(match recorded.result {
+                        Some(_) if options.replay => Claim::Replayed(recorded),
+                        _ => Claim::Duplicate,
+                    });
                 }
                 Ok(false) => {
                     DB::rollback(tx, &options).await?;
@@ -276,6 +308,9 @@ pub enum Claim<DB: Backend> {
     Fresh(Guard<DB>),
     /// An earlier delivery committed this key; its transaction has been rolled back.
     Duplicate,
+    /// An earlier delivery committed this key and stored its value (`replay`): read it with
+    /// [`Recorded::decode`].
+    Replayed(Recorded),
 }
 
 /// An open transaction holding a fresh claim.
@@ -309,7 +344,53 @@ impl<DB: Backend> Guard<DB> {
         self,
         result: Result<T, E>,
     ) -> Result<Outcome<T>, crate::__private::Failed<E>> {
+        self.end_recording(result, |_| Ok(None)).await
+    }
+
+    /// [`finish`](Guard::finish) that also stores the `Ok` value with the marker, in the same
+    /// transaction, so that later deliveries get it back (`replay`). A value that cannot be
+    /// serialised is [`Error::Serialize`], and nothing is committed.
+    pub async fn finish_replay<T: serde::Serialize, E: From<Error>>(
+        self,
+        result: Result<T, E>,
+    ) -> Result<Outcome<T>, E> {
+        crate::__private::settle(self.end_replay(result).await)
+    }
+
+    pub(crate) async fn end_replay<T: serde::Serialize, E>(
+        self,
+        result: Result<T, E>,
+    ) -> Result<Outcome<T>, crate::__private::Failed<E>> {
+        self.end_recording(result, |v| crate::replay::encode(v).map(Some))
+            .await
+    }
+
+    async fn end_recording<T, E>(
+        mut self,
+        result: Result<T, E>,
+        encode: impl FnOnce(&T) -> Result<Option<String>, Error>,
+    ) -> Result<Outcome<T>, crate::__private::Failed<E>> {
         use crate::__private::Failed;
+        let recorded = match &result {
+            Ok(value) => match encode(value) {
+                Ok(None) => Ok(()),
+                Ok(Some(json)) => DB::record(
+                    &mut self.tx,
+                    &self.sql,
+                    &self.scope,
+                    self.key.as_str(),
+                    &json,
+                )
+                .await
+                .map_err(Error::Database),
+                Err(e) => Err(e),
+            },
+            Err(_) => Ok(()),
+        };
+        if let Err(e) = recorded {
+            drop(DB::rollback(self.tx, &self.options).await);
+            return Err(Failed::Idem(e));
+        }
         match result {
             Ok(value) => match DB::commit(self.tx, &self.sql, &self.options).await {
                 Ok(true) => Ok(Outcome::Applied(value)),

@@ -187,7 +187,7 @@ pub(crate) fn applied(result: Result<Outcome<i64>, TestError>) -> i64 {
 
 pub(crate) fn duplicate(result: Result<Outcome<i64>, TestError>) {
     match result {
-        Ok(Outcome::Duplicate) => {}
+        Ok(Outcome::Duplicate | Outcome::Replayed(_)) => {}
         other => panic!("expected Duplicate, got {other:?}"),
     }
 }

@@ -201,7 +201,7 @@ pub(crate) async fn child_process<S: Support>() {
                                     assert_eq!(v, job.amount);
                                     a += 1;
                                 }
-                                Ok(Outcome::Duplicate) => d += 1,
+                                Ok(Outcome::Duplicate | Outcome::Replayed(_)) => d += 1,
                                 Err(e) => panic!("delivery of {} failed: {e:?}", job.key),
                             }
                         }

@@ -37,7 +37,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
         let #outcome_var = async move {
             let #lease = match #private::lease(#store, #scope, #options, #key_var).await {
                 ::core::result::Result::Ok(#private::Leased::Fresh(#lease)) => #lease,
-                ::core::result::Result::Ok(#private::Leased::Duplicate) => {
+                ::core::result::Result::Ok(#private::Leased::Duplicate | #private::Leased::Replayed(_)) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);
                 }
                 ::core::result::Result::Err(#err) => {

@@ -38,7 +38,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
         let #outcome_var = async move {
             let mut #guard = match #private::claim(#store, #scope, #options, #key_var).await {
                 ::core::result::Result::Ok(#private::Claim::Fresh(#guard)) => #guard,
-                ::core::result::Result::Ok(#private::Claim::Duplicate) => {
+                ::core::result::Result::Ok(#private::Claim::Duplicate | #private::Claim::Replayed(_)) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);
                 }
                 ::core::result::Result::Err(#err) => {

@@ -18,7 +18,10 @@ where
             ::core::result::Result::Ok(
                 ::my_app::idem::__private::Claim::Fresh(__idem_guard),
             ) => __idem_guard,
-            ::core::result::Result::Ok(::my_app::idem::__private::Claim::Duplicate) => {
+            ::core::result::Result::Ok(
+                ::my_app::idem::__private::Claim::Duplicate
+                | ::my_app::idem::__private::Claim::Replayed(_),
+            ) => {
                 return ::core::result::Result::Ok(
                     ::my_app::idem::__private::Outcome::Duplicate,
                 );

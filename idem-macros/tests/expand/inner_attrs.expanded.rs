@@ -17,7 +17,10 @@ async fn apply(
             ::core::result::Result::Ok(::idem::__private::Claim::Fresh(__idem_guard)) => {
                 __idem_guard
             }
-            ::core::result::Result::Ok(::idem::__private::Claim::Duplicate) => {
+            ::core::result::Result::Ok(
+                ::idem::__private::Claim::Duplicate
+                | ::idem::__private::Claim::Replayed(_),
+            ) => {
                 return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
             }
             ::core::result::Result::Err(__idem_err) => {

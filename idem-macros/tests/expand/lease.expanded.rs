@@ -21,7 +21,10 @@ async fn charge_once<'a, __IdemDb: ::idem::__private::Backend>(
             ::core::result::Result::Ok(
                 ::idem::__private::Leased::Fresh(__idem_lease),
             ) => __idem_lease,
-            ::core::result::Result::Ok(::idem::__private::Leased::Duplicate) => {
+            ::core::result::Result::Ok(
+                ::idem::__private::Leased::Duplicate
+                | ::idem::__private::Leased::Replayed(_),
+            ) => {
                 return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
             }
             ::core::result::Result::Err(__idem_err) => {

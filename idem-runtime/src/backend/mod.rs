@@ -5,6 +5,7 @@ use std::future::Future;
 use sqlx::{Pool, SqlSafeStr as _, SqlStr, Transaction};
 
 use crate::ClaimOptions;
+use crate::Recorded;
 use crate::lease::LeaseState;
 
 #[cfg(feature = "mysql")]
@@ -55,14 +56,35 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     fn is_lock_timeout(err: &sqlx::Error) -> bool;
 
-    /// Inserts the marker in `tx`; `Ok(false)` means an earlier delivery already committed it.
+    /// Inserts the marker (with the payload's fingerprint, if any) in `tx`; `Ok(false)` means
+    /// an earlier delivery already committed it.
     #[doc(hidden)]
     fn try_claim<'t>(
         tx: &'t mut Transaction<'static, Self>,
         sql: &'t Sql,
         scope: &'t str,
         key: &'t str,
+        fingerprint: Option<&'t [u8]>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
+
+    /// Reads the fingerprint and stored value of a marker another delivery committed.
+    #[doc(hidden)]
+    fn recorded<'t>(
+        tx: &'t mut Transaction<'static, Self>,
+        sql: &'t Sql,
+        scope: &'t str,
+        key: &'t str,
+    ) -> impl Future<Output = Result<Recorded, sqlx::Error>> + Send + 't;
+
+    /// Stores the handler's value (JSON) with the marker, in the claim's transaction.
+    #[doc(hidden)]
+    fn record<'t>(
+        tx: &'t mut Transaction<'static, Self>,
+        sql: &'t Sql,
+        scope: &'t str,
+        key: &'t str,
+        json: &'t str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
 
     /// A race lost to another claimer (serialization failure, deadlock victim): worth retrying.
     #[doc(hidden)]
@@ -92,11 +114,13 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         scope: &'p str,
         key: &'p str,
         lease_ms: i64,
+        fingerprint: Option<&'p [u8]>,
     ) -> impl Future<Output = Result<LeaseState, sqlx::Error>> + Send + 'p;
 
-    /// Lease mode: completes, releases or renews the lease of the holder of `token`;
-    /// `Ok(true)` if that holder still had the key.
+    /// Lease mode: completes (storing `result`, if any), releases or renews the lease of the
+    /// holder of `token`; `Ok(true)` if that holder still had the key.
     #[doc(hidden)]
+    #[allow(clippy::too_many_arguments, reason = "one statement's binds")]
     fn lease_update<'p>(
         pool: &'p Pool<Self>,
         sql: &'p Sql,
@@ -105,6 +129,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         key: &'p str,
         token: i64,
         lease_ms: i64,
+        result: Option<&'p str>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
 
     /// Deletes at most `limit` completed markers older than `age_ms`; returns how many.
@@ -180,13 +205,50 @@ macro_rules! claim_on_conflict {
             sql: &'t Sql,
             scope: &'t str,
             key: &'t str,
+            fingerprint: Option<&'t [u8]>,
         ) -> Result<bool, sqlx::Error> {
             let done = sqlx::query(sql.claim.clone())
                 .bind(scope)
                 .bind(key)
+                .bind(fingerprint)
                 .execute(&mut **tx)
                 .await?;
             Ok(done.rows_affected() == 1)
+        }
+
+        async fn recorded<'t>(
+            tx: &'t mut Transaction<'static, Self>,
+            sql: &'t Sql,
+            scope: &'t str,
+            key: &'t str,
+        ) -> Result<Recorded, sqlx::Error> {
+            let row: Option<(Option<Vec<u8>>, Option<String>)> =
+                sqlx::query_as(sql.recorded.clone())
+                    .bind(scope)
+                    .bind(key)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+            let (fingerprint, result) = row.unwrap_or_default();
+            Ok(Recorded {
+                fingerprint,
+                result,
+            })
+        }
+
+        async fn record<'t>(
+            tx: &'t mut Transaction<'static, Self>,
+            sql: &'t Sql,
+            scope: &'t str,
+            key: &'t str,
+            json: &'t str,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(sql.record.clone())
+                .bind(scope)
+                .bind(key)
+                .bind(json)
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
         }
     };
 }
@@ -205,22 +267,25 @@ macro_rules! lease_claim_on_conflict {
             scope: &'p str,
             key: &'p str,
             lease_ms: i64,
+            fingerprint: Option<&'p [u8]>,
         ) -> Result<LeaseState, sqlx::Error> {
             let taken: Option<(i64, i64)> = sqlx::query_as(sql.lease.claim.clone())
                 .bind(scope)
                 .bind(key)
                 .bind(lease_ms)
+                .bind(fingerprint)
                 .fetch_optional(pool)
                 .await?;
             if let Some((token, attempts)) = taken {
                 return Ok(LeaseState::Taken { token, attempts });
             }
-            let state: Option<String> = sqlx::query_scalar(sql.lease.state.clone())
-                .bind(scope)
-                .bind(key)
-                .fetch_optional(pool)
-                .await?;
-            Ok(super::lease_state(state.as_deref()))
+            let row: Option<(String, Option<Vec<u8>>, Option<String>)> =
+                sqlx::query_as(sql.lease.state.clone())
+                    .bind(scope)
+                    .bind(key)
+                    .fetch_optional(pool)
+                    .await?;
+            Ok(super::lease_state(row))
         }
     };
 }
@@ -228,7 +293,7 @@ macro_rules! lease_claim_on_conflict {
 use lease_claim_on_conflict;
 
 /// Lease updates of the backends with numbered placeholders: scope, key and token are `$1` to
-/// `$3` of every statement, the lease `$4` of `renew`.
+/// `$3` of every statement, the lease `$4` of `renew`, the stored value `$4` of `complete`.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 macro_rules! lease_update_numbered {
     () => {
@@ -240,6 +305,7 @@ macro_rules! lease_update_numbered {
             key: &'p str,
             token: i64,
             lease_ms: i64,
+            result: Option<&'p str>,
         ) -> Result<bool, sqlx::Error> {
             let query = sqlx::query(op.statement(sql).clone())
                 .bind(scope)
@@ -247,7 +313,8 @@ macro_rules! lease_update_numbered {
                 .bind(token);
             let query = match op {
                 LeaseOp::Renew => query.bind(lease_ms),
-                LeaseOp::Complete | LeaseOp::Release => query,
+                LeaseOp::Complete => query.bind(result),
+                LeaseOp::Release => query,
             };
             Ok(query.execute(pool).await?.rows_affected() == 1)
         }
@@ -279,11 +346,20 @@ impl LeaseOp {
     }
 }
 
-/// What the `state` column of a marker that could not be taken says.
-fn lease_state(state: Option<&str>) -> LeaseState {
-    match state {
-        Some("completed") => LeaseState::Completed,
-        Some(_) => LeaseState::Held,
+/// What a marker that could not be taken says: `(state, fingerprint, result)`.
+fn lease_state(row: Option<(String, Option<Vec<u8>>, Option<String>)>) -> LeaseState {
+    match row {
+        Some((state, fingerprint, result)) => {
+            let recorded = Recorded {
+                fingerprint,
+                result,
+            };
+            if state == "completed" {
+                LeaseState::Completed(recorded)
+            } else {
+                LeaseState::Held(recorded)
+            }
+        }
         None => LeaseState::Missing,
     }
 }
@@ -296,6 +372,8 @@ pub struct Sql {
     pub(crate) table: String,
     pub(crate) begin: SqlStr,
     pub(crate) claim: SqlStr,
+    pub(crate) recorded: SqlStr,
+    pub(crate) record: SqlStr,
     pub(crate) forget: SqlStr,
     pub(crate) purge: SqlStr,
     pub(crate) lease: LeaseSql,
@@ -311,7 +389,7 @@ pub(crate) struct LeaseSql {
     /// Takes an expired marker over (MySQL, whose claim only inserts).
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) takeover: SqlStr,
-    /// Reads `state` of one marker.
+    /// Reads `state`, `fingerprint` and `result` of one marker.
     pub(crate) state: SqlStr,
     pub(crate) complete: SqlStr,
     pub(crate) release: SqlStr,
@@ -322,6 +400,8 @@ pub(crate) struct LeaseSql {
 pub(crate) struct Statements<'a> {
     pub(crate) begin: &'static str,
     pub(crate) claim: &'a str,
+    pub(crate) recorded: &'a str,
+    pub(crate) record: &'a str,
     pub(crate) forget: &'a str,
     pub(crate) purge: &'a str,
     pub(crate) lease_claim: &'a str,
@@ -341,6 +421,8 @@ impl Sql {
             table: table.to_owned(),
             begin: s.begin.into_sql_str(),
             claim: fill(s.claim),
+            recorded: fill(s.recorded),
+            record: fill(s.record),
             forget: fill(s.forget),
             purge: fill(s.purge),
             lease: LeaseSql {

@@ -5,6 +5,7 @@ use sqlx::{
 
 use super::{Backend, LeaseOp, Sql, Statements, sealed};
 use crate::ClaimOptions;
+use crate::Recorded;
 use crate::lease::LeaseState;
 
 impl sealed::Sealed for MySql {}
@@ -57,34 +58,44 @@ impl Backend for MySql {
                 begin: "BEGIN",
                 // A plain INSERT: `INSERT IGNORE` would turn every error into a warning, and
                 // `ON DUPLICATE KEY UPDATE` reports a row under sqlx's CLIENT_FOUND_ROWS.
-                claim: "INSERT INTO {t} (scope, `key`, completed_at) \
-                        VALUES (?, ?, CURRENT_TIMESTAMP(6))",
+                claim: "INSERT INTO {t} (scope, `key`, fingerprint, completed_at) \
+                        VALUES (?, ?, ?, CURRENT_TIMESTAMP(6))",
+                recorded: "SELECT fingerprint, CAST(result AS CHAR) FROM {t} \
+                           WHERE scope = ? AND `key` = ?",
+                // Binds: the value, then scope and key.
+                record: "UPDATE {t} SET result = ? WHERE scope = ? AND `key` = ?",
                 forget: "DELETE FROM {t} WHERE scope = ? AND `key` = ?",
                 purge: "DELETE FROM {t} WHERE state = 'completed' \
                         AND completed_at < CURRENT_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
                         ORDER BY completed_at LIMIT ?",
-                // Binds: scope, key, lease ms. Error 1062 sends the claim to `takeover`.
-                lease_claim: "INSERT INTO {t} \
-                              (scope, `key`, state, locked_until, token, attempts, completed_at) \
+                // Binds: scope, key, lease ms, fingerprint. Error 1062 sends the claim to
+                // `takeover`.
+                lease_claim: "INSERT INTO {t} (scope, `key`, state, locked_until, token, \
+                              attempts, completed_at, fingerprint) \
                               VALUES (?, ?, 'in_progress', \
-                              CURRENT_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND, 1, 1, NULL)",
-                // Binds: lease ms, scope, key. The UPDATE has no RETURNING here, so the new
-                // token comes back as the statement's last insert id. Concurrent takers
-                // queue on the row lock and re-read it: only the first still matches.
+                              CURRENT_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND, 1, 1, \
+                              NULL, ?)",
+                // Binds: lease ms, fingerprint, scope, key, fingerprint, fingerprint. The
+                // UPDATE has no RETURNING here, so the new token comes back as the
+                // statement's last insert id. Concurrent takers queue on the row lock and
+                // re-read it: only the first still matches. Another payload never takes over.
                 lease_takeover: "UPDATE {t} SET token = LAST_INSERT_ID(token + 1), \
                                  attempts = attempts + 1, \
                                  locked_until = CURRENT_TIMESTAMP(6) \
-                                 + INTERVAL (? * 1000) MICROSECOND \
+                                 + INTERVAL (? * 1000) MICROSECOND, \
+                                 fingerprint = COALESCE(fingerprint, ?) \
                                  WHERE scope = ? AND `key` = ? AND state = 'in_progress' \
                                  AND (locked_until IS NULL \
-                                 OR locked_until <= CURRENT_TIMESTAMP(6))",
-                lease_state: "SELECT state, CAST(attempts AS SIGNED) FROM {t} \
-                              WHERE scope = ? AND `key` = ?",
-                // Binds: scope, key, token.
+                                 OR locked_until <= CURRENT_TIMESTAMP(6)) \
+                                 AND (fingerprint IS NULL OR ? IS NULL OR fingerprint = ?)",
+                lease_state: "SELECT state, fingerprint, CAST(result AS CHAR), \
+                              CAST(attempts AS SIGNED) FROM {t} WHERE scope = ? AND `key` = ?",
+                // Binds: the value, scope, key, token.
                 lease_complete: "UPDATE {t} SET state = 'completed', \
-                                 completed_at = CURRENT_TIMESTAMP(6), locked_until = NULL \
-                                 WHERE scope = ? AND `key` = ? AND token = ? \
+                                 completed_at = CURRENT_TIMESTAMP(6), locked_until = NULL, \
+                                 result = ? WHERE scope = ? AND `key` = ? AND token = ? \
                                  AND state = 'in_progress'",
+                // Binds: scope, key, token.
                 lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = ? \
                                 AND `key` = ? AND token = ? AND state = 'in_progress'",
                 // Binds: lease ms, scope, key, token.
@@ -168,10 +179,12 @@ impl Backend for MySql {
         sql: &'t Sql,
         scope: &'t str,
         key: &'t str,
+        fingerprint: Option<&'t [u8]>,
     ) -> Result<bool, sqlx::Error> {
         match sqlx::query(sql.claim.clone())
             .bind(scope)
             .bind(key)
+            .bind(fingerprint)
             .execute(&mut **tx)
             .await
         {
@@ -179,6 +192,40 @@ impl Backend for MySql {
             Err(e) if number(&e) == Some(ER_DUP_ENTRY) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    async fn recorded<'t>(
+        tx: &'t mut Transaction<'static, Self>,
+        sql: &'t Sql,
+        scope: &'t str,
+        key: &'t str,
+    ) -> Result<Recorded, sqlx::Error> {
+        let row: Option<(Option<Vec<u8>>, Option<String>)> = sqlx::query_as(sql.recorded.clone())
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&mut **tx)
+            .await?;
+        let (fingerprint, result) = row.unwrap_or_default();
+        Ok(Recorded {
+            fingerprint,
+            result,
+        })
+    }
+
+    async fn record<'t>(
+        tx: &'t mut Transaction<'static, Self>,
+        sql: &'t Sql,
+        scope: &'t str,
+        key: &'t str,
+        json: &'t str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(sql.record.clone())
+            .bind(json)
+            .bind(scope)
+            .bind(key)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
     }
 
     fn is_transient(err: &sqlx::Error) -> bool {
@@ -229,11 +276,13 @@ impl Backend for MySql {
         scope: &'p str,
         key: &'p str,
         lease_ms: i64,
+        fingerprint: Option<&'p [u8]>,
     ) -> Result<LeaseState, sqlx::Error> {
         let inserted = sqlx::query(sql.lease.claim.clone())
             .bind(scope)
             .bind(key)
             .bind(lease_ms)
+            .bind(fingerprint)
             .execute(pool)
             .await;
         match inserted {
@@ -248,11 +297,15 @@ impl Backend for MySql {
         }
         let taken = sqlx::query(sql.lease.takeover.clone())
             .bind(lease_ms)
+            .bind(fingerprint)
             .bind(scope)
             .bind(key)
+            .bind(fingerprint)
+            .bind(fingerprint)
             .execute(pool)
             .await?;
-        let state: Option<(String, i64)> = sqlx::query_as(sql.lease.state.clone())
+        type Row = (String, Option<Vec<u8>>, Option<String>, i64);
+        let row: Option<Row> = sqlx::query_as(sql.lease.state.clone())
             .bind(scope)
             .bind(key)
             .fetch_optional(pool)
@@ -260,10 +313,10 @@ impl Backend for MySql {
         if taken.rows_affected() == 1 {
             let token = i64::try_from(taken.last_insert_id()).unwrap_or(i64::MAX);
             // The lease is ours until it runs out, so the row read back is our own.
-            let attempts = state.map_or(1, |(_, attempts)| attempts);
+            let attempts = row.map_or(1, |(.., attempts)| attempts);
             return Ok(LeaseState::Taken { token, attempts });
         }
-        Ok(super::lease_state(state.as_ref().map(|(s, _)| s.as_str())))
+        Ok(super::lease_state(row.map(|(s, f, r, _)| (s, f, r))))
     }
 
     async fn lease_update<'p>(
@@ -274,9 +327,10 @@ impl Backend for MySql {
         key: &'p str,
         token: i64,
         lease_ms: i64,
+        result: Option<&'p str>,
     ) -> Result<bool, sqlx::Error> {
         let query = match op {
-            LeaseOp::Complete => sqlx::query(sql.lease.complete.clone()),
+            LeaseOp::Complete => sqlx::query(sql.lease.complete.clone()).bind(result),
             LeaseOp::Release => sqlx::query(sql.lease.release.clone()),
             LeaseOp::Renew => sqlx::query(sql.lease.renew.clone()).bind(lease_ms),
         };

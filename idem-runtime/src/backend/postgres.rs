@@ -2,6 +2,7 @@ use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, SqlStr, Transaction};
 
 use super::{Backend, LeaseOp, Sql, Statements, sealed};
 use crate::ClaimOptions;
+use crate::Recorded;
 use crate::lease::LeaseState;
 
 /// `in_failed_sql_transaction`: a statement after one that failed.
@@ -38,8 +39,11 @@ impl Backend for Postgres {
             table,
             Statements {
                 begin: "BEGIN",
-                claim: "INSERT INTO {t} (scope, key, completed_at) VALUES ($1, $2, now()) \
-                        ON CONFLICT DO NOTHING",
+                claim: "INSERT INTO {t} (scope, key, fingerprint, completed_at) \
+                        VALUES ($1, $2, $3, now()) ON CONFLICT DO NOTHING",
+                recorded: "SELECT fingerprint, result::text FROM {t} \
+                           WHERE scope = $1 AND key = $2",
+                record: "UPDATE {t} SET result = $3::jsonb WHERE scope = $1 AND key = $2",
                 forget: "DELETE FROM {t} WHERE scope = $1 AND key = $2",
                 // Selecting the batch by ctid makes each batch a TID scan; an `IN (SELECT
                 // scope, key ...)` ran as a hash join over the whole table, every batch.
@@ -48,21 +52,27 @@ impl Backend for Postgres {
                         AND completed_at < now() - $1 * interval '1 millisecond' LIMIT $2))",
                 // Fresh or expired: one statement. Concurrent takers of an expired lease
                 // queue on the row; each re-checks the WHERE against the winner's version,
-                // so exactly one gets a row back. `now()` is the server's clock.
-                lease_claim: "INSERT INTO {t} AS m \
-                              (scope, key, state, locked_until, token, attempts, completed_at) \
+                // so exactly one gets a row back. `now()` is the server's clock. A delivery
+                // with another payload's fingerprint never takes over.
+                lease_claim: "INSERT INTO {t} AS m (scope, key, state, locked_until, token, \
+                              attempts, completed_at, fingerprint) \
                               VALUES ($1, $2, 'in_progress', \
-                              now() + $3 * interval '1 millisecond', 1, 1, NULL) \
+                              now() + $3 * interval '1 millisecond', 1, 1, NULL, $4) \
                               ON CONFLICT (scope, key) DO UPDATE \
                               SET locked_until = EXCLUDED.locked_until, \
-                              token = m.token + 1, attempts = m.attempts + 1 \
+                              token = m.token + 1, attempts = m.attempts + 1, \
+                              fingerprint = COALESCE(m.fingerprint, EXCLUDED.fingerprint) \
                               WHERE m.state = 'in_progress' \
                               AND (m.locked_until IS NULL OR m.locked_until <= now()) \
+                              AND (m.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL \
+                              OR m.fingerprint = EXCLUDED.fingerprint) \
                               RETURNING token, attempts::bigint",
                 lease_takeover: "",
-                lease_state: "SELECT state FROM {t} WHERE scope = $1 AND key = $2",
+                lease_state: "SELECT state, fingerprint, result::text FROM {t} \
+                              WHERE scope = $1 AND key = $2",
                 lease_complete: "UPDATE {t} SET state = 'completed', completed_at = now(), \
-                                 locked_until = NULL WHERE scope = $1 AND key = $2 \
+                                 locked_until = NULL, result = $4::jsonb \
+                                 WHERE scope = $1 AND key = $2 \
                                  AND token = $3 AND state = 'in_progress'",
                 lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = $1 \
                                 AND key = $2 AND token = $3 AND state = 'in_progress'",

@@ -2,6 +2,7 @@ use sqlx::{AssertSqlSafe, Pool, SqlSafeStr as _, SqlStr, Sqlite, Transaction};
 
 use super::{Backend, LeaseOp, Sql, Statements, sealed};
 use crate::ClaimOptions;
+use crate::Recorded;
 use crate::lease::LeaseState;
 
 /// `SQLITE_BUSY`: the busy timeout ran out waiting for the write lock.
@@ -39,9 +40,11 @@ impl Backend for Sqlite {
                 // another one on the lock upgrade; IMMEDIATE takes the write lock up front,
                 // and the connection's busy timeout decides how long a second writer waits.
                 begin: "BEGIN IMMEDIATE",
-                claim: "INSERT INTO {t} (scope, key, completed_at) \
-                        VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
+                claim: "INSERT INTO {t} (scope, key, fingerprint, completed_at) \
+                        VALUES (?1, ?2, ?3, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
                         ON CONFLICT DO NOTHING",
+                recorded: "SELECT fingerprint, result FROM {t} WHERE scope = ?1 AND key = ?2",
+                record: "UPDATE {t} SET result = ?3 WHERE scope = ?1 AND key = ?2",
                 forget: "DELETE FROM {t} WHERE scope = ?1 AND key = ?2",
                 purge: "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
                         WHERE state = 'completed' AND completed_at < \
@@ -49,22 +52,27 @@ impl Backend for Sqlite {
                         LIMIT ?2)",
                 // As on PostgreSQL; writers are serialised, so there is no race to lose.
                 // Times are ISO-8601 text, which compares in time order.
-                lease_claim: "INSERT INTO {t} AS m \
-                              (scope, key, state, locked_until, token, attempts, completed_at) \
+                lease_claim: "INSERT INTO {t} AS m (scope, key, state, locked_until, token, \
+                              attempts, completed_at, fingerprint) \
                               VALUES (?1, ?2, 'in_progress', \
                               strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
-                              '+' || (?3 / 1000.0) || ' seconds'), 1, 1, NULL) \
+                              '+' || (?3 / 1000.0) || ' seconds'), 1, 1, NULL, ?4) \
                               ON CONFLICT (scope, key) DO UPDATE \
                               SET locked_until = excluded.locked_until, \
-                              token = m.token + 1, attempts = m.attempts + 1 \
+                              token = m.token + 1, attempts = m.attempts + 1, \
+                              fingerprint = COALESCE(m.fingerprint, excluded.fingerprint) \
                               WHERE m.state = 'in_progress' AND (m.locked_until IS NULL \
                               OR m.locked_until <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
+                              AND (m.fingerprint IS NULL OR excluded.fingerprint IS NULL \
+                              OR m.fingerprint = excluded.fingerprint) \
                               RETURNING token, attempts",
                 lease_takeover: "",
-                lease_state: "SELECT state FROM {t} WHERE scope = ?1 AND key = ?2",
+                lease_state: "SELECT state, fingerprint, result FROM {t} \
+                              WHERE scope = ?1 AND key = ?2",
                 lease_complete: "UPDATE {t} SET state = 'completed', \
                                  completed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), \
-                                 locked_until = NULL WHERE scope = ?1 AND key = ?2 \
+                                 locked_until = NULL, result = ?4 \
+                                 WHERE scope = ?1 AND key = ?2 \
                                  AND token = ?3 AND state = 'in_progress'",
                 lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = ?1 \
                                 AND key = ?2 AND token = ?3 AND state = 'in_progress'",

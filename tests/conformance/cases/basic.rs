@@ -183,7 +183,9 @@ pub(crate) async fn purge_deletes_only_markers_older_than_the_retention<S: Suppo
                 let done = guard.finish(Ok::<(), ::idem::Error>(())).await;
                 assert_eq!(done.expect("commit"), Outcome::Applied(()));
             }
-            ::idem::Claim::Duplicate => panic!("key {n} was claimed twice"),
+            ::idem::Claim::Duplicate | ::idem::Claim::Replayed(_) => {
+                panic!("key {n} was claimed twice")
+            }
         }
     }
     let table = ctx.store.table().to_owned();

@@ -100,7 +100,7 @@ pub(crate) async fn concurrent_deliveries_of_one_key_apply_once<S: Support>() {
                 assert_eq!(v, 40);
                 applied_n += 1;
             }
-            Ok(Outcome::Duplicate) => duplicate_n += 1,
+            Ok(Outcome::Duplicate | Outcome::Replayed(_)) => duplicate_n += 1,
             Err(e) => panic!("a concurrent delivery failed: {e:?}"),
         }
     }
@@ -150,7 +150,7 @@ pub(crate) async fn concurrent_deliveries_after_failed_holders_apply_once<S: Sup
                 assert_eq!(v, 410);
                 applied_n += 1;
             }
-            Ok(Outcome::Duplicate) => duplicate_n += 1,
+            Ok(Outcome::Duplicate | Outcome::Replayed(_)) => duplicate_n += 1,
             Err(TestError::Refused) => refused_n += 1,
             Err(e) => panic!("a concurrent delivery failed: {e:?}"),
         }
@@ -180,7 +180,7 @@ async fn apply_with<DB: TestDb>(
 ) -> Result<Outcome<i64>, TestError> {
     let key = idem::Key::new(job.key.as_str()).map_err(idem::Error::from)?;
     match store.claim_with("apply", &key, options).await? {
-        Claim::Duplicate => Ok(Outcome::Duplicate),
+        Claim::Duplicate | Claim::Replayed(_) => Ok(Outcome::Duplicate),
         Claim::Fresh(mut guard) => {
             let result = insert_effect(guard.tx(), job, "apply").await;
             hold.park_first().await;
@@ -220,7 +220,7 @@ async fn race_at<S: Support>(level: Isolation, tag: &str, id: i64) {
                 assert_eq!(v, id * 10);
                 applied_n += 1;
             }
-            Ok(Outcome::Duplicate) => duplicate_n += 1,
+            Ok(Outcome::Duplicate | Outcome::Replayed(_)) => duplicate_n += 1,
             Err(e) => panic!("a delivery at {level:?} failed: {e:?}"),
         }
     }
@@ -258,7 +258,9 @@ pub(crate) async fn delivery_that_stops_waiting_is_in_progress_and_runs_nothing<
         }
         Err(e) => panic!("expected InProgress, got {e:?}"),
         Ok(Claim::Fresh(_)) => panic!("the second delivery claimed a key that is held"),
-        Ok(Claim::Duplicate) => panic!("the second delivery saw a marker not yet committed"),
+        Ok(Claim::Duplicate | Claim::Replayed(_)) => {
+            panic!("the second delivery saw a marker not yet committed")
+        }
     }
     // Nothing is committed while the first delivery holds the key.
     assert_eq!(ctx.markers().await, 0);

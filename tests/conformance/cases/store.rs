@@ -101,7 +101,7 @@ pub(crate) async fn store_refuses_bad_scopes_and_writes_nothing<S: Support>() {
             let done = guard.finish(Ok::<(), idem::Error>(())).await;
             assert_eq!(done.expect("commit"), Outcome::Applied(()));
         }
-        idem::Claim::Duplicate => panic!("a fresh key was a duplicate"),
+        idem::Claim::Duplicate | idem::Claim::Replayed(_) => panic!("a fresh key was a duplicate"),
     }
     assert_eq!(ctx.markers().await, 1);
     ctx.cleanup().await;
