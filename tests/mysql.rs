@@ -55,6 +55,11 @@ impl conformance::Support for My {
     // listed 24 of 31 waiters for minutes while the process list showed all 31 in the INSERT.
     const LOCK_WAITERS: Option<&'static str> = Some(CLAIMS_RUNNING);
     const STATEMENT_AFTER_ROLLBACK_KEPT: bool = true;
+    const WAIT_RESTORED: Option<(&'static str, &'static str)> = Some((
+        "SELECT CAST(CONNECTION_ID() AS SIGNED)",
+        "SELECT CAST(@@SESSION.innodb_lock_wait_timeout = @@GLOBAL.innodb_lock_wait_timeout \
+         AS SIGNED)",
+    ));
 
     async fn swallow_a_rollback(conn: &mut MySqlConnection, other: &MySqlPool, rows: &str) {
         deadlock_as_victim(conn, other, rows).await;
@@ -111,6 +116,10 @@ conformance::tests!(My;
     purge_with_the_longest_retention_deletes_nothing,
     connection_killed_before_commit_keeps_nothing,
     unreachable_server_fails_the_test_naming_url_and_variable,
+    custom_keys_with_two_parts_cannot_collide,
+    tuple_keys_of_fields_cannot_collide,
+    handler_with_inner_attributes_runs,
+    attribute_wait_is_in_progress_then_duplicate,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).

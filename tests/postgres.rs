@@ -115,6 +115,10 @@ conformance::tests!(Pg;
     serialization_failure_in_the_body_is_an_error_not_applied,
     connection_killed_before_commit_keeps_nothing,
     unreachable_server_fails_the_test_naming_url_and_variable,
+    custom_keys_with_two_parts_cannot_collide,
+    tuple_keys_of_fields_cannot_collide,
+    handler_with_inner_attributes_runs,
+    attribute_wait_is_in_progress_then_duplicate,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).

@@ -85,6 +85,13 @@ pub(crate) trait Support: Send + Sync + 'static {
         rows: &'a str,
     ) -> impl Future<Output = ()> + Send + 'a;
 
+    /// Where a claim with `wait` changes a session setting that outlives the transaction
+    /// unless put back (MySQL's `innodb_lock_wait_timeout`): a query for the session's id,
+    /// and one answering 1 when the setting is back to the server's default. `None` where the
+    /// wait ends with the transaction (PostgreSQL's `SET LOCAL`) or stays set by design
+    /// (SQLite's busy timeout).
+    const WAIT_RESTORED: Option<(&'static str, &'static str)> = None;
+
     /// Removes what [`url`](Support::url) created outside the database (files), if anything.
     fn remove(_url: &str) {}
 }

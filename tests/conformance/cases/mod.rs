@@ -1,7 +1,9 @@
 //! The cases, grouped by concern; each is `pub(crate) async fn name<S: Support>()`, and the
 //! backends' test binaries call them by name (see `conformance::tests!`).
 
+mod attribute;
 mod basic;
+mod keys;
 mod processes;
 mod races;
 mod rollback;
@@ -9,7 +11,9 @@ mod server;
 mod shapes;
 mod store;
 
+pub(crate) use attribute::*;
 pub(crate) use basic::*;
+pub(crate) use keys::*;
 pub(crate) use processes::*;
 pub(crate) use races::*;
 pub(crate) use rollback::*;
