@@ -85,6 +85,19 @@ impl conformance::Server for My {
             .await
             .expect("KILL CONNECTION");
     }
+
+    const WIRE: conformance::proxy::Wire = conformance::proxy::Wire::MySql;
+    // `HOST` is `host:port` of the client, the host as the server resolved it.
+    const SESSIONS_FROM_PORT: &'static str = "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+         WHERE HOST LIKE CONCAT('%:', $1)";
+
+    fn address(url: &str) -> String {
+        conformance::proxy::upstream(url, 3306)
+    }
+
+    fn with_address(url: &str, addr: std::net::SocketAddr) -> String {
+        conformance::proxy::with_address(url, addr, "ssl-mode=DISABLED")
+    }
 }
 
 conformance::tests!(My;
@@ -120,6 +133,9 @@ conformance::tests!(My;
     tuple_keys_of_fields_cannot_collide,
     handler_with_inner_attributes_runs,
     attribute_wait_is_in_progress_then_duplicate,
+    commit_cut_before_its_answer_is_an_error_and_redelivery_settles_it,
+    commit_never_delivered_is_an_error_and_redelivery_applies,
+    connection_cut_after_the_claim_keeps_nothing_and_redelivery_applies,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).

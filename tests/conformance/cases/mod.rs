@@ -1,6 +1,7 @@
 //! The cases, grouped by concern; each is `pub(crate) async fn name<S: Support>()`, and the
 //! backends' test binaries call them by name (see `conformance::tests!`).
 
+mod ambiguous;
 mod attribute;
 mod basic;
 mod keys;
@@ -11,6 +12,7 @@ mod server;
 mod shapes;
 mod store;
 
+pub(crate) use ambiguous::*;
 pub(crate) use attribute::*;
 pub(crate) use basic::*;
 pub(crate) use keys::*;
