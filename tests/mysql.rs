@@ -136,6 +136,7 @@ conformance::tests!(My;
     commit_cut_before_its_answer_is_an_error_and_redelivery_settles_it,
     commit_never_delivered_is_an_error_and_redelivery_applies,
     connection_cut_after_the_claim_keeps_nothing_and_redelivery_applies,
+    cancelled_migration_does_not_leak_its_named_lock,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).
