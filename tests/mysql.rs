@@ -55,6 +55,11 @@ impl conformance::Support for My {
     // listed 24 of 31 waiters for minutes while the process list showed all 31 in the INSERT.
     const LOCK_WAITERS: Option<&'static str> = Some(CLAIMS_RUNNING);
     const STATEMENT_AFTER_ROLLBACK_KEPT: bool = true;
+    const WAIT_RESTORED: Option<(&'static str, &'static str)> = Some((
+        "SELECT CAST(CONNECTION_ID() AS SIGNED)",
+        "SELECT CAST(@@SESSION.innodb_lock_wait_timeout = @@GLOBAL.innodb_lock_wait_timeout \
+         AS SIGNED)",
+    ));
 
     async fn swallow_a_rollback(conn: &mut MySqlConnection, other: &MySqlPool, rows: &str) {
         deadlock_as_victim(conn, other, rows).await;
@@ -79,6 +84,19 @@ impl conformance::Server for My {
             .execute(pool)
             .await
             .expect("KILL CONNECTION");
+    }
+
+    const WIRE: conformance::proxy::Wire = conformance::proxy::Wire::MySql;
+    // `HOST` is `host:port` of the client, the host as the server resolved it.
+    const SESSIONS_FROM_PORT: &'static str = "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+         WHERE HOST LIKE CONCAT('%:', $1)";
+
+    fn address(url: &str) -> String {
+        conformance::proxy::upstream(url, 3306)
+    }
+
+    fn with_address(url: &str, addr: std::net::SocketAddr) -> String {
+        conformance::proxy::with_address(url, addr, "ssl-mode=DISABLED")
     }
 }
 
@@ -111,6 +129,14 @@ conformance::tests!(My;
     purge_with_the_longest_retention_deletes_nothing,
     connection_killed_before_commit_keeps_nothing,
     unreachable_server_fails_the_test_naming_url_and_variable,
+    custom_keys_with_two_parts_cannot_collide,
+    tuple_keys_of_fields_cannot_collide,
+    handler_with_inner_attributes_runs,
+    attribute_wait_is_in_progress_then_duplicate,
+    commit_cut_before_its_answer_is_an_error_and_redelivery_settles_it,
+    commit_never_delivered_is_an_error_and_redelivery_applies,
+    connection_cut_after_the_claim_keeps_nothing_and_redelivery_applies,
+    cancelled_migration_does_not_leak_its_named_lock,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).

@@ -83,6 +83,18 @@ impl conformance::Server for Pg {
             .expect("pg_terminate_backend");
         assert!(gone, "backend {pid} did not exit");
     }
+
+    const WIRE: conformance::proxy::Wire = conformance::proxy::Wire::Postgres;
+    const SESSIONS_FROM_PORT: &'static str =
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE client_port = CAST($1 AS INTEGER)";
+
+    fn address(url: &str) -> String {
+        conformance::proxy::upstream(url, 5432)
+    }
+
+    fn with_address(url: &str, addr: std::net::SocketAddr) -> String {
+        conformance::proxy::with_address(url, addr, "sslmode=disable")
+    }
 }
 
 conformance::tests!(Pg;
@@ -115,6 +127,13 @@ conformance::tests!(Pg;
     serialization_failure_in_the_body_is_an_error_not_applied,
     connection_killed_before_commit_keeps_nothing,
     unreachable_server_fails_the_test_naming_url_and_variable,
+    custom_keys_with_two_parts_cannot_collide,
+    tuple_keys_of_fields_cannot_collide,
+    handler_with_inner_attributes_runs,
+    attribute_wait_is_in_progress_then_duplicate,
+    commit_cut_before_its_answer_is_an_error_and_redelivery_settles_it,
+    commit_never_delivered_is_an_error_and_redelivery_applies,
+    connection_cut_after_the_claim_keeps_nothing_and_redelivery_applies,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).

@@ -91,6 +91,10 @@ conformance::tests!(Lite;
     delivery_that_stops_waiting_is_in_progress_and_runs_nothing,
     store_refuses_bad_scopes_and_writes_nothing,
     purge_with_the_longest_retention_deletes_nothing,
+    custom_keys_with_two_parts_cannot_collide,
+    tuple_keys_of_fields_cannot_collide,
+    handler_with_inner_attributes_runs,
+    attribute_wait_is_in_progress_then_duplicate,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).

@@ -33,6 +33,7 @@ pub(crate) mod cases;
 pub(crate) mod ctx;
 pub(crate) mod db;
 pub(crate) mod handlers;
+pub(crate) mod proxy;
 pub(crate) mod util;
 pub(crate) mod worker;
 
@@ -85,6 +86,13 @@ pub(crate) trait Support: Send + Sync + 'static {
         rows: &'a str,
     ) -> impl Future<Output = ()> + Send + 'a;
 
+    /// Where a claim with `wait` changes a session setting that outlives the transaction
+    /// unless put back (MySQL's `innodb_lock_wait_timeout`): a query for the session's id,
+    /// and one answering 1 when the setting is back to the server's default. `None` where the
+    /// wait ends with the transaction (PostgreSQL's `SET LOCAL`) or stays set by design
+    /// (SQLite's busy timeout).
+    const WAIT_RESTORED: Option<(&'static str, &'static str)> = None;
+
     /// Removes what [`url`](Support::url) created outside the database (files), if anything.
     fn remove(_url: &str) {}
 }
@@ -104,6 +112,19 @@ pub(crate) trait Server: Support {
 
     /// Kills the connection `id` from another session of `pool`.
     fn kill(pool: &Pool<Self::Db>, id: i64) -> impl Future<Output = ()> + Send + '_;
+
+    /// The wire protocol, which the proxy of the ambiguous-commit cases frames.
+    const WIRE: proxy::Wire;
+
+    /// `host:port` of the server `url` names.
+    fn address(url: &str) -> String;
+
+    /// `url` connecting to `addr` instead (the proxy), in plain text: the proxy reads the
+    /// messages, so the client must not negotiate TLS.
+    fn with_address(url: &str, addr: std::net::SocketAddr) -> String;
+
+    /// A query counting the server's sessions whose client port is `$1` (an integer).
+    const SESSIONS_FROM_PORT: &'static str;
 }
 
 /// One `#[tokio::test]` per listed case, each a call of the generic case on `$support`.

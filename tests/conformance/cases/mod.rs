@@ -1,7 +1,11 @@
 //! The cases, grouped by concern; each is `pub(crate) async fn name<S: Support>()`, and the
 //! backends' test binaries call them by name (see `conformance::tests!`).
 
+mod ambiguous;
+mod attribute;
 mod basic;
+mod keys;
+mod migrate_lock;
 mod processes;
 mod races;
 mod rollback;
@@ -9,7 +13,11 @@ mod server;
 mod shapes;
 mod store;
 
+pub(crate) use ambiguous::*;
+pub(crate) use attribute::*;
 pub(crate) use basic::*;
+pub(crate) use keys::*;
+pub(crate) use migrate_lock::*;
 pub(crate) use processes::*;
 pub(crate) use races::*;
 pub(crate) use rollback::*;
