@@ -383,7 +383,7 @@ impl Lease {
             .await
     }
 
-    async fn end_recording<T, E>(
+    pub(crate) async fn end_recording<T, E>(
         mut self,
         result: Result<Result<T, E>, Error>,
         encode: impl FnOnce(&T) -> Result<Option<String>, Error>,
@@ -414,6 +414,15 @@ impl Lease {
                 Err(Failed::Idem(e))
             }
         }
+    }
+
+    /// [`finish`](Lease::finish) that also stores the `Ok` value with the marker (`replay`), in
+    /// the completing statement.
+    pub async fn finish_replay<T: serde::Serialize, E: From<Error>>(
+        self,
+        result: Result<T, E>,
+    ) -> Result<crate::Outcome<T>, E> {
+        crate::__private::settle(self.end_replay(Ok(result)).await)
     }
 
     /// Ends a call by hand: completes on `Ok`, releases on `Err`.

@@ -365,7 +365,7 @@ impl<DB: Backend> Guard<DB> {
             .await
     }
 
-    async fn end_recording<T, E>(
+    pub(crate) async fn end_recording<T, E>(
         mut self,
         result: Result<T, E>,
         encode: impl FnOnce(&T) -> Result<Option<String>, Error>,
