@@ -2,6 +2,8 @@
 //! backends' test binaries call them by name (see `conformance::tests!`).
 
 mod basic;
+mod lease;
+mod lease_processes;
 mod processes;
 mod races;
 mod rollback;
@@ -10,6 +12,8 @@ mod shapes;
 mod store;
 
 pub(crate) use basic::*;
+pub(crate) use lease::*;
+pub(crate) use lease_processes::*;
 pub(crate) use processes::*;
 pub(crate) use races::*;
 pub(crate) use rollback::*;
