@@ -15,7 +15,7 @@ use crate::conformance::ctx::Ctx;
 use crate::conformance::db::Bind;
 use crate::conformance::handlers::{Hold, TestError};
 use crate::conformance::lease_handlers::*;
-use crate::conformance::util::{unique_name, until, within};
+use crate::conformance::util::{unique_name, within};
 
 /// The columns of the provider's table of requests.
 pub(crate) const CHARGES_COLUMNS: &str =
@@ -65,6 +65,34 @@ fn ms_left_sql<S: Support>() -> &'static str {
         "sqlite" => "CAST((julianday(locked_until) - julianday('now')) * 86400000.0 AS INTEGER)",
         other => panic!("no clock SQL for {other}"),
     }
+}
+
+/// The pace of [`Ctx::until_lease_expired`]'s probes.
+const POLL_EVERY: Duration = Duration::from_millis(10);
+
+/// Probes the database until `probe` says true, at most once per [`POLL_EVERY`], bounded by
+/// `within`; returns the number of probes. The pace keeps a wait of seconds to hundreds of
+/// queries instead of tens of thousands competing with the other tests for two cores: what
+/// ends the wait is the database's answer, never the time spent.
+pub(crate) async fn poll_db<F, Fut>(secs: u64, what: &str, mut probe: F) -> u64
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut polls = 0;
+    let mut pace = tokio::time::interval(POLL_EVERY);
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    within(secs, what, async {
+        loop {
+            pace.tick().await;
+            polls += 1;
+            if probe().await {
+                break;
+            }
+        }
+    })
+    .await;
+    polls
 }
 
 /// One marker, read back from the database.
@@ -117,13 +145,10 @@ impl<S: Support> Ctx<S> {
 
     /// Polls the database until the lease of `key` ran out on its clock; returns the polls.
     pub(crate) async fn until_lease_expired(&self, key: &str) -> u64 {
-        let mut polls = 0;
-        until(60, "the database saying the lease ran out", || {
-            polls += 1;
+        poll_db(60, "the database saying the lease ran out", || {
             self.lease_expired(key)
         })
-        .await;
-        polls
+        .await
     }
 
     /// Sets `locked_until` of `key` to the SQL expression `at`.
@@ -282,52 +307,84 @@ pub(crate) async fn lease_handler_error_releases_at_once_and_redelivery_applies<
 }
 
 pub(crate) async fn lease_expired_lease_is_taken_over_by_exactly_one_of_32<S: Support>() {
-    const DELIVERIES: usize = 32;
     let ctx = Ctx::<S>::new("lease_race", 16).await;
+    // The taker parks in its body: every other delivery meets its live lease.
+    let parked = race_an_expired_lease(&ctx, "order-32a", true).await;
+    assert_eq!(
+        parked,
+        (RACERS - 1, 0),
+        "(in progress, duplicate) while the taker is parked"
+    );
+    // Free-running: the others meet the live lease or, once it completed, the completion.
+    let (busy, dups) = race_an_expired_lease(&ctx, "order-32b", false).await;
+    assert_eq!(busy + dups, RACERS - 1);
+    ctx.cleanup().await;
+}
+
+const RACERS: usize = 32;
+
+/// [`RACERS`] concurrent deliveries of `k` against an expired lease: exactly one takes it over
+/// (token 2, attempt 2) and calls the provider; returns the others' (in progress, duplicate).
+async fn race_an_expired_lease<S: Support>(ctx: &Ctx<S>, k: &str, park: bool) -> (usize, usize) {
     let provider = Arc::new(Provider::<S::Db>::in_memory());
-    let job = ctx.job("order-32", 32, 3200);
+    let hold = Arc::new(Hold::default());
+    let job = ctx.job(k, 32, 3200);
     // A holder that claimed for 1 ms and never finished: its lease runs out on the database.
-    let stale = claim_by_hand(&ctx, &job.key, Duration::from_millis(1)).await;
+    let stale = claim_by_hand(ctx, &job.key, Duration::from_millis(1)).await;
     assert_eq!((stale.token(), stale.attempt()), (1, 1));
     let polls = ctx.until_lease_expired(&job.key).await;
-    println!("expired lease after {polls} polls of the database");
-    let start = Arc::new(tokio::sync::Barrier::new(DELIVERIES));
-    let tasks: Vec<_> = (0..DELIVERIES)
-        .map(|_| {
-            let (store, job, provider, start) = (
-                ctx.store.clone(),
-                job.clone(),
-                provider.clone(),
-                start.clone(),
-            );
-            tokio::spawn(async move {
-                start.wait().await;
-                charge(&store, &job, &*provider, How::Pay).await
-            })
-        })
-        .collect();
+    println!("{k}: expired after {polls} polls of the database");
+    let start = Arc::new(tokio::sync::Barrier::new(RACERS));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..RACERS {
+        let (store, job, provider, start, hold) = (
+            ctx.store.clone(),
+            job.clone(),
+            provider.clone(),
+            start.clone(),
+            hold.clone(),
+        );
+        tasks.spawn(async move {
+            start.wait().await;
+            let how = if park { How::Park(&hold) } else { How::Pay };
+            charge(&store, &job, &*provider, how).await
+        });
+    }
     let (mut applied, mut busy, mut dups) = (Vec::new(), 0, 0);
-    for t in tasks {
-        match within(120, "a racing delivery", t).await.expect("task") {
-            Ok(idem::Outcome::Applied(seen)) => applied.push(seen),
-            Ok(idem::Outcome::Duplicate) => dups += 1,
-            Err(TestError::Idem(Error::InProgress { .. })) => busy += 1,
-            Err(e) => panic!("a racing delivery failed: {e:?}"),
+    let mut tally = |r: Result<idem::Outcome<Seen>, TestError>| match r {
+        Ok(idem::Outcome::Applied(seen)) => applied.push(seen),
+        Ok(idem::Outcome::Duplicate) => dups += 1,
+        Err(TestError::Idem(Error::InProgress { .. })) => busy += 1,
+        Err(e) => panic!("a racing delivery failed: {e:?}"),
+    };
+    if park {
+        // The taker cannot return before it is released: the first 31 to return are the others.
+        within(60, "the taker parking", hold.entered()).await;
+        for _ in 1..RACERS {
+            let r = within(120, "a racing delivery", tasks.join_next()).await;
+            tally(r.expect("a task").expect("task"));
         }
+        hold.release();
+    }
+    while let Some(r) = within(120, "a racing delivery", tasks.join_next()).await {
+        tally(r.expect("task"));
     }
     println!(
-        "{DELIVERIES} deliveries: {} applied, {busy} in progress, {dups} duplicate",
+        "{k}: {RACERS} deliveries: {} applied, {busy} in progress, {dups} duplicate",
         applied.len()
     );
-    assert_eq!(applied.len(), 1, "takeovers: {applied:?}");
+    assert_eq!(applied.len(), 1, "{k}: takeovers: {applied:?}");
     assert_eq!((applied[0].token, applied[0].attempt), (2, 2));
-    assert_eq!(busy + dups, DELIVERIES - 1);
-    assert_eq!(provider.requests(), 1, "the outside call happened once");
+    assert_eq!(
+        provider.requests(),
+        1,
+        "{k}: the outside call happened once"
+    );
     // The stale holder comes back: its result is not recorded.
     lease_lost(stale.finish::<(), TestError>(Ok(())).await);
     let m = ctx.marker(&job.key).await;
-    assert!(m.completed && m.token == 2 && m.attempts == 2, "{m:?}");
-    ctx.cleanup().await;
+    assert!(m.completed && m.token == 2 && m.attempts == 2, "{k}: {m:?}");
+    (busy, dups)
 }
 
 /// The renewal rounds of [`lease_renew_keeps_the_lease_and_fails_after_a_takeover`].
@@ -362,7 +419,7 @@ pub(crate) async fn lease_renew_keeps_the_lease_and_fails_after_a_takeover<S: Su
             }
             // Renew again when half of the lease is left (or the first lease is over).
             let (c, k, past) = (&ctx, job.key.as_str(), past_first.as_str());
-            until(60, "half of the renewed lease", move || async move {
+            poll_db(60, "half of the renewed lease", move || async move {
                 c.scalar(past).await == 1
                     || c.marker_value(k, ms_left_sql::<S>()).await < RENEW_LEASE_MS / 2
             })
@@ -496,12 +553,12 @@ pub(crate) async fn lease_panicking_body_releases_the_key<S: Support>() {
         other => panic!("expected the task to panic, got {other:?}"),
     }
     // The release runs in the background: wait for the database to show it.
-    let mut polls = 0;
     let (c, k) = (&ctx, job.key.as_str());
-    until(60, "the background release after a panic", || {
-        polls += 1;
-        async move { c.marker(k).await.unlocked }
-    })
+    let polls = poll_db(
+        60,
+        "the background release after a panic",
+        move || async move { c.marker(k).await.unlocked },
+    )
     .await;
     println!("released after a panic: {polls} polls");
     let m = ctx.marker(&job.key).await;
