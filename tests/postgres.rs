@@ -126,6 +126,7 @@ conformance::tests!(Pg;
     lease_panicking_body_releases_the_key,
     lease_worker_killed_in_its_call_is_taken_over_with_the_same_key,
     lease_paused_holder_resumed_after_a_takeover_gets_lease_lost,
+    lease_is_live_for_a_session_in_another_time_zone,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).

