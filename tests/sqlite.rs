@@ -95,6 +95,18 @@ conformance::tests!(Lite;
     tuple_keys_of_fields_cannot_collide,
     handler_with_inner_attributes_runs,
     attribute_wait_is_in_progress_then_duplicate,
+    lease_first_delivery_applies_second_is_duplicate,
+    lease_live_lease_is_in_progress_without_running_the_body,
+    lease_stalled_call_times_out_releases_and_redelivery_applies,
+    lease_handler_error_releases_at_once_and_redelivery_applies,
+    lease_expired_lease_is_taken_over_by_exactly_one_of_32,
+    lease_renew_keeps_the_lease_and_fails_after_a_takeover,
+    lease_renewing_body_outlives_its_timeout,
+    lease_claims_use_the_database_clock,
+    lease_invalid_key_is_refused_before_any_io,
+    lease_panicking_body_releases_the_key,
+    lease_worker_killed_in_its_call_is_taken_over_with_the_same_key,
+    lease_paused_holder_resumed_after_a_takeover_gets_lease_lost,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).
