@@ -207,6 +207,7 @@ mod sealed {
 }
 
 impl<DB: Backend> sealed::Sealed for &Store<DB> {}
+impl<DB: Backend> sealed::Sealed for &&Store<DB> {}
 impl<DB: Backend> sealed::Sealed for Joined<'_, DB> {}
 
 impl<DB: Backend> Target<DB> for &Store<DB> {
@@ -215,6 +216,17 @@ impl<DB: Backend> Target<DB> for &Store<DB> {
         Self: 'a,
     {
         Via::Store(self)
+    }
+}
+
+// `&store` where `store` is already a `&Store`: a `&Store<DB>` parameter took it by deref
+// coercion, which a generic parameter does not do.
+impl<DB: Backend> Target<DB> for &&Store<DB> {
+    fn via<'a>(self) -> Via<'a, DB>
+    where
+        Self: 'a,
+    {
+        Via::Store(*self)
     }
 }
 
