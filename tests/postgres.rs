@@ -147,6 +147,11 @@ conformance::tests!(Pg;
     lease_worker_killed_in_its_call_is_taken_over_with_the_same_key,
     lease_paused_holder_resumed_after_a_takeover_gets_lease_lost,
     lease_is_live_for_a_session_in_another_time_zone,
+    joined_claim_is_kept_only_if_the_caller_commits,
+    joined_duplicate_leaves_the_caller_transaction_as_it_was,
+    joined_body_error_leaves_the_caller_transaction_usable,
+    nested_handler_joins_the_outer_transaction,
+    nested_call_with_a_store_is_refused_and_writes_nothing,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).

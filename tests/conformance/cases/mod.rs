@@ -4,6 +4,7 @@
 mod ambiguous;
 mod attribute;
 mod basic;
+mod join;
 mod keys;
 mod lease;
 mod lease_processes;
@@ -19,6 +20,7 @@ mod store;
 pub(crate) use ambiguous::*;
 pub(crate) use attribute::*;
 pub(crate) use basic::*;
+pub(crate) use join::*;
 pub(crate) use keys::*;
 pub(crate) use lease::*;
 pub(crate) use lease_processes::*;
