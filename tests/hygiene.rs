@@ -148,6 +148,15 @@ async fn aliased(tx: &mut sqlx::Transaction<'_, Sqlite>, job: Job) -> BoxResult<
     Ok(job.tenant)
 }
 
+/// A tuple key of an owned field, read through `&Job`: each element is borrowed, never moved.
+#[idem::idempotent(key = "(job.tenant, job.id)", scope = "hygiene.tenant")]
+async fn per_tenant(tx: &mut sqlx::Transaction<'_, Sqlite>, job: &Job) -> Result<u64, sqlx::Error> {
+    sqlx::query("INSERT INTO effects (n) VALUES (1)")
+        .execute(&mut **tx)
+        .await?;
+    Ok(job.id)
+}
+
 /// Lease mode: the body runs outside any transaction; it counts its runs where the test can
 /// see them, as an outside system would.
 #[idem::idempotent(
@@ -301,4 +310,22 @@ async fn lease_mode_runs_once_under_tokio_spawn() {
         shadows::shadowed_lease(&store, &job, 10).await.unwrap(),
         Outcome::Duplicate
     );
+}
+
+#[tokio::test]
+async fn tuple_keys_of_owned_fields_encode_like_the_tuple() {
+    let store = setup().await;
+    let job = Job {
+        tenant: "acme".into(),
+        id: 7,
+    };
+    assert_eq!(per_tenant(&store, &job).await.unwrap(), Outcome::Applied(7));
+    assert_eq!(per_tenant(&store, &job).await.unwrap(), Outcome::Duplicate);
+    let stored: String =
+        sqlx::query_scalar("SELECT key FROM idem_processed WHERE scope = 'hygiene.tenant'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(stored, idem::Key::new(&("acme", 7)).unwrap().as_str());
+    assert_eq!(effects(&store).await, 1);
 }

@@ -139,14 +139,16 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
 
     let (key_lit, key) = args.key.as_ref().expect("checked by the caller");
     // Errors about the key's type land on the `key` literal.
+    let key = by_reference(key);
     let key_eval = quote_spanned! {key_lit.span()=>
-        let #key_var = #private::key(&(#key));
+        let #key_var = #private::key(&#key);
     };
     // Errors about the payload's type land on the `fingerprint` literal.
     let print_eval = args.fingerprint.as_ref().map(|(lit, expr)| {
         let var = shared.print_var.as_ref().expect("set with the fingerprint");
+        let expr = by_reference(expr);
         quote_spanned! {lit.span()=>
-            let #var = ::core::option::Option::Some(#private::fingerprint(&(#expr)));
+            let #var = ::core::option::Option::Some(#private::fingerprint(&#expr));
         }
     });
     // `replay` stores `T` and reads it back through a codec picked by autoref: a `T` that
@@ -199,6 +201,30 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
             #print_eval
             #run
             #settle
+        }
+    }
+}
+
+/// The `key` or `fingerprint` expression, parenthesised, to be borrowed: a tuple borrows each
+/// element (`(job.tenant, job.id)` gives `(&job.tenant, &job.id)`), so that owned fields are
+/// read through the handler's `&Job` rather than moved out of it. References and tuples encode
+/// like what they point to and hold, so the stored key (and the digest) stay the same.
+fn by_reference(expr: &syn::Expr) -> TokenStream {
+    match expr {
+        syn::Expr::Tuple(t) if !t.elems.is_empty() => {
+            let elems = t.elems.iter().map(|e| {
+                let e = by_reference(e);
+                quote_spanned!(e.span()=> &#e)
+            });
+            let mut group = Group::new(Delimiter::Parenthesis, quote!(#(#elems,)*));
+            group.set_span(t.paren_token.span.join());
+            group.into_token_stream()
+        }
+        syn::Expr::Paren(p) if matches!(*p.expr, syn::Expr::Tuple(_)) => by_reference(&p.expr),
+        other => {
+            let mut group = Group::new(Delimiter::Parenthesis, other.to_token_stream());
+            group.set_span(other.span());
+            group.into_token_stream()
         }
     }
 }

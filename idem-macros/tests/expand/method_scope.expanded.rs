@@ -7,7 +7,7 @@ async fn send_receipt(
     order: Order,
     store: &::idem::__private::Store<Sqlite>,
 ) -> anyhow::Result<::idem::__private::Outcome<u64>> {
-    let __idem_key = ::idem::__private::key(&((self.tenant, order.id)));
+    let __idem_key = ::idem::__private::key(&(&(self.tenant), &(order.id)));
     let __idem_outcome = async move {
         let mut __idem_guard = match ::idem::__private::claim(
                 store,
