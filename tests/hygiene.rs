@@ -52,6 +52,21 @@ mod shadows {
         ::core::result::Result::Ok(__idem_guard + __idem_key)
     }
 
+    /// An alias of `Result` whose name does not say so, and sqlx's alias of the transaction,
+    /// among the shadows: `T`, `E` and the database are read through `::idem::__private`.
+    type Fallible<T> = ::core::result::Result<T, sqlx::Error>;
+
+    #[::idem::idempotent(key = "job.id", scope = "hygiene.fallible")]
+    pub(crate) async fn fallible(
+        tx: &mut sqlx::SqliteTransaction<'_>,
+        job: &Job,
+    ) -> Fallible<u64> {
+        sqlx::query("INSERT INTO effects (n) VALUES (1)")
+            .execute(&mut **tx)
+            .await?;
+        ::core::result::Result::Ok(job.id)
+    }
+
     /// Lease mode among the same shadows, with locals named like the expansion's own.
     #[::idem::idempotent(key = "job.id", scope = "hygiene.lease_shadowed", lease = "5s")]
     pub(crate) async fn shadowed_lease(
@@ -64,6 +79,33 @@ mod shadows {
         ::core::result::Result::Ok(
             __idem_lease_ref + __idem_result + u64::from(__idem_lease.attempt()),
         )
+    }
+}
+
+/// Types of the user's own named like the transaction, but not shaped like it
+/// (`Transaction<'_, DB>`), are ordinary parameters beside the real one.
+mod look_alikes {
+    use sqlx::sqlite::SqliteTransaction;
+
+    pub(crate) struct Tx {
+        pub(crate) id: u64,
+    }
+
+    pub(crate) struct Transaction<T> {
+        pub(crate) payload: T,
+    }
+
+    #[idem::idempotent(key = "job.id", scope = "hygiene.look_alikes")]
+    pub(crate) async fn handle(
+        job: &Tx,
+        tx: &mut SqliteTransaction<'_>,
+        payment: &mut Transaction<u64>,
+    ) -> Result<u64, sqlx::Error> {
+        sqlx::query("INSERT INTO effects (n) VALUES (1)")
+            .execute(&mut **tx)
+            .await?;
+        payment.payload += job.id;
+        Ok(payment.payload)
     }
 }
 
@@ -328,4 +370,34 @@ async fn tuple_keys_of_owned_fields_encode_like_the_tuple() {
             .unwrap();
     assert_eq!(stored, idem::Key::new(&("acme", 7)).unwrap().as_str());
     assert_eq!(effects(&store).await, 1);
+}
+
+#[tokio::test]
+async fn aliases_of_result_and_of_the_transaction() {
+    let store = setup().await;
+    let job = shadows::Job { id: 3 };
+    assert_eq!(
+        shadows::fallible(&store, &job).await.unwrap(),
+        Outcome::Applied(3)
+    );
+    assert_eq!(
+        shadows::fallible(&store, &job).await.unwrap(),
+        Outcome::Duplicate
+    );
+    let job = look_alikes::Tx { id: 4 };
+    let mut payment = look_alikes::Transaction { payload: 10 };
+    assert_eq!(
+        look_alikes::handle(&job, &store, &mut payment)
+            .await
+            .unwrap(),
+        Outcome::Applied(14)
+    );
+    assert_eq!(
+        look_alikes::handle(&job, &store, &mut payment)
+            .await
+            .unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(payment.payload, 14);
+    assert_eq!(effects(&store).await, 2);
 }

@@ -9,11 +9,11 @@ use proc_macro2::{Delimiter, Group, Ident, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{AttrStyle, FnArg, ItemFn, LitStr, Path, Stmt};
+use syn::{AttrStyle, FnArg, ItemFn, LitStr, Stmt};
 
 use crate::args::{self, Args};
 use crate::diag::Diag;
-use crate::signature::{self, Handler, Kind};
+use crate::signature::{self, Db, Handler, Kind, Repair};
 use crate::validate;
 
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -32,7 +32,8 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut diag = Diag::default();
     let args = args::parse(args, &mut diag);
     let mode = validate::mode(&args, &item.sig, &mut diag);
-    let handler = signature::analyse(&item, mode, &mut diag);
+    let mut repairs = Vec::new();
+    let handler = signature::analyse(&item, mode, &mut diag, &mut repairs);
     if !args.gave("key") && !args.unknown {
         diag.error_at(
             Span::call_site(),
@@ -55,8 +56,29 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             // Give rustc the function as written, so one mistake is one error and the IDE
             // keeps resolving the body.
             let errors = result.err().map(|e| e.to_compile_error());
+            let item = repaired(item, repairs, &private_path(&args));
             quote!(#errors #item)
         }
+    }
+}
+
+/// The function as written, but for the transaction parameters that named no database: they
+/// get a stand-in one, located at their type.
+fn repaired(mut item: ItemFn, repairs: Vec<Repair>, private: &TokenStream) -> ItemFn {
+    for Repair { index, ty } in repairs {
+        if let Some(FnArg::Typed(pt)) = item.sig.inputs.iter_mut().nth(index) {
+            let db = located_at(quote!(#private::db::Placeholder), ty.span());
+            *pt.ty = signature::with_database(&ty, db);
+        }
+    }
+    item
+}
+
+/// `::idem::__private`, re-rooted by `crate = "..."`.
+fn private_path(args: &Args) -> TokenStream {
+    match &args.krate {
+        Some(krate) => quote!(#krate::__private),
+        None => quote!(::idem::__private),
     }
 }
 
@@ -85,13 +107,31 @@ fn local(name: &str) -> Ident {
 }
 
 fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
-    let krate: Path = args
-        .krate
-        .clone()
-        .unwrap_or_else(|| syn::parse_quote!(::idem));
     let ident = &item.sig.ident;
+    let private = private_path(args);
+    // An alias of `Result` that does not name `T` (`Fallible<T>`): the body is pinned to
+    // `Result<T, E>` read through `HandlerResult`, so that an alias of something else is one
+    // unmet bound, on the return type, and not also a mismatch with what the runtime expects.
+    let projected;
+    let handler = match &handler.ok {
+        Some(_) => handler,
+        None => {
+            let ret = &handler.ret;
+            let tokens = quote! {
+                ::core::result::Result<
+                    <#ret as #private::HandlerResult>::Ok,
+                    <#ret as #private::HandlerResult>::Err,
+                >
+            };
+            projected = Handler {
+                ret: syn::parse2(spanning(tokens, ret)).expect("a path type"),
+                ..handler.clone()
+            };
+            &projected
+        }
+    };
     let shared = Shared {
-        private: quote!(#krate::__private),
+        private,
         scope: args
             .scope
             .clone()
@@ -114,7 +154,18 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
 
     let mut sig = item.sig.clone();
     let db = match &handler.kind {
-        Kind::Transaction { db, .. } => quote!(#db),
+        Kind::Transaction {
+            db: Db::Written(db),
+            ..
+        } => quote!(#db),
+        Kind::Transaction {
+            db: Db::Sqlx(name, span),
+            ..
+        } => {
+            // sqlx's alias named the database; the re-export names it for the store.
+            let name = Ident::new(name, *span);
+            located_at(quote!(#private::db::#name), *span)
+        }
         Kind::Lease => {
             // A lease handler names no database: the store's type parameter is the caller's
             // to infer. Added after the user's own, so their turbofish (if any) still fits.
@@ -130,9 +181,22 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         .iter_mut()
         .nth(handler.index)
         .expect("index from analyse") = store_arg;
-    let ok = &handler.ok;
-    let outcome: syn::Type = syn::parse_quote!(#private::Outcome<#ok>);
     let ret = &handler.ret;
+    // `T` as written, or the first argument of the projected `Result`.
+    let ok = handler.ok.clone().unwrap_or_else(|| {
+        let syn::Type::Path(p) = ret else {
+            unreachable!("projected above")
+        };
+        match p.path.segments.last().map(|s| &s.arguments) {
+            Some(syn::PathArguments::AngleBracketed(a)) => match a.args.first() {
+                Some(syn::GenericArgument::Type(t)) => t.clone(),
+                _ => unreachable!("projected above"),
+            },
+            _ => unreachable!("projected above"),
+        }
+    });
+    let ok = &ok;
+    let outcome: syn::Type = syn::parse_quote!(#private::Outcome<#ok>);
     if let syn::ReturnType::Type(_, ty) = &mut sig.output {
         **ty = signature::with_ok(ret, outcome);
     }
@@ -244,6 +308,25 @@ fn pinned_body(ret: &syn::Type, var: &Ident, prelude: TokenStream, stmts: &[Stmt
     block.set_span(block.span().located_at(last));
     let tail = located_at(quote!(.await), last);
     quote!(let #var: #ret = #head #block #tail;)
+}
+
+/// Moves `tokens` to the range of `like` for diagnostics: every token to its first token, the
+/// last one to its last, so that rustc underlines the whole of `like` (a joined span needs
+/// nightly).
+fn spanning(tokens: TokenStream, like: &impl ToTokens) -> TokenStream {
+    let spans: Vec<Span> = like
+        .to_token_stream()
+        .into_iter()
+        .map(|tt| tt.span())
+        .collect();
+    let (Some(&first), Some(&last)) = (spans.first(), spans.last()) else {
+        return tokens;
+    };
+    let mut out: Vec<TokenTree> = located_at(tokens, first).into_iter().collect();
+    if let Some(tt) = out.last_mut() {
+        tt.set_span(tt.span().located_at(last));
+    }
+    out.into_iter().collect()
 }
 
 /// Moves every token to `at` for diagnostics while keeping how its names resolve (hygiene),
