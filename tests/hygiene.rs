@@ -67,6 +67,12 @@ mod shadows {
         ::core::result::Result::Ok(job.id)
     }
 
+    /// The same alias in lease mode.
+    #[::idem::idempotent(key = "job.id", scope = "hygiene.fallible_lease", lease = "5s")]
+    pub(crate) async fn fallible_lease(lease: &::idem::Lease, job: &Job) -> Fallible<u64> {
+        ::core::result::Result::Ok(job.id + u64::from(lease.attempt()))
+    }
+
     /// Lease mode among the same shadows, with locals named like the expansion's own.
     #[::idem::idempotent(key = "job.id", scope = "hygiene.lease_shadowed", lease = "5s")]
     pub(crate) async fn shadowed_lease(
@@ -382,6 +388,14 @@ async fn aliases_of_result_and_of_the_transaction() {
     );
     assert_eq!(
         shadows::fallible(&store, &job).await.unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(
+        shadows::fallible_lease(&store, &job).await.unwrap(),
+        Outcome::Applied(4)
+    );
+    assert_eq!(
+        shadows::fallible_lease(&store, &job).await.unwrap(),
         Outcome::Duplicate
     );
     let job = look_alikes::Tx { id: 4 };

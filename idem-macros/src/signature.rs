@@ -17,7 +17,7 @@ pub(crate) struct Handler {
     pub(crate) pat: Pat,
     pub(crate) kind: Kind,
     /// The declared return type, `Result<T, E>` or an alias of it.
-    pub(crate) ret: Type,
+    pub(crate) ret: Returned,
     /// `T` of that `Result` where the type names it (`Result<T, E>`, `anyhow::Result<T>`);
     /// `None` for other aliases (`Fallible<T>`), whose `T` and `E` the expansion reads through
     /// `__private::HandlerResult`.
@@ -35,6 +35,21 @@ pub(crate) enum Kind {
     },
     /// `&Lease`: names no database, so the expansion adds a type parameter for it.
     Lease,
+}
+
+/// The declared return type, and how the body's value reaches the runtime's `Result<T, E>`.
+#[derive(Clone)]
+pub(crate) struct Returned {
+    pub(crate) ty: Type,
+    /// `Some(__private)` for an alias that does not name `T`: the body's value goes through
+    /// `__private::Returned(..).into_result()`.
+    pub(crate) through: Option<TokenStream>,
+}
+
+impl quote::ToTokens for Returned {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        self.ty.to_tokens(tokens);
+    }
 }
 
 /// The database of the transaction parameter.
@@ -204,7 +219,10 @@ pub(crate) fn analyse(
         index,
         pat,
         kind,
-        ret,
+        ret: Returned {
+            ty: ret,
+            through: None,
+        },
         ok: ok_ty,
         params,
     })
@@ -316,9 +334,9 @@ fn mistaken_transaction(
             diag.error(
                 &pt.ty,
                 format!(
-                    "`#[idempotent]` reads the database from the transaction's type as \
-                     written, and the alias `{name}` hides it: write the type out, \
-                     {TX_HINT}, with the database of `{name}`"
+                    "the transaction's type must name its database where `#[idempotent]` can \
+                     read it, and the alias `{name}` hides it: write {TX_HINT}, with the \
+                     database of `{name}`"
                 ),
             );
             return true;

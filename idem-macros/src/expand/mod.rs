@@ -109,24 +109,16 @@ fn local(name: &str) -> Ident {
 fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let ident = &item.sig.ident;
     let private = private_path(args);
-    // An alias of `Result` that does not name `T` (`Fallible<T>`): the body is pinned to
-    // `Result<T, E>` read through `HandlerResult`, so that an alias of something else is one
-    // unmet bound, on the return type, and not also a mismatch with what the runtime expects.
+    // An alias of `Result` that does not name `T` (`Fallible<T>`): `T` and `E` are read
+    // through `HandlerResult`, and the body's value converted by `Returned`, so that an alias
+    // of something else is the one unmet bound of the signature, on the return type.
     let projected;
     let handler = match &handler.ok {
         Some(_) => handler,
         None => {
-            let ret = &handler.ret;
-            let tokens = quote! {
-                ::core::result::Result<
-                    <#ret as #private::HandlerResult>::Ok,
-                    <#ret as #private::HandlerResult>::Err,
-                >
-            };
-            projected = Handler {
-                ret: syn::parse2(spanning(tokens, ret)).expect("a path type"),
-                ..handler.clone()
-            };
+            let mut through = handler.clone();
+            through.ret.through = Some(private.clone());
+            projected = through;
             &projected
         }
     };
@@ -182,23 +174,29 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         .nth(handler.index)
         .expect("index from analyse") = store_arg;
     let ret = &handler.ret;
-    // `T` as written, or the first argument of the projected `Result`.
-    let ok = handler.ok.clone().unwrap_or_else(|| {
-        let syn::Type::Path(p) = ret else {
-            unreachable!("projected above")
-        };
-        match p.path.segments.last().map(|s| &s.arguments) {
-            Some(syn::PathArguments::AngleBracketed(a)) => match a.args.first() {
-                Some(syn::GenericArgument::Type(t)) => t.clone(),
-                _ => unreachable!("projected above"),
-            },
-            _ => unreachable!("projected above"),
-        }
-    });
+    // `T` as written, or read through `HandlerResult` (spanning the return type, so that every
+    // use of an alias of something else is the same error at the same place, reported once).
+    let ok: syn::Type = match &handler.ok {
+        Some(ok) => ok.clone(),
+        None => syn::parse2(spanning(
+            quote!(<#ret as #private::HandlerResult>::Ok),
+            ret,
+        ))
+        .expect("a qualified path"),
+    };
     let ok = &ok;
     let outcome: syn::Type = syn::parse_quote!(#private::Outcome<#ok>);
     if let syn::ReturnType::Type(_, ty) = &mut sig.output {
-        **ty = signature::with_ok(ret, outcome);
+        **ty = match &handler.ok {
+            Some(_) => signature::with_ok(&ret.ty, outcome),
+            None => {
+                // All of it at the return type: rustc reports the signature's unmet bound on
+                // the whole type, not on the projection within it.
+                let err = quote!(<#ret as #private::HandlerResult>::Err);
+                let rewritten = quote!(::core::result::Result<#outcome, #err>);
+                syn::parse2(spanning(rewritten, ret)).expect("a path type")
+            }
+        };
     }
 
     let (key_lit, key) = args.key.as_ref().expect("checked by the caller");
@@ -297,7 +295,16 @@ fn by_reference(expr: &syn::Expr) -> TokenStream {
 /// declared return type, with `return` and `?` ending the inner block as they ended the
 /// function. The block's own tokens sit at the return type, so a body of the wrong type is
 /// reported there and states the user's type, not the expansion's.
-fn pinned_body(ret: &syn::Type, var: &Ident, prelude: TokenStream, stmts: &[Stmt]) -> TokenStream {
+///
+/// For an alias that does not name `T`, the value then goes through `Returned`, which turns a
+/// `Result` into itself and anything else into an unconstrained `Result` (its one error is the
+/// signature's, on the return type).
+fn pinned_body(
+    ret: &signature::Returned,
+    var: &Ident,
+    prelude: TokenStream,
+    stmts: &[Stmt],
+) -> TokenStream {
     // The expression runs from `async` to `await`: at the return type's first and last
     // tokens, rustc underlines the whole type (a joined span needs nightly).
     let tokens: Vec<TokenTree> = ret.to_token_stream().into_iter().collect();
@@ -307,7 +314,15 @@ fn pinned_body(ret: &syn::Type, var: &Ident, prelude: TokenStream, stmts: &[Stmt
     let mut block = Group::new(Delimiter::Brace, quote!(#prelude #(#stmts)*));
     block.set_span(block.span().located_at(last));
     let tail = located_at(quote!(.await), last);
-    quote!(let #var: #ret = #head #block #tail;)
+    let convert = ret.through.as_ref().map(|private| {
+        quote! {
+            let #var = {
+                use #private::{IntoResult as _, NotAResult as _};
+                #private::Returned(#var).into_result()
+            };
+        }
+    });
+    quote!(let #var: #ret = #head #block #tail; #convert)
 }
 
 /// Moves `tokens` to the range of `like` for diagnostics: every token to its first token, the
