@@ -57,10 +57,7 @@ mod shadows {
     type Fallible<T> = ::core::result::Result<T, sqlx::Error>;
 
     #[::idem::idempotent(key = "job.id", scope = "hygiene.fallible")]
-    pub(crate) async fn fallible(
-        tx: &mut sqlx::SqliteTransaction<'_>,
-        job: &Job,
-    ) -> Fallible<u64> {
+    pub(crate) async fn fallible(tx: &mut sqlx::SqliteTransaction<'_>, job: &Job) -> Fallible<u64> {
         sqlx::query("INSERT INTO effects (n) VALUES (1)")
             .execute(&mut **tx)
             .await?;

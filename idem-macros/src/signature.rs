@@ -305,11 +305,7 @@ fn transaction_db(ty: &Type) -> TxParam {
 ///   reported the same way: either way the transaction is missing).
 /// - `&mut PgTx<'_>`, a name ending in `Tx` or `Transaction` with only a lifetime: an alias of
 ///   the user's own, which hides the database from the attribute.
-fn mistaken_transaction(
-    sig: &syn::Signature,
-    diag: &mut Diag,
-    repairs: &mut Vec<Repair>,
-) -> bool {
+fn mistaken_transaction(sig: &syn::Signature, diag: &mut Diag, repairs: &mut Vec<Repair>) -> bool {
     for (index, arg) in sig.inputs.iter().enumerate() {
         let FnArg::Typed(pt) = arg else { continue };
         let Some((true, last)) = last_segment(&pt.ty) else {
@@ -391,10 +387,11 @@ fn result_ok(ty: &Type) -> Option<Option<Type>> {
     let Type::Path(p) = ty else { return None };
     let last = p.path.segments.last()?;
     let name = last.ident.to_string();
-    if p.qself.is_none() && name.ends_with("Result") {
-        if let Some(GenericArgument::Type(t)) = arguments(last).first() {
-            return Some(Some((*t).clone()));
-        }
+    if p.qself.is_none()
+        && name.ends_with("Result")
+        && let Some(GenericArgument::Type(t)) = arguments(last).first()
+    {
+        return Some(Some((*t).clone()));
     }
     if p.qself.is_none() && NOT_RESULT.contains(&name.as_str()) {
         return None;

@@ -178,11 +178,8 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     // use of an alias of something else is the same error at the same place, reported once).
     let ok: syn::Type = match &handler.ok {
         Some(ok) => ok.clone(),
-        None => syn::parse2(spanning(
-            quote!(<#ret as #private::HandlerResult>::Ok),
-            ret,
-        ))
-        .expect("a qualified path"),
+        None => syn::parse2(spanning(quote!(<#ret as #private::HandlerResult>::Ok), ret))
+            .expect("a qualified path"),
     };
     let ok = &ok;
     let outcome: syn::Type = syn::parse_quote!(#private::Outcome<#ok>);
