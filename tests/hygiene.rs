@@ -52,6 +52,24 @@ mod shadows {
         ::core::result::Result::Ok(__idem_guard + __idem_key)
     }
 
+    /// An alias of `Result` whose name does not say so, and sqlx's alias of the transaction,
+    /// among the shadows: `T`, `E` and the database are read through `::idem::__private`.
+    type Fallible<T> = ::core::result::Result<T, sqlx::Error>;
+
+    #[::idem::idempotent(key = "job.id", scope = "hygiene.fallible")]
+    pub(crate) async fn fallible(tx: &mut sqlx::SqliteTransaction<'_>, job: &Job) -> Fallible<u64> {
+        sqlx::query("INSERT INTO effects (n) VALUES (1)")
+            .execute(&mut **tx)
+            .await?;
+        ::core::result::Result::Ok(job.id)
+    }
+
+    /// The same alias in lease mode.
+    #[::idem::idempotent(key = "job.id", scope = "hygiene.fallible_lease", lease = "5s")]
+    pub(crate) async fn fallible_lease(lease: &::idem::Lease, job: &Job) -> Fallible<u64> {
+        ::core::result::Result::Ok(job.id + u64::from(lease.attempt()))
+    }
+
     /// Lease mode among the same shadows, with locals named like the expansion's own.
     #[::idem::idempotent(key = "job.id", scope = "hygiene.lease_shadowed", lease = "5s")]
     pub(crate) async fn shadowed_lease(
@@ -64,6 +82,33 @@ mod shadows {
         ::core::result::Result::Ok(
             __idem_lease_ref + __idem_result + u64::from(__idem_lease.attempt()),
         )
+    }
+}
+
+/// Types of the user's own named like the transaction, but not shaped like it
+/// (`Transaction<'_, DB>`), are ordinary parameters beside the real one.
+mod look_alikes {
+    use sqlx::sqlite::SqliteTransaction;
+
+    pub(crate) struct Tx {
+        pub(crate) id: u64,
+    }
+
+    pub(crate) struct Transaction<T> {
+        pub(crate) payload: T,
+    }
+
+    #[idem::idempotent(key = "job.id", scope = "hygiene.look_alikes")]
+    pub(crate) async fn handle(
+        job: &Tx,
+        tx: &mut SqliteTransaction<'_>,
+        payment: &mut Transaction<u64>,
+    ) -> Result<u64, sqlx::Error> {
+        sqlx::query("INSERT INTO effects (n) VALUES (1)")
+            .execute(&mut **tx)
+            .await?;
+        payment.payload += job.id;
+        Ok(payment.payload)
     }
 }
 
@@ -146,6 +191,15 @@ async fn aliased(tx: &mut sqlx::Transaction<'_, Sqlite>, job: Job) -> BoxResult<
         .execute(&mut **tx)
         .await?;
     Ok(job.tenant)
+}
+
+/// A tuple key of an owned field, read through `&Job`: each element is borrowed, never moved.
+#[idem::idempotent(key = "(job.tenant, job.id)", scope = "hygiene.tenant")]
+async fn per_tenant(tx: &mut sqlx::Transaction<'_, Sqlite>, job: &Job) -> Result<u64, sqlx::Error> {
+    sqlx::query("INSERT INTO effects (n) VALUES (1)")
+        .execute(&mut **tx)
+        .await?;
+    Ok(job.id)
 }
 
 /// Lease mode: the body runs outside any transaction; it counts its runs where the test can
@@ -354,4 +408,60 @@ async fn joined_calls_run_in_the_callers_transaction() {
         Outcome::Duplicate
     );
     assert_eq!(effects(&store).await, 3);
+}
+
+#[tokio::test]
+async fn tuple_keys_of_owned_fields_encode_like_the_tuple() {
+    let store = setup().await;
+    let job = Job {
+        tenant: "acme".into(),
+        id: 7,
+    };
+    assert_eq!(per_tenant(&store, &job).await.unwrap(), Outcome::Applied(7));
+    assert_eq!(per_tenant(&store, &job).await.unwrap(), Outcome::Duplicate);
+    let stored: String =
+        sqlx::query_scalar("SELECT key FROM idem_processed WHERE scope = 'hygiene.tenant'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(stored, idem::Key::new(&("acme", 7)).unwrap().as_str());
+    assert_eq!(effects(&store).await, 1);
+}
+
+#[tokio::test]
+async fn aliases_of_result_and_of_the_transaction() {
+    let store = setup().await;
+    let job = shadows::Job { id: 3 };
+    assert_eq!(
+        shadows::fallible(&store, &job).await.unwrap(),
+        Outcome::Applied(3)
+    );
+    assert_eq!(
+        shadows::fallible(&store, &job).await.unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(
+        shadows::fallible_lease(&store, &job).await.unwrap(),
+        Outcome::Applied(4)
+    );
+    assert_eq!(
+        shadows::fallible_lease(&store, &job).await.unwrap(),
+        Outcome::Duplicate
+    );
+    let job = look_alikes::Tx { id: 4 };
+    let mut payment = look_alikes::Transaction { payload: 10 };
+    assert_eq!(
+        look_alikes::handle(&job, &store, &mut payment)
+            .await
+            .unwrap(),
+        Outcome::Applied(14)
+    );
+    assert_eq!(
+        look_alikes::handle(&job, &store, &mut payment)
+            .await
+            .unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(payment.payload, 14);
+    assert_eq!(effects(&store).await, 2);
 }

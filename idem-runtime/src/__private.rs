@@ -17,6 +17,78 @@ pub use crate::{
 };
 pub use core::time::Duration;
 
+/// The databases that sqlx's transaction aliases name (`PgTransaction<'_>` is
+/// `Transaction<'_, Postgres>`), for the store parameter that replaces them.
+pub mod db {
+    #[cfg(feature = "mysql")]
+    pub use sqlx::MySql;
+    #[cfg(feature = "postgres")]
+    pub use sqlx::Postgres;
+    #[cfg(feature = "sqlite")]
+    pub use sqlx::Sqlite;
+
+    /// Stands in for the database of a transaction parameter that named none
+    /// (`&mut Transaction`), so that the handler given back to rustc compiles around the one
+    /// error reported on that type.
+    #[cfg(feature = "sqlite")]
+    pub type Placeholder = Sqlite;
+    #[cfg(all(feature = "postgres", not(feature = "sqlite")))]
+    pub type Placeholder = Postgres;
+    #[cfg(all(feature = "mysql", not(any(feature = "sqlite", feature = "postgres"))))]
+    pub type Placeholder = MySql;
+}
+
+/// `T` and `E` of a handler's return type, read through the type rather than its name, so
+/// that any alias of `Result` works (`type Fallible<T> = Result<T, MyError>`).
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` handlers return `Result<T, E>`: `{Self}` is not a `Result`",
+    label = "an `Err` is how a handler fails a delivery so that the job is redelivered; `{Self}` has none",
+    note = "return `Result<T, E>`, or an alias of it like `type Fallible<T> = Result<T, MyError>`"
+)]
+pub trait HandlerResult {
+    type Ok;
+    type Err;
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+}
+
+impl<T, E> HandlerResult for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+    #[inline]
+    fn into_result(self) -> Self {
+        self
+    }
+}
+
+/// The body's value on its way to the runtime, for a return type that is an alias not naming
+/// `T`: `Returned(value).into_result()` finds [`IntoResult`] for a `Result`, else (by autoref)
+/// [`NotAResult`], whose unconstrained `Result` adds no error to the signature's one.
+pub struct Returned<R>(pub R);
+
+pub trait IntoResult {
+    type Ok;
+    type Err;
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+}
+
+impl<R: HandlerResult> IntoResult for Returned<R> {
+    type Ok = R::Ok;
+    type Err = R::Err;
+    fn into_result(self) -> Result<R::Ok, R::Err> {
+        self.0.into_result()
+    }
+}
+
+pub trait NotAResult {
+    fn into_result<T, E>(self) -> Result<T, E>;
+}
+
+impl<R> NotAResult for &Returned<R> {
+    fn into_result<T, E>(self) -> Result<T, E> {
+        unreachable!("a handler whose return type is not a `Result` does not compile")
+    }
+}
+
 /// Encodes the key. Called with the `key` expression before any I/O, so that a type without
 /// [`IntoKey`] is reported on the expression itself.
 #[inline]

@@ -22,7 +22,8 @@ impl Key {
     /// Encodes and validates `value`.
     ///
     /// ```
-    /// # use idem_runtime::Key;
+    /// # use idem_runtime as idem;
+    /// use idem::Key;
     /// assert_eq!(Key::new(&42_u64).unwrap().as_str(), "42");
     /// assert_eq!(Key::new(&("acme", 7)).unwrap().as_str(), "4:acme|1:7");
     /// assert!(Key::new("").is_err());
@@ -169,7 +170,8 @@ impl KeyWriter {
 /// Implement it for your own id types by writing their parts:
 ///
 /// ```
-/// # use idem_runtime::{IntoKey, KeyWriter, Key};
+/// # use idem_runtime as idem;
+/// use idem::{IntoKey, Key, KeyWriter};
 /// struct OrderId(u64);
 /// impl IntoKey for OrderId {
 ///     fn write_key(&self, key: &mut KeyWriter) {

@@ -32,8 +32,11 @@ impl Isolation {
 /// Settings of one claim: what `wait` and `isolation` on the attribute set.
 ///
 /// ```
-/// # use idem_runtime::{ClaimOptions, Isolation};
-/// # use std::time::Duration;
+/// # use idem_runtime as idem;
+/// use std::time::Duration;
+///
+/// use idem::{ClaimOptions, Isolation};
+///
 /// let opts = ClaimOptions::new()
 ///     .wait(Duration::from_secs(5))
 ///     .isolation(Isolation::Serializable);

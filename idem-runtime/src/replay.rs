@@ -26,8 +26,11 @@ impl Fingerprint {
     /// The fingerprint of `value`; [`Error::Serialize`] if it cannot be serialised.
     ///
     /// ```
-    /// # use idem_runtime::Fingerprint;
+    /// # use idem_runtime as idem;
     /// use std::collections::HashMap;
+    ///
+    /// use idem::Fingerprint;
+    ///
     /// let a: HashMap<_, _> = [("x", 1), ("y", 2)].into();
     /// let b: HashMap<_, _> = [("y", 2), ("x", 1)].into();
     /// assert_eq!(Fingerprint::of(&a).unwrap(), Fingerprint::of(&b).unwrap());

@@ -36,10 +36,11 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 /// [`migrate`](Store::migrate) once at start-up, and pass `&store` to every idempotent handler.
 ///
 /// ```no_run
-/// # async fn f() -> Result<(), idem_runtime::Error> {
+/// # use idem_runtime as idem;
+/// # async fn f() -> Result<(), idem::Error> {
 /// # #[cfg(feature = "sqlite")] {
 /// let pool = sqlx::SqlitePool::connect("sqlite://jobs.db?mode=rwc").await?;
-/// let store = idem_runtime::Store::new(pool);
+/// let store = idem::Store::new(pool);
 /// store.migrate().await?;
 /// # }
 /// # Ok(()) }

@@ -9,11 +9,11 @@ use proc_macro2::{Delimiter, Group, Ident, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{AttrStyle, FnArg, ItemFn, LitStr, Path, Stmt};
+use syn::{AttrStyle, FnArg, ItemFn, LitStr, Stmt};
 
 use crate::args::{self, Args};
 use crate::diag::Diag;
-use crate::signature::{self, Handler, Kind};
+use crate::signature::{self, Db, Handler, Kind, Repair};
 use crate::validate;
 
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -32,7 +32,8 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut diag = Diag::default();
     let args = args::parse(args, &mut diag);
     let mode = validate::mode(&args, &item.sig, &mut diag);
-    let handler = signature::analyse(&item, mode, &mut diag);
+    let mut repairs = Vec::new();
+    let handler = signature::analyse(&item, mode, &mut diag, &mut repairs);
     if !args.gave("key") && !args.unknown {
         diag.error_at(
             Span::call_site(),
@@ -55,8 +56,29 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             // Give rustc the function as written, so one mistake is one error and the IDE
             // keeps resolving the body.
             let errors = result.err().map(|e| e.to_compile_error());
+            let item = repaired(item, repairs, &private_path(&args));
             quote!(#errors #item)
         }
+    }
+}
+
+/// The function as written, but for the transaction parameters that named no database: they
+/// get a stand-in one, located at their type.
+fn repaired(mut item: ItemFn, repairs: Vec<Repair>, private: &TokenStream) -> ItemFn {
+    for Repair { index, ty } in repairs {
+        if let Some(FnArg::Typed(pt)) = item.sig.inputs.iter_mut().nth(index) {
+            let db = located_at(quote!(#private::db::Placeholder), ty.span());
+            *pt.ty = signature::with_database(&ty, db);
+        }
+    }
+    item
+}
+
+/// `::idem::__private`, re-rooted by `crate = "..."`.
+fn private_path(args: &Args) -> TokenStream {
+    match &args.krate {
+        Some(krate) => quote!(#krate::__private),
+        None => quote!(::idem::__private),
     }
 }
 
@@ -85,13 +107,23 @@ fn local(name: &str) -> Ident {
 }
 
 fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
-    let krate: Path = args
-        .krate
-        .clone()
-        .unwrap_or_else(|| syn::parse_quote!(::idem));
     let ident = &item.sig.ident;
+    let private = private_path(args);
+    // An alias of `Result` that does not name `T` (`Fallible<T>`): `T` and `E` are read
+    // through `HandlerResult`, and the body's value converted by `Returned`, so that an alias
+    // of something else is the one unmet bound of the signature, on the return type.
+    let projected;
+    let handler = match &handler.ok {
+        Some(_) => handler,
+        None => {
+            let mut through = handler.clone();
+            through.ret.through = Some(private.clone());
+            projected = through;
+            &projected
+        }
+    };
     let shared = Shared {
-        private: quote!(#krate::__private),
+        private,
         scope: args
             .scope
             .clone()
@@ -114,7 +146,18 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
 
     let mut sig = item.sig.clone();
     let db = match &handler.kind {
-        Kind::Transaction { db, .. } => quote!(#db),
+        Kind::Transaction {
+            db: Db::Written(db),
+            ..
+        } => quote!(#db),
+        Kind::Transaction {
+            db: Db::Sqlx(name, span),
+            ..
+        } => {
+            // sqlx's alias named the database; the re-export names it for the store.
+            let name = Ident::new(name, *span);
+            located_at(quote!(#private::db::#name), *span)
+        }
         Kind::Lease => {
             // A lease handler names no database: the store's type parameter is the caller's
             // to infer. Added after the user's own, so their turbofish (if any) still fits.
@@ -134,23 +177,41 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         .iter_mut()
         .nth(handler.index)
         .expect("index from analyse") = store_arg;
-    let ok = &handler.ok;
-    let outcome: syn::Type = syn::parse_quote!(#private::Outcome<#ok>);
     let ret = &handler.ret;
+    // `T` as written, or read through `HandlerResult` (spanning the return type, so that every
+    // use of an alias of something else is the same error at the same place, reported once).
+    let ok: syn::Type = match &handler.ok {
+        Some(ok) => ok.clone(),
+        None => syn::parse2(spanning(quote!(<#ret as #private::HandlerResult>::Ok), ret))
+            .expect("a qualified path"),
+    };
+    let ok = &ok;
+    let outcome: syn::Type = syn::parse_quote!(#private::Outcome<#ok>);
     if let syn::ReturnType::Type(_, ty) = &mut sig.output {
-        **ty = signature::with_ok(ret, outcome);
+        **ty = match &handler.ok {
+            Some(_) => signature::with_ok(&ret.ty, outcome),
+            None => {
+                // All of it at the return type: rustc reports the signature's unmet bound on
+                // the whole type, not on the projection within it.
+                let err = quote!(<#ret as #private::HandlerResult>::Err);
+                let rewritten = quote!(::core::result::Result<#outcome, #err>);
+                syn::parse2(spanning(rewritten, ret)).expect("a path type")
+            }
+        };
     }
 
     let (key_lit, key) = args.key.as_ref().expect("checked by the caller");
     // Errors about the key's type land on the `key` literal.
+    let key = by_reference(key);
     let key_eval = quote_spanned! {key_lit.span()=>
-        let #key_var = #private::key(&(#key));
+        let #key_var = #private::key(&#key);
     };
     // Errors about the payload's type land on the `fingerprint` literal.
     let print_eval = args.fingerprint.as_ref().map(|(lit, expr)| {
         let var = shared.print_var.as_ref().expect("set with the fingerprint");
+        let expr = by_reference(expr);
         quote_spanned! {lit.span()=>
-            let #var = ::core::option::Option::Some(#private::fingerprint(&(#expr)));
+            let #var = ::core::option::Option::Some(#private::fingerprint(&#expr));
         }
     });
     // `replay` stores `T` and reads it back through a codec picked by autoref: a `T` that
@@ -207,11 +268,44 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     }
 }
 
+/// The `key` or `fingerprint` expression, parenthesised, to be borrowed: a tuple borrows each
+/// element (`(job.tenant, job.id)` gives `(&job.tenant, &job.id)`), so that owned fields are
+/// read through the handler's `&Job` rather than moved out of it. References and tuples encode
+/// like what they point to and hold, so the stored key (and the digest) stay the same.
+fn by_reference(expr: &syn::Expr) -> TokenStream {
+    match expr {
+        syn::Expr::Tuple(t) if !t.elems.is_empty() => {
+            let elems = t.elems.iter().map(|e| {
+                let e = by_reference(e);
+                quote_spanned!(e.span()=> &#e)
+            });
+            let mut group = Group::new(Delimiter::Parenthesis, quote!(#(#elems,)*));
+            group.set_span(t.paren_token.span.join());
+            group.into_token_stream()
+        }
+        syn::Expr::Paren(p) if matches!(*p.expr, syn::Expr::Tuple(_)) => by_reference(&p.expr),
+        other => {
+            let mut group = Group::new(Delimiter::Parenthesis, other.to_token_stream());
+            group.set_span(other.span());
+            group.into_token_stream()
+        }
+    }
+}
+
 /// `let var: Ret = async move { prelude body }.await;`: the body's type is pinned to the
 /// declared return type, with `return` and `?` ending the inner block as they ended the
 /// function. The block's own tokens sit at the return type, so a body of the wrong type is
 /// reported there and states the user's type, not the expansion's.
-fn pinned_body(ret: &syn::Type, var: &Ident, prelude: TokenStream, stmts: &[Stmt]) -> TokenStream {
+///
+/// For an alias that does not name `T`, the value then goes through `Returned`, which turns a
+/// `Result` into itself and anything else into an unconstrained `Result` (its one error is the
+/// signature's, on the return type).
+fn pinned_body(
+    ret: &signature::Returned,
+    var: &Ident,
+    prelude: TokenStream,
+    stmts: &[Stmt],
+) -> TokenStream {
     // The expression runs from `async` to `await`: at the return type's first and last
     // tokens, rustc underlines the whole type (a joined span needs nightly).
     let tokens: Vec<TokenTree> = ret.to_token_stream().into_iter().collect();
@@ -221,7 +315,34 @@ fn pinned_body(ret: &syn::Type, var: &Ident, prelude: TokenStream, stmts: &[Stmt
     let mut block = Group::new(Delimiter::Brace, quote!(#prelude #(#stmts)*));
     block.set_span(block.span().located_at(last));
     let tail = located_at(quote!(.await), last);
-    quote!(let #var: #ret = #head #block #tail;)
+    let convert = ret.through.as_ref().map(|private| {
+        quote! {
+            let #var = {
+                use #private::{IntoResult as _, NotAResult as _};
+                #private::Returned(#var).into_result()
+            };
+        }
+    });
+    quote!(let #var: #ret = #head #block #tail; #convert)
+}
+
+/// Moves `tokens` to the range of `like` for diagnostics: every token to its first token, the
+/// last one to its last, so that rustc underlines the whole of `like` (a joined span needs
+/// nightly).
+fn spanning(tokens: TokenStream, like: &impl ToTokens) -> TokenStream {
+    let spans: Vec<Span> = like
+        .to_token_stream()
+        .into_iter()
+        .map(|tt| tt.span())
+        .collect();
+    let (Some(&first), Some(&last)) = (spans.first(), spans.last()) else {
+        return tokens;
+    };
+    let mut out: Vec<TokenTree> = located_at(tokens, first).into_iter().collect();
+    if let Some(tt) = out.last_mut() {
+        tt.set_span(tt.span().located_at(last));
+    }
+    out.into_iter().collect()
 }
 
 /// Moves every token to `at` for diagnostics while keeping how its names resolve (hygiene),

@@ -7,7 +7,7 @@ async fn send_receipt(
     order: Order,
     store: impl ::idem::__private::Target<Sqlite>,
 ) -> anyhow::Result<::idem::__private::Outcome<u64>> {
-    let __idem_key = ::idem::__private::key(&((self.tenant, order.id)));
+    let __idem_key = ::idem::__private::key(&(&(self.tenant), &(order.id)));
     let __idem_via = ::idem::__private::via(store, "send_receipt");
     let __idem_outcome = ::idem::__private::in_body(
             "send_receipt",

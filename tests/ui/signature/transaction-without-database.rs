@@ -1,4 +1,4 @@
-use sqlx::{Sqlite, Transaction};
+use sqlx::Transaction;
 
 struct Job {
     id: u64,
