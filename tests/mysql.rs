@@ -137,6 +137,8 @@ conformance::tests!(My;
     commit_never_delivered_is_an_error_and_redelivery_applies,
     connection_cut_after_the_claim_keeps_nothing_and_redelivery_applies,
     cancelled_migration_does_not_leak_its_named_lock,
+    replay_by_hand_returns_the_first_value_in_transaction_mode,
+    replay_by_hand_returns_the_first_value_in_lease_mode,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).

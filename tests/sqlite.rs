@@ -95,6 +95,8 @@ conformance::tests!(Lite;
     tuple_keys_of_fields_cannot_collide,
     handler_with_inner_attributes_runs,
     attribute_wait_is_in_progress_then_duplicate,
+    replay_by_hand_returns_the_first_value_in_transaction_mode,
+    replay_by_hand_returns_the_first_value_in_lease_mode,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).

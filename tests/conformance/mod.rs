@@ -34,6 +34,7 @@ pub(crate) mod ctx;
 pub(crate) mod db;
 pub(crate) mod handlers;
 pub(crate) mod proxy;
+pub(crate) mod replay_handlers;
 pub(crate) mod util;
 pub(crate) mod worker;
 
