@@ -21,7 +21,7 @@ impl conformance::Support for My {
     // The marker table stores keys as bytes (`VARBINARY`); read them back as UTF-8 text.
     const KEY_TEXT: &'static str = "CONVERT(`key` USING utf8mb4)";
     const BIGINT: &'static str = "SIGNED";
-    const TWO_HOURS_AGO: &'static str = "CURRENT_TIMESTAMP(6) - INTERVAL 2 HOUR";
+    const TWO_HOURS_AGO: &'static str = "UTC_TIMESTAMP(6) - INTERVAL 2 HOUR";
 
     fn url() -> String {
         conformance::server_url(URL_VAR, "mysql://root@127.0.0.1:3306/test")
@@ -137,6 +137,19 @@ conformance::tests!(My;
     commit_never_delivered_is_an_error_and_redelivery_applies,
     connection_cut_after_the_claim_keeps_nothing_and_redelivery_applies,
     cancelled_migration_does_not_leak_its_named_lock,
+    lease_first_delivery_applies_second_is_duplicate,
+    lease_live_lease_is_in_progress_without_running_the_body,
+    lease_stalled_call_times_out_releases_and_redelivery_applies,
+    lease_handler_error_releases_at_once_and_redelivery_applies,
+    lease_expired_lease_is_taken_over_by_exactly_one_of_32,
+    lease_renew_keeps_the_lease_and_fails_after_a_takeover,
+    lease_renewing_body_outlives_its_timeout,
+    lease_claims_use_the_database_clock,
+    lease_invalid_key_is_refused_before_any_io,
+    lease_panicking_body_releases_the_key,
+    lease_worker_killed_in_its_call_is_taken_over_with_the_same_key,
+    lease_paused_holder_resumed_after_a_takeover_gets_lease_lost,
+    lease_is_live_for_a_session_in_another_time_zone,
     replay_by_hand_returns_the_first_value_in_transaction_mode,
     replay_by_hand_returns_the_first_value_in_lease_mode,
 );

@@ -1,5 +1,5 @@
-//! The attribute's arguments: `key`, `scope`, `lease`, `timeout`, `wait`, `isolation`, `crate`,
-//! each `= "..."`.
+//! The attribute's arguments: `key`, `scope`, `lease`, `timeout`, `wait`, `isolation`,
+//! `fingerprint`, `crate`, each `= "..."`, and the flag `replay`.
 
 use proc_macro2::{Span, TokenStream};
 use syn::meta::ParseNestedMeta;
@@ -20,6 +20,10 @@ pub(crate) struct Args {
     /// Milliseconds of `wait`.
     pub(crate) wait: Option<u64>,
     pub(crate) isolation: Option<Isolation>,
+    /// `replay` was written.
+    pub(crate) replay: bool,
+    /// The literal (for spans) and the expression parsed from it.
+    pub(crate) fingerprint: Option<(LitStr, Expr)>,
     pub(crate) krate: Option<Path>,
     /// Arguments written, even with a refused value: a refused `key` has had its error, so
     /// "missing key" would be a second one for the same mistake. With the span of the name, for
@@ -47,13 +51,15 @@ pub(crate) enum Isolation {
     Serializable,
 }
 
-const NAMES: [&str; 7] = [
+const NAMES: [&str; 9] = [
     "key",
     "scope",
     "lease",
     "timeout",
     "wait",
     "isolation",
+    "replay",
+    "fingerprint",
     "crate",
 ];
 
@@ -72,6 +78,9 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
             diag.error(&meta.path, unknown_message(&shown));
             return skip_value(&meta);
         };
+        if name == "replay" {
+            return flag(&meta, &mut args, diag);
+        }
         let lit = string_value(&meta, name, diag)?;
         if args.gave(name) {
             diag.error(&meta.path, format!("`{name}` is given twice; keep one"));
@@ -88,6 +97,16 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
                     format!(
                         "`key` must hold a Rust expression that reads the job's id, \
                          like \"job.id\": {e}"
+                    ),
+                ),
+            },
+            "fingerprint" => match lit.parse::<Expr>() {
+                Ok(expr) => args.fingerprint = Some((lit, expr)),
+                Err(e) => diag.error(
+                    &lit,
+                    format!(
+                        "`fingerprint` must hold a Rust expression that reads the job's \
+                         payload, like \"job.body\": {e}"
                     ),
                 ),
             },
@@ -133,6 +152,25 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
     args
 }
 
+/// `replay` takes no value: it is on or off.
+fn flag(meta: &ParseNestedMeta<'_>, args: &mut Args, diag: &mut Diag) -> syn::Result<()> {
+    if meta.input.peek(syn::Token![=]) {
+        diag.error(
+            &meta.path,
+            "`replay` is a flag: write `replay`, without a value (leave it out to turn it off)",
+        );
+        return skip_value(meta);
+    }
+    if args.gave("replay") {
+        diag.error(&meta.path, "`replay` is given twice; keep one");
+        return Ok(());
+    }
+    args.given
+        .push(("replay", syn::spanned::Spanned::span(&meta.path)));
+    args.replay = true;
+    Ok(())
+}
+
 fn duration_value(name: &str, lit: &LitStr, diag: &mut Diag) -> Option<u64> {
     let ms = duration::millis(&lit.value());
     if ms.is_none() {
@@ -176,7 +214,7 @@ fn unknown_message(written: &str) -> String {
         }
         _ => format!(
             "unknown argument `{written}`; expected `key`, `scope`, `lease`, `timeout`, `wait`, \
-             `isolation` or `crate`"
+             `isolation`, `replay`, `fingerprint` or `crate`"
         ),
     }
 }
@@ -273,13 +311,13 @@ mod tests {
         assert_eq!(
             unknown_message("retries"),
             "unknown argument `retries`; expected `key`, `scope`, `lease`, `timeout`, `wait`, \
-             `isolation` or `crate`"
+             `isolation`, `replay`, `fingerprint` or `crate`"
         );
         // Nothing in common: a guess would mislead.
         assert_eq!(
             unknown_message("id"),
             "unknown argument `id`; expected `key`, `scope`, `lease`, `timeout`, `wait`, \
-             `isolation` or `crate`"
+             `isolation`, `replay`, `fingerprint` or `crate`"
         );
     }
 }

@@ -78,6 +78,15 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
 /// exist only once the key is claimed) or from names the handler does not have: report each
 /// such root on its own token.
 pub(crate) fn key(expr: &Expr, handler: &Handler, diag: &mut Diag) {
+    reads_parameters("key", "the job's id", expr, handler, diag);
+}
+
+/// The fingerprint is the job's payload, read like the key from the handler's parameters.
+pub(crate) fn fingerprint(expr: &Expr, handler: &Handler, diag: &mut Diag) {
+    reads_parameters("fingerprint", "the job's payload", expr, handler, diag);
+}
+
+fn reads_parameters(arg: &str, read: &str, expr: &Expr, handler: &Handler, diag: &mut Diag) {
     let mut found = Vec::new();
     roots(expr, &mut found);
     let mut special = Vec::new();
@@ -91,7 +100,7 @@ pub(crate) fn key(expr: &Expr, handler: &Handler, diag: &mut Diag) {
             diag.error(
                 root,
                 format!(
-                    "the key cannot come from the {what} `{root}`: read the job's id from \
+                    "the {arg} cannot come from the {what} `{root}`: read {read} from \
                      another parameter, like \"job.id\""
                 ),
             );
@@ -104,7 +113,7 @@ pub(crate) fn key(expr: &Expr, handler: &Handler, diag: &mut Diag) {
             };
             diag.error(
                 root,
-                format!("`key` refers to `{root}`, which is not a parameter ({list})"),
+                format!("`{arg}` refers to `{root}`, which is not a parameter ({list})"),
             );
         }
     }

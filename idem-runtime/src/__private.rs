@@ -1,6 +1,7 @@
 //! What `#[idempotent]` expands to calls. Not a public API: names and signatures here change
 //! with the macro, which is why the facade pins both crates to one exact version.
 
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
@@ -55,14 +56,87 @@ pub async fn claim_checked<DB: Backend>(
 
 /// The fingerprint of the `fingerprint` expression.
 #[inline]
-pub fn fingerprint<T: Replayable + ?Sized>(value: &T) -> Result<Fingerprint, Error> {
+pub fn fingerprint<T: Fingerprintable + ?Sized>(value: &T) -> Result<Fingerprint, Error> {
     Fingerprint::of(value)
 }
 
+/// What `fingerprint` needs of its expression, named so that a missing impl reads as advice.
+#[diagnostic::on_unimplemented(
+    message = "`fingerprint` digests the payload's JSON: `{Self}` must implement `serde::Serialize`",
+    label = "the `fingerprint` expression has type `{Self}`",
+    note = "derive it: `#[derive(serde::Serialize)]`, or point `fingerprint` at a field that is"
+)]
+pub trait Fingerprintable: Serialize {}
+impl<T: Serialize + ?Sized> Fingerprintable for T {}
+
+/// How a handler's `T` goes to JSON and back, for `replay`; obtained from [`Replay`].
+pub struct Codec<T> {
+    encode: fn(&T) -> Result<String, Error>,
+    decode: fn(&str) -> Result<T, Error>,
+}
+
+impl<T> Clone for Codec<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Codec<T> {}
+
+/// Picks the [`Codec`] of `T` by autoref: `(&Replay::<T>::new()).codec()` finds
+/// [`ReplayCodec`] when `T` can be replayed, else [`ReplayFallback`], whose one unmet bound
+/// is the single compile error the handler gets (on its return type), instead of one error
+/// per serde bound per call.
+pub struct Replay<T>(PhantomData<fn() -> T>);
+
+impl<T> Replay<T> {
+    #[allow(clippy::new_without_default, reason = "only the expansion makes one")]
+    pub const fn new() -> Self {
+        Replay(PhantomData)
+    }
+}
+
+pub trait ReplayCodec<T> {
+    fn codec(&self) -> Codec<T>;
+}
+
+impl<T: Serialize + DeserializeOwned> ReplayCodec<T> for Replay<T> {
+    fn codec(&self) -> Codec<T> {
+        Codec {
+            encode: |value| crate::replay::encode(value),
+            decode: |json| crate::replay::decode(json),
+        }
+    }
+}
+
+pub trait ReplayFallback<T> {
+    fn codec(&self) -> Codec<T>
+    where
+        T: Replayable;
+}
+
+impl<T> ReplayFallback<T> for &Replay<T> {
+    fn codec(&self) -> Codec<T>
+    where
+        T: Replayable,
+    {
+        unreachable!("`Replayable` has no implementations")
+    }
+}
+
+/// The bound a handler's `T` fails when it cannot be replayed. Nothing implements it: it only
+/// carries the message.
+#[diagnostic::on_unimplemented(
+    message = "`replay` stores the handler's value as JSON and reads it back: `{Self}` must implement `serde::Serialize` and `serde::Deserialize`",
+    label = "`{Self}` cannot be stored and replayed",
+    note = "derive them: `#[derive(serde::Serialize, serde::Deserialize)]`, or drop `replay`"
+)]
+pub trait Replayable {}
+
 /// The first delivery's value, read back for [`Outcome::Replayed`].
 #[inline]
-pub fn replayed<T: DeserializeOwned, E>(recorded: &Recorded) -> Result<Outcome<T>, Failed<E>> {
-    match recorded.decode::<T>() {
+pub fn replayed<T, E>(codec: Codec<T>, recorded: &Recorded) -> Result<Outcome<T>, Failed<E>> {
+    match recorded.result_json().map(codec.decode).transpose() {
         Ok(Some(value)) => Ok(Outcome::Replayed(value)),
         Ok(None) => Ok(Outcome::Duplicate),
         Err(e) => Err(Failed::Idem(e)),
@@ -71,25 +145,15 @@ pub fn replayed<T: DeserializeOwned, E>(recorded: &Recorded) -> Result<Outcome<T
 
 /// [`finish`] storing the value for later deliveries (`replay`).
 #[inline]
-pub async fn finish_replay<DB: Backend, T: Serialize, E>(
+pub async fn finish_replay<DB: Backend, T, E>(
+    codec: Codec<T>,
     guard: Guard<DB>,
     result: Result<T, E>,
 ) -> Result<Outcome<T>, Failed<E>> {
-    guard.end_replay(result).await
+    guard
+        .end_recording(result, |value| (codec.encode)(value).map(Some))
+        .await
 }
-
-/// What `replay` needs of a handler's `T`, named so that a missing impl reads as advice.
-#[diagnostic::on_unimplemented(
-    message = "`replay` stores the handler's value as JSON and reads it back: `{Self}` must implement `serde::Serialize` and `serde::de::DeserializeOwned`",
-    label = "`{Self}` cannot be stored and replayed",
-    note = "derive them: `#[derive(serde::Serialize, serde::Deserialize)]`, or drop `replay`"
-)]
-pub trait Replayable: Serialize {}
-impl<T: Serialize + ?Sized> Replayable for T {}
-
-/// Checks at compile time that `T` can be replayed; spanned on the handler's return type.
-#[inline]
-pub fn assert_replayable<T: Serialize + DeserializeOwned>() {}
 
 /// Lease mode's claim of an already-encoded key.
 #[inline]
@@ -126,11 +190,14 @@ pub async fn lease_checked<DB: Backend>(
 
 /// [`lease_finish`] storing the value for later deliveries (`replay`).
 #[inline]
-pub async fn lease_finish_replay<T: Serialize, E>(
+pub async fn lease_finish_replay<T, E>(
+    codec: Codec<T>,
     lease: Lease,
     result: Result<Result<T, E>, Error>,
 ) -> Result<Outcome<T>, Failed<E>> {
-    lease.end_replay(result).await
+    lease
+        .end_recording(result, |value| (codec.encode)(value).map(Some))
+        .await
 }
 
 /// Lease mode's end: `result` is the body's result, or the timeout that cut it short.

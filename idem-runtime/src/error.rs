@@ -119,7 +119,8 @@ pub enum Error {
     /// Lease mode: the body ran longer than its timeout and was cancelled; the key was released
     /// at once, so a redelivery retries (with the same idempotency key).
     #[error(
-        "the body of {scope:?} / {key:?} did not finish within {after:?} and was cancelled; \
+        "the body of {scope:?} / {key:?} did not finish within {after:?} (of its claim or of \
+         its last `Lease::renew`) and was cancelled; \
          the key was released: nack the job so that it is retried (the outside call may have \
          happened: the retry sends the same idempotency key)"
     )]

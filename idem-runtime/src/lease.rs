@@ -354,14 +354,34 @@ impl Lease {
 
     /// Runs the body under the lease's timeout.
     #[doc(hidden)]
+    ///
+    /// The limit is the lease's deadline less the margin between lease and timeout, so the body
+    /// gets its full timeout again from each [`renew`](Lease::renew): a body that renews keeps
+    /// running, one that does not is cut off while the lease still holds.
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, Error> {
-        match tokio::time::timeout(self.options.timeout, body).await {
-            Ok(out) => Ok(out),
-            Err(_) => Err(Error::Timeout {
-                scope: self.scope.to_string(),
-                key: self.key.as_str().to_owned(),
-                after: self.options.timeout,
-            }),
+        let margin = self.options.lease.saturating_sub(self.options.timeout);
+        let mut body = std::pin::pin!(body);
+        loop {
+            let limit = self
+                .deadline()
+                .checked_sub(margin)
+                .unwrap_or_else(Instant::now);
+            match tokio::time::timeout_at(limit.into(), body.as_mut()).await {
+                Ok(out) => return Ok(out),
+                // Renewed while we waited: wait on, up to the new limit.
+                Err(_)
+                    if self
+                        .deadline()
+                        .checked_sub(margin)
+                        .is_some_and(|l| l > limit) => {}
+                Err(_) => {
+                    return Err(Error::Timeout {
+                        scope: self.scope.to_string(),
+                        key: self.key.as_str().to_owned(),
+                        after: self.options.timeout,
+                    });
+                }
+            }
         }
     }
 
@@ -383,7 +403,7 @@ impl Lease {
             .await
     }
 
-    async fn end_recording<T, E>(
+    pub(crate) async fn end_recording<T, E>(
         mut self,
         result: Result<Result<T, E>, Error>,
         encode: impl FnOnce(&T) -> Result<Option<String>, Error>,
@@ -414,6 +434,15 @@ impl Lease {
                 Err(Failed::Idem(e))
             }
         }
+    }
+
+    /// [`finish`](Lease::finish) that also stores the `Ok` value with the marker (`replay`), in
+    /// the completing statement.
+    pub async fn finish_replay<T: serde::Serialize, E: From<Error>>(
+        self,
+        result: Result<T, E>,
+    ) -> Result<crate::Outcome<T>, E> {
+        crate::__private::settle(self.end_replay(Ok(result)).await)
     }
 
     /// Ends a call by hand: completes on `Ok`, releases on `Err`.

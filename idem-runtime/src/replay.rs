@@ -130,6 +130,11 @@ impl Recorded {
     }
 }
 
+/// A stored value read back as `T`.
+pub(crate) fn decode<T: DeserializeOwned>(json: &str) -> Result<T, Error> {
+    serde_json::from_str(json).map_err(serialize_error)
+}
+
 /// The JSON a replayed value is stored as.
 pub(crate) fn encode<T: Serialize>(value: &T) -> Result<String, Error> {
     serde_json::to_string(value).map_err(serialize_error)

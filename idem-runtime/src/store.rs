@@ -75,8 +75,11 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 /// deadlock (1213) and runs later statements in autocommit, SQLite on `INSERT OR ROLLBACK`
 /// and I/O errors. The check rides in the commit's own message (PostgreSQL `SELECT 1;
 /// COMMIT`, MySQL `SELECT @@in_transaction; COMMIT`), at no extra round trip. Statements a
-/// MySQL body ran in autocommit after such a rollback are kept, marker or not: a body must
-/// return database errors (with `?`), never ignore or retry them.
+/// MySQL or SQLite body ran in autocommit after such a rollback are kept, marker or not: a body
+/// must return database errors (with `?`), never ignore or retry them. (On MySQL and SQLite
+/// most failed statements, a constraint violation say, undo only themselves: a body that
+/// ignores one and returns `Ok` commits the rest of its work with the marker, which is then
+/// what it chose to keep.)
 pub struct Store<DB: Backend> {
     pool: Pool<DB>,
     sql: Arc<Sql>,
@@ -365,7 +368,7 @@ impl<DB: Backend> Guard<DB> {
             .await
     }
 
-    async fn end_recording<T, E>(
+    pub(crate) async fn end_recording<T, E>(
         mut self,
         result: Result<T, E>,
         encode: impl FnOnce(&T) -> Result<Option<String>, Error>,

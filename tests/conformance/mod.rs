@@ -33,6 +33,7 @@ pub(crate) mod cases;
 pub(crate) mod ctx;
 pub(crate) mod db;
 pub(crate) mod handlers;
+pub(crate) mod lease_handlers;
 pub(crate) mod proxy;
 pub(crate) mod replay_handlers;
 pub(crate) mod util;

@@ -111,6 +111,11 @@ impl Worker {
         }
     }
 
+    /// The worker's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id().expect("a running worker has an id")
+    }
+
     /// Writes one line to the worker's stdin.
     pub(crate) async fn send(&mut self, line: &str) {
         let stdin = self.stdin.as_mut().expect("stdin is piped");
@@ -228,6 +233,9 @@ pub(crate) async fn child_process<S: Support>() {
             };
             let r = apply(&store, &job, Then::Hang).await;
             panic!("the handler returned {r:?}; it should have hung in its body");
+        }
+        "lease_hang" | "lease_block" => {
+            super::cases::lease_child::<S>(&mode, &url, &markers, &effects).await;
         }
         other => panic!("unknown {CHILD_MODE} {other:?}"),
     }

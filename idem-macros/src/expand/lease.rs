@@ -16,9 +16,12 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
         handler,
         store,
         key_var,
+        print_var,
+        codec_var,
         outcome_var,
     } = shared;
     let lease = local("__idem_lease");
+    let recorded = local("__idem_recorded");
     let lease_ref = local("__idem_lease_ref");
     let result = local("__idem_result");
     let err = local("__idem_err");
@@ -33,12 +36,31 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
         quote!(let #pat: &#private::Lease = #lease_ref;),
         stmts,
     );
+    let claim = match print_var {
+        Some(print) => {
+            quote!(#private::lease_checked(#store, #scope, #options, #key_var, #print))
+        }
+        None => quote!(#private::lease(#store, #scope, #options, #key_var)),
+    };
+    // Without `replay` the claim never answers `Replayed`; the arm keeps the match whole.
+    let replayed = match codec_var {
+        Some(codec) => quote!(return #private::replayed(#codec, &#recorded)),
+        None => quote!(return ::core::result::Result::Ok(#private::Outcome::Duplicate)),
+    };
+    let finish = if let Some(codec) = codec_var {
+        quote!(#private::lease_finish_replay(#codec, #lease, #result))
+    } else {
+        quote!(#private::lease_finish(#lease, #result))
+    };
     quote! {
         let #outcome_var = async move {
-            let #lease = match #private::lease(#store, #scope, #options, #key_var).await {
+            let #lease = match #claim.await {
                 ::core::result::Result::Ok(#private::Leased::Fresh(#lease)) => #lease,
-                ::core::result::Result::Ok(#private::Leased::Duplicate | #private::Leased::Replayed(_)) => {
+                ::core::result::Result::Ok(#private::Leased::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);
+                }
+                ::core::result::Result::Ok(#private::Leased::Replayed(#recorded)) => {
+                    #replayed;
                 }
                 ::core::result::Result::Err(#err) => {
                     return ::core::result::Result::Err(#private::Failed::Idem(#err));
@@ -52,7 +74,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
                     #body_var
                 })
                 .await;
-            #private::lease_finish(#lease, #result).await
+            #finish.await
         }
         .await;
     }
@@ -68,6 +90,9 @@ fn lease_options(args: &Args, private: &TokenStream) -> TokenStream {
     if let Some((_, ms)) = &args.timeout {
         let ms = Literal::u64_unsuffixed(*ms);
         options.extend(quote!(.timeout(#private::Duration::from_millis(#ms))));
+    }
+    if args.replay {
+        options.extend(quote!(.replay()));
     }
     quote!(const { #options })
 }

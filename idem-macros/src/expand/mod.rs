@@ -46,6 +46,9 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     if let (Some(handler), Some((_, expr))) = (&handler, &args.key) {
         validate::key(expr, handler, &mut diag);
     }
+    if let (Some(handler), Some((_, expr))) = (&handler, &args.fingerprint) {
+        validate::fingerprint(expr, handler, &mut diag);
+    }
     match (diag.finish(), handler) {
         (Ok(()), Some(handler)) => expand(&args, &item, &handler),
         (result, _) => {
@@ -68,6 +71,10 @@ struct Shared<'a> {
     store: Ident,
     /// The encoded key, bound before any I/O.
     key_var: Ident,
+    /// `Some(fingerprint)` of the payload, bound before any I/O, if `fingerprint` was given.
+    print_var: Option<Ident>,
+    /// The JSON codec of `T`, if `replay` was given.
+    codec_var: Option<Ident>,
     /// The `Result<Outcome<T>, Failed<E>>` that `settle` converts.
     outcome_var: Ident,
 }
@@ -92,6 +99,8 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         handler,
         store: local("store"),
         key_var: local("__idem_key"),
+        print_var: args.fingerprint.as_ref().map(|_| local("__idem_print")),
+        codec_var: args.replay.then(|| local("__idem_codec")),
         outcome_var: local("__idem_outcome"),
     };
     let Shared {
@@ -133,6 +142,25 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let key_eval = quote_spanned! {key_lit.span()=>
         let #key_var = #private::key(&(#key));
     };
+    // Errors about the payload's type land on the `fingerprint` literal.
+    let print_eval = args.fingerprint.as_ref().map(|(lit, expr)| {
+        let var = shared.print_var.as_ref().expect("set with the fingerprint");
+        quote_spanned! {lit.span()=>
+            let #var = ::core::option::Option::Some(#private::fingerprint(&(#expr)));
+        }
+    });
+    // `replay` stores `T` and reads it back through a codec picked by autoref: a `T` that
+    // cannot be replayed is one error, on the return type where `T` is written.
+    let replayable = shared.codec_var.as_ref().map(|codec| {
+        let pick = located_at(
+            quote!({
+                use #private::{ReplayCodec as _, ReplayFallback as _};
+                (&#private::Replay::<#ok>::new()).codec()
+            }),
+            ret.span(),
+        );
+        quote!(let #codec = #pick;)
+    });
     let run = match handler.kind {
         Kind::Transaction { .. } => transaction::run(&shared, args, &item.block.stmts),
         Kind::Lease => lease::run(&shared, args, &item.block.stmts),
@@ -166,7 +194,9 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         #note
         #vis #sig {
             #(#inner)*
+            #replayable
             #key_eval
+            #print_eval
             #run
             #settle
         }

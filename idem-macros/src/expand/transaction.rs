@@ -17,9 +17,12 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
         handler,
         store,
         key_var,
+        print_var,
+        codec_var,
         outcome_var,
     } = shared;
     let guard = local("__idem_guard");
+    let recorded = local("__idem_recorded");
     let tx_var = local("__idem_tx");
     let result = local("__idem_result");
     let err = local("__idem_err");
@@ -34,12 +37,31 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
         quote!(let #tx_pat: #tx_ty = #tx_var;),
         stmts,
     );
+    let claim = match print_var {
+        Some(print) => {
+            quote!(#private::claim_checked(#store, #scope, #options, #key_var, #print))
+        }
+        None => quote!(#private::claim(#store, #scope, #options, #key_var)),
+    };
+    // Without `replay` the claim never answers `Replayed`; the arm keeps the match whole.
+    let replayed = match codec_var {
+        Some(codec) => quote!(return #private::replayed(#codec, &#recorded)),
+        None => quote!(return ::core::result::Result::Ok(#private::Outcome::Duplicate)),
+    };
+    let finish = if let Some(codec) = codec_var {
+        quote!(#private::finish_replay(#codec, #guard, #result))
+    } else {
+        quote!(#private::finish(#guard, #result))
+    };
     quote! {
         let #outcome_var = async move {
-            let mut #guard = match #private::claim(#store, #scope, #options, #key_var).await {
+            let mut #guard = match #claim.await {
                 ::core::result::Result::Ok(#private::Claim::Fresh(#guard)) => #guard,
-                ::core::result::Result::Ok(#private::Claim::Duplicate | #private::Claim::Replayed(_)) => {
+                ::core::result::Result::Ok(#private::Claim::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);
+                }
+                ::core::result::Result::Ok(#private::Claim::Replayed(#recorded)) => {
+                    #replayed;
                 }
                 ::core::result::Result::Err(#err) => {
                     return ::core::result::Result::Err(#private::Failed::Idem(#err));
@@ -47,7 +69,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
             };
             let #tx_var = #guard.tx();
             #body
-            #private::finish(#guard, #result).await
+            #finish.await
         }
         .await;
     }
@@ -67,6 +89,9 @@ fn claim_options(args: &Args, private: &TokenStream) -> TokenStream {
             Isolation::RepeatableRead => quote!(RepeatableRead),
         };
         options.extend(quote!(.isolation(#private::Isolation::#variant)));
+    }
+    if args.replay {
+        options.extend(quote!(.replay()));
     }
     options
 }

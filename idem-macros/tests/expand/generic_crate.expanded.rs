@@ -18,9 +18,13 @@ where
             ::core::result::Result::Ok(
                 ::my_app::idem::__private::Claim::Fresh(__idem_guard),
             ) => __idem_guard,
+            ::core::result::Result::Ok(::my_app::idem::__private::Claim::Duplicate) => {
+                return ::core::result::Result::Ok(
+                    ::my_app::idem::__private::Outcome::Duplicate,
+                );
+            }
             ::core::result::Result::Ok(
-                ::my_app::idem::__private::Claim::Duplicate
-                | ::my_app::idem::__private::Claim::Replayed(_),
+                ::my_app::idem::__private::Claim::Replayed(__idem_recorded),
             ) => {
                 return ::core::result::Result::Ok(
                     ::my_app::idem::__private::Outcome::Duplicate,

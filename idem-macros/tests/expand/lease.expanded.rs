@@ -21,9 +21,11 @@ async fn charge_once<'a, __IdemDb: ::idem::__private::Backend>(
             ::core::result::Result::Ok(
                 ::idem::__private::Leased::Fresh(__idem_lease),
             ) => __idem_lease,
+            ::core::result::Result::Ok(::idem::__private::Leased::Duplicate) => {
+                return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
+            }
             ::core::result::Result::Ok(
-                ::idem::__private::Leased::Duplicate
-                | ::idem::__private::Leased::Replayed(_),
+                ::idem::__private::Leased::Replayed(__idem_recorded),
             ) => {
                 return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
             }

@@ -17,9 +17,11 @@ async fn post(
             ::core::result::Result::Ok(::idem::__private::Claim::Fresh(__idem_guard)) => {
                 __idem_guard
             }
+            ::core::result::Result::Ok(::idem::__private::Claim::Duplicate) => {
+                return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
+            }
             ::core::result::Result::Ok(
-                ::idem::__private::Claim::Duplicate
-                | ::idem::__private::Claim::Replayed(_),
+                ::idem::__private::Claim::Replayed(__idem_recorded),
             ) => {
                 return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
             }

@@ -58,48 +58,50 @@ impl Backend for MySql {
                 begin: "BEGIN",
                 // A plain INSERT: `INSERT IGNORE` would turn every error into a warning, and
                 // `ON DUPLICATE KEY UPDATE` reports a row under sqlx's CLIENT_FOUND_ROWS.
-                claim: "INSERT INTO {t} (scope, `key`, fingerprint, completed_at) \
-                        VALUES (?, ?, ?, CURRENT_TIMESTAMP(6))",
+                // Times are UTC whatever the session's time zone: `DATETIME` holds no zone,
+                // and workers in different zones must agree when a lease runs out.
+                claim: "INSERT INTO {t} (scope, `key`, fingerprint, created_at, completed_at) \
+                        VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
                 recorded: "SELECT fingerprint, CAST(result AS CHAR) FROM {t} \
                            WHERE scope = ? AND `key` = ?",
                 // Binds: the value, then scope and key.
                 record: "UPDATE {t} SET result = ? WHERE scope = ? AND `key` = ?",
                 forget: "DELETE FROM {t} WHERE scope = ? AND `key` = ?",
                 purge: "DELETE FROM {t} WHERE state = 'completed' \
-                        AND completed_at < CURRENT_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
+                        AND completed_at < UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
                         ORDER BY completed_at LIMIT ?",
                 // Binds: scope, key, lease ms, fingerprint. Error 1062 sends the claim to
                 // `takeover`.
                 lease_claim: "INSERT INTO {t} (scope, `key`, state, locked_until, token, \
-                              attempts, completed_at, fingerprint) \
+                              attempts, completed_at, fingerprint, created_at) \
                               VALUES (?, ?, 'in_progress', \
-                              CURRENT_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND, 1, 1, \
-                              NULL, ?)",
+                              UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND, 1, 1, \
+                              NULL, ?, UTC_TIMESTAMP(6))",
                 // Binds: lease ms, fingerprint, scope, key, fingerprint, fingerprint. The
                 // UPDATE has no RETURNING here, so the new token comes back as the
                 // statement's last insert id. Concurrent takers queue on the row lock and
                 // re-read it: only the first still matches. Another payload never takes over.
                 lease_takeover: "UPDATE {t} SET token = LAST_INSERT_ID(token + 1), \
                                  attempts = attempts + 1, \
-                                 locked_until = CURRENT_TIMESTAMP(6) \
+                                 locked_until = UTC_TIMESTAMP(6) \
                                  + INTERVAL (? * 1000) MICROSECOND, \
                                  fingerprint = COALESCE(fingerprint, ?) \
                                  WHERE scope = ? AND `key` = ? AND state = 'in_progress' \
                                  AND (locked_until IS NULL \
-                                 OR locked_until <= CURRENT_TIMESTAMP(6)) \
+                                 OR locked_until <= UTC_TIMESTAMP(6)) \
                                  AND (fingerprint IS NULL OR ? IS NULL OR fingerprint = ?)",
                 lease_state: "SELECT state, fingerprint, CAST(result AS CHAR), \
                               CAST(attempts AS SIGNED) FROM {t} WHERE scope = ? AND `key` = ?",
                 // Binds: the value, scope, key, token.
                 lease_complete: "UPDATE {t} SET state = 'completed', \
-                                 completed_at = CURRENT_TIMESTAMP(6), locked_until = NULL, \
+                                 completed_at = UTC_TIMESTAMP(6), locked_until = NULL, \
                                  result = ? WHERE scope = ? AND `key` = ? AND token = ? \
                                  AND state = 'in_progress'",
                 // Binds: scope, key, token.
                 lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = ? \
                                 AND `key` = ? AND token = ? AND state = 'in_progress'",
                 // Binds: lease ms, scope, key, token.
-                lease_renew: "UPDATE {t} SET locked_until = CURRENT_TIMESTAMP(6) \
+                lease_renew: "UPDATE {t} SET locked_until = UTC_TIMESTAMP(6) \
                               + INTERVAL (? * 1000) MICROSECOND \
                               WHERE scope = ? AND `key` = ? AND token = ? \
                               AND state = 'in_progress'",
