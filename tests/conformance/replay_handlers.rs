@@ -40,7 +40,12 @@ pub(crate) struct Order {
 
 impl Order {
     pub(crate) fn new(key: &str, id: i64, amount: i64, effects: &str) -> Order {
-        let tags = [("b".to_owned(), 2), ("a".to_owned(), 1), ("c".to_owned(), 3)].into();
+        let tags = [
+            ("b".to_owned(), 2),
+            ("a".to_owned(), 1),
+            ("c".to_owned(), 3),
+        ]
+        .into();
         Order {
             key: key.to_owned(),
             payload: Payload {
@@ -245,9 +250,8 @@ pub(crate) async fn tx_by_hand<DB: TestDb, T: Serialize + DeserializeOwned>(
     }
 }
 
-/// Lease mode by hand: `Store::lease_checked`, the body outside any transaction, then the
-/// completing statement with the value (`replay`) or without. `Lease::finish` stores no
-/// value; the runtime's only way to store one is the attribute's `lease_finish_replay`.
+/// Lease mode by hand: `Store::lease_checked`, the body outside any transaction, then
+/// `Lease::finish_replay` (the completing statement stores the value) or `Lease::finish`.
 pub(crate) async fn lease_by_hand<DB: TestDb, T: Serialize + DeserializeOwned>(
     store: &Store<DB>,
     order: &Order,
@@ -272,8 +276,7 @@ pub(crate) async fn lease_by_hand<DB: TestDb, T: Serialize + DeserializeOwned>(
                 .await
                 .map(|token| make(order, token));
             if how.replay {
-                let ended = idem::__private::lease_finish_replay(lease, Ok(result)).await;
-                idem::__private::settle(ended)
+                lease.finish_replay(result).await
             } else {
                 lease.finish(result).await
             }
@@ -284,4 +287,277 @@ pub(crate) async fn lease_by_hand<DB: TestDb, T: Serialize + DeserializeOwned>(
         }
         Leased::Duplicate => Ok(Outcome::Duplicate),
     }
+}
+
+// The handlers through the attribute. Transaction mode first, then the same in lease mode,
+// where the body gets the lease and a pool of its own for the effect.
+
+/// `replay` and `fingerprint`: the handler the main cases deliver to.
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    replay,
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn mint<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    order: &Order,
+    ran: &AtomicUsize,
+    hold: Option<&Hold>,
+) -> Result<Minted, TestError> {
+    let token = tx_body(tx, order, ran, hold).await?;
+    Ok(minted(order, token))
+}
+
+/// Neither: the handler as it was before `replay` and `fingerprint` were added.
+#[idem::idempotent(key = "order.key", scope = "replay")]
+pub(crate) async fn mint_plain<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    order: &Order,
+    ran: &AtomicUsize,
+) -> Result<Minted, TestError> {
+    let token = tx_body(tx, order, ran, None).await?;
+    Ok(minted(order, token))
+}
+
+/// `fingerprint` only.
+#[idem::idempotent(key = "order.key", scope = "replay", fingerprint = "order.payload")]
+pub(crate) async fn mint_checked<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    order: &Order,
+    ran: &AtomicUsize,
+) -> Result<Minted, TestError> {
+    let token = tx_body(tx, order, ran, None).await?;
+    Ok(minted(order, token))
+}
+
+/// Returns a map with `entries` tuple keys: JSON has no such keys, so any entry makes the
+/// value fail to serialise (the empty map serialises as `{}`).
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    replay,
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn tuple_map<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    order: &Order,
+    ran: &AtomicUsize,
+    entries: i32,
+) -> Result<HashMap<(i32, i32), i32>, TestError> {
+    tx_body(tx, order, ran, None).await?;
+    Ok((0..entries).map(|i| ((i, i + 1), i * 2)).collect())
+}
+
+/// A value whose `Serialize` fails.
+#[derive(Debug, PartialEq, Deserialize)]
+pub(crate) struct Refuses;
+
+impl Serialize for Refuses {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom("Refuses never serialises"))
+    }
+}
+
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    replay,
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn refusing<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    order: &Order,
+    ran: &AtomicUsize,
+) -> Result<Refuses, TestError> {
+    tx_body(tx, order, ran, None).await?;
+    Ok(Refuses)
+}
+
+/// The same scope after a deploy changed the handler's return type: a stored `Minted` does
+/// not read back as `i64`.
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    replay,
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn mint_as_number<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    order: &Order,
+    ran: &AtomicUsize,
+) -> Result<i64, TestError> {
+    tx_body(tx, order, ran, None).await?;
+    Ok(order.payload.amount)
+}
+
+/// Returns `None`: a stored JSON `null`, which is a value, not the absence of one.
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    replay,
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn nothing<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    order: &Order,
+    ran: &AtomicUsize,
+) -> Result<Option<i64>, TestError> {
+    tx_body(tx, order, ran, None).await?;
+    Ok(None)
+}
+
+/// Returns `text` (the payload's memo).
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    replay,
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn echo<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    order: &Order,
+    ran: &AtomicUsize,
+) -> Result<String, TestError> {
+    tx_body(tx, order, ran, None).await?;
+    Ok(order.payload.memo.clone())
+}
+
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    lease = "30s",
+    replay,
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn mint_leased<DB: TestDb>(
+    lease: &idem::Lease,
+    order: &Order,
+    pool: &Pool<DB>,
+    ran: &AtomicUsize,
+    hold: Option<&Hold>,
+) -> Result<Minted, TestError> {
+    assert_eq!(lease.key(), order.key);
+    let token = lease_body(pool, order, ran, hold).await?;
+    Ok(minted(order, token))
+}
+
+#[idem::idempotent(key = "order.key", scope = "replay", lease = "30s")]
+pub(crate) async fn mint_leased_plain<DB: TestDb>(
+    lease: &idem::Lease,
+    order: &Order,
+    pool: &Pool<DB>,
+    ran: &AtomicUsize,
+) -> Result<Minted, TestError> {
+    assert_eq!(lease.key(), order.key);
+    let token = lease_body(pool, order, ran, None).await?;
+    Ok(minted(order, token))
+}
+
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    lease = "30s",
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn mint_leased_checked<DB: TestDb>(
+    lease: &idem::Lease,
+    order: &Order,
+    pool: &Pool<DB>,
+    ran: &AtomicUsize,
+) -> Result<Minted, TestError> {
+    assert_eq!(lease.key(), order.key);
+    let token = lease_body(pool, order, ran, None).await?;
+    Ok(minted(order, token))
+}
+
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    lease = "30s",
+    replay,
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn tuple_map_leased<DB: TestDb>(
+    lease: &idem::Lease,
+    order: &Order,
+    pool: &Pool<DB>,
+    ran: &AtomicUsize,
+    entries: i32,
+) -> Result<HashMap<(i32, i32), i32>, TestError> {
+    assert_eq!(lease.key(), order.key);
+    lease_body(pool, order, ran, None).await?;
+    Ok((0..entries).map(|i| ((i, i + 1), i * 2)).collect())
+}
+
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    lease = "30s",
+    replay,
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn refusing_leased<DB: TestDb>(
+    lease: &idem::Lease,
+    order: &Order,
+    pool: &Pool<DB>,
+    ran: &AtomicUsize,
+) -> Result<Refuses, TestError> {
+    assert_eq!(lease.key(), order.key);
+    lease_body(pool, order, ran, None).await?;
+    Ok(Refuses)
+}
+
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    lease = "30s",
+    replay,
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn mint_as_number_leased<DB: TestDb>(
+    lease: &idem::Lease,
+    order: &Order,
+    pool: &Pool<DB>,
+    ran: &AtomicUsize,
+) -> Result<i64, TestError> {
+    assert_eq!(lease.key(), order.key);
+    lease_body(pool, order, ran, None).await?;
+    Ok(order.payload.amount)
+}
+
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    lease = "30s",
+    replay,
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn nothing_leased<DB: TestDb>(
+    lease: &idem::Lease,
+    order: &Order,
+    pool: &Pool<DB>,
+    ran: &AtomicUsize,
+) -> Result<Option<i64>, TestError> {
+    assert_eq!(lease.key(), order.key);
+    lease_body(pool, order, ran, None).await?;
+    Ok(None)
+}
+
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    lease = "30s",
+    replay,
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn echo_leased<DB: TestDb>(
+    lease: &idem::Lease,
+    order: &Order,
+    pool: &Pool<DB>,
+    ran: &AtomicUsize,
+) -> Result<String, TestError> {
+    assert_eq!(lease.key(), order.key);
+    lease_body(pool, order, ran, None).await?;
+    Ok(order.payload.memo.clone())
 }
