@@ -148,7 +148,7 @@ pub(crate) async fn fingerprint_other_payload_behind_a_held_key_is_key_reused<S:
         &other,
     );
     assert_eq!(
-        replayed_value(mint(&ctx.store, &order, &*ran, None).await),
+        replayed_value(mint(&ctx.store, &order, &ran, None).await),
         first
     );
     assert_eq!(ran.load(Ordering::SeqCst), 1, "bodies run");
