@@ -302,3 +302,56 @@ async fn lease_mode_runs_once_under_tokio_spawn() {
         Outcome::Duplicate
     );
 }
+
+/// Nesting: the inner handler joins the outer's transaction, under the same strict lints.
+#[idem::idempotent(key = "job.id", scope = "hygiene.outer")]
+async fn outer(
+    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    job: &Job,
+    store: &idem::Store<Sqlite>,
+) -> Result<u64, sqlx::Error> {
+    let inner = generic(store.join(tx), job, "nested").await?;
+    Ok(inner.into_value().unwrap_or_default() + 1)
+}
+
+#[tokio::test]
+async fn joined_calls_run_in_the_callers_transaction() {
+    let store = setup().await;
+    let job = shadows::Job { id: 11 };
+    let mut tx = store.pool().begin().await.unwrap();
+    assert_eq!(
+        shadows::shadowed(store.join(&mut tx), &job, 1)
+            .await
+            .unwrap(),
+        Outcome::Applied(12)
+    );
+    let worker = Worker { name: "joined" };
+    let job = Job {
+        tenant: "acme".into(),
+        id: 12,
+    };
+    assert_eq!(
+        worker.handle(store.join(&mut tx), &job).await.unwrap(),
+        Outcome::Applied("joined")
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(effects(&store).await, 2);
+    assert_eq!(
+        worker.handle(&store, &job).await.unwrap(),
+        Outcome::Duplicate
+    );
+
+    assert_eq!(
+        outer(&store, &job, &store).await.unwrap(),
+        Outcome::Applied(13)
+    );
+    assert_eq!(
+        outer(&store, &job, &store).await.unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(
+        generic(&store, &job, "nested").await.unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(effects(&store).await, 3);
+}

@@ -1,6 +1,7 @@
 //! What `#[idempotent]` expands to calls. Not a public API: names and signatures here change
 //! with the macro, which is why the facade pins both crates to one exact version.
 
+use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -8,9 +9,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::Key;
+pub use crate::join::{Claimed, Via};
+pub use crate::store::Held;
 pub use crate::{
-    Backend, Claim, ClaimOptions, Error, Fingerprint, Guard, IntoKey, Isolation, Lease,
-    LeaseOptions, Leased, Outcome, Recorded, Store,
+    Backend, Claim, ClaimOptions, Error, Fingerprint, Guard, IntoKey, Isolation, Joined, Lease,
+    LeaseOptions, Leased, Outcome, Recorded, Store, Target,
 };
 pub use core::time::Duration;
 
@@ -21,37 +24,61 @@ pub fn key<K: IntoKey + ?Sized>(value: &K) -> Result<Key, Error> {
     Ok(Key::new(value)?)
 }
 
+/// Where the call of `handler` claims. A store inside the body of another handler (in this
+/// task) is refused here, before any I/O: its transaction would not be the open one.
+#[inline]
+pub fn via<'a, DB: Backend, S: Target<DB> + 'a>(
+    store: S,
+    handler: &'static str,
+) -> Result<Via<'a, DB>, Error> {
+    let via = store.via();
+    if let Via::Store(_) = via {
+        crate::join::refuse_nested(handler)?;
+    }
+    Ok(via)
+}
+
+/// Runs a handler's claim, body and end with `handler` marked as the one whose transaction is
+/// open in this task (a task-local, set and reset around each poll).
+#[inline]
+pub fn in_body<F: Future>(handler: &'static str, future: F) -> impl Future<Output = F::Output> {
+    crate::join::in_body(handler, future)
+}
+
 /// Claims an already-encoded key, passing a key error through without touching the database.
 #[inline]
-pub async fn claim<DB: Backend>(
-    store: &Store<DB>,
+pub async fn claim<'a, DB: Backend>(
+    via: Result<Via<'a, DB>, Error>,
     scope: &'static str,
     options: ClaimOptions,
     key: Result<Key, Error>,
-) -> Result<Claim<DB>, Error> {
-    store
-        .claim_owned(std::borrow::Cow::Borrowed(scope), key?, options, None)
-        .await
+) -> Result<Claimed<'a, DB>, Error> {
+    claim_checked(via, scope, options, key, None).await
 }
 
 /// [`claim`] with the payload's fingerprint, computed before any I/O.
 #[inline]
-pub async fn claim_checked<DB: Backend>(
-    store: &Store<DB>,
+pub async fn claim_checked<'a, DB: Backend>(
+    via: Result<Via<'a, DB>, Error>,
     scope: &'static str,
     options: ClaimOptions,
     key: Result<Key, Error>,
     fingerprint: Option<Result<Fingerprint, Error>>,
-) -> Result<Claim<DB>, Error> {
+) -> Result<Claimed<'a, DB>, Error> {
+    let via = via?;
+    let key = key?;
     let fingerprint = fingerprint.transpose()?;
-    store
-        .claim_owned(
-            std::borrow::Cow::Borrowed(scope),
-            key?,
-            options,
-            fingerprint,
-        )
-        .await
+    let scope = std::borrow::Cow::Borrowed(scope);
+    match via {
+        Via::Store(store) => Ok(
+            match store.claim_owned(scope, key, options, fingerprint).await? {
+                Claim::Fresh(guard) => Claimed::Fresh(guard.into_held()),
+                Claim::Duplicate => Claimed::Duplicate,
+                Claim::Replayed(recorded) => Claimed::Replayed(recorded),
+            },
+        ),
+        Via::Joined(joined) => joined.claim_owned(scope, key, options, fingerprint).await,
+    }
 }
 
 /// The fingerprint of the `fingerprint` expression.
@@ -147,7 +174,7 @@ pub fn replayed<T, E>(codec: Codec<T>, recorded: &Recorded) -> Result<Outcome<T>
 #[inline]
 pub async fn finish_replay<DB: Backend, T, E>(
     codec: Codec<T>,
-    guard: Guard<DB>,
+    guard: Held<'_, DB>,
     result: Result<T, E>,
 ) -> Result<Outcome<T>, Failed<E>> {
     guard
@@ -218,10 +245,10 @@ pub enum Failed<E> {
 /// [`Guard::finish`] without converting idem's errors yet.
 #[inline]
 pub async fn finish<DB: Backend, T, E>(
-    guard: Guard<DB>,
+    guard: Held<'_, DB>,
     result: Result<T, E>,
 ) -> Result<Outcome<T>, Failed<E>> {
-    guard.end(result).await
+    guard.end_recording(result, |_| Ok(None)).await
 }
 
 /// The one place where an [`Error`] becomes the handler's error type.

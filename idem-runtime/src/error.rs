@@ -100,6 +100,20 @@ pub enum Error {
     )]
     Serialize(String),
 
+    /// A transaction-mode handler (or [`Store::claim`](crate::Store::claim)) was called with a
+    /// store while the body of another idempotent handler ran in the same task. Its own
+    /// transaction would not be the outer one's: on SQLite it would wait for the outer
+    /// transaction's write lock (forever, on every redelivery), elsewhere it would commit on
+    /// its own, whatever the outer one does. Refused before any I/O: nothing was written by
+    /// this call. Pass `store.join(tx)` (the outer body's transaction) instead of the store.
+    #[error("{}", NestedMessage { inner, outer })]
+    Nested {
+        /// The handler called with a store (`Store::claim` for a hand-written claim).
+        inner: String,
+        /// The handler whose body was running.
+        outer: String,
+    },
+
     /// Lease mode: the body finished, but its lease had run out and another delivery took the
     /// key over (or an operator forgot it), so this result was not recorded. The other
     /// delivery, which holds the same idempotency key, decides the outcome.
@@ -132,6 +146,29 @@ pub enum Error {
         /// The timeout that ran out.
         after: std::time::Duration,
     },
+}
+
+struct NestedMessage<'a> {
+    inner: &'a str,
+    outer: &'a str,
+}
+
+impl fmt::Display for NestedMessage<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let NestedMessage { inner, outer } = self;
+        // The advice names the call to write: a handler takes the joined store in place of
+        // the store, a hand-written claim is made on it.
+        let how = if *inner == "Store::claim" {
+            "claim with `store.join(tx).claim(scope, &key)`".to_owned()
+        } else {
+            format!("call `{inner}(store.join(tx), ...)`")
+        };
+        write!(
+            f,
+            "`{inner}` was called with a store inside the body of `{outer}`, whose transaction \
+             is open: {how} to join it (nothing was written)"
+        )
+    }
 }
 
 /// Why a key was refused. Keys are checked before any I/O, so a refused key writes nothing.

@@ -138,6 +138,10 @@ impl<DB: Backend> Store<DB> {
         &self.sql
     }
 
+    pub(crate) fn sql_arc(&self) -> Arc<Sql> {
+        self.sql.clone()
+    }
+
     /// The name of the marker table.
     pub fn table(&self) -> &str {
         &self.sql.table
@@ -215,6 +219,7 @@ impl<DB: Backend> Store<DB> {
         options: ClaimOptions,
     ) -> Result<Claim<DB>, Error> {
         check_scope(scope)?;
+        crate::join::refuse_nested("Store::claim")?;
         self.claim_owned(Cow::Owned(scope.to_owned()), key.clone(), options, None)
             .await
     }
@@ -229,6 +234,7 @@ impl<DB: Backend> Store<DB> {
         fingerprint: Option<&Fingerprint>,
     ) -> Result<Claim<DB>, Error> {
         check_scope(scope)?;
+        crate::join::refuse_nested("Store::claim")?;
         self.claim_owned(
             Cow::Owned(scope.to_owned()),
             key.clone(),
@@ -256,13 +262,8 @@ impl<DB: Backend> Store<DB> {
             };
             match DB::try_claim(&mut tx, &self.sql, &scope, key.as_str(), print).await {
                 Ok(true) => {
-                    return Ok(Claim::Fresh(Guard {
-                        tx,
-                        sql: self.sql.clone(),
-                        options,
-                        scope,
-                        key,
-                    }));
+                    let held = Held::new(tx, self.sql.clone(), options, scope, key, false);
+                    return Ok(Claim::Fresh(Guard { held }));
                 }
                 Ok(false) if options.replay || fingerprint.is_some() => {
                     // Only handlers that asked for it pay for reading the marker back.
@@ -296,7 +297,7 @@ impl<DB: Backend> Store<DB> {
     }
 }
 
-fn in_progress(scope: Cow<'static, str>, key: Key) -> Error {
+pub(crate) fn in_progress(scope: Cow<'static, str>, key: Key) -> Error {
     Error::InProgress {
         scope: scope.into_owned(),
         key: key.as_str().to_owned(),
@@ -322,17 +323,13 @@ pub enum Claim<DB: Backend> {
 /// it, by a panic or a cancelled future, rolls it back as well.
 #[derive(Debug)]
 pub struct Guard<DB: Backend> {
-    tx: Transaction<'static, DB>,
-    sql: Arc<Sql>,
-    options: ClaimOptions,
-    scope: Cow<'static, str>,
-    key: Key,
+    held: Held<'static, DB>,
 }
 
 impl<DB: Backend> Guard<DB> {
     /// The transaction the body must run its effect on.
     pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
-        &mut self.tx
+        self.held.tx()
     }
 
     /// Ends the call: commits on `Ok`, rolls back on `Err`.
@@ -340,14 +337,7 @@ impl<DB: Backend> Guard<DB> {
     /// A failed rollback is not reported: the body's error is what the caller needs, and the
     /// database drops the transaction with the connection anyway.
     pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Outcome<T>, E> {
-        crate::__private::settle(self.end(result).await)
-    }
-
-    pub(crate) async fn end<T, E>(
-        self,
-        result: Result<T, E>,
-    ) -> Result<Outcome<T>, crate::__private::Failed<E>> {
-        self.end_recording(result, |_| Ok(None)).await
+        crate::__private::settle(self.held.end_recording(result, |_| Ok(None)).await)
     }
 
     /// [`finish`](Guard::finish) that also stores the `Ok` value with the marker, in the same
@@ -357,15 +347,64 @@ impl<DB: Backend> Guard<DB> {
         self,
         result: Result<T, E>,
     ) -> Result<Outcome<T>, E> {
-        crate::__private::settle(self.end_replay(result).await)
+        let end = self
+            .held
+            .end_recording(result, |v| crate::replay::encode(v).map(Some));
+        crate::__private::settle(end.await)
     }
 
-    pub(crate) async fn end_replay<T: serde::Serialize, E>(
-        self,
-        result: Result<T, E>,
-    ) -> Result<Outcome<T>, crate::__private::Failed<E>> {
-        self.end_recording(result, |v| crate::replay::encode(v).map(Some))
-            .await
+    pub(crate) fn into_held(self) -> Held<'static, DB> {
+        self.held
+    }
+}
+
+/// A fresh claim of either kind: a transaction of idem's own ([`Guard`]), or a savepoint of the
+/// caller's (`joined`, [`JoinedGuard`](crate::JoinedGuard)), which ends with a `RELEASE` and
+/// leaves the commit to the caller.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Held<'c, DB: Backend> {
+    tx: Transaction<'c, DB>,
+    sql: Arc<Sql>,
+    options: ClaimOptions,
+    scope: Cow<'static, str>,
+    key: Key,
+    joined: bool,
+}
+
+impl<'c, DB: Backend> Held<'c, DB> {
+    pub(crate) fn new(
+        tx: Transaction<'c, DB>,
+        sql: Arc<Sql>,
+        options: ClaimOptions,
+        scope: Cow<'static, str>,
+        key: Key,
+        joined: bool,
+    ) -> Self {
+        Held {
+            tx,
+            sql,
+            options,
+            scope,
+            key,
+            joined,
+        }
+    }
+
+    /// The transaction (or savepoint) the body runs on.
+    pub fn tx(&mut self) -> &mut Transaction<'c, DB> {
+        &mut self.tx
+    }
+
+    /// Rolls back the transaction, or to the savepoint. A failed rollback is not reported:
+    /// the error that led here is what the caller needs, and the database drops the
+    /// transaction with the connection anyway.
+    async fn abandon(self) {
+        if self.joined {
+            drop(self.tx.rollback().await);
+        } else {
+            drop(DB::rollback(self.tx, &self.options).await);
+        }
     }
 
     pub(crate) async fn end_recording<T, E>(
@@ -391,10 +430,17 @@ impl<DB: Backend> Guard<DB> {
             Err(_) => Ok(()),
         };
         if let Err(e) = recorded {
-            drop(DB::rollback(self.tx, &self.options).await);
+            self.abandon().await;
             return Err(Failed::Idem(e));
         }
         match result {
+            // Joined: `RELEASE SAVEPOINT`. Applied in the caller's transaction, which is
+            // theirs to commit. A failed release (the body swallowed an error that aborted the
+            // transaction) drops the savepoint, whose drop rolls back to it.
+            Ok(value) if self.joined => match self.tx.commit().await {
+                Ok(()) => Ok(Outcome::Applied(value)),
+                Err(e) => Err(Failed::Idem(Error::Database(e))),
+            },
             Ok(value) => match DB::commit(self.tx, &self.sql, &self.options).await {
                 Ok(true) => Ok(Outcome::Applied(value)),
                 Ok(false) => Err(Failed::Idem(Error::RolledBack {
@@ -404,7 +450,7 @@ impl<DB: Backend> Guard<DB> {
                 Err(e) => Err(Failed::Idem(Error::Database(e))),
             },
             Err(e) => {
-                drop(DB::rollback(self.tx, &self.options).await);
+                self.abandon().await;
                 Err(Failed::Handler(e))
             }
         }

@@ -125,7 +125,11 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
             quote!(#db)
         }
     };
-    let store_arg: FnArg = syn::parse_quote!(#store: &#private::Store<#db>);
+    let store_arg: FnArg = match &handler.kind {
+        // `&Store<DB>`, or `store.join(tx)` to run inside the caller's transaction.
+        Kind::Transaction { .. } => syn::parse_quote!(#store: impl #private::Target<#db>),
+        Kind::Lease => syn::parse_quote!(#store: &#private::Store<#db>),
+    };
     *sig.inputs
         .iter_mut()
         .nth(handler.index)
@@ -162,7 +166,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         quote!(let #codec = #pick;)
     });
     let run = match handler.kind {
-        Kind::Transaction { .. } => transaction::run(&shared, args, &item.block.stmts),
+        Kind::Transaction { .. } => transaction::run(&shared, args, ident, &item.block.stmts),
         Kind::Lease => lease::run(&shared, args, &item.block.stmts),
     };
     // Every idem error reaches the handler's error type through the one `settle` call, spanned

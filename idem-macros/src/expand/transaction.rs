@@ -1,16 +1,19 @@
 //! The transaction mode: claim the key in a transaction, run the body on that transaction, and
-//! commit marker and effect together.
+//! commit marker and effect together; or, given `store.join(tx)`, claim and run in a savepoint
+//! of the caller's transaction and leave the commit to the caller. One function serves both,
+//! so the body is compiled (and its mistakes reported) once.
 
-use proc_macro2::{Literal, TokenStream};
+use proc_macro2::{Ident, Literal, TokenStream};
 use quote::quote;
 use syn::Stmt;
+use syn::ext::IdentExt as _;
 
 use super::{Shared, local, pinned_body};
 use crate::args::{Args, Isolation};
 use crate::signature::Kind;
 
 /// Binds `outcome_var` to the call's `Result<Outcome<T>, Failed<E>>`.
-pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStream {
+pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]) -> TokenStream {
     let Shared {
         private,
         scope,
@@ -26,6 +29,9 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
     let tx_var = local("__idem_tx");
     let result = local("__idem_result");
     let err = local("__idem_err");
+    let via = local("__idem_via");
+    // Names the handler in `Error::Nested`, both as the outer and as the inner call.
+    let name = name.unraw().to_string();
     let options = claim_options(args, private);
     let tx_pat = &handler.pat;
     let Kind::Transaction { ty: tx_ty, .. } = &handler.kind else {
@@ -39,9 +45,9 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
     );
     let claim = match print_var {
         Some(print) => {
-            quote!(#private::claim_checked(#store, #scope, #options, #key_var, #print))
+            quote!(#private::claim_checked(#via, #scope, #options, #key_var, #print))
         }
-        None => quote!(#private::claim(#store, #scope, #options, #key_var)),
+        None => quote!(#private::claim(#via, #scope, #options, #key_var)),
     };
     // Without `replay` the claim never answers `Replayed`; the arm keeps the match whole.
     let replayed = match codec_var {
@@ -53,14 +59,18 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
     } else {
         quote!(#private::finish(#guard, #result))
     };
+    // A store inside another handler's body is refused here, before any I/O; the claim, body
+    // and end then run marked as this handler's (a task-local), so that a store call in the
+    // body is refused in turn.
     quote! {
-        let #outcome_var = async move {
+        let #via = #private::via(#store, #name);
+        let #outcome_var = #private::in_body(#name, async move {
             let mut #guard = match #claim.await {
-                ::core::result::Result::Ok(#private::Claim::Fresh(#guard)) => #guard,
-                ::core::result::Result::Ok(#private::Claim::Duplicate) => {
+                ::core::result::Result::Ok(#private::Claimed::Fresh(#guard)) => #guard,
+                ::core::result::Result::Ok(#private::Claimed::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);
                 }
-                ::core::result::Result::Ok(#private::Claim::Replayed(#recorded)) => {
+                ::core::result::Result::Ok(#private::Claimed::Replayed(#recorded)) => {
                     #replayed;
                 }
                 ::core::result::Result::Err(#err) => {
@@ -70,7 +80,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
             let #tx_var = #guard.tx();
             #body
             #finish.await
-        }
+        })
         .await;
     }
 }

@@ -40,7 +40,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     /// was kept.
     #[doc(hidden)]
     fn commit<'a>(
-        tx: Transaction<'static, Self>,
+        tx: Transaction<'a, Self>,
         sql: &'a Sql,
         options: &'a ClaimOptions,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
@@ -48,7 +48,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     /// Rolls `tx` back (and undoes what [`begin_sql`](Backend::begin_sql) set on the session).
     #[doc(hidden)]
     fn rollback<'a>(
-        tx: Transaction<'static, Self>,
+        tx: Transaction<'a, Self>,
         options: &'a ClaimOptions,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
@@ -60,7 +60,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     /// an earlier delivery already committed it.
     #[doc(hidden)]
     fn try_claim<'t>(
-        tx: &'t mut Transaction<'static, Self>,
+        conn: &'t mut Self::Connection,
         sql: &'t Sql,
         scope: &'t str,
         key: &'t str,
@@ -70,7 +70,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     /// Reads the fingerprint and stored value of a marker another delivery committed.
     #[doc(hidden)]
     fn recorded<'t>(
-        tx: &'t mut Transaction<'static, Self>,
+        conn: &'t mut Self::Connection,
         sql: &'t Sql,
         scope: &'t str,
         key: &'t str,
@@ -79,7 +79,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     /// Stores the handler's value (JSON) with the marker, in the claim's transaction.
     #[doc(hidden)]
     fn record<'t>(
-        tx: &'t mut Transaction<'static, Self>,
+        conn: &'t mut Self::Connection,
         sql: &'t Sql,
         scope: &'t str,
         key: &'t str,
@@ -201,7 +201,7 @@ fn millis(wait: std::time::Duration) -> u64 {
 macro_rules! claim_on_conflict {
     () => {
         async fn try_claim<'t>(
-            tx: &'t mut Transaction<'static, Self>,
+            conn: &'t mut Self::Connection,
             sql: &'t Sql,
             scope: &'t str,
             key: &'t str,
@@ -211,13 +211,13 @@ macro_rules! claim_on_conflict {
                 .bind(scope)
                 .bind(key)
                 .bind(fingerprint)
-                .execute(&mut **tx)
+                .execute(&mut *conn)
                 .await?;
             Ok(done.rows_affected() == 1)
         }
 
         async fn recorded<'t>(
-            tx: &'t mut Transaction<'static, Self>,
+            conn: &'t mut Self::Connection,
             sql: &'t Sql,
             scope: &'t str,
             key: &'t str,
@@ -226,7 +226,7 @@ macro_rules! claim_on_conflict {
                 sqlx::query_as(sql.recorded.clone())
                     .bind(scope)
                     .bind(key)
-                    .fetch_optional(&mut **tx)
+                    .fetch_optional(&mut *conn)
                     .await?;
             let (fingerprint, result) = row.unwrap_or_default();
             Ok(Recorded {
@@ -236,7 +236,7 @@ macro_rules! claim_on_conflict {
         }
 
         async fn record<'t>(
-            tx: &'t mut Transaction<'static, Self>,
+            conn: &'t mut Self::Connection,
             sql: &'t Sql,
             scope: &'t str,
             key: &'t str,
@@ -246,7 +246,7 @@ macro_rules! claim_on_conflict {
                 .bind(scope)
                 .bind(key)
                 .bind(json)
-                .execute(&mut **tx)
+                .execute(&mut *conn)
                 .await?;
             Ok(())
         }

@@ -134,7 +134,7 @@ impl Backend for MySql {
     }
 
     async fn commit<'a>(
-        mut tx: Transaction<'static, Self>,
+        mut tx: Transaction<'a, Self>,
         _: &'a Sql,
         options: &'a ClaimOptions,
     ) -> Result<bool, sqlx::Error> {
@@ -160,9 +160,9 @@ impl Backend for MySql {
         Ok(open == 1)
     }
 
-    async fn rollback(
-        mut tx: Transaction<'static, Self>,
-        options: &ClaimOptions,
+    async fn rollback<'a>(
+        mut tx: Transaction<'a, Self>,
+        options: &'a ClaimOptions,
     ) -> Result<(), sqlx::Error> {
         if options.wait.is_none() {
             return tx.rollback().await;
@@ -177,7 +177,7 @@ impl Backend for MySql {
     }
 
     async fn try_claim<'t>(
-        tx: &'t mut Transaction<'static, Self>,
+        conn: &'t mut Self::Connection,
         sql: &'t Sql,
         scope: &'t str,
         key: &'t str,
@@ -187,7 +187,7 @@ impl Backend for MySql {
             .bind(scope)
             .bind(key)
             .bind(fingerprint)
-            .execute(&mut **tx)
+            .execute(&mut *conn)
             .await
         {
             Ok(_) => Ok(true),
@@ -197,7 +197,7 @@ impl Backend for MySql {
     }
 
     async fn recorded<'t>(
-        tx: &'t mut Transaction<'static, Self>,
+        conn: &'t mut Self::Connection,
         sql: &'t Sql,
         scope: &'t str,
         key: &'t str,
@@ -205,7 +205,7 @@ impl Backend for MySql {
         let row: Option<(Option<Vec<u8>>, Option<String>)> = sqlx::query_as(sql.recorded.clone())
             .bind(scope)
             .bind(key)
-            .fetch_optional(&mut **tx)
+            .fetch_optional(&mut *conn)
             .await?;
         let (fingerprint, result) = row.unwrap_or_default();
         Ok(Recorded {
@@ -215,7 +215,7 @@ impl Backend for MySql {
     }
 
     async fn record<'t>(
-        tx: &'t mut Transaction<'static, Self>,
+        conn: &'t mut Self::Connection,
         sql: &'t Sql,
         scope: &'t str,
         key: &'t str,
@@ -225,7 +225,7 @@ impl Backend for MySql {
             .bind(json)
             .bind(scope)
             .bind(key)
-            .execute(&mut **tx)
+            .execute(&mut *conn)
             .await?;
         Ok(())
     }

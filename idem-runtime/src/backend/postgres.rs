@@ -105,7 +105,7 @@ impl Backend for Postgres {
     }
 
     async fn commit<'a>(
-        mut tx: Transaction<'static, Self>,
+        mut tx: Transaction<'a, Self>,
         _: &'a Sql,
         _: &'a ClaimOptions,
     ) -> Result<bool, sqlx::Error> {
@@ -126,7 +126,10 @@ impl Backend for Postgres {
         }
     }
 
-    async fn rollback(tx: Transaction<'static, Self>, _: &ClaimOptions) -> Result<(), sqlx::Error> {
+    async fn rollback<'a>(
+        tx: Transaction<'a, Self>,
+        _: &'a ClaimOptions,
+    ) -> Result<(), sqlx::Error> {
         tx.rollback().await
     }
 

@@ -100,7 +100,7 @@ impl Backend for Sqlite {
     }
 
     async fn commit<'a>(
-        mut tx: Transaction<'static, Self>,
+        mut tx: Transaction<'a, Self>,
         _: &'a Sql,
         _: &'a ClaimOptions,
     ) -> Result<bool, sqlx::Error> {
@@ -119,7 +119,10 @@ impl Backend for Sqlite {
         }
     }
 
-    async fn rollback(tx: Transaction<'static, Self>, _: &ClaimOptions) -> Result<(), sqlx::Error> {
+    async fn rollback<'a>(
+        tx: Transaction<'a, Self>,
+        _: &'a ClaimOptions,
+    ) -> Result<(), sqlx::Error> {
         tx.rollback().await
     }
 
