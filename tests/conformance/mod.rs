@@ -35,6 +35,7 @@ pub(crate) mod db;
 pub(crate) mod handlers;
 pub(crate) mod lease_handlers;
 pub(crate) mod proxy;
+pub(crate) mod replay_handlers;
 pub(crate) mod util;
 pub(crate) mod worker;
 

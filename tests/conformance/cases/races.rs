@@ -25,7 +25,7 @@ const DELIVERIES: usize = 32;
 /// which SQL cannot see; instead, every delivery has checked a connection out of the pool
 /// (a claim holds one from `BEGIN IMMEDIATE` on) while a probe without a busy handler finds
 /// the write lock taken, so all but the parked one are inside `BEGIN IMMEDIATE`.
-async fn until_all_queued<S: Support>(ctx: &Ctx<S>, deliveries: usize) {
+pub(crate) async fn until_all_queued<S: Support>(ctx: &Ctx<S>, deliveries: usize) {
     let waiters = (deliveries - 1) as i64;
     if S::LOCK_WAITERS.is_some() {
         until(
