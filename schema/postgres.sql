@@ -9,7 +9,7 @@ CREATE TABLE IF NOT EXISTS idem_processed (
         key text NOT NULL,
         state text NOT NULL DEFAULT 'completed' CHECK (state IN ('in_progress', 'completed')),
         fingerprint bytea,
-        result jsonb,
+        result json,
         locked_until timestamptz,
         token bigint,
         attempts integer NOT NULL DEFAULT 1,

@@ -174,10 +174,8 @@ conformance::tests!(Pg;
     lease_held_by_one_payload_refuses_another_with_key_reused,
     failed_delivery_leaves_no_fingerprint_in_transaction_mode,
     lease_released_attempt_keeps_its_fingerprint,
-    // Not listed until fixed: jsonb refuses \u0000, and the value's commit fails with
-    // Error::Database (22P05) in both modes (lease mode keeps the key held):
-    // replayed_text_with_a_nul_character_is_stored_or_refused,
-    // lease_replayed_text_with_a_nul_character_is_stored_or_refused,
+    replayed_text_with_a_nul_character_is_stored_or_refused,
+    lease_replayed_text_with_a_nul_character_is_stored_or_refused,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).

@@ -422,7 +422,13 @@ impl Lease {
             Ok(Ok((value, json))) => match self.store.complete(&self, json.as_deref()).await {
                 Ok(true) => Ok(crate::Outcome::Applied(value)),
                 Ok(false) => Err(Failed::Idem(self.lost())),
-                Err(e) => Err(Failed::Idem(Error::Database(e))),
+                // Not completed: give the key back now rather than at the lease's end, as for
+                // any other failure (the release fails too if the database is gone, and then
+                // the lease expires).
+                Err(e) => {
+                    drop(self.store.release(&self).await);
+                    Err(Failed::Idem(Error::Database(e)))
+                }
             },
             Ok(Err(e)) => {
                 drop(self.store.release(&self).await);

@@ -20,7 +20,7 @@ const DDL: &[&str] = &[
         key text NOT NULL,
         state text NOT NULL DEFAULT 'completed' CHECK (state IN ('in_progress', 'completed')),
         fingerprint bytea,
-        result jsonb,
+        result json,
         locked_until timestamptz,
         token bigint,
         attempts integer NOT NULL DEFAULT 1,
@@ -43,7 +43,7 @@ impl Backend for Postgres {
                         VALUES ($1, $2, $3, now()) ON CONFLICT DO NOTHING",
                 recorded: "SELECT fingerprint, result::text FROM {t} \
                            WHERE scope = $1 AND key = $2",
-                record: "UPDATE {t} SET result = $3::jsonb WHERE scope = $1 AND key = $2",
+                record: "UPDATE {t} SET result = $3::json WHERE scope = $1 AND key = $2",
                 forget: "DELETE FROM {t} WHERE scope = $1 AND key = $2",
                 // Selecting the batch by ctid makes each batch a TID scan; an `IN (SELECT
                 // scope, key ...)` ran as a hash join over the whole table, every batch.
@@ -71,7 +71,7 @@ impl Backend for Postgres {
                 lease_state: "SELECT state, fingerprint, result::text FROM {t} \
                               WHERE scope = $1 AND key = $2",
                 lease_complete: "UPDATE {t} SET state = 'completed', completed_at = now(), \
-                                 locked_until = NULL, result = $4::jsonb \
+                                 locked_until = NULL, result = $4::json \
                                  WHERE scope = $1 AND key = $2 \
                                  AND token = $3 AND state = 'in_progress'",
                 lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = $1 \

@@ -106,13 +106,13 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Whether the backend keeps the `result` text as written: SQLite (`TEXT`) and MariaDB (its
-/// `JSON` is `LONGTEXT` with a validity check). PostgreSQL's `jsonb` and MySQL's `JSON` store
-/// a parsed document and print it their own way (spaces, key order), so there the stored
-/// JSON is compared as a JSON value.
+/// Whether the backend keeps the `result` text as written: SQLite (`TEXT`), PostgreSQL
+/// (`json`, not `jsonb`) and MariaDB (its `JSON` is `LONGTEXT` with a validity check). MySQL's
+/// `JSON` stores a parsed document and prints it its own way (spaces, key order), so there the
+/// stored JSON is compared as a JSON value.
 async fn keeps_json_text<S: Support>(ctx: &Ctx<S>) -> bool {
     match <S::Db as idem::Backend>::BACKEND {
-        "sqlite" => true,
+        "sqlite" | "postgres" => true,
         "mysql" => {
             ctx.scalar("SELECT CAST(VERSION() LIKE '%MariaDB%' AS SIGNED)")
                 .await
@@ -578,8 +578,8 @@ pub(crate) async fn lease_replayed_text_keeps_every_character<S: Support>() {
     replayed_text::<S>(Mode::Lease, "leasereplaytext", 74, EVERY_CHARACTER).await;
 }
 
-/// A NUL character is valid in a Rust string and in JSON (`\u0000`), but PostgreSQL's `jsonb`
-/// refuses it.
+/// A NUL character is valid in a Rust string and in JSON (`\u0000`); PostgreSQL's `jsonb`
+/// would refuse it, which is why the column is `json`.
 const WITH_NUL: &str = "before \u{0} after";
 
 pub(crate) async fn replayed_text_with_a_nul_character_is_stored_or_refused<S: Support>() {
