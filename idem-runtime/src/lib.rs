@@ -28,7 +28,7 @@ pub use key::{IntoKey, Key, KeyWriter, MAX_KEY_LEN};
 pub use lease::{Lease, LeaseOptions, Leased};
 pub use options::{ClaimOptions, Isolation};
 pub use outcome::Outcome;
-pub use replay::{Fingerprint, Recorded};
+pub use replay::{Fingerprint, MAX_REPLAY_LEN, Recorded};
 pub use store::{Claim, DEFAULT_TABLE, Guard, MAX_TABLE_LEN, PURGE_BATCH, Store};
 
 /// The transaction an `#[idempotent]` handler's body runs on (an alias of

@@ -91,6 +91,13 @@ fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
+/// The most JSON a marker stores for `replay`: 1 MiB. Every backend holds far more (PostgreSQL
+/// `json` up to 1 GB, MySQL `JSON` up to `max_allowed_packet`, 16 to 64 MB by default, SQLite
+/// `TEXT` up to 1 GB), but a marker table of large values makes every purge and backup slow,
+/// and a value over a server's packet limit would fail on every redelivery. A larger value is
+/// [`Error::Serialize`] and nothing is committed.
+pub const MAX_REPLAY_LEN: usize = 1 << 20;
+
 /// What a marker recorded, read by a delivery that found it already taken.
 #[derive(Debug, Clone, Default)]
 pub struct Recorded {
@@ -140,7 +147,15 @@ pub(crate) fn decode<T: DeserializeOwned>(json: &str) -> Result<T, Error> {
 
 /// The JSON a replayed value is stored as.
 pub(crate) fn encode<T: Serialize>(value: &T) -> Result<String, Error> {
-    serde_json::to_string(value).map_err(serialize_error)
+    let json = serde_json::to_string(value).map_err(serialize_error)?;
+    if json.len() > MAX_REPLAY_LEN {
+        return Err(Error::Serialize(format!(
+            "the value to replay is {} bytes of JSON, more than the {MAX_REPLAY_LEN} a marker \
+             keeps: replay a receipt (ids, totals), not a document",
+            json.len()
+        )));
+    }
+    Ok(json)
 }
 
 fn serialize_error(err: serde_json::Error) -> Error {
@@ -168,6 +183,15 @@ mod tests {
             a,
             Fingerprint::of(&serde_json::json!({"amount": 100})).unwrap()
         );
+    }
+
+    #[test]
+    fn a_value_over_the_replay_limit_is_refused() {
+        assert!(encode(&"x".repeat(MAX_REPLAY_LEN - 2)).is_ok());
+        match encode(&"x".repeat(MAX_REPLAY_LEN - 1)) {
+            Err(Error::Serialize(msg)) => assert!(msg.contains("1048577 bytes"), "{msg}"),
+            other => panic!("expected Serialize, got {other:?}"),
+        }
     }
 
     #[test]
