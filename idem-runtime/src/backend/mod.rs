@@ -216,25 +216,6 @@ macro_rules! claim_on_conflict {
             Ok(done.rows_affected() == 1)
         }
 
-        async fn recorded<'t>(
-            conn: &'t mut Self::Connection,
-            sql: &'t Sql,
-            scope: &'t str,
-            key: &'t str,
-        ) -> Result<Recorded, sqlx::Error> {
-            let row: Option<(Option<Vec<u8>>, Option<String>)> =
-                sqlx::query_as(sql.recorded.clone())
-                    .bind(scope)
-                    .bind(key)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-            let (fingerprint, result) = row.unwrap_or_default();
-            Ok(Recorded {
-                fingerprint,
-                result,
-            })
-        }
-
         async fn record<'t>(
             conn: &'t mut Self::Connection,
             sql: &'t Sql,
@@ -254,6 +235,33 @@ macro_rules! claim_on_conflict {
 }
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use claim_on_conflict;
+
+/// What a duplicate reads back of the marker (fingerprint, stored value): the same statement
+/// shape on every backend, binding scope then key.
+macro_rules! read_recorded {
+    () => {
+        async fn recorded<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Sql,
+            scope: &'t str,
+            key: &'t str,
+        ) -> Result<Recorded, sqlx::Error> {
+            let row: Option<(Option<Vec<u8>>, Option<String>)> =
+                sqlx::query_as(sql.recorded.clone())
+                    .bind(scope)
+                    .bind(key)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            let (fingerprint, result) = row.unwrap_or_default();
+            Ok(Recorded {
+                fingerprint,
+                result,
+            })
+        }
+    };
+}
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+use read_recorded;
 
 /// Lease claim of the backends with `INSERT ... ON CONFLICT DO UPDATE ... WHERE ...
 /// RETURNING`: one statement inserts a fresh marker or takes an expired one over; no row back

@@ -196,23 +196,7 @@ impl Backend for MySql {
         }
     }
 
-    async fn recorded<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t Sql,
-        scope: &'t str,
-        key: &'t str,
-    ) -> Result<Recorded, sqlx::Error> {
-        let row: Option<(Option<Vec<u8>>, Option<String>)> = sqlx::query_as(sql.recorded.clone())
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(&mut *conn)
-            .await?;
-        let (fingerprint, result) = row.unwrap_or_default();
-        Ok(Recorded {
-            fingerprint,
-            result,
-        })
-    }
+    super::read_recorded!();
 
     async fn record<'t>(
         conn: &'t mut Self::Connection,

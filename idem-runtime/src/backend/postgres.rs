@@ -138,6 +138,7 @@ impl Backend for Postgres {
     }
 
     super::claim_on_conflict!();
+    super::read_recorded!();
     super::lease_claim_on_conflict!();
     super::lease_update_numbered!();
 

@@ -133,6 +133,7 @@ impl Backend for Sqlite {
     }
 
     super::claim_on_conflict!();
+    super::read_recorded!();
     super::lease_claim_on_conflict!();
     super::lease_update_numbered!();
 
