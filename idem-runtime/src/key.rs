@@ -29,35 +29,42 @@ impl Key {
     /// assert!(Key::new("").is_err());
     /// ```
     pub fn new<K: IntoKey + ?Sized>(value: &K) -> Result<Key, KeyError> {
-        let mut w = KeyWriter {
-            buf: String::new(),
-            items: 0,
-            error: None,
-        };
-        value.write_key(&mut w);
-        if let Some(e) = w.error {
-            return Err(e);
-        }
-        // Items are written in their element form (`5:acme1`, `(...)`); a key of one item is
-        // stored in its plain form (`acme1`, or a tuple's elements without the parentheses),
-        // which keeps the encodings of strings, integers and tuples what they always were.
-        if w.items == 1 {
-            let plain = if w.buf.starts_with('(') {
-                1..w.buf.len() - 1
-            } else {
-                w.buf.find(':').map_or(0, |colon| colon + 1)..w.buf.len()
-            };
-            w.buf.truncate(plain.end);
-            w.buf.drain(..plain.start);
-        }
-        check(&w.buf)?;
-        Ok(Key(w.buf))
+        let encoded = encode(value)?;
+        check(&encoded)?;
+        Ok(Key(encoded))
     }
 
     /// The encoded key, as stored in the `key` column.
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// The encoding of `value` as [`Key::new`] makes it, without the length limit: what the
+/// digests of over-long ids (`job_id`, `Lease::idempotency_key`) are taken of.
+pub(crate) fn encode<K: IntoKey + ?Sized>(value: &K) -> Result<String, KeyError> {
+    let mut w = KeyWriter {
+        buf: String::new(),
+        items: 0,
+        error: None,
+    };
+    value.write_key(&mut w);
+    if let Some(e) = w.error {
+        return Err(e);
+    }
+    // Items are written in their element form (`5:acme1`, `(...)`); a key of one item is
+    // stored in its plain form (`acme1`, or a tuple's elements without the parentheses),
+    // which keeps the encodings of strings, integers and tuples what they always were.
+    if w.items == 1 {
+        let plain = if w.buf.starts_with('(') {
+            1..w.buf.len() - 1
+        } else {
+            w.buf.find(':').map_or(0, |colon| colon + 1)..w.buf.len()
+        };
+        w.buf.truncate(plain.end);
+        w.buf.drain(..plain.start);
+    }
+    Ok(w.buf)
 }
 
 impl fmt::Display for Key {

@@ -11,10 +11,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest as _, Sha256};
-
 use crate::backend::{Backend, LeaseOp};
-use crate::{Error, Fingerprint, Key, MAX_KEY_LEN, Recorded, Store};
+use crate::{Error, Fingerprint, Key, Recorded, Store};
 
 /// How often a claim that found its marker gone between two statements (forgotten or purged
 /// by an operator) asks again.
@@ -503,26 +501,10 @@ impl Drop for Lease {
 }
 
 fn idempotency_key(scope: &str, key: &Key) -> String {
-    let both = Key::new(&(scope, key.as_str()))
-        .map(|k| k.as_str().to_owned())
-        .unwrap_or_default();
-    if !both.is_empty() && both.len() <= MAX_KEY_LEN {
-        return both;
-    }
-    // Too long for the key limit of the usual APIs: a digest of the same encoding, built by
-    // hand because `Key::new` refuses the long one.
-    let long = format!(
-        "{}:{scope}|{}:{}",
-        scope.len(),
-        key.as_str().len(),
-        key.as_str()
-    );
-    let digest = Sha256::digest(long.as_bytes());
-    let mut out = String::from("sha256:");
-    for b in digest {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
+    // The scope was checked (non-empty, no NUL) before the claim and the key is valid, so the
+    // pair always encodes; `job_id` builds the producer's id the same way.
+    crate::job_id::bounded_encoding(&(scope, key.as_str()))
+        .expect("a checked scope and a valid key always encode")
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ compile_error!(
 
 mod backend;
 mod error;
+mod job_id;
 mod join;
 mod key;
 mod lease;
@@ -23,6 +24,7 @@ mod store;
 
 pub use backend::Backend;
 pub use error::{Error, KeyError};
+pub use job_id::{JobId, job_id};
 pub use join::{Joined, JoinedClaim, JoinedGuard, Target};
 pub use key::{IntoKey, Key, KeyWriter, MAX_KEY_LEN};
 pub use lease::{Lease, LeaseOptions, Leased};
