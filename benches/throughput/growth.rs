@@ -9,9 +9,10 @@ use idem::{Claim, Key, Store};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Pool, Postgres};
 
+use crate::config::config;
 use crate::setup::exec;
 use crate::variants::{Keys, Rng, job_id, pg};
-use crate::{MAX_JOBS_PER_WORKER, PG_URL, Res, SCOPE, Settings, T_GROWTH};
+use crate::{MAX_JOBS_PER_WORKER, Res, SCOPE, Settings};
 
 pub(crate) const GROWTH_SIZES: [u64; 3] = [0, 1_000_000, 10_000_000];
 
@@ -59,10 +60,10 @@ pub(crate) async fn measure_growth(
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .min_connections(1)
-        .connect(PG_URL)
+        .connect(&config().pg_url)
         .await?;
     let mut stores = Vec::new();
-    for (table, n) in T_GROWTH.into_iter().zip(GROWTH_SIZES) {
+    for (table, n) in config().growth.iter().zip(GROWTH_SIZES) {
         let store = Store::new(pool.clone()).with_table(table)?;
         store.migrate().await?;
         match n {
@@ -94,7 +95,7 @@ pub(crate) async fn measure_growth(
                     return Err(format!("growth: fresh key {key} claimed as a duplicate").into());
                 };
                 let t1 = Instant::now();
-                sqlx::query(pg::UPDATE)
+                sqlx::query(pg::update())
                     .bind(1_i64)
                     .bind(rng.account())
                     .execute(&mut **guard.tx())

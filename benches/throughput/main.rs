@@ -7,7 +7,8 @@
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
 //! sqlite|mysql`, `--rounds N`, `--run-ms N`.
 //!
-//! Against the local PostgreSQL, a temporary SQLite file (WAL) and the local MariaDB, the job
+//! Against PostgreSQL (`IDEM_POSTGRES_URL`), a temporary SQLite file (WAL) and MariaDB
+//! (`IDEM_MYSQL_URL`), the local servers by default (see [`config`]), the job
 //! `UPDATE accounts SET credits = credits + $1 WHERE id = $2` (10 000 accounts, so concurrent
 //! jobs rarely meet on a row) runs at 1, 8 and 32 workers (tokio tasks over a pool of as many
 //! connections) in these variants:
@@ -23,13 +24,15 @@
 //! else the machine does weighs on all of them alike: only ratios measured within one run mean
 //! anything here. Full mode also measures claim latency against 0, 1M and 10M markers and the
 //! rate of `Store::purge` (PostgreSQL). Every run checks that each committed effect landed
-//! exactly once. Tables are the bench's own (`idem_bench_*`), dropped at start and at the end.
+//! exactly once. Tables are the run's own (`idem_bench_*_p<pid>`), dropped at start and at the
+//! end.
 //!
 //! Progress goes to stderr; the Markdown report goes to stdout and ends with
 //! `ratio macro/handwritten: X.XX` (PostgreSQL, 8 workers).
 
 // One file per concern; `main` only parses the arguments, runs each database in turn, checks
 // its effects and prints the report.
+mod config;
 mod growth;
 mod measure;
 mod pgbench;
@@ -49,19 +52,17 @@ use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
 
+use config::config;
 use growth::measure_growth;
 use measure::{Results, bench_kind, sqlite_options};
 use pgbench::Pgbench;
 use plot::draw;
 use report::report;
-use setup::{exec, setup_lite, setup_my, setup_pg};
+use setup::{drop_tables, setup_lite, setup_my, setup_pg};
 use variants::{KINDS, Keys, Kind};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 type Res<T> = Result<T, BoxError>;
-
-const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-const MY_URL: &str = "mysql://root@127.0.0.1:3306/test";
 
 /// Enough accounts that concurrent jobs rarely touch the same row.
 const ACCOUNTS: u64 = 10_000;
@@ -71,25 +72,6 @@ const SCOPE: &str = "bench.top_up";
 const PGBENCH_QUICK_RUN: Duration = Duration::from_millis(250);
 /// Upper bound of every worker loop, whatever the clock says.
 const MAX_JOBS_PER_WORKER: u64 = 1_000_000;
-
-const T_ACCOUNTS: &str = "idem_bench_accounts";
-const T_MACRO: &str = "idem_bench_markers";
-const T_HAND: &str = "idem_bench_hand";
-const T_PGBENCH: &str = "idem_bench_pgbench";
-const T_GROWTH: [&str; 3] = [
-    "idem_bench_growth_0",
-    "idem_bench_growth_1m",
-    "idem_bench_growth_10m",
-];
-const ALL_TABLES: [&str; 7] = [
-    T_ACCOUNTS,
-    T_MACRO,
-    T_HAND,
-    T_PGBENCH,
-    T_GROWTH[0],
-    T_GROWTH[1],
-    T_GROWTH[2],
-];
 
 /// How long and how often each variant runs, set by `--quick`, `--rounds` and `--run-ms`.
 #[derive(Clone, Copy)]
@@ -180,6 +162,7 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
         eprintln!("pgbench not found (PATH, /usr/lib/postgresql/*/bin): its rows are left out");
     }
     let sqlite = dir.join("bench.db");
+    let accounts = &config().accounts;
     let mut growth = None;
     for kind in KINDS {
         if args.only.is_some_and(|only| only != kind) {
@@ -191,25 +174,29 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
             Kind::Postgres => {
                 let admin = PgPoolOptions::new()
                     .max_connections(2)
-                    .connect(PG_URL)
+                    .connect(&config().pg_url)
                     .await?;
-                setup_pg(&admin).await?;
-                bench_kind(kind, set, &keys, &sqlite, pgbench.as_ref(), &mut results).await?;
-                if !set.quick {
-                    growth = Some(measure_growth(&admin, set, &keys).await?);
+                // The tables go whatever happens: no later run would drop them, their names
+                // being this run's.
+                let sum = async {
+                    setup_pg(&admin).await?;
+                    bench_kind(kind, set, &keys, &sqlite, pgbench.as_ref(), &mut results).await?;
+                    if !set.quick {
+                        growth = Some(measure_growth(&admin, set, &keys).await?);
+                    }
+                    let sum: (i64,) = sqlx::query_as(AssertSqlSafe(format!(
+                        "SELECT COALESCE(SUM(credits), 0)::bigint FROM {accounts}"
+                    )))
+                    .fetch_one(&admin)
+                    .await?;
+                    Ok::<_, BoxError>(sum.0)
                 }
-                let sum: (i64,) = sqlx::query_as(AssertSqlSafe(format!(
-                    "SELECT COALESCE(SUM(credits), 0)::bigint FROM {T_ACCOUNTS}"
-                )))
-                .fetch_one(&admin)
-                .await?;
-                exec(
-                    &admin,
-                    &format!("DROP TABLE IF EXISTS {}", ALL_TABLES.join(", ")),
-                )
-                .await?;
+                .await;
+                let dropped = drop_tables(&admin).await;
                 admin.close().await;
-                sum.0
+                let sum = sum?;
+                dropped?;
+                sum
             }
             Kind::Sqlite => {
                 let admin = SqlitePoolOptions::new()
@@ -219,7 +206,7 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
                 setup_lite(&admin).await?;
                 bench_kind(kind, set, &keys, &sqlite, None, &mut results).await?;
                 let sum: (i64,) = sqlx::query_as(AssertSqlSafe(format!(
-                    "SELECT COALESCE(SUM(credits), 0) FROM {T_ACCOUNTS}"
+                    "SELECT COALESCE(SUM(credits), 0) FROM {accounts}"
                 )))
                 .fetch_one(&admin)
                 .await?;
@@ -229,22 +216,25 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
             Kind::MySql => {
                 let admin = MySqlPoolOptions::new()
                     .max_connections(2)
-                    .connect(MY_URL)
+                    .connect(&config().my_url)
                     .await?;
-                setup_my(&admin).await?;
-                bench_kind(kind, set, &keys, &sqlite, None, &mut results).await?;
-                let sum: (i64,) = sqlx::query_as(AssertSqlSafe(format!(
-                    "SELECT CAST(COALESCE(SUM(credits), 0) AS SIGNED) FROM {T_ACCOUNTS}"
-                )))
-                .fetch_one(&admin)
-                .await?;
-                exec(
-                    &admin,
-                    &format!("DROP TABLE IF EXISTS {}", ALL_TABLES.join(", ")),
-                )
-                .await?;
+                // As for PostgreSQL, dropped whatever happens.
+                let sum = async {
+                    setup_my(&admin).await?;
+                    bench_kind(kind, set, &keys, &sqlite, None, &mut results).await?;
+                    let sum: (i64,) = sqlx::query_as(AssertSqlSafe(format!(
+                        "SELECT CAST(COALESCE(SUM(credits), 0) AS SIGNED) FROM {accounts}"
+                    )))
+                    .fetch_one(&admin)
+                    .await?;
+                    Ok::<_, BoxError>(sum.0)
+                }
+                .await;
+                let dropped = drop_tables(&admin).await;
                 admin.close().await;
-                sum.0
+                let sum = sum?;
+                dropped?;
+                sum
             }
         };
         verify(kind, sum, &keys)?;

@@ -14,12 +14,10 @@ use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+use crate::config::config;
 use crate::pgbench::{Pgbench, PgbenchLength};
 use crate::variants::{Conn, Keys, Kind, Rng, TopUp, VARIANTS, Variant, job_id, mix};
-use crate::{
-    BoxError, MAX_JOBS_PER_WORKER, MY_URL, PG_URL, PGBENCH_QUICK_RUN, Res, Settings, T_MACRO,
-    WORKERS,
-};
+use crate::{BoxError, MAX_JOBS_PER_WORKER, PGBENCH_QUICK_RUN, Res, Settings, WORKERS};
 
 /// One timed run: how many jobs, how long, each job's latency, and the CPU time this process
 /// spent on them (`None` for pgbench, another process).
@@ -143,9 +141,9 @@ pub(crate) async fn connect(kind: Kind, workers: usize, sqlite: &Path) -> Res<Co
             let pool = PgPoolOptions::new()
                 .max_connections(n)
                 .min_connections(n)
-                .connect(PG_URL)
+                .connect(&config().pg_url)
                 .await?;
-            Conn::Pg(Store::new(pool).with_table(T_MACRO)?)
+            Conn::Pg(Store::new(pool).with_table(&config().markers)?)
         }
         Kind::Sqlite => {
             let pool = SqlitePoolOptions::new()
@@ -153,15 +151,15 @@ pub(crate) async fn connect(kind: Kind, workers: usize, sqlite: &Path) -> Res<Co
                 .min_connections(n)
                 .connect_with(sqlite_options(sqlite))
                 .await?;
-            Conn::Lite(Store::new(pool).with_table(T_MACRO)?)
+            Conn::Lite(Store::new(pool).with_table(&config().markers)?)
         }
         Kind::MySql => {
             let pool = MySqlPoolOptions::new()
                 .max_connections(n)
                 .min_connections(n)
-                .connect(MY_URL)
+                .connect(&config().my_url)
                 .await?;
-            Conn::My(Store::new(pool).with_table(T_MACRO)?)
+            Conn::My(Store::new(pool).with_table(&config().markers)?)
         }
     })
 }

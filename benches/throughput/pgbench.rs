@@ -4,8 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::config::config;
 use crate::measure::Run;
-use crate::{ACCOUNTS, Res, SCOPE, T_ACCOUNTS, T_PGBENCH};
+use crate::{ACCOUNTS, Res, SCOPE};
 
 /// How long a pgbench run lasts. A duration (`-T`) is what the other variants do, but pgbench
 /// counts it in whole seconds and spends some 0.2 s connecting around it; `--quick` runs a
@@ -42,13 +43,14 @@ impl Pgbench {
         let script = dir.join("top_up.sql");
         // The handwritten transaction, statement for statement. Every key is fresh, so the
         // script needs no branch on the claim's row count.
+        let (accounts, markers) = (&config().accounts, &config().pgbench);
         let text = format!(
             "\\set aid random(1, {ACCOUNTS})\n\
              \\set k random(1, 9000000000000000000)\n\
              BEGIN;\n\
-             INSERT INTO {T_PGBENCH} (scope, key, completed_at) VALUES ('{SCOPE}', :k, now()) \
+             INSERT INTO {markers} (scope, key, completed_at) VALUES ('{SCOPE}', :k, now()) \
              ON CONFLICT DO NOTHING;\n\
-             UPDATE {T_ACCOUNTS} SET credits = credits + 1 WHERE id = :aid;\n\
+             UPDATE {accounts} SET credits = credits + 1 WHERE id = :aid;\n\
              COMMIT;\n"
         );
         std::fs::write(&script, text).ok()?;
@@ -65,7 +67,10 @@ impl Pgbench {
         let prefix = format!("pgbench-{tag}");
         let threads = clients.min(2);
         let mut cmd = tokio::process::Command::new(&self.bin);
-        cmd.args(["-h", "127.0.0.1", "-p", "5432", "-U", "postgres", "-n"])
+        // The server is the bench's own URL, given as pgbench's database name: libpq takes a
+        // `postgres://` URI there (a URL with sqlx-only parameters would not do). With the
+        // default URL this is `-h 127.0.0.1 -p 5432 -U postgres test`, as it always was.
+        cmd.arg("-n")
             .args(["-M", "prepared", "-f"])
             .arg(&self.script)
             .args(["-c", &clients.to_string(), "-j", &threads.to_string()])
@@ -75,7 +80,7 @@ impl Pgbench {
             })
             .args(["-l", "--log-prefix"])
             .arg(self.dir.join(&prefix))
-            .arg("test")
+            .arg(&config().pg_url)
             .current_dir(&self.dir)
             .kill_on_drop(true);
         let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())

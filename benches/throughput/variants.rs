@@ -5,10 +5,12 @@
 
 use idem::Store;
 use sqlx::{MySql, Pool, Postgres, Sqlite, Transaction};
+use std::sync::OnceLock;
 use std::sync::atomic::AtomicU64;
 
+use crate::config::config;
 use crate::setup::exec;
-use crate::{ACCOUNTS, Res, SCOPE, T_ACCOUNTS, T_HAND, T_MACRO, T_PGBENCH};
+use crate::{ACCOUNTS, Res, SCOPE};
 
 /// The seed's job: add `credits` to `account`; `id` is its stable key.
 pub(crate) struct TopUp {
@@ -24,12 +26,22 @@ macro_rules! on_conflict_variants {
     ($db:ty, begin: $begin:literal, update: $update:literal, claim: $claim:literal) => {
         use super::*;
 
-        pub(crate) const UPDATE: &str = $update;
-        const CLAIM: &str = $claim;
+        /// The effect, on this run's accounts table. Made once and borrowed for the rest of the
+        /// run, as the literal was before the names had a suffix: sqlx still gets a `&'static
+        /// str`, so no variant pays for a copy of the statement per job.
+        pub(crate) fn update() -> &'static str {
+            static SQL: OnceLock<String> = OnceLock::new();
+            SQL.get_or_init(|| format!($update, accounts = config().accounts))
+        }
+
+        fn claim() -> &'static str {
+            static SQL: OnceLock<String> = OnceLock::new();
+            SQL.get_or_init(|| format!($claim, hand = config().hand))
+        }
 
         pub(crate) async fn plain(pool: &Pool<$db>, job: &TopUp) -> Result<bool, sqlx::Error> {
             let mut tx = pool.begin_with($begin).await?;
-            sqlx::query(UPDATE)
+            sqlx::query(update())
                 .bind(job.credits)
                 .bind(job.account)
                 .execute(&mut *tx)
@@ -43,7 +55,7 @@ macro_rules! on_conflict_variants {
             job: &TopUp,
         ) -> Result<bool, sqlx::Error> {
             let mut tx = pool.begin_with($begin).await?;
-            let claimed = sqlx::query(CLAIM)
+            let claimed = sqlx::query(claim())
                 .bind(SCOPE)
                 .bind(job.id.as_str())
                 .execute(&mut *tx)
@@ -52,7 +64,7 @@ macro_rules! on_conflict_variants {
                 tx.rollback().await?;
                 return Ok(false);
             }
-            sqlx::query(UPDATE)
+            sqlx::query(update())
                 .bind(job.credits)
                 .bind(job.account)
                 .execute(&mut *tx)
@@ -66,7 +78,7 @@ macro_rules! on_conflict_variants {
             tx: &mut Transaction<'_, $db>,
             job: &TopUp,
         ) -> Result<(), sqlx::Error> {
-            sqlx::query(UPDATE)
+            sqlx::query(update())
                 .bind(job.credits)
                 .bind(job.account)
                 .execute(&mut **tx)
@@ -80,9 +92,9 @@ pub(crate) mod pg {
     on_conflict_variants!(
         Postgres,
         begin: "BEGIN",
-        update: "UPDATE idem_bench_accounts SET credits = credits + $1 WHERE id = $2",
+        update: "UPDATE {accounts} SET credits = credits + $1 WHERE id = $2",
         // The claim statement idem uses, on the hand-written marker table.
-        claim: "INSERT INTO idem_bench_hand (scope, key, completed_at) \
+        claim: "INSERT INTO {hand} (scope, key, completed_at) \
                 VALUES ($1, $2, now()) ON CONFLICT DO NOTHING"
     );
 }
@@ -91,8 +103,8 @@ pub(crate) mod lite {
     on_conflict_variants!(
         Sqlite,
         begin: "BEGIN IMMEDIATE",
-        update: "UPDATE idem_bench_accounts SET credits = credits + ?1 WHERE id = ?2",
-        claim: "INSERT INTO idem_bench_hand (scope, key, completed_at) \
+        update: "UPDATE {accounts} SET credits = credits + ?1 WHERE id = ?2",
+        claim: "INSERT INTO {hand} (scope, key, completed_at) \
                 VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) ON CONFLICT DO NOTHING"
     );
 }
@@ -100,15 +112,31 @@ pub(crate) mod lite {
 pub(crate) mod my {
     use super::*;
 
-    const UPDATE: &str = "UPDATE idem_bench_accounts SET credits = credits + ? WHERE id = ?";
+    /// As [`super::pg::update`]: made once, borrowed by every job.
+    fn update() -> &'static str {
+        static SQL: OnceLock<String> = OnceLock::new();
+        SQL.get_or_init(|| {
+            let accounts = &config().accounts;
+            format!("UPDATE {accounts} SET credits = credits + ? WHERE id = ?")
+        })
+    }
+
     // MySQL has no ON CONFLICT DO NOTHING: a plain INSERT whose duplicate-key error is the
     // duplicate signal, as idem does it (a plain INSERT; `INSERT IGNORE` would hide every error).
-    const CLAIM: &str = "INSERT INTO idem_bench_hand (scope, `key`, completed_at) \
-                         VALUES (?, ?, CURRENT_TIMESTAMP(6))";
+    fn claim() -> &'static str {
+        static SQL: OnceLock<String> = OnceLock::new();
+        SQL.get_or_init(|| {
+            let hand = &config().hand;
+            format!(
+                "INSERT INTO {hand} (scope, `key`, completed_at) \
+                 VALUES (?, ?, CURRENT_TIMESTAMP(6))"
+            )
+        })
+    }
 
     pub(crate) async fn plain(pool: &Pool<MySql>, job: &TopUp) -> Result<bool, sqlx::Error> {
         let mut tx = pool.begin().await?;
-        sqlx::query(UPDATE)
+        sqlx::query(update())
             .bind(job.credits)
             .bind(job.account)
             .execute(&mut *tx)
@@ -119,7 +147,7 @@ pub(crate) mod my {
 
     pub(crate) async fn handwritten(pool: &Pool<MySql>, job: &TopUp) -> Result<bool, sqlx::Error> {
         let mut tx = pool.begin().await?;
-        let claimed = sqlx::query(CLAIM)
+        let claimed = sqlx::query(claim())
             .bind(SCOPE)
             .bind(job.id.as_str())
             .execute(&mut *tx)
@@ -135,7 +163,7 @@ pub(crate) mod my {
             }
             Err(e) => return Err(e),
         }
-        sqlx::query(UPDATE)
+        sqlx::query(update())
             .bind(job.credits)
             .bind(job.account)
             .execute(&mut *tx)
@@ -149,7 +177,7 @@ pub(crate) mod my {
         tx: &mut Transaction<'_, MySql>,
         job: &TopUp,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(UPDATE)
+        sqlx::query(update())
             .bind(job.credits)
             .bind(job.account)
             .execute(&mut **tx)
@@ -232,9 +260,13 @@ impl Conn {
     /// autovacuum off, so the bench vacuums its own tables where autovacuum would have.
     pub(crate) async fn maintain(&self) -> Res<()> {
         if let Conn::Pg(s) = self {
+            let c = config();
             exec(
                 s.pool(),
-                &format!("VACUUM ANALYZE {T_ACCOUNTS}, {T_MACRO}, {T_HAND}, {T_PGBENCH}"),
+                &format!(
+                    "VACUUM ANALYZE {}, {}, {}, {}",
+                    c.accounts, c.markers, c.hand, c.pgbench
+                ),
             )
             .await?;
         }
