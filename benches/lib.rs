@@ -1,2 +1,2 @@
-//! Nothing to see: the benchmark is `throughput.rs`, run with `cargo bench --bench throughput`.
-//! Cargo wants a library or binary target in every package.
+//! Nothing to see: the benchmark is `throughput/main.rs` and its modules, run with
+//! `cargo bench --bench throughput`. Cargo wants a library or binary target in every package.

@@ -1,0 +1,63 @@
+//! Where the bench connects and what it calls its tables, fixed once per run.
+//!
+//! The servers come from the variables the tests read (`IDEM_POSTGRES_URL`, `IDEM_MYSQL_URL`),
+//! so that the bench can point at the same servers as `cargo test`. The tables carry a suffix
+//! of this process's id: two runs at once against the same server (two worktrees, say) would
+//! otherwise drop and fill each other's tables in the middle of a measurement.
+
+use std::sync::OnceLock;
+
+const PG_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/test";
+const MY_DEFAULT: &str = "mysql://root@127.0.0.1:3306/test";
+
+pub(crate) struct Config {
+    pub(crate) pg_url: String,
+    pub(crate) my_url: String,
+    pub(crate) accounts: String,
+    /// The macro's marker table.
+    pub(crate) markers: String,
+    /// The hand-written claim's marker table.
+    pub(crate) hand: String,
+    pub(crate) pgbench: String,
+    /// The growth measurement's tables, for 0, 1M and 10M markers.
+    pub(crate) growth: [String; 3],
+}
+
+impl Config {
+    fn from_env() -> Config {
+        let url = |var: &str, default: &str| {
+            std::env::var(var)
+                .ok()
+                .filter(|u| !u.is_empty())
+                .unwrap_or_else(|| default.to_owned())
+        };
+        // `_p` and at most 7 digits (Linux's largest pid is 4194304): the longest name,
+        // `idem_bench_growth_10m_p4194304`, stays within idem's MAX_TABLE_LEN (47).
+        let name = |base: &str| format!("idem_bench_{base}_p{}", std::process::id());
+        Config {
+            pg_url: url("IDEM_POSTGRES_URL", PG_DEFAULT),
+            my_url: url("IDEM_MYSQL_URL", MY_DEFAULT),
+            accounts: name("accounts"),
+            markers: name("markers"),
+            hand: name("hand"),
+            pgbench: name("pgbench"),
+            growth: [name("growth_0"), name("growth_1m"), name("growth_10m")],
+        }
+    }
+
+    /// Every table of this run, for `DROP TABLE IF EXISTS` at the start and at the end.
+    pub(crate) fn all_tables(&self) -> String {
+        [&self.accounts, &self.markers, &self.hand, &self.pgbench]
+            .into_iter()
+            .chain(&self.growth)
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// This run's configuration, read from the environment on first use.
+pub(crate) fn config() -> &'static Config {
+    static CONFIG: OnceLock<Config> = OnceLock::new();
+    CONFIG.get_or_init(Config::from_env)
+}

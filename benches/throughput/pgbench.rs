@@ -1,0 +1,138 @@
+//! pgbench running the handwritten transaction: the floor set by PostgreSQL's own client, to
+//! tell the cost of sqlx and tokio apart from the cost of idem.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::config;
+use crate::measure::Run;
+use crate::{ACCOUNTS, Res, SCOPE};
+
+/// How long a pgbench run lasts. A duration (`-T`) is what the other variants do, but pgbench
+/// counts it in whole seconds and spends some 0.2 s connecting around it; `--quick` runs a
+/// number of transactions per client instead (`-t`), aimed at its short runs, at the price of
+/// a short tail where the first clients to finish leave the others alone.
+#[derive(Clone, Copy)]
+pub(crate) enum PgbenchLength {
+    Secs(u64),
+    PerClient(u64),
+}
+
+pub(crate) struct Pgbench {
+    pub(crate) bin: PathBuf,
+    pub(crate) dir: PathBuf,
+    pub(crate) script: PathBuf,
+}
+
+pub(crate) fn find_pgbench() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("pgbench"));
+    let versioned = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin/pgbench"));
+    on_path.chain(versioned).find(|p| p.is_file())
+}
+
+impl Pgbench {
+    pub(crate) fn new(dir: &Path) -> Option<Pgbench> {
+        let bin = find_pgbench()?;
+        let script = dir.join("top_up.sql");
+        // The handwritten transaction, statement for statement. Every key is fresh, so the
+        // script needs no branch on the claim's row count.
+        let (accounts, markers) = (&config().accounts, &config().pgbench);
+        let text = format!(
+            "\\set aid random(1, {ACCOUNTS})\n\
+             \\set k random(1, 9000000000000000000)\n\
+             BEGIN;\n\
+             INSERT INTO {markers} (scope, key, completed_at) VALUES ('{SCOPE}', :k, now()) \
+             ON CONFLICT DO NOTHING;\n\
+             UPDATE {accounts} SET credits = credits + 1 WHERE id = :aid;\n\
+             COMMIT;\n"
+        );
+        std::fs::write(&script, text).ok()?;
+        Some(Pgbench {
+            bin,
+            dir: dir.to_owned(),
+            script,
+        })
+    }
+
+    /// `clients` connections for a length of run; the run's rate is pgbench's own `tps`
+    /// (without connection time), latencies come from its per-transaction log.
+    pub(crate) async fn run(&self, clients: usize, length: PgbenchLength, tag: &str) -> Res<Run> {
+        let prefix = format!("pgbench-{tag}");
+        let threads = clients.min(2);
+        let mut cmd = tokio::process::Command::new(&self.bin);
+        // The server is the bench's own URL, given as pgbench's database name: libpq takes a
+        // `postgres://` URI there (a URL with sqlx-only parameters would not do). With the
+        // default URL this is `-h 127.0.0.1 -p 5432 -U postgres test`, as it always was.
+        cmd.arg("-n")
+            .args(["-M", "prepared", "-f"])
+            .arg(&self.script)
+            .args(["-c", &clients.to_string(), "-j", &threads.to_string()])
+            .args(match length {
+                PgbenchLength::Secs(secs) => ["-T".to_owned(), secs.to_string()],
+                PgbenchLength::PerClient(n) => ["-t".to_owned(), n.to_string()],
+            })
+            .args(["-l", "--log-prefix"])
+            .arg(self.dir.join(&prefix))
+            .arg(&config().pg_url)
+            .current_dir(&self.dir)
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+            .await
+            .map_err(|_| "pgbench ran for more than 120 s")??;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            return Err(format!(
+                "pgbench failed ({}): {}{}",
+                out.status,
+                stdout,
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+        let field = |name: &str| -> Res<f64> {
+            let line = stdout
+                .lines()
+                .find(|l| l.starts_with(name))
+                .ok_or_else(|| format!("no `{name}` in pgbench's output: {stdout}"))?;
+            let value = line[name.len()..]
+                .trim_start_matches([' ', '=', ':'])
+                .split(['/', ' '])
+                .next()
+                .unwrap_or_default();
+            Ok(value.parse::<f64>()?)
+        };
+        let tps = field("tps")?;
+        let jobs = field("number of transactions actually processed")? as u64;
+        let mut lat_ns = Vec::with_capacity(jobs as usize);
+        for entry in std::fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            let is_log = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{prefix}.")));
+            if !is_log {
+                continue;
+            }
+            // client_id transaction_no time_us script_no epoch epoch_us
+            for line in std::fs::read_to_string(&path)?.lines() {
+                if let Some(us) = line.split(' ').nth(2) {
+                    lat_ns.push(us.parse::<u64>()? * 1_000);
+                }
+            }
+            std::fs::remove_file(&path)?;
+        }
+        Ok(Run {
+            jobs,
+            secs: jobs as f64 / tps,
+            lat_ns,
+            cpu_ns: None,
+        })
+    }
+}
