@@ -13,6 +13,7 @@ compile_error!(
 
 mod backend;
 mod error;
+mod inspect;
 mod job_id;
 mod join;
 mod key;
@@ -24,6 +25,7 @@ mod store;
 
 pub use backend::Backend;
 pub use error::{Error, KeyError};
+pub use inspect::{Marker, MarkerState};
 pub use job_id::{JobId, job_id};
 pub use join::{Joined, JoinedClaim, JoinedGuard, Target};
 pub use key::{IntoKey, Key, KeyWriter, MAX_KEY_LEN};

@@ -171,6 +171,7 @@ macro_rules! every_backend_tests {
             delivery_that_stops_waiting_is_in_progress_and_runs_nothing,
             store_refuses_bad_scopes_and_writes_nothing,
             purge_with_the_longest_retention_deletes_nothing,
+            inspect_shows_each_marker_and_the_leases_in_progress,
             custom_keys_with_two_parts_cannot_collide,
             tuple_keys_of_fields_cannot_collide,
             handler_with_inner_attributes_runs,

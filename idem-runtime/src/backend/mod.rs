@@ -6,6 +6,7 @@ use sqlx::{Pool, SqlSafeStr as _, SqlStr, Transaction};
 
 use crate::ClaimOptions;
 use crate::Recorded;
+use crate::inspect::MarkerRow;
 use crate::lease::LeaseState;
 
 #[cfg(feature = "mysql")]
@@ -132,6 +133,24 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         result: Option<&'p str>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
 
+    /// One marker, for operators.
+    #[doc(hidden)]
+    fn inspect<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p Sql,
+        scope: &'p str,
+        key: &'p str,
+    ) -> impl Future<Output = Result<Option<MarkerRow>, sqlx::Error>> + Send + 'p;
+
+    /// At most `limit` in-progress markers of `scope`, expired or released leases first.
+    #[doc(hidden)]
+    fn in_progress<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p Sql,
+        scope: &'p str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<MarkerRow>, sqlx::Error>> + Send + 'p;
+
     /// Deletes at most `limit` completed markers older than `age_ms`; returns how many.
     #[doc(hidden)]
     fn purge_batch<'p>(
@@ -158,6 +177,32 @@ macro_rules! pool_statements {
                 .execute(pool)
                 .await?;
             Ok(done.rows_affected() > 0)
+        }
+
+        async fn inspect<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Sql,
+            scope: &'p str,
+            key: &'p str,
+        ) -> Result<Option<crate::inspect::MarkerRow>, sqlx::Error> {
+            sqlx::query_as(sql.inspect.clone())
+                .bind(scope)
+                .bind(key)
+                .fetch_optional(pool)
+                .await
+        }
+
+        async fn in_progress<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Sql,
+            scope: &'p str,
+            limit: i64,
+        ) -> Result<Vec<crate::inspect::MarkerRow>, sqlx::Error> {
+            sqlx::query_as(sql.in_progress.clone())
+                .bind(scope)
+                .bind(limit)
+                .fetch_all(pool)
+                .await
         }
 
         async fn purge_batch<'p>(
@@ -384,6 +429,8 @@ pub struct Sql {
     pub(crate) record: SqlStr,
     pub(crate) forget: SqlStr,
     pub(crate) purge: SqlStr,
+    pub(crate) inspect: SqlStr,
+    pub(crate) in_progress: SqlStr,
     pub(crate) lease: LeaseSql,
     pub(crate) ddl: Vec<SqlStr>,
 }
@@ -412,6 +459,8 @@ pub(crate) struct Statements<'a> {
     pub(crate) record: &'a str,
     pub(crate) forget: &'a str,
     pub(crate) purge: &'a str,
+    pub(crate) inspect: &'a str,
+    pub(crate) in_progress: &'a str,
     pub(crate) lease_claim: &'a str,
     pub(crate) lease_takeover: &'a str,
     pub(crate) lease_state: &'a str,
@@ -432,6 +481,8 @@ impl Sql {
             recorded: fill(s.recorded),
             record: fill(s.record),
             forget: fill(s.forget),
+            inspect: fill(s.inspect),
+            in_progress: fill(s.in_progress),
             purge: fill(s.purge),
             lease: LeaseSql {
                 claim: fill(s.lease_claim),

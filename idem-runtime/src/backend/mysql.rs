@@ -48,10 +48,23 @@ fn number(err: &sqlx::Error) -> Option<u16> {
         .map(MySqlDatabaseError::number)
 }
 
+/// The columns of `Store::inspect`: times as ISO-8601 UTC text (idem writes them in UTC), and
+/// the lease's time left on the database's clock.
+const MARKER_COLUMNS: &str = "CONVERT(scope USING utf8mb4), CONVERT(`key` USING utf8mb4), state, \
+    CAST(attempts AS SIGNED), token, \
+    DATE_FORMAT(created_at, '%Y-%m-%dT%H:%i:%s.%fZ'), \
+    DATE_FORMAT(completed_at, '%Y-%m-%dT%H:%i:%s.%fZ'), \
+    DATE_FORMAT(locked_until, '%Y-%m-%dT%H:%i:%s.%fZ'), \
+    CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), locked_until) DIV 1000 AS SIGNED)";
+
 impl Backend for MySql {
     const BACKEND: &'static str = "mysql";
 
     fn sql(table: &str) -> Sql {
+        let inspect = format!("SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = ? AND `key` = ?");
+        let in_progress = format!(
+            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = ? AND state = 'in_progress' ORDER BY locked_until IS NOT NULL, locked_until LIMIT ?"
+        );
         Sql::new(
             table,
             Statements {
@@ -67,6 +80,8 @@ impl Backend for MySql {
                 // Binds: the value, then scope and key.
                 record: "UPDATE {t} SET result = ? WHERE scope = ? AND `key` = ?",
                 forget: "DELETE FROM {t} WHERE scope = ? AND `key` = ?",
+                inspect: &inspect,
+                in_progress: &in_progress,
                 purge: "DELETE FROM {t} WHERE state = 'completed' \
                         AND completed_at < UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
                         ORDER BY completed_at LIMIT ?",

@@ -31,10 +31,22 @@ const DDL: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS {t}_completed_at ON {t} (completed_at) WHERE state = 'completed'",
 ];
 
+/// The columns of `Store::inspect`: times as ISO-8601 UTC text, and the lease's time left on the
+/// database's clock.
+const MARKER_COLUMNS: &str = "scope, key, state, attempts::bigint, token, \
+    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+    to_char(completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+    to_char(locked_until AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+    (EXTRACT(EPOCH FROM (locked_until - now())) * 1000)::bigint";
+
 impl Backend for Postgres {
     const BACKEND: &'static str = "postgres";
 
     fn sql(table: &str) -> Sql {
+        let inspect = format!("SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = $1 AND key = $2");
+        let in_progress = format!(
+            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = $1 AND state = 'in_progress' ORDER BY locked_until NULLS FIRST LIMIT $2"
+        );
         Sql::new(
             table,
             Statements {
@@ -45,6 +57,8 @@ impl Backend for Postgres {
                            WHERE scope = $1 AND key = $2",
                 record: "UPDATE {t} SET result = $3::json WHERE scope = $1 AND key = $2",
                 forget: "DELETE FROM {t} WHERE scope = $1 AND key = $2",
+                inspect: &inspect,
+                in_progress: &in_progress,
                 // Selecting the batch by ctid makes each batch a TID scan; an `IN (SELECT
                 // scope, key ...)` ran as a hash join over the whole table, every batch.
                 purge: "DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t} \

@@ -29,10 +29,19 @@ const DDL: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS {t}_completed_at ON {t} (completed_at) WHERE state = 'completed'",
 ];
 
+/// The columns of `Store::inspect`: times are already ISO-8601 UTC text here; the lease's time
+/// left on the database's clock.
+const MARKER_COLUMNS: &str = "scope, key, state, attempts, token, created_at, completed_at, \
+    locked_until, CAST((julianday(locked_until) - julianday('now')) * 86400000.0 AS INTEGER)";
+
 impl Backend for Sqlite {
     const BACKEND: &'static str = "sqlite";
 
     fn sql(table: &str) -> Sql {
+        let inspect = format!("SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = ?1 AND key = ?2");
+        let in_progress = format!(
+            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = ?1 AND state = 'in_progress' ORDER BY locked_until IS NOT NULL, locked_until LIMIT ?2"
+        );
         Sql::new(
             table,
             Statements {
@@ -46,6 +55,8 @@ impl Backend for Sqlite {
                 recorded: "SELECT fingerprint, result FROM {t} WHERE scope = ?1 AND key = ?2",
                 record: "UPDATE {t} SET result = ?3 WHERE scope = ?1 AND key = ?2",
                 forget: "DELETE FROM {t} WHERE scope = ?1 AND key = ?2",
+                inspect: &inspect,
+                in_progress: &in_progress,
                 purge: "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
                         WHERE state = 'completed' AND completed_at < \
                         strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds') \

@@ -1,0 +1,99 @@
+//! What operators read of the markers: one marker by key, and the jobs still in progress.
+
+use crate::backend::Backend;
+use crate::store::check_scope;
+use crate::{Error, IntoKey, Key, Store};
+
+/// Whether a marker's job is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MarkerState {
+    /// A lease-mode delivery holds the key (or held it: see [`Marker::lease_ms_left`]).
+    InProgress,
+    /// The job's effect was committed (transaction mode) or its call completed (lease mode).
+    Completed,
+}
+
+/// One marker as [`Store::inspect`] reads it. Times are ISO-8601 UTC text as the database
+/// formats them (`2026-11-30T17:30:00.123456Z`; SQLite keeps milliseconds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Marker {
+    /// The handler's scope.
+    pub scope: String,
+    /// The encoded key.
+    pub key: String,
+    /// Done, or still held.
+    pub state: MarkerState,
+    /// Deliveries that took the key: 1, plus lease takeovers.
+    pub attempts: i64,
+    /// The lease holder's fencing token (lease mode only).
+    pub token: Option<i64>,
+    /// When the key was first claimed.
+    pub created_at: String,
+    /// When the job completed.
+    pub completed_at: Option<String>,
+    /// When the current lease runs out (lease mode, while in progress; none once released).
+    pub locked_until: Option<String>,
+    /// Milliseconds from the database's now to `locked_until`: negative once the lease has
+    /// run out (the next delivery takes it over), none when there is no lease.
+    pub lease_ms_left: Option<i64>,
+}
+
+/// The columns of [`Marker`] in the order the backends' statements return them.
+pub(crate) type MarkerRow = (
+    String,
+    String,
+    String,
+    i64,
+    Option<i64>,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+);
+
+impl Marker {
+    pub(crate) fn from_row(row: MarkerRow) -> Marker {
+        let (scope, key, state, attempts, token, created_at, completed_at, locked_until, left) =
+            row;
+        Marker {
+            scope,
+            key,
+            state: if state == "completed" {
+                MarkerState::Completed
+            } else {
+                MarkerState::InProgress
+            },
+            attempts,
+            token,
+            created_at,
+            completed_at,
+            locked_until,
+            lease_ms_left: left,
+        }
+    }
+}
+
+impl<DB: Backend> Store<DB> {
+    /// The marker of `(scope, key)`, or `None` if no delivery claimed it (or it was forgotten
+    /// or purged). For operators: what did idem do with this job?
+    pub async fn inspect<K: IntoKey + ?Sized>(
+        &self,
+        scope: &str,
+        key: &K,
+    ) -> Result<Option<Marker>, Error> {
+        check_scope(scope)?;
+        let key = Key::new(key)?;
+        let row = DB::inspect(self.pool(), self.sql(), scope, key.as_str()).await?;
+        Ok(row.map(Marker::from_row))
+    }
+
+    /// At most `limit` markers of `scope` still in progress (lease mode), those whose lease ran
+    /// out or was released first: the jobs to look at when a queue seems stuck.
+    pub async fn list_in_progress(&self, scope: &str, limit: u32) -> Result<Vec<Marker>, Error> {
+        check_scope(scope)?;
+        let rows = DB::in_progress(self.pool(), self.sql(), scope, i64::from(limit)).await?;
+        Ok(rows.into_iter().map(Marker::from_row).collect())
+    }
+}
