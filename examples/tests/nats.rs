@@ -29,7 +29,8 @@ struct Fixture {
 }
 
 impl Fixture {
-    async fn create(test: &str) -> (Fixture, jetstream::stream::Stream) {
+    /// A stream of its own whose duplicate window is `window`.
+    async fn create(test: &str, window: Duration) -> (Fixture, jetstream::stream::Stream) {
         let url = nats_url();
         let js = connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
         let id = format!("{test}-{}", std::process::id());
@@ -42,14 +43,10 @@ impl Fixture {
         std::fs::create_dir_all(&fixture.dir).unwrap();
         // Left over by a killed run of the same process id: start clean.
         drop(fixture.js.delete_stream(&fixture.stream).await);
-        let stream = send_invoice::create_stream(
-            &fixture.js,
-            &fixture.stream,
-            &fixture.subject,
-            Duration::from_secs(1),
-        )
-        .await
-        .unwrap();
+        let stream =
+            send_invoice::create_stream(&fixture.js, &fixture.stream, &fixture.subject, window)
+                .await
+                .unwrap();
         (fixture, stream)
     }
 
@@ -141,7 +138,8 @@ async fn example_runs_the_double_click_and_the_late_publish() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_publishes_in_the_window_make_one_message_and_one_email() {
-    let (fx, mut stream) = Fixture::create("window").await;
+    // A window far longer than two publishes can take, however loaded the machine.
+    let (fx, mut stream) = Fixture::create("window", Duration::from_secs(60)).await;
     let pool = send_invoice::open_db(&fx.db()).await.unwrap();
     let store = Store::new(pool.clone());
     let consumer = send_invoice::create_consumer(&stream, "mailer", Duration::from_secs(30))
@@ -178,7 +176,7 @@ async fn two_publishes_in_the_window_make_one_message_and_one_email() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_publish_after_the_window_is_a_second_message_and_a_duplicate() {
-    let (fx, mut stream) = Fixture::create("late").await;
+    let (fx, mut stream) = Fixture::create("late", Duration::from_secs(1)).await;
     let pool = send_invoice::open_db(&fx.db()).await.unwrap();
     let store = Store::new(pool.clone());
     let consumer = send_invoice::create_consumer(&stream, "mailer", Duration::from_secs(30))
@@ -232,7 +230,7 @@ async fn a_publish_after_the_window_is_a_second_message_and_a_duplicate() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_after_commit_before_ack_the_redelivery_is_a_duplicate() {
-    let (fx, stream) = Fixture::create("killed").await;
+    let (fx, stream) = Fixture::create("killed", Duration::from_secs(1)).await;
     let pool = send_invoice::open_db(&fx.db()).await.unwrap();
     let store = Store::new(pool.clone());
     // Redelivered 1 s after a delivery that was not acked.

@@ -533,7 +533,12 @@ async fn soak_three_workers_killed_repeatedly_apply_every_job_once() {
         acked + drained >= published - kills * 16,
         "acks lost beyond the kills' share"
     );
-    assert!(duplicates >= JOBS as u64, "every job's copy is a duplicate");
+    // Every job's second copy is skipped as a duplicate; the lines of a killed worker's
+    // in-flight messages (at most its prefetch) may be lost with it, as for the acks above.
+    assert!(
+        duplicates + kills * 16 >= JOBS as u64,
+        "{duplicates} duplicates counted for {JOBS} jobs published twice ({kills} kills)"
+    );
     // Up to 14 (one per 250 printed acks until the last 250); lines lost to the kills
     // themselves and an early end on the database's count make it vary.
     assert!(kills >= 5, "only {kills} kills\n{}", lines.dump());
