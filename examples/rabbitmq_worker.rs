@@ -108,6 +108,10 @@ pub async fn apply_top_up(tx: &mut Transaction<'_, Sqlite>, job: &TopUp) -> Resu
 pub enum Event {
     /// A message arrived; `redelivered` is RabbitMQ's flag (an earlier delivery was not acked).
     Delivered { id: String, redelivered: bool },
+    /// The handler returned `Applied` (`applied`) or `Duplicate`/`Replayed`; the ack follows.
+    /// Seen before the ack, so that a worker killed in between has still told it (its message
+    /// comes back and is told again).
+    Handled { id: String, applied: bool },
     /// Acked after the handler returned `Applied` (`applied`) or `Duplicate`/`Replayed`.
     Acked {
         id: String,
@@ -129,6 +133,10 @@ impl std::fmt::Display for Event {
         match self {
             Event::Delivered { id, redelivered } => {
                 write!(f, "DELIVERED {id} redelivered={redelivered}")
+            }
+            Event::Handled { id, applied } => {
+                let what = if *applied { "applied" } else { "duplicate" };
+                write!(f, "HANDLED {what} {id}")
             }
             Event::Acked {
                 id,
@@ -163,6 +171,7 @@ impl Tally {
                 self.delivered += 1;
                 self.redelivered += u64::from(*redelivered);
             }
+            Event::Handled { .. } => {}
             Event::Acked { applied: true, .. } => self.applied += 1,
             Event::Acked { applied: false, .. } => self.duplicates += 1,
             Event::Nacked { .. } => self.nacked += 1,
@@ -312,6 +321,12 @@ where
                 // running the job): let the broker hand it out again.
                 Err(e) => Err((true, e)),
             };
+            if let Ok(applied) = result {
+                note(Event::Handled {
+                    id: id.clone(),
+                    applied,
+                });
+            }
             let sent = match result {
                 Ok(applied) => delivery
                     .acker
