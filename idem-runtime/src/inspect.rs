@@ -96,4 +96,11 @@ impl<DB: Backend> Store<DB> {
         let rows = DB::in_progress(self.pool(), self.sql(), scope, i64::from(limit)).await?;
         Ok(rows.into_iter().map(Marker::from_row).collect())
     }
+
+    /// [`list_in_progress`](Store::list_in_progress) across every scope: at most `limit`
+    /// markers still in progress, those whose lease ran out or was released first.
+    pub async fn list_all_in_progress(&self, limit: u32) -> Result<Vec<Marker>, Error> {
+        let rows = DB::in_progress_all(self.pool(), self.sql(), i64::from(limit)).await?;
+        Ok(rows.into_iter().map(Marker::from_row).collect())
+    }
 }

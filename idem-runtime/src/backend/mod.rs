@@ -151,6 +151,14 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         limit: i64,
     ) -> impl Future<Output = Result<Vec<MarkerRow>, sqlx::Error>> + Send + 'p;
 
+    /// [`in_progress`](Backend::in_progress) in every scope.
+    #[doc(hidden)]
+    fn in_progress_all<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p Sql,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<MarkerRow>, sqlx::Error>> + Send + 'p;
+
     /// Deletes at most `limit` completed markers older than `age_ms`; returns how many.
     #[doc(hidden)]
     fn purge_batch<'p>(
@@ -200,6 +208,17 @@ macro_rules! pool_statements {
         ) -> Result<Vec<crate::inspect::MarkerRow>, sqlx::Error> {
             sqlx::query_as(sql.in_progress.clone())
                 .bind(scope)
+                .bind(limit)
+                .fetch_all(pool)
+                .await
+        }
+
+        async fn in_progress_all<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Sql,
+            limit: i64,
+        ) -> Result<Vec<crate::inspect::MarkerRow>, sqlx::Error> {
+            sqlx::query_as(sql.in_progress_all.clone())
                 .bind(limit)
                 .fetch_all(pool)
                 .await
@@ -431,6 +450,7 @@ pub struct Sql {
     pub(crate) purge: SqlStr,
     pub(crate) inspect: SqlStr,
     pub(crate) in_progress: SqlStr,
+    pub(crate) in_progress_all: SqlStr,
     pub(crate) lease: LeaseSql,
     pub(crate) ddl: Vec<SqlStr>,
 }
@@ -461,6 +481,7 @@ pub(crate) struct Statements<'a> {
     pub(crate) purge: &'a str,
     pub(crate) inspect: &'a str,
     pub(crate) in_progress: &'a str,
+    pub(crate) in_progress_all: &'a str,
     pub(crate) lease_claim: &'a str,
     pub(crate) lease_takeover: &'a str,
     pub(crate) lease_state: &'a str,
@@ -483,6 +504,7 @@ impl Sql {
             forget: fill(s.forget),
             inspect: fill(s.inspect),
             in_progress: fill(s.in_progress),
+            in_progress_all: fill(s.in_progress_all),
             purge: fill(s.purge),
             lease: LeaseSql {
                 claim: fill(s.lease_claim),

@@ -65,6 +65,9 @@ impl Backend for MySql {
         let in_progress = format!(
             "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = ? AND state = 'in_progress' ORDER BY locked_until IS NOT NULL, locked_until LIMIT ?"
         );
+        let in_progress_all = format!(
+            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE state = 'in_progress' ORDER BY locked_until IS NOT NULL, locked_until, scope LIMIT ?"
+        );
         Sql::new(
             table,
             Statements {
@@ -82,6 +85,7 @@ impl Backend for MySql {
                 forget: "DELETE FROM {t} WHERE scope = ? AND `key` = ?",
                 inspect: &inspect,
                 in_progress: &in_progress,
+                in_progress_all: &in_progress_all,
                 purge: "DELETE FROM {t} WHERE state = 'completed' \
                         AND completed_at < UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
                         ORDER BY completed_at LIMIT ?",

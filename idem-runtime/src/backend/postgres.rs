@@ -47,6 +47,9 @@ impl Backend for Postgres {
         let in_progress = format!(
             "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = $1 AND state = 'in_progress' ORDER BY locked_until NULLS FIRST LIMIT $2"
         );
+        let in_progress_all = format!(
+            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE state = 'in_progress' ORDER BY locked_until NULLS FIRST, scope LIMIT $1"
+        );
         Sql::new(
             table,
             Statements {
@@ -59,6 +62,7 @@ impl Backend for Postgres {
                 forget: "DELETE FROM {t} WHERE scope = $1 AND key = $2",
                 inspect: &inspect,
                 in_progress: &in_progress,
+                in_progress_all: &in_progress_all,
                 // Selecting the batch by ctid makes each batch a TID scan; an `IN (SELECT
                 // scope, key ...)` ran as a hash join over the whole table, every batch.
                 purge: "DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t} \

@@ -42,6 +42,9 @@ impl Backend for Sqlite {
         let in_progress = format!(
             "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = ?1 AND state = 'in_progress' ORDER BY locked_until IS NOT NULL, locked_until LIMIT ?2"
         );
+        let in_progress_all = format!(
+            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE state = 'in_progress' ORDER BY locked_until IS NOT NULL, locked_until, scope LIMIT ?1"
+        );
         Sql::new(
             table,
             Statements {
@@ -57,6 +60,7 @@ impl Backend for Sqlite {
                 forget: "DELETE FROM {t} WHERE scope = ?1 AND key = ?2",
                 inspect: &inspect,
                 in_progress: &in_progress,
+                in_progress_all: &in_progress_all,
                 purge: "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
                         WHERE state = 'completed' AND completed_at < \
                         strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds') \
