@@ -1,0 +1,209 @@
+//! The command line, and the checks that need no database: durations, scopes and keys.
+
+use std::io::Read as _;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use idem::{IntoKey, Key, KeyWriter};
+
+use crate::Failure;
+
+/// Look at and tidy the markers that idem's idempotent handlers keep.
+///
+/// Exit codes: 0 done; 1 the database could not be reached or refused a statement; 2 bad
+/// input (nothing was sent to the database); 3 `inspect` found no marker.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version)]
+pub(crate) struct Cli {
+    /// The database: postgres://USER@HOST/DB, mysql:// or mariadb://USER@HOST/DB, sqlite:PATH.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub(crate) database_url: Option<String>,
+
+    /// The marker table (what the handlers' store was given with `Store::with_table`).
+    #[arg(long, default_value = idem::DEFAULT_TABLE, global = true)]
+    pub(crate) table: String,
+
+    /// Print one JSON document instead of text.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Show the marker of one job: state, attempts, lease, times (exit 3 if there is none).
+    Inspect(Target),
+    /// Delete the marker of one job, so that its next delivery runs again.
+    Forget(Target),
+    /// Delete the markers of jobs completed longer ago than AGE; prints how many.
+    Purge {
+        /// The retention: a number and a unit, as 7d, 12h, 30m or 90s. It must outlast the
+        /// time the broker may still redeliver a job.
+        #[arg(long, value_name = "AGE", value_parser = parse_age)]
+        older_than: Age,
+    },
+    /// List markers still in progress (lease mode): run-out and released leases first.
+    Stuck {
+        /// Only this handler's scope (default: every scope).
+        #[arg(long, value_parser = parse_scope)]
+        scope: Option<String>,
+        /// At most this many markers.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+    },
+}
+
+/// One job's marker: its handler's scope and its key.
+#[derive(Debug, Args)]
+pub(crate) struct Target {
+    /// The handler's scope (its `scope = "..."`, or the function's name).
+    #[arg(value_parser = parse_scope)]
+    pub(crate) scope: String,
+
+    /// The key as stored, as `inspect` and `stuck` print it: a string or integer id as
+    /// written (`order-7`, `42`), a tuple key in its encoded form (`4:acme|2:17`). `-` reads
+    /// it from standard input (one trailing newline dropped).
+    #[arg(required_unless_present = "parts", allow_hyphen_values = true)]
+    pub(crate) key: Option<String>,
+
+    /// A tuple key given part by part, in order (`--part acme --part 17` is `4:acme|2:17`),
+    /// encoded as the handler's tuple key expression encodes it.
+    #[arg(long = "part", value_name = "PART", conflicts_with = "key")]
+    pub(crate) parts: Vec<String>,
+}
+
+impl Target {
+    /// The stored key this target names, refused (exit 2) if no handler could have stored it.
+    pub(crate) fn key(&self) -> Result<Key, Failure> {
+        let key = match &self.key {
+            Some(dash) if dash == "-" => Key::new(&read_stdin()?),
+            Some(key) => Key::new(key),
+            None => Key::new(&Parts(&self.parts)),
+        };
+        key.map_err(|e| {
+            Failure::input(format!(
+                "{e}; give the key as `inspect` or `stuck` prints it (1 to {} bytes)",
+                idem::MAX_KEY_LEN
+            ))
+        })
+    }
+}
+
+/// Several parts write a tuple key, as `(a, b)` in a handler's key expression does; one part
+/// is the plain key.
+struct Parts<'a>(&'a [String]);
+
+impl IntoKey for Parts<'_> {
+    fn write_key(&self, key: &mut KeyWriter) {
+        for part in self.0 {
+            key.part(part);
+        }
+    }
+}
+
+fn read_stdin() -> Result<String, Failure> {
+    let mut key = String::new();
+    std::io::stdin()
+        .read_to_string(&mut key)
+        .map_err(|e| Failure::input(format!("cannot read the key from standard input: {e}")))?;
+    if key.ends_with('\n') {
+        key.pop();
+        if key.ends_with('\r') {
+            key.pop();
+        }
+    }
+    Ok(key)
+}
+
+/// A purge's retention, kept with the text it was written as.
+#[derive(Debug, Clone)]
+pub(crate) struct Age {
+    pub(crate) text: String,
+    pub(crate) duration: Duration,
+}
+
+fn parse_age(text: &str) -> Result<Age, String> {
+    const HOW: &str = "write a whole number and one unit: 7d, 12h, 30m or 90s";
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("no unit: {HOW}"))?;
+    let (digits, unit) = text.split_at(split);
+    let unit_secs: u64 = match unit {
+        "d" => 86_400,
+        "h" => 3_600,
+        "m" => 60,
+        "s" => 1,
+        _ => return Err(format!("unknown unit `{unit}`: {HOW}")),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("no number before the unit: {HOW}"))?;
+    if n == 0 {
+        return Err(
+            "a retention of zero would delete every completed marker, letting any \
+                    redelivery run again: give the time the broker may still redeliver a job"
+                .to_owned(),
+        );
+    }
+    let secs = n
+        .checked_mul(unit_secs)
+        .ok_or_else(|| format!("{text} is too long a retention: {HOW}"))?;
+    Ok(Age {
+        text: text.to_owned(),
+        duration: Duration::from_secs(secs),
+    })
+}
+
+/// The runtime's rule for scopes, checked here so that a bad one never reaches a connection.
+fn parse_scope(scope: &str) -> Result<String, String> {
+    if scope.is_empty() || scope.len() > idem::MAX_KEY_LEN {
+        return Err(idem::Error::InvalidScope {
+            scope: scope.to_owned(),
+        }
+        .to_string());
+    }
+    Ok(scope.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_take_one_number_and_one_unit() {
+        let secs = |t: &str| parse_age(t).map(|a| a.duration.as_secs());
+        assert_eq!(secs("7d"), Ok(7 * 86_400));
+        assert_eq!(secs("12h"), Ok(12 * 3_600));
+        assert_eq!(secs("30m"), Ok(1_800));
+        assert_eq!(secs("90s"), Ok(90));
+        for bad in [
+            "",
+            "7",
+            "d",
+            "7x",
+            "7 d",
+            "-7d",
+            "1h30m",
+            "0s",
+            "99999999999999999d",
+        ] {
+            assert!(parse_age(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn parts_encode_like_a_tuple_key() {
+        let parts = |p: &[&str]| {
+            let owned: Vec<String> = p.iter().map(|s| (*s).to_owned()).collect();
+            Key::new(&Parts(&owned)).map(|k| k.as_str().to_owned())
+        };
+        assert_eq!(
+            parts(&["acme", "17"]).unwrap(),
+            Key::new(&("acme", 17)).unwrap().as_str()
+        );
+        assert_eq!(parts(&["order-7"]).unwrap(), "order-7");
+        assert!(parts(&[]).is_err());
+    }
+}

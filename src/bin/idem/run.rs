@@ -1,0 +1,149 @@
+//! One command, from checked input to printed output: everything that needs no database is
+//! refused before the first connection.
+
+use std::process::ExitCode;
+use std::str::FromStr as _;
+use std::time::Duration;
+
+use idem::{Backend, Key, Store};
+use sqlx::pool::PoolOptions;
+use sqlx::{ConnectOptions as _, Connection as _};
+
+use crate::Failure;
+use crate::args::{Age, Cli, Command};
+use crate::render;
+use crate::target::{DatabaseUrl, Scheme};
+
+/// How long the tool waits for the database to accept a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Exit code of an `inspect` that found no marker.
+const NOT_FOUND: u8 = 3;
+
+/// A command whose input has been checked.
+enum Request {
+    Inspect { scope: String, key: Key },
+    Forget { scope: String, key: Key },
+    Purge(Age),
+    Stuck { scope: Option<String>, limit: u32 },
+}
+
+/// Where the command runs and how it prints.
+struct Context {
+    db: DatabaseUrl,
+    table: String,
+    json: bool,
+}
+
+pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let request = match cli.command {
+        Command::Inspect(target) => Request::Inspect {
+            key: target.key()?,
+            scope: target.scope,
+        },
+        Command::Forget(target) => Request::Forget {
+            key: target.key()?,
+            scope: target.scope,
+        },
+        Command::Purge { older_than } => Request::Purge(older_than),
+        Command::Stuck { scope, limit } => Request::Stuck { scope, limit },
+    };
+    let cx = Context {
+        db: DatabaseUrl::parse(cli.database_url)?,
+        table: cli.table,
+        json: cli.json,
+    };
+    let url = cx.db.url.as_str();
+    match cx.db.scheme {
+        Scheme::Postgres => {
+            let options = sqlx::postgres::PgConnectOptions::from_str(url);
+            execute::<sqlx::Postgres>(options.map_err(|e| bad_url(&cx, e))?, &cx, request).await
+        }
+        Scheme::MySql => {
+            let options = sqlx::mysql::MySqlConnectOptions::from_str(url);
+            execute::<sqlx::MySql>(options.map_err(|e| bad_url(&cx, e))?, &cx, request).await
+        }
+        Scheme::Sqlite => {
+            // Never `create_if_missing`: a mistyped path must not leave an empty database.
+            let options = sqlx::sqlite::SqliteConnectOptions::from_str(url);
+            execute::<sqlx::Sqlite>(options.map_err(|e| bad_url(&cx, e))?, &cx, request).await
+        }
+    }
+}
+
+fn bad_url(cx: &Context, e: sqlx::Error) -> Failure {
+    Failure::input(format!(
+        "cannot read the database URL {}: {e}; check its syntax",
+        cx.db.shown
+    ))
+}
+
+async fn execute<DB: Backend>(
+    options: <DB::Connection as sqlx::Connection>::Options,
+    cx: &Context,
+    request: Request,
+) -> Result<ExitCode, Failure> {
+    // A lazy pool connects at its first statement: the table name is checked before that.
+    let pool = PoolOptions::<DB>::new()
+        .max_connections(1)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect_lazy_with(options.clone());
+    let store = Store::new(pool)
+        .with_table(&cx.table)
+        .map_err(|e| Failure::input(format!("{e} (--table)")))?;
+    // One attempt of our own: the pool retries a refused connection until its timeout and
+    // then reports only that it timed out, not why.
+    match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
+        Ok(Ok(conn)) => drop(conn.close().await),
+        Ok(Err(e)) => {
+            return Err(Failure::database(format!(
+                "cannot reach the database at {}: {e}; check the URL and that the server is \
+                 running",
+                cx.db.shown
+            )));
+        }
+        Err(_) => {
+            return Err(Failure::database(format!(
+                "the database at {} did not accept a connection within {} s; check the URL \
+                 and that the server is running",
+                cx.db.shown,
+                CONNECT_TIMEOUT.as_secs()
+            )));
+        }
+    }
+    let refused = |e: idem::Error| {
+        Failure::database(format!(
+            "the database at {} (table {}): {e}",
+            cx.db.shown, cx.table
+        ))
+    };
+    let (text, code) = match request {
+        Request::Inspect { scope, key } => {
+            let marker = store.inspect(&scope, &key).await.map_err(refused)?;
+            let code = if marker.is_some() { 0 } else { NOT_FOUND };
+            (
+                render::inspect(&scope, &key, marker.as_ref(), cx.json),
+                code,
+            )
+        }
+        Request::Forget { scope, key } => {
+            let gone = store.forget(&scope, &key).await.map_err(refused)?;
+            (render::forget(&scope, &key, gone, cx.json), 0)
+        }
+        Request::Purge(age) => {
+            let deleted = store.purge(age.duration).await.map_err(refused)?;
+            (render::purge(&age, store.table(), deleted, cx.json), 0)
+        }
+        Request::Stuck { scope, limit } => {
+            let markers = match &scope {
+                Some(scope) => store.list_in_progress(scope, limit).await,
+                None => store.list_all_in_progress(limit).await,
+            };
+            let markers = markers.map_err(refused)?;
+            (render::stuck(scope.as_deref(), limit, &markers, cx.json), 0)
+        }
+    };
+    store.pool().close().await;
+    print!("{text}");
+    Ok(ExitCode::from(code))
+}
