@@ -348,6 +348,9 @@ pub(crate) async fn purge_deletes_what_completed_before_the_age<B: Db>() {
     fx.cleanup().await;
 }
 
+/// Arguments, standard input, and what the error must say.
+type BadInput<'a> = (&'a [&'a str], Option<&'a [u8]>, &'a str);
+
 pub(crate) async fn bad_input_exits_2_and_writes_nothing<B: Db>() {
     let fx = Fixture::<B>::new("bad").await;
     let order7 = Key::new("order-7").unwrap();
@@ -361,7 +364,7 @@ pub(crate) async fn bad_input_exits_2_and_writes_nothing<B: Db>() {
     .await;
     let long_key = "k".repeat(256);
     let long_scope = "s".repeat(256);
-    let cases: [(&[&str], Option<&[u8]>, &str); 14] = [
+    let cases: [BadInput<'_>; 14] = [
         (&["purge", "--older-than", "7x"], None, "unknown unit `x`"),
         (&["purge", "--older-than", "7"], None, "no unit"),
         (&["purge", "--older-than", "0s"], None, "retention of zero"),

@@ -93,6 +93,14 @@ pub(crate) async fn inspect_shows_each_marker_and_the_leases_in_progress<S: Supp
             .expect("list")
             .is_empty()
     );
+    // Across scopes: the same lease, the completed marker of "apply" left out.
+    let all = ctx.store.list_all_in_progress(10).await.expect("list all");
+    assert_eq!(
+        all.iter()
+            .map(|m| (m.scope.as_str(), m.key.as_str(), m.token))
+            .collect::<Vec<_>>(),
+        [("billing.inspect", held.key.as_str(), held.token)]
+    );
 
     // Completed: no longer in progress.
     let outcome = lease.finish::<(), Error>(Ok(())).await.expect("finish");
@@ -108,6 +116,13 @@ pub(crate) async fn inspect_shows_each_marker_and_the_leases_in_progress<S: Supp
         (MarkerState::Completed, Some(1))
     );
     assert_eq!(finished.lease_ms_left, None);
+    assert!(
+        ctx.store
+            .list_all_in_progress(10)
+            .await
+            .expect("list all")
+            .is_empty()
+    );
     assert!(
         ctx.store
             .list_in_progress("billing.inspect", 10)
