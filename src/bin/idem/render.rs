@@ -12,7 +12,11 @@ use crate::args::Age;
 
 pub(crate) fn inspect(scope: &str, key: &Key, marker: Option<&Marker>, json: bool) -> String {
     match (marker, json) {
-        (Some(m), true) => document(&marker_json(m)),
+        (Some(m), true) => {
+            let mut doc = marker_json(m);
+            doc["found"] = Value::Bool(true);
+            document(&doc)
+        }
         (Some(m), false) => fields(&marker_fields(m)),
         (None, true) => document(&json!({ "scope": scope, "key": key.as_str(), "found": false })),
         (None, false) => format!(
@@ -132,7 +136,6 @@ fn state_name(state: MarkerState) -> &'static str {
 
 fn marker_json(m: &Marker) -> Value {
     json!({
-        "found": true,
         "scope": m.scope,
         "key": m.key,
         "state": state_name(m.state),
