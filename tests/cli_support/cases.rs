@@ -187,6 +187,24 @@ pub(crate) async fn stuck_lists_leases_in_progress<B: Db>() {
         assert_eq!(fields.len(), 10, "{fields:?}");
     }
 
+    let all = fx.idem(&["--json", "stuck"]).await.ok().json();
+    assert_eq!(all["scope"], json!(null));
+    let keys: Vec<_> = all["markers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["key"].clone())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            json!("charge-released"),
+            json!("charge-old"),
+            json!("charge-live"),
+            json!("mail-1")
+        ]
+    );
+
     // Every scope, readable: a header and one aligned row per marker.
     let text = fx.idem(&["stuck"]).await.ok().stdout;
     let rows: Vec<Vec<&str>> = text

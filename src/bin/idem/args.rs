@@ -158,7 +158,7 @@ fn parse_age(text: &str) -> Result<Age, String> {
 
 /// The runtime's rule for scopes, checked here so that a bad one never reaches a connection.
 fn parse_scope(scope: &str) -> Result<String, String> {
-    if scope.is_empty() || scope.len() > idem::MAX_KEY_LEN {
+    if scope.is_empty() || scope.len() > idem::MAX_KEY_LEN || scope.contains('\0') {
         return Err(idem::Error::InvalidScope {
             scope: scope.to_owned(),
         }
