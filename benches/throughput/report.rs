@@ -65,9 +65,12 @@ pub(crate) fn report(set: Settings, results: &Results, growth: Option<&Growth>) 
          jobs/s: median of {} runs of {:.1} s each (min–max beside it); latency: p50 and p99 of \
          every job of those runs; client CPU: CPU time of the bench process per job (for SQLite \
          it includes the database engine, which runs in the process). Variants interleaved run \
-         by run, every other round in reverse order.\n",
+         by run, every other round in reverse order. Pools: `{}` (`--pool`).\n",
         set.rounds,
-        set.run.as_secs_f64()
+        set.run.as_secs_f64(),
+        crate::measure::POOL
+            .get()
+            .map_or("lean", |mode| mode.name())
     );
     out.push_str(
         "| database | workers | variant | jobs/s | min–max | p50 ms | p99 ms | client CPU µs/job |\n\

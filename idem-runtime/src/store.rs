@@ -278,7 +278,7 @@ impl<DB: Backend> Store<DB> {
                     });
                 }
                 Ok(false) => {
-                    DB::rollback(tx, &options).await?;
+                    DB::abandon(tx, &options).await?;
                     return Ok(Claim::Duplicate);
                 }
                 Err(e) if DB::is_lock_timeout(&e) => {
