@@ -136,7 +136,9 @@ fn parse_args() -> Res<Args> {
 async fn main() -> Res<()> {
     let wall = Instant::now();
     let args = parse_args()?;
-    measure::POOL.set(args.pool).expect("set once, before any pool");
+    measure::POOL
+        .set(args.pool)
+        .expect("set once, before any pool");
     let quick = args.quick;
     let set = if quick {
         Settings {
@@ -176,7 +178,7 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
     let sqlite = dir.join("bench.db");
     let accounts = &config().accounts;
     let mut growth = None;
-    let mut wire_report = None;
+    let mut wire_report = String::new();
     for kind in KINDS {
         if args.only.is_some_and(|only| only != kind) {
             continue;
@@ -193,9 +195,9 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
                 // being this run's.
                 let sum = async {
                     setup_pg(&admin).await?;
-                    let counted = wire::measure(&keys).await?;
+                    let counted = wire::measure(kind, &keys, &sqlite).await?;
                     counted.check()?;
-                    wire_report = Some(counted.markdown());
+                    wire_report.push_str(&counted.markdown());
                     bench_kind(kind, set, &keys, &sqlite, pgbench.as_ref(), &mut results).await?;
                     if !set.quick {
                         growth = Some(measure_growth(&admin, set, &keys).await?);
@@ -237,6 +239,9 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
                 // As for PostgreSQL, dropped whatever happens.
                 let sum = async {
                     setup_my(&admin).await?;
+                    let counted = wire::measure(kind, &keys, &sqlite).await?;
+                    counted.check()?;
+                    wire_report.push_str(&counted.markdown());
                     bench_kind(kind, set, &keys, &sqlite, None, &mut results).await?;
                     let sum: (i64,) = sqlx::query_as(AssertSqlSafe(format!(
                         "SELECT CAST(COALESCE(SUM(credits), 0) AS SIGNED) FROM {accounts}"
@@ -266,7 +271,7 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
         Ok(()) => eprintln!("plot written to {}", path.display()),
         Err(e) => eprintln!("plot not written: {e}"),
     }
-    print!("{}{report}", wire_report.unwrap_or_default());
+    print!("{wire_report}{report}");
     Ok(())
 }
 

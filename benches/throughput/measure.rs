@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use idem::Store;
@@ -173,6 +173,15 @@ pub(crate) fn pool_mode() -> PoolMode {
 }
 
 pub(crate) async fn connect(kind: Kind, workers: usize, sqlite: &Path) -> Res<Conn> {
+    let url = match kind {
+        Kind::MySql => &config().my_url,
+        _ => &config().pg_url,
+    };
+    connect_to(kind, workers, sqlite, url).await
+}
+
+/// [`connect`] to another address of the server (the wire check's counting proxy).
+pub(crate) async fn connect_to(kind: Kind, workers: usize, sqlite: &Path, url: &str) -> Res<Conn> {
     let mode = pool_mode();
     let n = mode.size(workers);
     Ok(match kind {
@@ -181,7 +190,7 @@ pub(crate) async fn connect(kind: Kind, workers: usize, sqlite: &Path) -> Res<Co
                 .test_before_acquire(mode.ping())
                 .max_connections(n)
                 .min_connections(n)
-                .connect(&config().pg_url)
+                .connect(url)
                 .await?;
             Conn::Pg(Store::new(pool).with_table(&config().markers)?)
         }
@@ -199,7 +208,7 @@ pub(crate) async fn connect(kind: Kind, workers: usize, sqlite: &Path) -> Res<Co
                 .test_before_acquire(mode.ping())
                 .max_connections(n)
                 .min_connections(n)
-                .connect(&config().my_url)
+                .connect(url)
                 .await?;
             Conn::My(Store::new(pool).with_table(&config().markers)?)
         }
