@@ -325,10 +325,7 @@ async fn forward_counting(
         }
         to.write_all(&chunk[..n]).await?;
         buf.extend_from_slice(&chunk[..n]);
-        loop {
-            let Some((total, ty)) = next_message(&buf, kind, started) else {
-                break;
-            };
+        while let Some((total, ty)) = next_message(&buf, kind, started) {
             if let Some(ty) = ty {
                 counts.add(proto, ty);
             }
