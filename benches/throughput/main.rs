@@ -33,6 +33,7 @@
 
 // One file per concern; `main` only parses the arguments, runs each database in turn, checks
 // its effects and prints the report.
+mod batch;
 mod config;
 mod growth;
 mod measure;
@@ -171,6 +172,7 @@ async fn main() -> Res<()> {
 
 async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
     let mut results = Results::new();
+    let mut batches = batch::BatchResults::new();
     let pgbench = Pgbench::new(dir);
     if pgbench.is_none() {
         eprintln!("pgbench not found (PATH, /usr/lib/postgresql/*/bin): its rows are left out");
@@ -199,6 +201,8 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
                     counted.check()?;
                     wire_report.push_str(&counted.markdown());
                     bench_kind(kind, set, &keys, &sqlite, pgbench.as_ref(), &mut results).await?;
+                    batch::bench_batches(kind, set, &keys, &sqlite, pgbench.as_ref(), &mut batches)
+                        .await?;
                     if !set.quick {
                         growth = Some(measure_growth(&admin, set, &keys).await?);
                     }
@@ -223,6 +227,7 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
                     .await?;
                 setup_lite(&admin).await?;
                 bench_kind(kind, set, &keys, &sqlite, None, &mut results).await?;
+                batch::bench_batches(kind, set, &keys, &sqlite, None, &mut batches).await?;
                 let sum: (i64,) = sqlx::query_as(AssertSqlSafe(format!(
                     "SELECT COALESCE(SUM(credits), 0) FROM {accounts}"
                 )))
@@ -243,6 +248,7 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
                     counted.check()?;
                     wire_report.push_str(&counted.markdown());
                     bench_kind(kind, set, &keys, &sqlite, None, &mut results).await?;
+                    batch::bench_batches(kind, set, &keys, &sqlite, None, &mut batches).await?;
                     let sum: (i64,) = sqlx::query_as(AssertSqlSafe(format!(
                         "SELECT CAST(COALESCE(SUM(credits), 0) AS SIGNED) FROM {accounts}"
                     )))
@@ -262,7 +268,7 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
         eprintln!("{}: {:.1} s", kind.name(), t0.elapsed().as_secs_f64());
     }
 
-    let report = report(set, &results, growth.as_ref());
+    let report = report(set, &results, &batches, growth.as_ref());
     let path = args
         .plot
         .clone()
