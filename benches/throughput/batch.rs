@@ -25,7 +25,7 @@ use crate::{ACCOUNTS, BoxError, MAX_JOBS_PER_WORKER, PGBENCH_QUICK_RUN, Res, SCO
 pub(crate) const SIZES: [usize; 3] = [1, 10, 100];
 pub(crate) const BATCH_WORKERS: [usize; 2] = [1, 8];
 /// Salt of the hand-written batches' keys.
-const HAND_BATCH: u64 = 0x6261_7463_68;
+const HAND_BATCH: u64 = 0x0062_6174_6368;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum BatchVariant {
