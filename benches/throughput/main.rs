@@ -5,7 +5,8 @@
 //! cargo bench --bench throughput -- --quick      # < 60 s
 //! ```
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
-//! sqlite|mysql`, `--rounds N`, `--run-ms N`.
+//! sqlite|mysql`, `--rounds N`, `--run-ms N`, `--pool lean|sqlx` (the pool settings the docs
+//! recommend, the default, or sqlx's own; see [`measure::PoolMode`]).
 //!
 //! Against PostgreSQL (`IDEM_POSTGRES_URL`), a temporary SQLite file (WAL) and MariaDB
 //! (`IDEM_MYSQL_URL`), the local servers by default (see [`config`]), the job
@@ -32,6 +33,7 @@
 
 // One file per concern; `main` only parses the arguments, runs each database in turn, checks
 // its effects and prints the report.
+mod batch;
 mod config;
 mod growth;
 mod measure;
@@ -40,6 +42,7 @@ mod plot;
 mod report;
 mod setup;
 mod variants;
+mod wire;
 
 use std::error::Error as StdError;
 use std::path::{Path, PathBuf};
@@ -54,7 +57,7 @@ use sqlx::sqlite::SqlitePoolOptions;
 
 use config::config;
 use growth::measure_growth;
-use measure::{Results, bench_kind, sqlite_options};
+use measure::{PoolMode, Results, bench_kind, sqlite_options};
 use pgbench::Pgbench;
 use plot::draw;
 use report::report;
@@ -88,6 +91,7 @@ struct Args {
     only: Option<Kind>,
     rounds: Option<usize>,
     run_ms: Option<u64>,
+    pool: PoolMode,
 }
 
 fn parse_args() -> Res<Args> {
@@ -97,6 +101,7 @@ fn parse_args() -> Res<Args> {
         only: None,
         rounds: None,
         run_ms: None,
+        pool: PoolMode::Lean,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -112,6 +117,13 @@ fn parse_args() -> Res<Args> {
                 })
             }
             "--rounds" => parsed.rounds = Some(args.next().ok_or("--rounds needs N")?.parse()?),
+            "--pool" => {
+                parsed.pool = match args.next().as_deref() {
+                    Some("sqlx") => PoolMode::Sqlx,
+                    Some("lean") => PoolMode::Lean,
+                    _ => return Err("--pool takes sqlx or lean".into()),
+                }
+            }
             "--run-ms" => parsed.run_ms = Some(args.next().ok_or("--run-ms needs N")?.parse()?),
             // `cargo bench` passes `--bench` to every harness-less bench.
             "--bench" => {}
@@ -125,6 +137,9 @@ fn parse_args() -> Res<Args> {
 async fn main() -> Res<()> {
     let wall = Instant::now();
     let args = parse_args()?;
+    measure::POOL
+        .set(args.pool)
+        .expect("set once, before any pool");
     let quick = args.quick;
     let set = if quick {
         Settings {
@@ -157,6 +172,7 @@ async fn main() -> Res<()> {
 
 async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
     let mut results = Results::new();
+    let mut batches = batch::BatchResults::new();
     let pgbench = Pgbench::new(dir);
     if pgbench.is_none() {
         eprintln!("pgbench not found (PATH, /usr/lib/postgresql/*/bin): its rows are left out");
@@ -164,6 +180,7 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
     let sqlite = dir.join("bench.db");
     let accounts = &config().accounts;
     let mut growth = None;
+    let mut wire_report = String::new();
     for kind in KINDS {
         if args.only.is_some_and(|only| only != kind) {
             continue;
@@ -180,7 +197,12 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
                 // being this run's.
                 let sum = async {
                     setup_pg(&admin).await?;
+                    let counted = wire::measure(kind, &keys, &sqlite).await?;
+                    counted.check()?;
+                    wire_report.push_str(&counted.markdown());
                     bench_kind(kind, set, &keys, &sqlite, pgbench.as_ref(), &mut results).await?;
+                    batch::bench_batches(kind, set, &keys, &sqlite, pgbench.as_ref(), &mut batches)
+                        .await?;
                     if !set.quick {
                         growth = Some(measure_growth(&admin, set, &keys).await?);
                     }
@@ -205,6 +227,7 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
                     .await?;
                 setup_lite(&admin).await?;
                 bench_kind(kind, set, &keys, &sqlite, None, &mut results).await?;
+                batch::bench_batches(kind, set, &keys, &sqlite, None, &mut batches).await?;
                 let sum: (i64,) = sqlx::query_as(AssertSqlSafe(format!(
                     "SELECT COALESCE(SUM(credits), 0) FROM {accounts}"
                 )))
@@ -221,7 +244,11 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
                 // As for PostgreSQL, dropped whatever happens.
                 let sum = async {
                     setup_my(&admin).await?;
+                    let counted = wire::measure(kind, &keys, &sqlite).await?;
+                    counted.check()?;
+                    wire_report.push_str(&counted.markdown());
                     bench_kind(kind, set, &keys, &sqlite, None, &mut results).await?;
+                    batch::bench_batches(kind, set, &keys, &sqlite, None, &mut batches).await?;
                     let sum: (i64,) = sqlx::query_as(AssertSqlSafe(format!(
                         "SELECT CAST(COALESCE(SUM(credits), 0) AS SIGNED) FROM {accounts}"
                     )))
@@ -241,7 +268,7 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
         eprintln!("{}: {:.1} s", kind.name(), t0.elapsed().as_secs_f64());
     }
 
-    let report = report(set, &results, growth.as_ref());
+    let report = report(set, &results, &batches, growth.as_ref());
     let path = args
         .plot
         .clone()
@@ -250,7 +277,7 @@ async fn bench(set: Settings, dir: &Path, args: &Args) -> Res<()> {
         Ok(()) => eprintln!("plot written to {}", path.display()),
         Err(e) => eprintln!("plot not written: {e}"),
     }
-    print!("{report}");
+    print!("{wire_report}{report}");
     Ok(())
 }
 

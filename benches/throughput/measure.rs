@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use idem::Store;
@@ -46,6 +46,9 @@ impl Agg {
     }
 }
 
+/// Salt of the hand-written variants' keys, apart from the macro's.
+pub(crate) const HAND: u64 = 0x68616e64;
+
 pub(crate) type Results = BTreeMap<(Kind, usize, Variant), Agg>;
 
 pub(crate) async fn run_variant(
@@ -55,7 +58,6 @@ pub(crate) async fn run_variant(
     workers: usize,
     dur: Duration,
 ) -> Res<Run> {
-    const HAND: u64 = 0x68616e64;
     let applied = keys.applied.load(Ordering::SeqCst);
     if variant == Variant::Duplicate && applied == 0 {
         return Err("duplicate: no applied job to re-deliver".into());
@@ -134,19 +136,67 @@ pub(crate) async fn run_variant(
     })
 }
 
+/// How the bench's pools are set up: `--pool sqlx` or `--pool lean` (the default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PoolMode {
+    /// sqlx's defaults: a ping before each acquire, one connection per worker.
+    Sqlx,
+    /// What `docs/idempotent.md` recommends: no ping before acquire (a dead connection fails
+    /// the claim, and the job is redelivered), and one connection more than the workers, so
+    /// that the ping sqlx sends when a connection goes back to the pool (it also flushes a
+    /// dropped transaction's `ROLLBACK`) overlaps the next job instead of delaying it.
+    Lean,
+}
+
+impl PoolMode {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            PoolMode::Sqlx => "sqlx",
+            PoolMode::Lean => "lean",
+        }
+    }
+
+    pub(crate) fn ping(self) -> bool {
+        self == PoolMode::Sqlx
+    }
+
+    pub(crate) fn size(self, workers: usize) -> u32 {
+        workers as u32 + u32::from(self == PoolMode::Lean)
+    }
+}
+
+/// Set once from the arguments, before any pool is made.
+pub(crate) static POOL: OnceLock<PoolMode> = OnceLock::new();
+
+pub(crate) fn pool_mode() -> PoolMode {
+    *POOL.get().unwrap_or(&PoolMode::Lean)
+}
+
 pub(crate) async fn connect(kind: Kind, workers: usize, sqlite: &Path) -> Res<Conn> {
-    let n = workers as u32;
+    let url = match kind {
+        Kind::MySql => &config().my_url,
+        _ => &config().pg_url,
+    };
+    connect_to(kind, workers, sqlite, url).await
+}
+
+/// [`connect`] to another address of the server (the wire check's counting proxy).
+pub(crate) async fn connect_to(kind: Kind, workers: usize, sqlite: &Path, url: &str) -> Res<Conn> {
+    let mode = pool_mode();
+    let n = mode.size(workers);
     Ok(match kind {
         Kind::Postgres => {
             let pool = PgPoolOptions::new()
+                .test_before_acquire(mode.ping())
                 .max_connections(n)
                 .min_connections(n)
-                .connect(&config().pg_url)
+                .connect(url)
                 .await?;
             Conn::Pg(Store::new(pool).with_table(&config().markers)?)
         }
         Kind::Sqlite => {
             let pool = SqlitePoolOptions::new()
+                .test_before_acquire(mode.ping())
                 .max_connections(n)
                 .min_connections(n)
                 .connect_with(sqlite_options(sqlite))
@@ -155,9 +205,10 @@ pub(crate) async fn connect(kind: Kind, workers: usize, sqlite: &Path) -> Res<Co
         }
         Kind::MySql => {
             let pool = MySqlPoolOptions::new()
+                .test_before_acquire(mode.ping())
                 .max_connections(n)
                 .min_connections(n)
-                .connect(&config().my_url)
+                .connect(url)
                 .await?;
             Conn::My(Store::new(pool).with_table(&config().markers)?)
         }

@@ -64,6 +64,44 @@ impl Pgbench {
     /// `clients` connections for a length of run; the run's rate is pgbench's own `tps`
     /// (without connection time), latencies come from its per-transaction log.
     pub(crate) async fn run(&self, clients: usize, length: PgbenchLength, tag: &str) -> Res<Run> {
+        self.run_script(&self.script, clients, length, tag).await
+    }
+
+    /// The hand-written batch transaction of `size` jobs: one statement claims `size` fresh
+    /// keys, one tops up their accounts, each client its own (account ≡ client mod clients),
+    /// as the bench's batch workers do. Its rate counts transactions: `size` jobs each.
+    pub(crate) async fn run_batch(
+        &self,
+        clients: usize,
+        size: usize,
+        length: PgbenchLength,
+        tag: &str,
+    ) -> Res<Run> {
+        let script = self.dir.join(format!("batch_{size}_{clients}.sql"));
+        let (accounts, markers) = (&config().accounts, &config().pgbench);
+        let per_client = ACCOUNTS / clients as u64;
+        let text = format!(
+            "BEGIN;\n\
+             INSERT INTO {markers} (scope, key, completed_at) \
+             SELECT '{SCOPE}', md5(random()::text || clock_timestamp()::text || g), now() \
+             FROM generate_series(1, {size}) AS g ORDER BY 2 ON CONFLICT DO NOTHING RETURNING key;\n\
+             UPDATE {accounts} SET credits = credits + v.c FROM (SELECT \
+             floor(random() * {per_client})::bigint * {clients} + :client_id + 1 AS id, \
+             count(*) AS c FROM generate_series(1, {size}) GROUP BY 1) v \
+             WHERE {accounts}.id = v.id;\n\
+             COMMIT;\n"
+        );
+        std::fs::write(&script, text)?;
+        self.run_script(&script, clients, length, tag).await
+    }
+
+    async fn run_script(
+        &self,
+        script: &Path,
+        clients: usize,
+        length: PgbenchLength,
+        tag: &str,
+    ) -> Res<Run> {
         let prefix = format!("pgbench-{tag}");
         let threads = clients.min(2);
         let mut cmd = tokio::process::Command::new(&self.bin);
@@ -72,7 +110,7 @@ impl Pgbench {
         // default URL this is `-h 127.0.0.1 -p 5432 -U postgres test`, as it always was.
         cmd.arg("-n")
             .args(["-M", "prepared", "-f"])
-            .arg(&self.script)
+            .arg(script)
             .args(["-c", &clients.to_string(), "-j", &threads.to_string()])
             .args(match length {
                 PgbenchLength::Secs(secs) => ["-T".to_owned(), secs.to_string()],

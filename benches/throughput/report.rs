@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use crate::batch::{BATCH_WORKERS, BatchResults, BatchVariant, SIZES};
 use crate::growth::Growth;
 use crate::measure::Results;
 use crate::variants::{KINDS, Kind, Variant};
@@ -57,7 +58,12 @@ pub(crate) fn fmt_ratio(r: Option<f64>) -> String {
     r.map_or_else(|| "–".to_owned(), |r| format!("{r:.2}"))
 }
 
-pub(crate) fn report(set: Settings, results: &Results, growth: Option<&Growth>) -> String {
+pub(crate) fn report(
+    set: Settings,
+    results: &Results,
+    batches: &BatchResults,
+    growth: Option<&Growth>,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -65,9 +71,12 @@ pub(crate) fn report(set: Settings, results: &Results, growth: Option<&Growth>) 
          jobs/s: median of {} runs of {:.1} s each (min–max beside it); latency: p50 and p99 of \
          every job of those runs; client CPU: CPU time of the bench process per job (for SQLite \
          it includes the database engine, which runs in the process). Variants interleaved run \
-         by run, every other round in reverse order.\n",
+         by run, every other round in reverse order. Pools: `{}` (`--pool`).\n",
         set.rounds,
-        set.run.as_secs_f64()
+        set.run.as_secs_f64(),
+        crate::measure::POOL
+            .get()
+            .map_or("lean", |mode| mode.name())
     );
     out.push_str(
         "| database | workers | variant | jobs/s | min–max | p50 ms | p99 ms | client CPU µs/job |\n\
@@ -148,6 +157,8 @@ pub(crate) fn report(set: Settings, results: &Results, growth: Option<&Growth>) 
         }
     }
 
+    batch_tables(&mut out, batches);
+
     out.push_str("\n## Targets\n\n| target | measured | met |\n|---|---|---|\n");
     let mut target = |name: &str, values: Vec<(String, Option<f64>)>, ok: &dyn Fn(f64) -> bool| {
         let measured: Vec<String> = values
@@ -189,13 +200,42 @@ pub(crate) fn report(set: Settings, results: &Results, growth: Option<&Growth>) 
         );
     }
     target(
-        "PostgreSQL: macro / pgbench ≥ 0.85 at 8 clients",
+        "PostgreSQL: macro / pgbench ≥ 1.0",
+        WORKERS
+            .iter()
+            .map(|&w| {
+                let r = ratio(results, Kind::Postgres, w, Variant::Macro, Variant::Pgbench);
+                (format!("{w}w"), r)
+            })
+            .collect(),
+        &|r| r >= 1.0,
+    );
+    target(
+        "PostgreSQL: macro batch of 100 / single macro jobs ≥ 10 at 8 workers",
         vec![(
             "8w".to_owned(),
-            ratio(results, Kind::Postgres, 8, Variant::Macro, Variant::Pgbench),
+            batch_rate(batches, Kind::Postgres, 8, 100, BatchVariant::Macro)
+                .zip(rate(results, Kind::Postgres, 8, Variant::Macro))
+                .map(|(b, s)| b / s),
         )],
-        &|r| r >= 0.85,
+        &|r| r >= 10.0,
     );
+    for kind in KINDS {
+        target(
+            &format!("{}: macro batch / hand batch ≥ 0.95", kind.name()),
+            BATCH_WORKERS
+                .iter()
+                .flat_map(|&w| SIZES.iter().map(move |&n| (w, n)))
+                .map(|(w, n)| {
+                    let r = batch_rate(batches, kind, w, n, BatchVariant::Macro)
+                        .zip(batch_rate(batches, kind, w, n, BatchVariant::Hand))
+                        .map(|(m, h)| m / h);
+                    (format!("{w}w×{n}"), r)
+                })
+                .collect(),
+            &|r| r >= 0.95,
+        );
+    }
     if let Some(g) = growth {
         let at = |i: usize| percentile_ms(&g.claims[i].1, 50.0);
         target(
@@ -217,4 +257,75 @@ pub(crate) fn report(set: Settings, results: &Results, growth: Option<&Growth>) 
         ))
     );
     out
+}
+
+fn batch_rate(
+    batches: &BatchResults,
+    kind: Kind,
+    workers: usize,
+    size: usize,
+    v: BatchVariant,
+) -> Option<f64> {
+    batches
+        .get(&(kind, workers, size, v))
+        .map(|a| median(&a.rates))
+}
+
+/// Jobs/s of every batch run, and each size against single jobs and against the hand-written
+/// batch.
+fn batch_tables(out: &mut String, batches: &BatchResults) {
+    if batches.is_empty() {
+        return;
+    }
+    out.push_str(
+        "\n## Batches\n\njobs/s (not batches/s): median of the rounds (min–max); latency of a \
+         whole batch.\n\n\
+         | database | workers | batch | variant | jobs/s | min–max | batch p50 ms | batch p99 ms |\n\
+         |---|---:|---:|---|---:|---:|---:|---:|\n",
+    );
+    for ((kind, workers, size, v), agg) in batches {
+        let min = agg.rates.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = agg.rates.iter().copied().fold(0.0, f64::max);
+        let (p50, p99) = if agg.lat_ns.is_empty() {
+            ("–".to_owned(), "–".to_owned())
+        } else {
+            (
+                format!("{:.3}", percentile_ms(&agg.lat_ns, 50.0)),
+                format!("{:.3}", percentile_ms(&agg.lat_ns, 99.0)),
+            )
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {workers} | {size} | {} | {:.0} | {min:.0}–{max:.0} | {p50} | {p99} |",
+            kind.name(),
+            v.name(),
+            median(&agg.rates),
+        );
+    }
+    out.push_str(
+        "\n| database | workers | batch | macro / hand batch | macro batch / batch of 1 | \
+         macro / pgbench batch |\n|---|---:|---:|---:|---:|---:|\n",
+    );
+    for kind in KINDS {
+        for workers in BATCH_WORKERS {
+            for size in SIZES {
+                let r = |a, wa, b, wb| {
+                    fmt_ratio(
+                        batch_rate(batches, kind, workers, wa, a)
+                            .zip(batch_rate(batches, kind, workers, wb, b))
+                            .map(|(x, y)| x / y),
+                    )
+                };
+                use BatchVariant::{Hand, Macro, Pgbench};
+                let _ = writeln!(
+                    out,
+                    "| {} | {workers} | {size} | {} | {} | {} |",
+                    kind.name(),
+                    r(Macro, size, Hand, size),
+                    r(Macro, size, Macro, 1),
+                    r(Macro, size, Pgbench, size),
+                );
+            }
+        }
+    }
 }

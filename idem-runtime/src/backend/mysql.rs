@@ -191,6 +191,18 @@ impl Backend for MySql {
         Ok(())
     }
 
+    async fn abandon<'a>(
+        tx: Transaction<'a, Self>,
+        options: &'a ClaimOptions,
+    ) -> Result<(), sqlx::Error> {
+        // A `wait` changed the session's lock timeout: only the rollback message restores it.
+        if options.wait.is_some() {
+            return Self::rollback(tx, options).await;
+        }
+        drop(tx);
+        Ok(())
+    }
+
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
         number(err) == Some(ER_LOCK_WAIT_TIMEOUT)
     }
