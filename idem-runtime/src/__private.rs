@@ -326,6 +326,8 @@ pub async fn finish<DB: Backend, T, E>(
 /// The one place where an [`Error`] becomes the handler's error type.
 #[inline]
 pub fn settle<T, E: From<Error>>(result: Result<Outcome<T>, Failed<E>>) -> Result<Outcome<T>, E> {
+    #[cfg(feature = "testing")]
+    crate::testing::probe::settled(&result);
     result.map_err(|f| match f {
         Failed::Idem(e) => E::from(e),
         Failed::Handler(e) => e,

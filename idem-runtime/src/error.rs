@@ -146,6 +146,26 @@ pub enum Error {
         /// The timeout that ran out.
         after: std::time::Duration,
     },
+
+    /// A failure that [`idem::testing`](crate::testing) injected on purpose, right before the
+    /// commit (transaction mode) or the completing statement (lease mode) of a delivery under
+    /// test: the transaction was rolled back, or the lease released, instead. Only tests that
+    /// use the kit ever see it.
+    #[cfg(feature = "testing")]
+    #[error(
+        "idem::testing injected a failure into {scope:?} / {key:?} right before its {at}, as \
+         the test asked: nothing was committed by idem (a redelivery must now apply the job \
+         once); this error only comes from tests that use idem::testing"
+    )]
+    Injected {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+        /// Where: `"commit"`, `"savepoint release"` (a joined call) or `"completing
+        /// statement"` (lease mode).
+        at: &'static str,
+    },
 }
 
 struct NestedMessage<'a> {

@@ -99,6 +99,8 @@ impl<'a, DB: Backend> Joined<'a, DB> {
         fingerprint: Option<Fingerprint>,
     ) -> Result<Claimed<'a, DB>, Error> {
         let sql: Arc<Sql> = self.store.sql_arc();
+        #[cfg(feature = "testing")]
+        crate::testing::probe::claiming(crate::testing::probe::Mode::Transaction);
         // In a transaction, sqlx's `begin` is a SAVEPOINT.
         let mut tx = match self.conn.begin().await {
             Ok(tx) => tx,

@@ -147,6 +147,8 @@ impl<DB: Backend> Store<DB> {
         fingerprint: Option<Fingerprint>,
     ) -> Result<Leased, Error> {
         let print = fingerprint.as_ref().map(|f| &f.as_bytes()[..]);
+        #[cfg(feature = "testing")]
+        crate::testing::probe::claiming(crate::testing::probe::Mode::Lease);
         for _ in 0..LEASE_CLAIM_ATTEMPTS {
             let sent = Instant::now();
             let state = DB::lease_claim(
@@ -158,12 +160,15 @@ impl<DB: Backend> Store<DB> {
                 print,
             )
             .await?;
+            #[cfg(feature = "testing")]
+            crate::testing::probe::lease_answered();
             match state {
                 LeaseState::Taken { token, attempts } => {
                     let store = Arc::new(self.clone());
-                    return Ok(Leased::Fresh(Lease::new(
-                        store, scope, key, token, attempts, options, sent,
-                    )));
+                    let lease = Lease::new(store, scope, key, token, attempts, options, sent);
+                    #[cfg(feature = "testing")]
+                    crate::testing::probe::lease_taken(&lease).await?;
+                    return Ok(Leased::Fresh(lease));
                 }
                 LeaseState::Completed(recorded) => {
                     recorded.check(fingerprint.as_ref(), &scope, key.as_str())?;
@@ -416,6 +421,15 @@ impl Lease {
             Ok(Err(e)) => Ok(Err(e)),
             Err(e) => Err(e),
         };
+        #[cfg(feature = "testing")]
+        if result.as_ref().is_ok_and(|r| r.is_ok()) {
+            let at = "completing statement";
+            let injected = crate::testing::probe::before_commit(&self.scope, self.key(), at);
+            if let Some(e) = injected.await {
+                drop(self.store.release(&self).await);
+                return Err(Failed::Idem(e));
+            }
+        }
         match result {
             Ok(Ok((value, json))) => match self.store.complete(&self, json.as_deref()).await {
                 Ok(true) => Ok(crate::Outcome::Applied(value)),
@@ -455,6 +469,18 @@ impl Lease {
         result: Result<T, E>,
     ) -> Result<crate::Outcome<T>, E> {
         crate::__private::settle(self.end(Ok(result)).await)
+    }
+
+    /// Expires this lease in the database now, as if its holder had stalled past it.
+    #[cfg(feature = "testing")]
+    pub(crate) async fn expire_now(&self) -> Result<bool, sqlx::Error> {
+        self.store.release(self).await
+    }
+
+    /// Gives this holder's clock a full lease from `now` (not the database's).
+    #[cfg(feature = "testing")]
+    pub(crate) fn reset_deadline(&self, now: Instant) {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = now + self.options.lease;
     }
 
     fn lost(&self) -> Error {

@@ -22,6 +22,8 @@ mod options;
 mod outcome;
 mod replay;
 mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use backend::Backend;
 pub use error::{Error, KeyError};

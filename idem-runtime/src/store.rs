@@ -281,6 +281,8 @@ impl<DB: Backend> Store<DB> {
         fingerprint: Option<Fingerprint>,
     ) -> Result<Claim<DB>, Error> {
         let print = fingerprint.as_ref().map(|f| &f.as_bytes()[..]);
+        #[cfg(feature = "testing")]
+        crate::testing::probe::claiming(crate::testing::probe::Mode::Transaction);
         let mut attempt = 1;
         loop {
             let begin = DB::begin_sql(&self.sql, &options);
@@ -461,6 +463,19 @@ impl<'c, DB: Backend> Held<'c, DB> {
         if let Err(e) = recorded {
             self.abandon().await;
             return Err(Failed::Idem(e));
+        }
+        #[cfg(feature = "testing")]
+        if result.is_ok() {
+            let at = if self.joined {
+                "savepoint release"
+            } else {
+                "commit"
+            };
+            let injected = crate::testing::probe::before_commit(&self.scope, self.key.as_str(), at);
+            if let Some(e) = injected.await {
+                self.abandon().await;
+                return Err(Failed::Idem(e));
+            }
         }
         match result {
             // Joined: `RELEASE SAVEPOINT`. Applied in the caller's transaction, which is

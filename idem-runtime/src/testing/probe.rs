@@ -1,0 +1,246 @@
+//! The hooks the runtime calls when the `testing` feature is on, and the task-local that tells
+//! them what the kit wants of the delivery being polled.
+//!
+//! Outside a kit's delivery no probe is set and every hook returns at once: a handler under
+//! test runs exactly the code it runs in production, with the kit's faults added only where
+//! it asked for them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+use crate::__private::Failed;
+use crate::{Error, Lease, Outcome};
+
+tokio::task_local! {
+    static PROBE: Arc<Probe>;
+}
+
+/// What the kit does to one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// Nothing: the delivery runs as in production.
+    None,
+    /// Fail the delivery right before its commit (transaction mode) or its completing
+    /// statement (lease mode): roll back or release instead, and return [`Error::Injected`].
+    BeforeCommit,
+    /// Lease mode: right after the claim, expire the lease in the database, then wait until the
+    /// kit lets the delivery go on.
+    ExpireAfterClaim,
+}
+
+/// How the delivery claimed its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Transaction,
+    Lease,
+}
+
+/// The kind of idem error a delivery ended with, read before it became the handler's `E`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ended {
+    Ok,
+    InProgress,
+    LeaseLost,
+    Injected,
+    /// Another error of idem's.
+    Idem,
+    /// The body's own error.
+    Handler,
+}
+
+/// What the runtime reported about one delivery.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Seen {
+    pub(crate) mode: Option<Mode>,
+    /// Lease mode: the claim's attempt and fencing token.
+    pub(crate) attempt: Option<u32>,
+    pub(crate) token: Option<i64>,
+    pub(crate) injected: bool,
+    pub(crate) expired: bool,
+    pub(crate) ended: Option<Ended>,
+    /// The message of idem's error, if the call ended with one.
+    pub(crate) idem_error: Option<String>,
+}
+
+/// Where a paused delivery is (case `expire_lease`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pause {
+    Running,
+    /// Its lease is expired in the database and it waits.
+    Paused,
+    Resumed,
+}
+
+/// Deliveries that must all have started their claims before any of them commits.
+#[derive(Debug)]
+pub(crate) struct Race {
+    total: usize,
+    arrived: watch::Sender<usize>,
+}
+
+impl Race {
+    pub(crate) fn new(total: usize) -> Arc<Race> {
+        Arc::new(Race {
+            total,
+            arrived: watch::Sender::new(0),
+        })
+    }
+
+    async fn all_arrived(&self) {
+        let mut rx = self.arrived.subscribe();
+        // The sender lives in `self`, so the channel cannot close while we wait.
+        drop(rx.wait_for(|n| *n >= self.total).await);
+    }
+}
+
+/// One delivery's link between the kit and the runtime.
+#[derive(Debug)]
+pub(crate) struct Probe {
+    fault: Fault,
+    race: Option<Arc<Race>>,
+    arrived: AtomicBool,
+    seen: Mutex<Seen>,
+    pause: watch::Sender<Pause>,
+}
+
+impl Probe {
+    pub(crate) fn new(fault: Fault, race: Option<Arc<Race>>) -> Arc<Probe> {
+        Arc::new(Probe {
+            fault,
+            race,
+            arrived: AtomicBool::new(false),
+            seen: Mutex::new(Seen::default()),
+            pause: watch::Sender::new(Pause::Running),
+        })
+    }
+
+    /// Runs `delivery` with this probe visible to the runtime's hooks; counts it as arrived
+    /// at the race when it ends, so that a delivery that never claims cannot hold the others
+    /// up.
+    pub(crate) async fn run<F: Future>(self: &Arc<Self>, delivery: F) -> F::Output {
+        let out = PROBE.scope(self.clone(), delivery).await;
+        self.arrive();
+        out
+    }
+
+    pub(crate) fn seen(&self) -> Seen {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Waits until the delivery is paused after its claim (its lease expired).
+    pub(crate) async fn paused(&self) {
+        let mut rx = self.pause.subscribe();
+        drop(rx.wait_for(|p| *p == Pause::Paused).await);
+    }
+
+    /// Lets a paused delivery go on.
+    pub(crate) fn resume(&self) {
+        self.pause.send_replace(Pause::Resumed);
+    }
+
+    fn arrive(&self) {
+        if !self.arrived.swap(true, Ordering::SeqCst)
+            && let Some(race) = &self.race
+        {
+            race.arrived.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn note(&self, f: impl FnOnce(&mut Seen)) {
+        f(&mut self.seen.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+fn current() -> Option<Arc<Probe>> {
+    PROBE.try_with(Arc::clone).ok()
+}
+
+/// A delivery is about to claim. In transaction mode it counts as in flight for a race from
+/// here, before any statement: its claim may wait on the holder's transaction (PostgreSQL's
+/// row lock, SQLite's write lock), which the holder keeps open until every delivery arrived.
+pub(crate) fn claiming(mode: Mode) {
+    if let Some(probe) = current() {
+        probe.note(|s| s.mode = Some(mode));
+        if mode == Mode::Transaction {
+            probe.arrive();
+        }
+    }
+}
+
+/// Lease mode: the claim statement answered. A lease claim never waits on the holder, so a
+/// racing delivery counts as arrived only now, and the holder, which completes only once all
+/// arrived, was certainly still holding its lease when each of them asked.
+pub(crate) fn lease_answered() {
+    if let Some(probe) = current() {
+        probe.arrive();
+    }
+}
+
+/// Lease mode: the claim took the key. Under [`Fault::ExpireAfterClaim`] the lease is expired
+/// in the database (as if this holder had stalled past it) and the delivery waits for the
+/// kit; when it goes on, its own clock gets a full lease again, so that its body runs as a
+/// holder that believes its lease still holds (a paused process, a jumped clock) would run it.
+pub(crate) async fn lease_taken(lease: &Lease) -> Result<(), Error> {
+    let Some(probe) = current() else {
+        return Ok(());
+    };
+    probe.note(|s| {
+        s.attempt = Some(lease.attempt());
+        s.token = Some(lease.token());
+    });
+    if probe.fault != Fault::ExpireAfterClaim {
+        return Ok(());
+    }
+    lease.expire_now().await?;
+    probe.note(|s| s.expired = true);
+    let mut rx = probe.pause.subscribe();
+    probe.pause.send_replace(Pause::Paused);
+    drop(rx.wait_for(|p| *p == Pause::Resumed).await);
+    lease.reset_deadline(Instant::now());
+    Ok(())
+}
+
+/// Right before a commit (or a savepoint's release, or a lease's completing statement): waits
+/// until every delivery of a race has started its claim, then injects the kit's fault if it
+/// asked for one. `Some(error)` means: do not commit, undo, and return it.
+pub(crate) async fn before_commit(scope: &str, key: &str, at: &'static str) -> Option<Error> {
+    let probe = current()?;
+    if let Some(race) = &probe.race {
+        race.all_arrived().await;
+    }
+    if probe.fault != Fault::BeforeCommit {
+        return None;
+    }
+    probe.note(|s| s.injected = true);
+    Some(Error::Injected {
+        scope: scope.to_owned(),
+        key: key.to_owned(),
+        at,
+    })
+}
+
+/// The end of a handler's call, before idem's error becomes the handler's `E`.
+pub(crate) fn settled<T, E>(result: &Result<Outcome<T>, Failed<E>>) {
+    let Some(probe) = current() else {
+        return;
+    };
+    let ended = match result {
+        Ok(_) => Ended::Ok,
+        Err(Failed::Handler(_)) => Ended::Handler,
+        Err(Failed::Idem(Error::InProgress { .. })) => Ended::InProgress,
+        Err(Failed::Idem(Error::LeaseLost { .. })) => Ended::LeaseLost,
+        Err(Failed::Idem(Error::Injected { .. })) => Ended::Injected,
+        Err(Failed::Idem(_)) => Ended::Idem,
+    };
+    let message = match result {
+        Err(Failed::Idem(e)) => Some(e.to_string()),
+        _ => None,
+    };
+    probe.note(|s| {
+        s.ended = Some(ended);
+        s.idem_error = message;
+    });
+}
