@@ -1,4 +1,4 @@
-//! idem in one file, on SQLite: no server, no configuration.
+//! idem on SQLite: no server, no configuration.
 //!
 //! A top-up job is delivered twice (the broker redelivers it): it applies once. Then a worker
 //! fails after doing the work but before committing: nothing is kept, and the redelivery
@@ -13,65 +13,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use idem::{Outcome, Store};
+// The job and its handler live in the examples' library, where the test kit's tests use them
+// too (`examples/src/quickstart.rs`).
+use idem_examples::quickstart::{TopUp, apply_top_up};
+use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use sqlx::{Sqlite, SqlitePool, Transaction};
-
-/// A job as a broker would hand it over: its id is stable across redeliveries.
-pub struct TopUp {
-    pub id: &'static str,
-    pub account: &'static str,
-    pub credits: i64,
-}
-
-/// The handler's own error type: idem only asks that it can hold an `idem::Error`.
-#[derive(Debug)]
-pub enum JobError {
-    Database(sqlx::Error),
-    Idem(idem::Error),
-    WorkerDied,
-}
-
-impl From<sqlx::Error> for JobError {
-    fn from(e: sqlx::Error) -> Self {
-        JobError::Database(e)
-    }
-}
-
-impl From<idem::Error> for JobError {
-    fn from(e: idem::Error) -> Self {
-        JobError::Idem(e)
-    }
-}
-
-impl std::fmt::Display for JobError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            JobError::Database(e) => write!(f, "{e}"),
-            JobError::Idem(e) => write!(f, "{e}"),
-            JobError::WorkerDied => f.write_str("the worker died before committing"),
-        }
-    }
-}
-
-/// Adds credits. The marker and the `UPDATE` commit in one transaction.
-///
-/// `crash_after_effect` stands in for a worker that dies between the work and the commit.
-#[idem::idempotent(key = "job.id", scope = "billing.top_up")]
-pub async fn apply_top_up(
-    tx: &mut Transaction<'_, Sqlite>,
-    job: &TopUp,
-    crash_after_effect: bool,
-) -> Result<(), JobError> {
-    sqlx::query("UPDATE accounts SET credits = credits + ?1 WHERE name = ?2")
-        .bind(job.credits)
-        .bind(job.account)
-        .execute(&mut **tx)
-        .await?;
-    if crash_after_effect {
-        return Err(JobError::WorkerDied);
-    }
-    Ok(())
-}
 
 /// Runs the story against the database at `path`, writing it to `out`; returns what each
 /// delivery did and the final balances.

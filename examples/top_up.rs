@@ -9,38 +9,10 @@
 use std::io::Write;
 
 use idem::{Outcome, Store};
-use sqlx::{PgPool, Postgres, Transaction};
-
-/// The default database of the examples and tests.
-pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-/// `DATABASE_URL`, else `IDEM_POSTGRES_URL`, else [`DEFAULT_URL`].
-pub fn database_url() -> String {
-    ["DATABASE_URL", "IDEM_POSTGRES_URL"]
-        .iter()
-        .find_map(|var| std::env::var(var).ok())
-        .unwrap_or_else(|| DEFAULT_URL.to_owned())
-}
-
-pub struct TopUp {
-    pub id: String,
-    pub account_id: i64,
-    pub credits: i64,
-}
-
-/// DESIGN §2's handler: the marker and the `UPDATE` commit in one transaction.
-#[idem::idempotent(key = "job.id", scope = "billing.top_up")]
-pub async fn apply_top_up(
-    tx: &mut Transaction<'_, Postgres>,
-    job: &TopUp,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE accounts SET credits = credits + $1 WHERE id = $2")
-        .bind(job.credits)
-        .bind(job.account_id)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
-}
+// The job and its handler live in the examples' library, where the test kit's tests use them
+// too (`examples/src/top_up.rs`).
+pub use idem_examples::top_up::{DEFAULT_URL, TopUp, apply_top_up, database_url};
+use sqlx::PgPool;
 
 /// Opens a fresh account, delivers one top-up of 50 credits three times and returns the
 /// balance after each delivery.
