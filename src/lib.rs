@@ -45,6 +45,13 @@ extern crate self as idem;
 pub use idem_macros::idempotent;
 pub use idem_runtime::*;
 
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+#[doc = include_str!("../docs/testing.md")]
+pub mod testing {
+    pub use idem_runtime::testing::*;
+}
+
 #[doc(hidden)]
 pub mod __private {
     pub use idem_runtime::__private::*;
