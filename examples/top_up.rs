@@ -11,7 +11,8 @@ use std::io::Write;
 use idem::{Outcome, Store};
 // The job and its handler live in the examples' library, where the test kit's tests use them
 // too (`examples/src/top_up.rs`).
-pub use idem_examples::top_up::{DEFAULT_URL, TopUp, apply_top_up, database_url};
+pub use idem_examples::top_up::database_url;
+use idem_examples::top_up::{TopUp, apply_top_up};
 use sqlx::PgPool;
 
 /// Opens a fresh account, delivers one top-up of 50 credits three times and returns the

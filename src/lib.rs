@@ -47,8 +47,9 @@ pub use idem_runtime::*;
 
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
-#[doc = include_str!("../docs/testing.md")]
 pub mod testing {
+    // An inner attribute, so that the page's links resolve inside the module.
+    #![doc = include_str!("../docs/testing.md")]
     pub use idem_runtime::testing::*;
 }
 

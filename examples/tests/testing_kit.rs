@@ -16,7 +16,7 @@ use idem_examples::charge::{Api, Charge, ChargeError, charge_once};
 use idem_examples::payments::{ChargeRequest, PaymentsApi, Receipt};
 use idem_examples::{quickstart, top_up};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use sqlx::{PgPool, Postgres, Sqlite, SqlitePool, Transaction};
+use sqlx::{MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool, Transaction};
 
 /// A SQLite file of its own for each test, removed when the test ends.
 struct SqliteFile {
@@ -205,6 +205,29 @@ async fn expire_lease_refuses_a_transaction_handler() {
     );
 }
 
+#[tokio::test]
+async fn a_handler_run_on_another_task_is_refused() {
+    let db = quickstart_db("spawned").await;
+    let (store, pool) = (db.store.clone(), &db.pool);
+    let spawned = move || {
+        let store = store.clone();
+        async move {
+            tokio::spawn(async move { quickstart::apply_top_up(&store, &ALICE, false).await })
+                .await
+                .unwrap()
+        }
+    };
+    let message = panic_of(deliver_twice(spawned, || alice(pool), 150)).await;
+    assert!(
+        message.starts_with(
+            "idem::testing::deliver_twice: the kit saw no claim in delivery 1, which got \
+             Applied.\nthe closure must call an idempotent handler (or claim with the store) on \
+             the test's own task"
+        ),
+        "{message}"
+    );
+}
+
 // --- The classic top-up, PostgreSQL ---------------------------------------------------------
 
 /// A fresh account with 100 credits, and the top-up job of 50 for it.
@@ -341,6 +364,94 @@ async fn an_effect_outside_the_transaction_is_caught() {
         "{message}"
     );
     assert_eq!(credits(&pool, job.account_id).await, 200);
+}
+
+// --- The same top-up on MySQL / MariaDB ---------------------------------------------------
+
+#[idem::idempotent(key = "job.id", scope = "billing.top_up_mysql")]
+async fn top_up_mysql(
+    tx: &mut Transaction<'_, MySql>,
+    job: &top_up::TopUp,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE kit_accounts SET credits = credits + ? WHERE id = ?")
+        .bind(job.credits)
+        .bind(job.account_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn mysql_account() -> (MySqlPool, Store<MySql>, top_up::TopUp) {
+    let url = std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(12)
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach MySQL at {url} (IDEM_MYSQL_URL): {e}"));
+    let store = Store::new(pool.clone());
+    store.migrate().await.unwrap();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS kit_accounts \
+         (id BIGINT AUTO_INCREMENT PRIMARY KEY, credits BIGINT NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let done = sqlx::query("INSERT INTO kit_accounts (credits) VALUES (100)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let account_id = i64::try_from(done.last_insert_id()).unwrap();
+    let job = top_up::TopUp {
+        id: format!("kit-top-up-{account_id}"),
+        account_id,
+        credits: 50,
+    };
+    (pool, store, job)
+}
+
+async fn mysql_credits(pool: &MySqlPool, account_id: i64) -> i64 {
+    sqlx::query_scalar("SELECT credits FROM kit_accounts WHERE id = ?")
+        .bind(account_id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_top_up_eight_at_once_apply_once() {
+    let (pool, store, job) = mysql_account().await;
+    let report = deliver_concurrently(
+        8,
+        || top_up_mysql(&store, &job),
+        || mysql_credits(&pool, job.account_id),
+        150,
+    )
+    .await;
+    let mut got = report.got();
+    got.sort_by_key(|g| *g != Got::Applied);
+    assert_eq!(
+        got,
+        [&[Got::Applied][..], &[Got::Duplicate; 7]].concat(),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn mysql_top_up_failed_commit_is_rolled_back_and_redelivered() {
+    let (pool, store, job) = mysql_account().await;
+    let report = fail_before_commit(
+        || top_up_mysql(&store, &job),
+        || mysql_credits(&pool, job.account_id),
+        150,
+    )
+    .await;
+    assert_eq!(
+        report.got(),
+        [Got::Injected, Got::Applied, Got::Duplicate],
+        "{report}"
+    );
 }
 
 // --- charge_once, lease mode with the payments API ------------------------------------------

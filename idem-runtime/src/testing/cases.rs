@@ -36,6 +36,7 @@ where
     let after_second = check().await;
     report.checked("after delivery 2", &after_second);
 
+    seen_claiming(case, &report, &first);
     if first.got != Got::Applied {
         fail(case, &report, "delivery 1 should be Applied", NEVER_SEEN);
     }
@@ -110,6 +111,9 @@ where
     report.checked("after every delivery", &after);
 
     let racing = &report.deliveries[..n];
+    for d in racing {
+        seen_claiming(case, &report, d);
+    }
     let winners = racing.iter().filter(|d| d.got == Got::Applied).count();
     if winners != 1 {
         let what = format!("{winners} of the {n} concurrent deliveries were Applied, not 1");
@@ -187,6 +191,7 @@ where
     report.checked("after delivery 2", &after);
     let third = deliver_one(&mut deliver, 3, Fault::None, &mut report).await;
 
+    seen_claiming(case, &report, &failed);
     if failed.got != Got::Injected {
         let what = format!(
             "delivery 1 got {:?}, so it never reached its commit, where the kit fails it",
@@ -267,6 +272,7 @@ where
     .await;
     if let Some(result) = early {
         let d = report.push(delivery(1, &result, &stalled)).clone();
+        seen_claiming(case, &report, &d);
         let what = match d.mode {
             Some(Mode::Transaction) => "delivery 1 claimed in a transaction, not a lease",
             _ => "delivery 1 took no lease, so there was none to expire",
@@ -321,6 +327,10 @@ where
 const NEVER_SEEN: &str = "the kit expects a job no delivery has handled yet: give each case \
     its own job id (and fresh rows for its effect), and make the closure call the handler \
     directly";
+const NO_CLAIM: &str = "the closure must call an idempotent handler (or claim with the store) \
+    on the test's own task: the kit follows each delivery through a task-local, which does \
+    not reach into `tokio::spawn`ed tasks; and the key must be valid, since a refused key \
+    never reaches its claim";
 const CHECK_AFTER_APPLIED: &str = "the check does not read what one application of the job \
     leaves: pass the value it reads after the job applied once (or the handler's effect is \
     not committed with it)";
@@ -445,6 +455,18 @@ fn expect_duplicate(case: &str, report: &Report, later: &Delivery, first: &Deliv
             &what,
             "a replayed value must be the first delivery's (compared as `Debug` prints them)",
         );
+    }
+}
+
+/// The kit reaches a call through a task-local: a delivery in which no claim was seen ran its
+/// handler elsewhere (or is no idempotent handler), and nothing the kit injects would reach it.
+fn seen_claiming(case: &str, report: &Report, d: &Delivery) {
+    if d.mode.is_none() {
+        let what = format!(
+            "the kit saw no claim in delivery {}, which got {:?}",
+            d.number, d.got
+        );
+        fail(case, report, &what, NO_CLAIM);
     }
 }
 
