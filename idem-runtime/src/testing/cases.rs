@@ -58,7 +58,8 @@ where
 
 /// Delivers the job `n` times at once (`n` at least 2): all `n` calls are in flight together,
 /// joined on the calling task, and the one that gets to its commit waits there until every
-/// other has started its claim, so the claims overlap whatever the scheduling.
+/// other has started its claim (lease mode: until every other's claim was answered), so the
+/// claims overlap whatever the scheduling.
 ///
 /// Exactly one delivery must be `Applied`. Each other must be `Duplicate` (or `Replayed`), or
 /// fail with [`Error::InProgress`](crate::Error::InProgress): lease mode answers a live lease
