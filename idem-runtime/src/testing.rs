@@ -103,9 +103,10 @@ impl fmt::Display for Delivery {
             write!(f, " (lease attempt {attempt})")?;
         }
         write!(f, ": {:?}, {}", self.got, self.got.meaning())?;
+        // The kinds the kit names say it all; another error of idem's is worth its message.
         match &self.idem_error {
-            Some(message) => write!(f, " (idem: {message})"),
-            None => Ok(()),
+            Some(message) if self.got == Got::Failed => write!(f, " (idem: {message})"),
+            _ => Ok(()),
         }
     }
 }

@@ -349,10 +349,10 @@ const OUTSIDE_TX: &str = "the handler writes outside the transaction it is given
     idempotency key";
 const RETRY_FAILED: &str = "a delivery that failed before its commit must leave the job as if \
     it never ran, so the redelivery applies it";
-const NOT_IDEMPOTENT_OUTSIDE: &str = "the outside effect happened more than once: the first \
-    delivery's call was made again by the next one. Pass `lease.idempotency_key()` to the \
-    outside system (an `Idempotency-Key` header), which must answer a repeated key with its \
-    first result instead of acting again";
+const NOT_IDEMPOTENT_OUTSIDE: &str = "the outside effect happened more than once: another \
+    delivery of the same job made the outside call again, and the outside system acted again. \
+    Pass `lease.idempotency_key()` to it (an `Idempotency-Key` header), which must answer a \
+    repeated key with its first result instead of acting again";
 const NEEDS_LEASE: &str = "expire_lease tests lease-mode handlers (`lease = \"30s\"`, a \
     `lease: &idem::Lease` parameter); a transaction-mode handler has no lease to expire, test \
     it with fail_before_commit";
