@@ -141,6 +141,40 @@ async fn quickstart_failed_commit_is_rolled_back_and_redelivered() {
     assert_eq!(marker.map(|m| m.attempts), Some(1));
 }
 
+/// The quickstart's top-up with `replay`: a duplicate gets the first delivery's new balance.
+#[idem::idempotent(key = "job.id", scope = "billing.top_up_replayed", replay)]
+async fn top_up_replayed(
+    tx: &mut Transaction<'_, Sqlite>,
+    job: &quickstart::TopUp,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE accounts SET credits = credits + ?1 WHERE name = ?2 RETURNING credits",
+    )
+    .bind(job.credits)
+    .bind(job.account)
+    .fetch_one(&mut **tx)
+    .await
+}
+
+#[tokio::test]
+async fn replayed_values_are_the_first_deliverys() {
+    let db = quickstart_db("replay").await;
+    let (store, pool) = (&db.store, &db.pool);
+    let report = deliver_twice(|| top_up_replayed(store, &ALICE), || alice(pool), 150).await;
+    assert_eq!(report.got(), [Got::Applied, Got::Replayed], "{report}");
+    let returned: Vec<_> = report.deliveries().iter().map(|d| d.returned()).collect();
+    assert_eq!(returned, ["Ok(Applied(150))", "Ok(Replayed(150))"]);
+
+    let db = quickstart_db("replay-commit").await;
+    let (store, pool) = (&db.store, &db.pool);
+    let report = fail_before_commit(|| top_up_replayed(store, &ALICE), || alice(pool), 150).await;
+    assert_eq!(
+        report.got(),
+        [Got::Injected, Got::Applied, Got::Replayed],
+        "{report}"
+    );
+}
+
 #[tokio::test]
 async fn a_check_that_already_holds_is_refused() {
     let db = quickstart_db("refused").await;
