@@ -203,6 +203,25 @@ async fn a_check_that_already_holds_is_refused() {
 }
 
 #[tokio::test]
+async fn a_job_handled_before_the_case_is_refused() {
+    let db = quickstart_db("handled").await;
+    let (store, pool) = (&db.store, &db.pool);
+    let first = || quickstart::apply_top_up(store, &ALICE, false);
+    deliver_twice(first, || alice(pool), 150).await;
+    // The same job id again: its marker is there, so nothing can apply.
+    let message = panic_of(fail_before_commit(first, || alice(pool), 200)).await;
+    assert!(
+        message.starts_with(
+            "idem::testing::fail_before_commit: delivery 1 got Duplicate, so it never reached \
+             its commit, where the kit fails it.\nthe kit expects a job no delivery has handled \
+             yet: give each case its own job id"
+        ),
+        "{message}"
+    );
+    assert_eq!(alice(pool).await, 150);
+}
+
+#[tokio::test]
 async fn one_delivery_cannot_race() {
     let db = quickstart_db("one").await;
     let (store, pool) = (&db.store, &db.pool);

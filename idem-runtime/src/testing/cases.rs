@@ -38,7 +38,8 @@ where
 
     seen_claiming(case, &report, &first);
     if first.got != Got::Applied {
-        fail(case, &report, "delivery 1 should be Applied", NEVER_SEEN);
+        let what = format!("delivery 1 got {:?}, not Applied", first.got);
+        fail(case, &report, &what, not_applied(first.got));
     }
     if after_first != applied {
         let what =
@@ -198,7 +199,7 @@ where
             "delivery 1 got {:?}, so it never reached its commit, where the kit fails it",
             failed.got
         );
-        fail(case, &report, &what, NEVER_SEEN);
+        fail(case, &report, &what, not_applied(failed.got));
     }
     if let Some(read) = after_failure
         && read != before
@@ -274,11 +275,12 @@ where
     if let Some(result) = early {
         let d = report.push(delivery(1, &result, &stalled)).clone();
         seen_claiming(case, &report, &d);
-        let what = match d.mode {
-            Some(Mode::Transaction) => "delivery 1 claimed in a transaction, not a lease",
-            _ => "delivery 1 took no lease, so there was none to expire",
-        };
-        fail(case, &report, what, NEEDS_LEASE);
+        if d.mode == Some(Mode::Transaction) {
+            let what = "delivery 1 claimed in a transaction, not a lease";
+            fail(case, &report, what, NEEDS_LEASE);
+        }
+        let what = format!("delivery 1 got {:?} and took no lease to expire", d.got);
+        fail(case, &report, &what, not_applied(d.got));
     }
     let second = Probe::new(Fault::None, None);
     let taken = second.run(deliver()).await;
@@ -456,6 +458,21 @@ fn expect_duplicate(case: &str, report: &Report, later: &Delivery, first: &Deliv
             &what,
             "a replayed value must be the first delivery's (compared as `Debug` prints them)",
         );
+    }
+}
+
+/// Why a first delivery that should have applied did not, by what it got.
+fn not_applied(got: Got) -> &'static str {
+    match got {
+        Got::Duplicate | Got::Replayed => NEVER_SEEN,
+        Got::InProgress => {
+            "another delivery held the job's key: nothing else may deliver the job while the \
+             case runs (give each case its own job id)"
+        }
+        _ => {
+            "the delivery failed on its own before its commit (its error is above): the kit \
+             needs a handler that applies the job when nothing goes wrong"
+        }
     }
 }
 
