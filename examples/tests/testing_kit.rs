@@ -368,6 +368,32 @@ async fn top_up_failed_commit_is_rolled_back_and_redelivered() {
     );
 }
 
+#[tokio::test]
+async fn top_up_joined_to_the_callers_transaction() {
+    let (pool, store, job) = postgres_account().await;
+    let (pool_ref, store, job_ref) = (&pool, &store, &job);
+    // The worker's own transaction around the call: the claim is a savepoint in it, and the
+    // kit fails the call right before that savepoint is released.
+    let joined = move || async move {
+        let mut tx = pool_ref.begin().await?;
+        let outcome = top_up::apply_top_up(store.join(&mut tx), job_ref).await?;
+        tx.commit().await?;
+        Ok::<_, sqlx::Error>(outcome)
+    };
+    let report = fail_before_commit(joined, || credits(&pool, job.account_id), 150).await;
+    assert_eq!(
+        report.got(),
+        [Got::Injected, Got::Applied, Got::Duplicate],
+        "{report}"
+    );
+    assert!(
+        report.deliveries()[0]
+            .idem_error()
+            .is_some_and(|e| e.contains("right before its savepoint release")),
+        "{report}"
+    );
+}
+
 /// Broken on purpose: the `UPDATE` runs on the pool, in autocommit, not on `tx`.
 #[idem::idempotent(key = "job.id", scope = "billing.top_up_autocommit")]
 async fn top_up_outside_tx(
