@@ -244,3 +244,55 @@ pub(crate) fn settled<T, E>(result: &Result<Outcome<T>, Failed<E>>) {
         s.idem_error = message;
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+    use std::task::Poll;
+
+    use super::*;
+
+    async fn poll_once<F: Future>(fut: std::pin::Pin<&mut F>) -> Poll<F::Output> {
+        let mut fut = fut;
+        std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
+    }
+
+    /// A delivery that claims and gets to its commit.
+    async fn claim_and_commit() -> Option<Error> {
+        claiming(Mode::Transaction);
+        before_commit("scope", "key", "commit").await
+    }
+
+    #[tokio::test]
+    async fn the_holder_waits_at_its_commit_until_every_racer_started_its_claim() {
+        let race = Race::new(3);
+        let holder = Probe::new(Fault::None, Some(race.clone()));
+        let mut committing = pin!(holder.run(claim_and_commit()));
+        assert!(poll_once(committing.as_mut()).await.is_pending());
+        let claimer = Probe::new(Fault::None, Some(race.clone()));
+        claimer.run(async { claiming(Mode::Transaction) }).await;
+        assert!(poll_once(committing.as_mut()).await.is_pending());
+        // A delivery that ends without claiming counts too, or the holder would wait forever.
+        let quitter = Probe::new(Fault::None, Some(race));
+        quitter.run(async {}).await;
+        assert!(matches!(poll_once(committing).await, Poll::Ready(None)));
+        assert_eq!(holder.seen().mode, Some(Mode::Transaction));
+        assert_eq!(quitter.seen().mode, None);
+    }
+
+    #[tokio::test]
+    async fn only_the_delivery_asked_for_gets_the_injected_failure() {
+        let failing = Probe::new(Fault::BeforeCommit, None);
+        let injected = failing.run(claim_and_commit()).await;
+        assert!(
+            matches!(&injected, Some(Error::Injected { scope, key, at: "commit" })
+                if scope == "scope" && key == "key"),
+            "{injected:?}"
+        );
+        assert!(failing.seen().injected);
+        let healthy = Probe::new(Fault::None, None);
+        assert!(healthy.run(claim_and_commit()).await.is_none());
+        // Outside the kit: no probe, nothing injected, nothing waited for.
+        assert!(claim_and_commit().await.is_none());
+    }
+}
