@@ -55,11 +55,9 @@ pub(crate) enum Ended {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Seen {
     pub(crate) mode: Option<Mode>,
-    /// Lease mode: the claim's attempt and fencing token.
+    /// Lease mode: the claim's attempt.
     pub(crate) attempt: Option<u32>,
-    pub(crate) token: Option<i64>,
     pub(crate) injected: bool,
-    pub(crate) expired: bool,
     pub(crate) ended: Option<Ended>,
     /// The message of idem's error, if the call ended with one.
     pub(crate) idem_error: Option<String>,
@@ -187,15 +185,11 @@ pub(crate) async fn lease_taken(lease: &Lease) -> Result<(), Error> {
     let Some(probe) = current() else {
         return Ok(());
     };
-    probe.note(|s| {
-        s.attempt = Some(lease.attempt());
-        s.token = Some(lease.token());
-    });
+    probe.note(|s| s.attempt = Some(lease.attempt()));
     if probe.fault != Fault::ExpireAfterClaim {
         return Ok(());
     }
     lease.expire_now().await?;
-    probe.note(|s| s.expired = true);
     let mut rx = probe.pause.subscribe();
     probe.pause.send_replace(Pause::Paused);
     drop(rx.wait_for(|p| *p == Pause::Resumed).await);
