@@ -37,6 +37,9 @@ use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Sqlite, Transaction};
 
+/// Deliveries in flight at once, each handled concurrently.
+const PREFETCH: u16 = 16;
+
 /// The broker of the example and the tests, unless `IDEM_AMQP_URL` says otherwise.
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
@@ -388,7 +391,14 @@ pub async fn run(
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .busy_timeout(Duration::from_secs(30));
-    let pool = SqlitePoolOptions::new().connect_with(options).await?;
+    // No ping before each job (a dead connection fails the claim: the delivery is nacked and
+    // redelivered), and one connection more than the prefetch, so that a connection going
+    // back to the pool never holds up the next delivery (see `Store`'s docs).
+    let pool = SqlitePoolOptions::new()
+        .test_before_acquire(false)
+        .max_connections(u32::from(PREFETCH) + 1)
+        .connect_with(options)
+        .await?;
     let store = Store::new(pool.clone());
     store.migrate().await?;
     sqlx::query("CREATE TABLE accounts (id INTEGER PRIMARY KEY, credits INTEGER NOT NULL)")
@@ -423,7 +433,7 @@ pub async fn run(
     let tally = work(
         &consuming,
         &queue,
-        16,
+        PREFETCH,
         |job| {
             let store = &store;
             async move { apply_top_up(store, &job).await }

@@ -13,14 +13,23 @@ use idem::{Outcome, Store};
 // too (`examples/src/top_up.rs`).
 pub use idem_examples::top_up::database_url;
 use idem_examples::top_up::{TopUp, apply_top_up};
-use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
 
 /// Opens a fresh account, delivers one top-up of 50 credits three times and returns the
 /// balance after each delivery.
 pub async fn run(url: &str, out: &mut impl Write) -> Result<Vec<i64>, Box<dyn std::error::Error>> {
-    let pool = PgPool::connect(url).await.map_err(|e| {
-        format!("cannot reach PostgreSQL at {url} (set DATABASE_URL or IDEM_POSTGRES_URL): {e}")
-    })?;
+    // The pool settings a worker wants (see `Store`'s docs): no ping before each job (a dead
+    // connection fails the claim and the job is redelivered), and a spare connection so that
+    // the ping sqlx sends as a connection goes back overlaps the next job. This example runs
+    // one job at a time.
+    let pool = PgPoolOptions::new()
+        .test_before_acquire(false)
+        .max_connections(1 + 1)
+        .connect(url)
+        .await
+        .map_err(|e| {
+            format!("cannot reach PostgreSQL at {url} (set DATABASE_URL or IDEM_POSTGRES_URL): {e}")
+        })?;
     let store = Store::new(pool.clone());
     store.migrate().await?;
     sqlx::query(
