@@ -12,6 +12,7 @@ compile_error!(
 );
 
 mod backend;
+mod batch;
 mod error;
 mod inspect;
 mod job_id;
@@ -24,6 +25,7 @@ mod replay;
 mod store;
 
 pub use backend::Backend;
+pub use batch::{Batch, BatchClaim, MAX_BATCH};
 pub use error::{Error, KeyError};
 pub use inspect::{Marker, MarkerState};
 pub use job_id::{JobId, job_id};

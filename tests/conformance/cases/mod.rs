@@ -4,6 +4,7 @@
 mod ambiguous;
 mod attribute;
 mod basic;
+mod batch;
 mod fingerprint;
 mod inspect;
 mod join;
@@ -23,6 +24,7 @@ mod store;
 pub(crate) use ambiguous::*;
 pub(crate) use attribute::*;
 pub(crate) use basic::*;
+pub(crate) use batch::*;
 pub(crate) use fingerprint::*;
 pub(crate) use inspect::*;
 pub(crate) use join::*;
