@@ -39,24 +39,32 @@ impl Key {
     /// ));
     /// ```
     pub fn batch<K: IntoKey>(values: impl IntoIterator<Item = K>) -> Result<Vec<Key>, KeyError> {
-        let mut keys = Vec::new();
-        for (position, value) in values.into_iter().enumerate() {
-            if position == MAX_BATCH {
-                let len = MAX_BATCH + 1;
-                return Err(KeyError::BatchTooLarge { len });
-            }
-            match Key::new(&value) {
-                Ok(key) => keys.push(key),
-                Err(error) => {
-                    return Err(KeyError::InBatch {
-                        position,
-                        error: Box::new(error),
-                    });
-                }
+        collect_keys(values.into_iter().map(|value| Key::new(&value)))
+    }
+}
+
+/// The keys of a batch, the first refused one naming its position. Stops at the first key
+/// past [`MAX_BATCH`], so that an oversized batch is not encoded whole before it is refused.
+fn collect_keys(
+    keys: impl Iterator<Item = Result<Key, KeyError>>,
+) -> Result<Vec<Key>, KeyError> {
+    let mut out = Vec::new();
+    for (position, key) in keys.enumerate() {
+        if position == MAX_BATCH {
+            let len = MAX_BATCH + 1;
+            return Err(KeyError::BatchTooLarge { len });
+        }
+        match key {
+            Ok(key) => out.push(key),
+            Err(error) => {
+                return Err(KeyError::InBatch {
+                    position,
+                    error: Box::new(error),
+                });
             }
         }
-        Ok(keys)
     }
+    Ok(out)
 }
 
 impl<DB: Backend> Store<DB> {
@@ -119,8 +127,7 @@ impl<DB: Backend> Store<DB> {
             .await
     }
 
-    #[doc(hidden)]
-    pub async fn claim_batch_owned(
+    pub(crate) async fn claim_batch_owned(
         &self,
         scope: Cow<'static, str>,
         keys: &[Key],
@@ -234,12 +241,19 @@ impl<DB: Backend> BatchClaim<DB> {
     /// job there is nothing to commit: the outcomes are all duplicates, and the value is
     /// dropped ([`Batch::value`] is `None`); an `Err` is returned as it is.
     pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Batch<T>, E> {
+        expansion::settle_batch(self.finish_failed(result).await)
+    }
+
+    async fn finish_failed<T, E>(
+        self,
+        result: Result<T, E>,
+    ) -> Result<Batch<T>, crate::__private::Failed<E>> {
+        use crate::__private::Failed;
         let Some(held) = self.held else {
-            result?;
+            result.map_err(Failed::Handler)?;
             return Ok(Batch::duplicates(self.fresh.len()));
         };
-        let end = held.end_recording(result, |_| Ok(None)).await;
-        let value = crate::__private::settle(end)?.into_value();
+        let value = held.end_recording(result, |_| Ok(None)).await?.into_value();
         Ok(Batch {
             outcomes: self
                 .fresh
@@ -300,5 +314,86 @@ impl<T> Batch<T> {
     /// The outcomes and the value.
     pub fn into_parts(self) -> (Vec<Outcome<()>>, Option<T>) {
         (self.outcomes, self.value)
+    }
+}
+
+/// What a batch handler's expansion calls (re-exported by `__private`).
+pub(crate) mod expansion {
+    use std::borrow::Cow;
+
+    use super::{Batch, BatchClaim, collect_keys};
+    use crate::__private::Failed;
+    use crate::backend::Backend;
+    use crate::{ClaimOptions, Error, Key, KeyError, Store};
+
+    /// The key of one job, encoded and checked (the position is added by [`batch_keys`]).
+    #[inline]
+    pub fn batch_key<K: crate::IntoKey + ?Sized>(value: &K) -> Result<Key, KeyError> {
+        Key::new(value)
+    }
+
+    /// Before any I/O: refuses a call inside another handler's body, and checks every key.
+    pub fn batch_keys(
+        handler: &'static str,
+        keys: impl Iterator<Item = Result<Key, KeyError>>,
+    ) -> Result<Vec<Key>, Error> {
+        crate::join::refuse_nested(handler)?;
+        Ok(collect_keys(keys)?)
+    }
+
+    /// Claims the batch, passing a key error through without touching the database.
+    pub async fn claim_batch<DB: Backend>(
+        store: &Store<DB>,
+        scope: &'static str,
+        options: ClaimOptions,
+        keys: Result<Vec<Key>, Error>,
+    ) -> Result<BatchClaim<DB>, Error> {
+        store
+            .claim_batch_owned(Cow::Borrowed(scope), &keys?, options)
+            .await
+    }
+
+    /// The jobs the body gets: the batch itself when every job is fresh, else clones of the
+    /// fresh ones, in the batch's order (the body's parameter keeps its declared type).
+    pub fn fresh_jobs<'a, T: Clone, DB: Backend>(
+        jobs: &'a [T],
+        claim: &BatchClaim<DB>,
+    ) -> Cow<'a, [T]> {
+        if claim.fresh().iter().all(|f| *f) {
+            return Cow::Borrowed(jobs);
+        }
+        jobs.iter()
+            .zip(claim.fresh())
+            .filter_map(|(job, fresh)| fresh.then(|| job.clone()))
+            .collect()
+    }
+
+    /// The transaction of a claim with a fresh job.
+    pub fn batch_tx<DB: Backend>(
+        claim: &mut BatchClaim<DB>,
+    ) -> &mut sqlx::Transaction<'static, DB> {
+        claim.tx().expect("the expansion runs the body only with a fresh job")
+    }
+
+    /// The answer of a batch whose every job is a duplicate; the body did not run.
+    pub fn all_duplicates<T, DB: Backend>(claim: &BatchClaim<DB>) -> Batch<T> {
+        Batch::duplicates(claim.len())
+    }
+
+    /// [`BatchClaim::finish`] without converting idem's errors yet.
+    pub async fn finish_batch<DB: Backend, T, E: From<Error>>(
+        claim: BatchClaim<DB>,
+        result: Result<T, E>,
+    ) -> Result<Batch<T>, Failed<E>> {
+        claim.finish_failed(result).await
+    }
+
+    /// The one place where an [`Error`] of a batch becomes the handler's error type.
+    #[inline]
+    pub fn settle_batch<T, E: From<Error>>(result: Result<Batch<T>, Failed<E>>) -> Result<Batch<T>, E> {
+        result.map_err(|f| match f {
+            Failed::Idem(e) => E::from(e),
+            Failed::Handler(e) => e,
+        })
     }
 }
