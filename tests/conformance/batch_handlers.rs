@@ -95,3 +95,15 @@ pub(crate) async fn apply_batch_swallowing<S: Support>(
     };
     claim.finish(result).await
 }
+
+/// The same handler with the attribute: `jobs` in the body holds the fresh jobs only.
+#[idem::idempotent(key = "job.key", scope = "apply", batch = "jobs")]
+pub(crate) async fn apply_batch<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    jobs: &[Job],
+    then: BatchThen,
+    hold: Option<&Hold>,
+) -> Result<usize, TestError> {
+    let fresh: Vec<&Job> = jobs.iter().collect();
+    body(tx, &fresh, then, hold).await
+}

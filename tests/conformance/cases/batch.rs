@@ -1,5 +1,7 @@
 //! Batch claims: a whole batch claimed with one statement and committed together, with
-//! duplicates, repeated keys, failures, swallowed rollbacks and overlapping batches.
+//! duplicates, repeated keys, failures, swallowed rollbacks and overlapping batches. The
+//! attribute's handler (`apply_batch`) and the hand-written one (`apply_batch_by_hand`) run
+//! the same body; each case names the one it drives.
 
 use std::sync::Arc;
 
@@ -31,7 +33,7 @@ pub(crate) async fn batch_with_duplicates_applies_only_the_fresh_jobs<S: Support
             Ok(Outcome::Applied(_))
         ));
     }
-    let done = apply_batch_by_hand(&ctx.store, &batch, BatchThen::Commit, None)
+    let done = apply_batch(&ctx.store, &batch, BatchThen::Commit, None)
         .await
         .expect("the batch commits");
     assert_eq!(done.outcomes(), [A, D, A, D, A]);
@@ -42,7 +44,7 @@ pub(crate) async fn batch_with_duplicates_applies_only_the_fresh_jobs<S: Support
     assert_eq!(ctx.effects_from(2, "batch").await, 0);
     assert_eq!(ctx.markers().await, 5);
     // The whole batch again: every job a duplicate, the body not run.
-    let again = apply_batch_by_hand(&ctx.store, &batch, BatchThen::Fail, None)
+    let again = apply_batch(&ctx.store, &batch, BatchThen::Fail, None)
         .await
         .expect("all duplicates");
     assert_eq!(again.outcomes(), [D; 5]);
@@ -57,7 +59,7 @@ pub(crate) async fn batch_with_the_same_key_twice_claims_it_at_its_first_positio
     batch.insert(0, batch[1].clone());
     // Job 2, job 1, job 2, job 1.
     batch.push(batch[1].clone());
-    let done = apply_batch_by_hand(&ctx.store, &batch, BatchThen::Commit, None)
+    let done = apply_batch(&ctx.store, &batch, BatchThen::Commit, None)
         .await
         .expect("the batch commits");
     assert_eq!(done.outcomes(), [A, A, D, D]);
@@ -155,6 +157,16 @@ pub(crate) async fn batch_keys_are_checked_before_any_io<S: Support>() {
         Err(idem::Error::InvalidScope { .. }) => {}
         other => panic!("expected InvalidScope, got {other:?}"),
     }
+    // Through the attribute: the batch is refused whole, and nothing is written.
+    let mut bad = jobs(&ctx, 1..=3);
+    bad[1].key = "k".repeat(256);
+    match apply_batch(&ctx.store, &bad, BatchThen::Commit, None).await {
+        Err(TestError::Idem(idem::Error::InvalidKey(KeyError::InBatch { position, error }))) => {
+            assert_eq!((position, *error), (1, KeyError::TooLong { len: 256 }));
+        }
+        other => panic!("expected the key at position 1 refused, got {other:?}"),
+    }
+    assert_eq!((ctx.markers().await, ctx.effects_total().await), (0, 0));
     let empty = ctx.store.claim_batch("apply", &[]).await.expect("no I/O");
     assert!(empty.is_empty() && !empty.any_fresh());
     let done = empty.finish(Ok::<_, TestError>(())).await.expect("nothing");
@@ -184,14 +196,14 @@ pub(crate) async fn overlapping_batches_wait_for_each_other_and_apply_each_job_o
     let one = {
         let (store, hold) = (ctx.store.clone(), hold.clone());
         tokio::spawn(async move {
-            apply_batch_by_hand(&store, &first, BatchThen::Park, Some(&hold)).await
+            apply_batch(&store, &first, BatchThen::Park, Some(&hold)).await
         })
     };
     within(120, "the first batch parking in its body", hold.entered()).await;
     let two = {
         let (store, hold) = (ctx.store.clone(), hold.clone());
         tokio::spawn(async move {
-            apply_batch_by_hand(&store, &second, BatchThen::Park, Some(&hold)).await
+            apply_batch(&store, &second, BatchThen::Park, Some(&hold)).await
         })
     };
     until_all_queued(&ctx, 2).await;
