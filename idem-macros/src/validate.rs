@@ -42,10 +42,22 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
         // One batch commits once: a lease per job, or one value replayed to each of them,
         // would need a statement per job, which is what batches are for avoiding.
         for (arg, why) in [
-            ("lease", "a batch runs in transaction mode, its effects committed with the markers"),
-            ("timeout", "`timeout` bounds a lease-mode body, and a batch runs in transaction mode"),
-            ("replay", "a batch's value belongs to the whole batch, not to one job to replay"),
-            ("fingerprint", "a batch claims its keys without reading their markers back"),
+            (
+                "lease",
+                "a batch runs in transaction mode, its effects committed with the markers",
+            ),
+            (
+                "timeout",
+                "`timeout` bounds a lease-mode body, and a batch runs in transaction mode",
+            ),
+            (
+                "replay",
+                "a batch's value belongs to the whole batch, not to one job to replay",
+            ),
+            (
+                "fingerprint",
+                "a batch claims its keys without reading their markers back",
+            ),
         ] {
             if let Some(span) = args.span_of(arg) {
                 diag.error_at(
@@ -113,7 +125,13 @@ pub(crate) fn fingerprint(expr: &Expr, handler: &Handler, diag: &mut Diag) {
     reads_parameters("fingerprint", "the job's payload", expr, handler, diag);
 }
 
-pub(crate) fn reads_parameters(arg: &str, read: &str, expr: &Expr, handler: &Handler, diag: &mut Diag) {
+pub(crate) fn reads_parameters(
+    arg: &str,
+    read: &str,
+    expr: &Expr,
+    handler: &Handler,
+    diag: &mut Diag,
+) {
     let mut found = Vec::new();
     roots(expr, &mut found);
     let mut special = Vec::new();

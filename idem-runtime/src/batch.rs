@@ -45,9 +45,7 @@ impl Key {
 
 /// The keys of a batch, the first refused one naming its position. Stops at the first key
 /// past [`MAX_BATCH`], so that an oversized batch is not encoded whole before it is refused.
-fn collect_keys(
-    keys: impl Iterator<Item = Result<Key, KeyError>>,
-) -> Result<Vec<Key>, KeyError> {
+fn collect_keys(keys: impl Iterator<Item = Result<Key, KeyError>>) -> Result<Vec<Key>, KeyError> {
     let mut out = Vec::new();
     for (position, key) in keys.enumerate() {
         if position == MAX_BATCH {
@@ -372,7 +370,9 @@ pub(crate) mod expansion {
     pub fn batch_tx<DB: Backend>(
         claim: &mut BatchClaim<DB>,
     ) -> &mut sqlx::Transaction<'static, DB> {
-        claim.tx().expect("the expansion runs the body only with a fresh job")
+        claim
+            .tx()
+            .expect("the expansion runs the body only with a fresh job")
     }
 
     /// The answer of a batch whose every job is a duplicate; the body did not run.
@@ -390,7 +390,9 @@ pub(crate) mod expansion {
 
     /// The one place where an [`Error`] of a batch becomes the handler's error type.
     #[inline]
-    pub fn settle_batch<T, E: From<Error>>(result: Result<Batch<T>, Failed<E>>) -> Result<Batch<T>, E> {
+    pub fn settle_batch<T, E: From<Error>>(
+        result: Result<Batch<T>, Failed<E>>,
+    ) -> Result<Batch<T>, E> {
         result.map_err(|f| match f {
             Failed::Idem(e) => E::from(e),
             Failed::Handler(e) => e,

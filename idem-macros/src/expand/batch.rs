@@ -102,10 +102,7 @@ pub(super) fn expand(
         );
     };
     // A job type that is not `Clone` is one error, on the batch parameter's type.
-    let fresh_jobs = located_at(
-        quote!(#private::fresh_jobs(#jobs, &#claim)),
-        jobs_ty.span(),
-    );
+    let fresh_jobs = located_at(quote!(#private::fresh_jobs(#jobs, &#claim)), jobs_ty.span());
     let options = claim_options(args, &private);
     let tx_pat = &handler.pat;
     let body = pinned_body(

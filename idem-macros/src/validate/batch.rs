@@ -41,7 +41,11 @@ pub(crate) fn batch(
             format!(
                 "`batch` names `{name}`, which is not a parameter: add `{name}: &[Job]`, the \
                  jobs of the batch (parameters: {})",
-                if names.is_empty() { "none besides the transaction".to_owned() } else { names.join(", ") }
+                if names.is_empty() {
+                    "none besides the transaction".to_owned()
+                } else {
+                    names.join(", ")
+                }
             ),
         );
         return None;

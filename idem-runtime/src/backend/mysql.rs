@@ -44,10 +44,14 @@ const DDL: &[&str] = &["CREATE TABLE IF NOT EXISTS {t} (
 
 /// `value` as a MySQL hex literal (`X'6a6f62'`): its bytes, with nothing to escape.
 fn hex(value: &str) -> String {
+    hex_bytes(value.as_bytes())
+}
+
+fn hex_bytes(value: &[u8]) -> String {
     use std::fmt::Write as _;
     let mut out = String::with_capacity(3 + 2 * value.len());
     out.push_str("X'");
-    for b in value.bytes() {
+    for b in value {
         let _ = write!(out, "{b:02x}");
     }
     out.push('\'');
@@ -241,12 +245,14 @@ impl Backend for MySql {
         }
     }
 
-    /// One message of three statements, at one round trip. MySQL has no `RETURNING` (MariaDB
-    /// has, from 10.5), so the rows this batch inserted are told apart by a sentinel:
-    /// `attempts = 0`, which no committed marker holds. The multi-row insert writes them in
-    /// sorted key order (overlapping batches queue instead of deadlocking), the `SELECT` reads
-    /// back the keys still holding the sentinel (only this transaction's own, uncommitted rows
-    /// can), and the `UPDATE` sets `attempts = 1` before anyone else can see them.
+    /// Two round trips per batch. MySQL has no `RETURNING` (MariaDB has, from 10.5), so the
+    /// rows this batch inserted are told apart by a sentinel: `attempts = 0`, which no
+    /// committed marker holds. The first message inserts every row (in sorted key order, so
+    /// overlapping batches queue instead of deadlocking) and reads back the keys still holding
+    /// the sentinel: only this transaction's own, uncommitted rows can. The second sets
+    /// `attempts = 1` on exactly those rows, which this transaction already holds; an `UPDATE`
+    /// over the whole batch would also lock the duplicates, which `INSERT IGNORE` left under a
+    /// shared lock, and two batches upgrading the same shared lock deadlock.
     ///
     /// `INSERT IGNORE` turns errors into warnings, which is why the single claim avoids it;
     /// here every value was validated first (keys and scope are 1 to 255 bytes, the columns'
@@ -259,37 +265,40 @@ impl Backend for MySql {
         scope: &'t str,
         keys: &'t [&'t str],
     ) -> Result<Vec<String>, sqlx::Error> {
-        use std::fmt::Write as _;
         let t = &sql.table;
         let scope = hex(scope);
-        let mut values = String::new();
-        let mut list = String::new();
-        for (i, key) in keys.iter().enumerate() {
-            let key = hex(key);
-            let sep = if i == 0 { "" } else { "," };
-            let _ = write!(
-                values,
-                "{sep}({scope},{key},0,UTC_TIMESTAMP(6),UTC_TIMESTAMP(6))"
-            );
-            let _ = write!(list, "{sep}{key}");
-        }
-        let message = format!(
+        let values: Vec<String> = keys
+            .iter()
+            .map(|key| format!("({scope},{},0,UTC_TIMESTAMP(6),UTC_TIMESTAMP(6))", hex(key)))
+            .collect();
+        let list: Vec<String> = keys.iter().map(|key| hex(key)).collect();
+        let claim = format!(
             "INSERT IGNORE INTO {t} (scope, `key`, attempts, created_at, completed_at) \
-             VALUES {values}; \
-             SELECT `key` FROM {t} WHERE scope = {scope} AND `key` IN ({list}) \
-             AND attempts = 0; \
-             UPDATE {t} SET attempts = 1 WHERE scope = {scope} AND `key` IN ({list}) \
-             AND attempts = 0"
+             VALUES {}; \
+             SELECT `key` FROM {t} WHERE scope = {scope} AND `key` IN ({}) AND attempts = 0",
+            values.join(","),
+            list.join(",")
         );
-        let rows = sqlx::raw_sql(AssertSqlSafe(message))
+        let rows = sqlx::raw_sql(AssertSqlSafe(claim))
             .fetch_all(&mut *conn)
             .await?;
-        rows.iter()
-            .map(|row| {
-                let key: Vec<u8> = row.try_get(0)?;
-                String::from_utf8(key).map_err(|e| sqlx::Error::Decode(Box::new(e)))
-            })
-            .collect()
+        let mut fresh = Vec::with_capacity(rows.len());
+        let mut mine = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let key: Vec<u8> = row.try_get(0)?;
+            mine.push(hex_bytes(&key));
+            fresh.push(String::from_utf8(key).map_err(|e| sqlx::Error::Decode(Box::new(e)))?);
+        }
+        if !mine.is_empty() {
+            let settle = format!(
+                "UPDATE {t} SET attempts = 1 WHERE scope = {scope} AND `key` IN ({})",
+                mine.join(",")
+            );
+            sqlx::raw_sql(AssertSqlSafe(settle))
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(fresh)
     }
 
     super::read_recorded!();

@@ -195,16 +195,14 @@ pub(crate) async fn overlapping_batches_wait_for_each_other_and_apply_each_job_o
     let second = jobs(&ctx, (5..=15).rev());
     let one = {
         let (store, hold) = (ctx.store.clone(), hold.clone());
-        tokio::spawn(async move {
-            apply_batch(&store, &first, BatchThen::Park, Some(&hold)).await
-        })
+        tokio::spawn(async move { apply_batch(&store, &first, BatchThen::Park, Some(&hold)).await })
     };
     within(120, "the first batch parking in its body", hold.entered()).await;
     let two = {
         let (store, hold) = (ctx.store.clone(), hold.clone());
-        tokio::spawn(async move {
-            apply_batch(&store, &second, BatchThen::Park, Some(&hold)).await
-        })
+        tokio::spawn(
+            async move { apply_batch(&store, &second, BatchThen::Park, Some(&hold)).await },
+        )
     };
     until_all_queued(&ctx, 2).await;
     hold.release();
