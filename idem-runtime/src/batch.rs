@@ -351,19 +351,50 @@ pub(crate) mod expansion {
             .await
     }
 
+    /// The jobs of a batch handler: the body gets clones of the fresh ones.
+    #[diagnostic::on_unimplemented(
+        message = "the jobs of a batch handler must be `Clone`: `{Self}` is not",
+        label = "the body gets clones of the fresh jobs of this batch, in this type",
+        note = "derive `Clone` for `{Self}`, or claim by hand with `Store::claim_batch`"
+    )]
+    pub trait BatchJob: Clone {}
+
+    impl<T: Clone> BatchJob for T {}
+
+    /// The fresh jobs, as the body's batch parameter sees them (a slice).
+    pub enum FreshJobs<'a, T> {
+        /// Every job of the batch was fresh.
+        All(&'a [T]),
+        /// Clones of the fresh ones, in the batch's order.
+        Some(Vec<T>),
+    }
+
+    impl<T> std::ops::Deref for FreshJobs<'_, T> {
+        type Target = [T];
+
+        fn deref(&self) -> &[T] {
+            match self {
+                FreshJobs::All(jobs) => jobs,
+                FreshJobs::Some(jobs) => jobs,
+            }
+        }
+    }
+
     /// The jobs the body gets: the batch itself when every job is fresh, else clones of the
     /// fresh ones, in the batch's order (the body's parameter keeps its declared type).
-    pub fn fresh_jobs<'a, T: Clone, DB: Backend>(
+    pub fn fresh_jobs<'a, T: BatchJob, DB: Backend>(
         jobs: &'a [T],
         claim: &BatchClaim<DB>,
-    ) -> Cow<'a, [T]> {
+    ) -> FreshJobs<'a, T> {
         if claim.fresh().iter().all(|f| *f) {
-            return Cow::Borrowed(jobs);
+            return FreshJobs::All(jobs);
         }
-        jobs.iter()
-            .zip(claim.fresh())
-            .filter_map(|(job, fresh)| fresh.then(|| job.clone()))
-            .collect()
+        FreshJobs::Some(
+            jobs.iter()
+                .zip(claim.fresh())
+                .filter_map(|(job, fresh)| fresh.then(|| job.clone()))
+                .collect(),
+        )
     }
 
     /// The transaction of a claim with a fresh job.

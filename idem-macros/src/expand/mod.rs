@@ -49,13 +49,15 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut batch = None;
     if mode == Mode::Batch {
         if let (Some(handler), Some((lit, name))) = (&handler, &args.batch) {
-            let key = args.key.as_ref().map(|(_, expr)| expr);
-            batch = validate::batch(&item, lit, name, key, handler, &mut diag);
+            batch = validate::batch(&item, lit, name, args.key.as_ref(), handler, &mut diag);
         }
     } else if let (Some(handler), Some((_, expr))) = (&handler, &args.key) {
         validate::key(expr, handler, &mut diag);
     }
-    if let (Some(handler), Some((_, expr))) = (&handler, &args.fingerprint) {
+    // A batch refuses `fingerprint` altogether (`validate::mode`).
+    if let (Some(handler), Some((_, expr)), false) =
+        (&handler, &args.fingerprint, mode == Mode::Batch)
+    {
         validate::fingerprint(expr, handler, &mut diag);
     }
     match (diag.finish(), handler) {

@@ -23,7 +23,7 @@ pub(crate) fn batch(
     item: &ItemFn,
     lit: &LitStr,
     name: &Ident,
-    key: Option<&syn::Expr>,
+    key: Option<&(LitStr, syn::Expr)>,
     handler: &Handler,
     diag: &mut Diag,
 ) -> Option<BatchParam> {
@@ -67,7 +67,8 @@ pub(crate) fn batch(
         );
         return None;
     };
-    let element = element(lit, name, key?, handler, diag)?;
+    let (key_lit, key) = key?;
+    let element = element(key_lit, name, key, handler, diag)?;
     Some(BatchParam {
         ident: name.clone(),
         elem,
@@ -78,7 +79,7 @@ pub(crate) fn batch(
 
 /// The key's one root that is not a parameter: the name of one job of the batch.
 fn element(
-    lit: &LitStr,
+    key_lit: &LitStr,
     batch: &Ident,
     key: &syn::Expr,
     handler: &Handler,
@@ -128,7 +129,7 @@ fn element(
     }
     if ok && element.is_none() {
         diag.error(
-            lit,
+            key_lit,
             format!(
                 "the key of a batch handler reads each job: name one job of `{batch}` in it, \
                  like \"job.id\""
