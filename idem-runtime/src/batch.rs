@@ -14,8 +14,9 @@ use crate::{ClaimOptions, Error, IntoKey, Key, KeyError, Outcome, Store};
 /// The most jobs one batch claim takes.
 ///
 /// The claim is one statement. PostgreSQL and SQLite receive the keys as one array bind, so
-/// no bind limit applies there; MySQL receives them as literals in one message, three times
-/// (insert, read back, update), which at 1,000 keys of up to 255 bytes stays near 1.6 MB,
+/// no bind limit applies there; MySQL receives them as hex literals, twice in the claim's
+/// message (insert, read back) and once more for the fresh ones, which at 1,000 keys of up to
+/// 255 bytes stays near 1.6 MB in all,
 /// under the smallest default `max_allowed_packet` still in use (4 MB, MySQL 5.7). A batch
 /// also holds the row locks of all its keys until it commits, so a larger one would make
 /// overlapping deliveries wait longer. Brokers hand out fewer (SQS 10, typical Kafka and
@@ -78,6 +79,13 @@ impl<DB: Backend> Store<DB> {
     /// Refused before any I/O: a bad scope ([`Error::InvalidScope`]) and more than
     /// [`MAX_BATCH`] keys ([`Error::InvalidKey`] with [`KeyError::BatchTooLarge`]; build the
     /// keys with [`Key::batch`] to learn which job's key is bad). An empty batch does no I/O.
+    ///
+    /// The statement, per backend: PostgreSQL `INSERT ... SELECT $1, k, now() FROM
+    /// unnest($2::text[]) ... ORDER BY k ON CONFLICT DO NOTHING RETURNING key` (the keys as one
+    /// array bind); SQLite the same over `json_each(?2)` (one JSON bind); MySQL and MariaDB a
+    /// multi-row `INSERT IGNORE` whose rows carry a sentinel, read back in the same message,
+    /// then cleared on the fresh rows only (two round trips per batch; MySQL has no
+    /// `RETURNING`, and one code path serves both servers).
     ///
     /// Overlapping batches lock their keys in one order (sorted), so they queue, never
     /// deadlock; a claim that loses a race anyway (`40001`, `40P01`, `1213`) is retried like
