@@ -400,7 +400,8 @@ pub(crate) mod expansion {
         FreshJobs::Some(
             jobs.iter()
                 .zip(claim.fresh())
-                .filter_map(|(job, fresh)| fresh.then(|| job.clone()))
+                .filter(|(_, fresh)| **fresh)
+                .map(|(job, _)| job.clone())
                 .collect(),
         )
     }
