@@ -268,7 +268,10 @@ async fn shadowed_names_do_not_reach_the_expansion() {
     assert_eq!(effects(&store).await, 1);
     let jobs = [shadows::Job { id: 5 }, shadows::Job { id: 6 }];
     let done = shadows::shadowed_batch(&store, &jobs, 10).await.unwrap();
-    assert_eq!(done.outcomes(), [Outcome::Applied(()), Outcome::Applied(())]);
+    assert_eq!(
+        done.outcomes(),
+        [Outcome::Applied(()), Outcome::Applied(())]
+    );
     assert_eq!(done.value(), Some(&12));
     let again = shadows::shadowed_batch(&store, &jobs, 10).await.unwrap();
     assert_eq!(again.outcomes(), [Outcome::Duplicate, Outcome::Duplicate]);

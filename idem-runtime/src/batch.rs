@@ -245,7 +245,8 @@ impl<DB: Backend> BatchClaim<DB> {
     /// commit (the same check as [`Guard::finish`](crate::Guard::finish): a transaction the
     /// database threw away is [`Error::RolledBack`] and nothing of it was kept). With no fresh
     /// job there is nothing to commit: the outcomes are all duplicates, and the value is
-    /// dropped ([`Batch::value`] is `None`); an `Err` is returned as it is.
+    /// dropped ([`Batch::value`] is `None`); an `Err` is returned as it is. `RolledBack` names
+    /// the batch's first fresh key: the whole transaction was lost, every fresh job with it.
     pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Batch<T>, E> {
         expansion::settle_batch(self.finish_failed(result).await)
     }
