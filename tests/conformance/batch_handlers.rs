@@ -107,3 +107,13 @@ pub(crate) async fn apply_batch<DB: TestDb>(
     let fresh: Vec<&Job> = jobs.iter().collect();
     body(tx, &fresh, then, hold).await
 }
+
+/// [`apply_batch`] that waits at most 500 ms for the keys another delivery holds.
+#[idem::idempotent(key = "job.key", scope = "apply", batch = "jobs", wait = "500ms")]
+pub(crate) async fn apply_batch_waiting<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    jobs: &[Job],
+) -> Result<usize, TestError> {
+    let fresh: Vec<&Job> = jobs.iter().collect();
+    body(tx, &fresh, BatchThen::Commit, None).await
+}

@@ -224,6 +224,7 @@ macro_rules! every_backend_tests {
             batch_body_that_swallows_a_rollback_is_rolled_back_not_applied,
             batch_keys_are_checked_before_any_io,
             overlapping_batches_wait_for_each_other_and_apply_each_job_once,
+            batch_that_stops_waiting_is_in_progress_and_claims_nothing,
             worker_killed_inside_a_batch_keeps_nothing,
             four_processes_in_overlapping_batches_apply_every_job_once,
         );

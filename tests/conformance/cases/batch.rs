@@ -148,8 +148,10 @@ pub(crate) async fn batch_keys_are_checked_before_any_io<S: Support>() {
         .map(|k| Key::new(k).expect("valid"))
         .collect();
     match ctx.store.claim_batch("apply", &keys).await {
-        Err(idem::Error::InvalidKey(KeyError::BatchTooLarge { len })) => {
+        Err(e @ idem::Error::InvalidKey(KeyError::BatchTooLarge { len })) => {
             assert_eq!(len, MAX_BATCH + 1);
+            let msg = e.to_string();
+            assert!(msg.contains("1001 jobs") && msg.contains("split"), "{msg}");
         }
         other => panic!("expected BatchTooLarge, got {other:?}"),
     }
@@ -220,5 +222,44 @@ pub(crate) async fn overlapping_batches_wait_for_each_other_and_apply_each_job_o
         assert_eq!(ctx.effects(id).await, 1, "job {id}");
     }
     assert_eq!(ctx.effects_total().await, 15);
+    ctx.cleanup().await;
+}
+
+/// A batch whose `wait` runs out behind another batch holding one of its keys is
+/// `InProgress` (naming its first key) and claims none of its jobs, not even the free one.
+pub(crate) async fn batch_that_stops_waiting_is_in_progress_and_claims_nothing<S: Support>() {
+    let ctx = Ctx::<S>::new("bwait", 4).await;
+    let hold = Arc::new(Hold::default());
+    let first = {
+        let (store, hold, jobs) = (ctx.store.clone(), hold.clone(), jobs(&ctx, 1..=3));
+        tokio::spawn(async move { apply_batch(&store, &jobs, BatchThen::Park, Some(&hold)).await })
+    };
+    within(60, "the first batch parking in its body", hold.entered()).await;
+    let second = jobs(&ctx, [3, 4]);
+    match within(
+        60,
+        "the second batch",
+        apply_batch_waiting(&ctx.store, &second),
+    )
+    .await
+    {
+        Err(TestError::Idem(idem::Error::InProgress { scope, key })) => {
+            assert_eq!((scope.as_str(), key.as_str()), ("apply", "job-3"));
+        }
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+    assert_eq!((ctx.markers().await, ctx.effects_total().await), (0, 0));
+    hold.release();
+    let first = within(60, "the first batch", first)
+        .await
+        .expect("no panic");
+    assert_eq!(first.expect("the first batch commits").outcomes(), [A; 3]);
+    let again = apply_batch_waiting(&ctx.store, &second)
+        .await
+        .expect("the redelivery commits");
+    assert_eq!(again.outcomes(), [D, A]);
+    for id in 1..=4 {
+        assert_eq!(ctx.effects(id).await, 1, "job {id}");
+    }
     ctx.cleanup().await;
 }
