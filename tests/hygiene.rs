@@ -15,6 +15,7 @@ mod shadows {
     use ::idem::Tx;
     use sqlx::Sqlite;
 
+    #[derive(Clone)]
     pub(crate) struct Job {
         pub(crate) id: u64,
     }
@@ -32,6 +33,7 @@ mod shadows {
     struct Lease;
     struct Leased;
     struct Backend;
+    struct Batch;
     struct Duration;
     mod core {}
     mod std {}
@@ -50,6 +52,23 @@ mod shadows {
             .execute(&mut **tx)
             .await?;
         ::core::result::Result::Ok(__idem_guard + __idem_key)
+    }
+
+    /// A batch handler among the same shadows, with locals named like the expansion's own.
+    #[::idem::idempotent(key = "job.id", scope = "hygiene.batch", batch = "jobs")]
+    pub(crate) async fn shadowed_batch(
+        tx: &mut Tx<'_, Sqlite>,
+        jobs: &[Job],
+        store: u64,
+    ) -> ::core::result::Result<u64, sqlx::Error> {
+        let __idem_claim = store;
+        let __idem_fresh = jobs.len() as u64;
+        for _ in jobs {
+            sqlx::query("INSERT INTO effects (n) VALUES (1)")
+                .execute(&mut **tx)
+                .await?;
+        }
+        ::core::result::Result::Ok(__idem_claim + __idem_fresh)
     }
 
     /// An alias of `Result` whose name does not say so, and sqlx's alias of the transaction,
@@ -247,6 +266,16 @@ async fn shadowed_names_do_not_reach_the_expansion() {
         Outcome::Duplicate
     );
     assert_eq!(effects(&store).await, 1);
+    let jobs = [shadows::Job { id: 5 }, shadows::Job { id: 6 }];
+    let done = shadows::shadowed_batch(&store, &jobs, 10).await.unwrap();
+    assert_eq!(
+        done.outcomes(),
+        [Outcome::Applied(()), Outcome::Applied(())]
+    );
+    assert_eq!(done.value(), Some(&12));
+    let again = shadows::shadowed_batch(&store, &jobs, 10).await.unwrap();
+    assert_eq!(again.outcomes(), [Outcome::Duplicate, Outcome::Duplicate]);
+    assert_eq!(effects(&store).await, 3);
 }
 
 #[tokio::test]

@@ -10,9 +10,10 @@ use sqlx::{Connection as _, MySql, MySqlConnection};
 
 struct My;
 
-/// Sessions in the middle of a claim `INSERT` into the marker table named `?`.
+/// Sessions in the middle of a claim `INSERT` (a batch's is `INSERT IGNORE`) into the marker
+/// table named `?`.
 const CLAIMS_RUNNING: &str = "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-     WHERE INFO LIKE CONCAT('INSERT INTO ', $1, ' %')";
+     WHERE INFO LIKE CONCAT('INSERT %INTO ', $1, ' %')";
 
 const URL_VAR: &str = "IDEM_MYSQL_URL";
 

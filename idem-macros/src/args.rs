@@ -1,5 +1,5 @@
 //! The attribute's arguments: `key`, `scope`, `lease`, `timeout`, `wait`, `isolation`,
-//! `fingerprint`, `crate`, each `= "..."`, and the flag `replay`.
+//! `fingerprint`, `batch`, `crate`, each `= "..."`, and the flag `replay`.
 
 use proc_macro2::{Span, TokenStream};
 use syn::meta::ParseNestedMeta;
@@ -25,6 +25,8 @@ pub(crate) struct Args {
     /// The literal (for spans) and the expression parsed from it.
     pub(crate) fingerprint: Option<(LitStr, Expr)>,
     pub(crate) krate: Option<Path>,
+    /// The literal (for spans) and the parameter it names, which holds the batch of jobs.
+    pub(crate) batch: Option<(LitStr, syn::Ident)>,
     /// Arguments written, even with a refused value: a refused `key` has had its error, so
     /// "missing key" would be a second one for the same mistake. With the span of the name, for
     /// errors about the argument as a whole (`wait` in lease mode).
@@ -51,7 +53,7 @@ pub(crate) enum Isolation {
     Serializable,
 }
 
-const NAMES: [&str; 9] = [
+const NAMES: [&str; 10] = [
     "key",
     "scope",
     "lease",
@@ -60,6 +62,7 @@ const NAMES: [&str; 9] = [
     "isolation",
     "replay",
     "fingerprint",
+    "batch",
     "crate",
 ];
 
@@ -122,6 +125,14 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
                     args.scope = Some(lit);
                 }
             }
+            "batch" => match lit.parse::<syn::Ident>() {
+                Ok(ident) => args.batch = Some((lit, ident)),
+                Err(_) => diag.error(
+                    &lit,
+                    "`batch` names the parameter that holds the jobs, like \"jobs\" for \
+                     `jobs: &[Job]`",
+                ),
+            },
             "wait" => args.wait = duration_value(name, &lit, diag),
             "lease" => args.lease = positive_duration(name, &lit, diag).map(|ms| (lit, ms)),
             "timeout" => args.timeout = positive_duration(name, &lit, diag).map(|ms| (lit, ms)),

@@ -121,7 +121,7 @@ pub(crate) fn analyse(
             continue;
         }
         if is_lease(&pt.ty) {
-            if mode == Mode::Transaction {
+            if mode != Mode::Lease {
                 diag.error(
                     &pt.ty,
                     "a `Lease` parameter needs `lease = \"30s\"` on the attribute: lease mode \
@@ -169,12 +169,12 @@ pub(crate) fn analyse(
             }
         }
     }
-    if special.is_none() && ok && !misplaced && mode == Mode::Transaction {
+    if special.is_none() && ok && !misplaced && mode != Mode::Lease {
         ok = !mistaken_transaction(sig, diag, repairs);
     }
     if special.is_none() && ok && !misplaced {
         let message = match mode {
-            Mode::Transaction => format!(
+            Mode::Transaction | Mode::Batch => format!(
                 "`#[idempotent]` needs a transaction parameter to run the effect on, so the \
                  marker and the effect commit together: add {TX_HINT}"
             ),
@@ -191,7 +191,7 @@ pub(crate) fn analyse(
             None => {
                 // Anything else is not a `Result`: `Option<T>`, `()`, `impl Future`.
                 let why = match mode {
-                    Mode::Transaction => "an `Err` rolls the effect back",
+                    Mode::Transaction | Mode::Batch => "an `Err` rolls the effect back",
                     Mode::Lease => "an `Err` releases the key",
                 };
                 diag.error(

@@ -11,6 +11,9 @@ use crate::diag::Diag;
 use crate::duration;
 use crate::signature::{self, Handler};
 
+mod batch;
+pub(crate) use batch::{BatchParam, batch};
+
 /// How the handler runs its body. Decided here, once: the signature analysis and the
 /// expansion follow it rather than guessing again.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -19,6 +22,9 @@ pub(crate) enum Mode {
     Transaction,
     /// Claim a lease, run the body outside any transaction, complete the marker after it.
     Lease,
+    /// Claim every job of a batch with one statement, run the body once for the fresh ones,
+    /// and commit their markers and effects together.
+    Batch,
 }
 
 /// `lease` selects lease mode. Reports the arguments that do not fit the mode.
@@ -32,6 +38,39 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
         })
     };
     let lease_mode = args.gave("lease") || (args.unknown && lease_param());
+    if args.gave("batch") {
+        // One batch commits once: a lease per job, or one value replayed to each of them,
+        // would need a statement per job, which is what batches are for avoiding.
+        for (arg, why) in [
+            (
+                "lease",
+                "a batch runs in transaction mode, its effects committed with the markers",
+            ),
+            (
+                "timeout",
+                "`timeout` bounds a lease-mode body, and a batch runs in transaction mode",
+            ),
+            (
+                "replay",
+                "a batch's value belongs to the whole batch, not to one job to replay",
+            ),
+            (
+                "fingerprint",
+                "a batch claims its keys without reading their markers back",
+            ),
+        ] {
+            if let Some(span) = args.span_of(arg) {
+                diag.error_at(
+                    span,
+                    format!(
+                        "`{arg}` does not go with `batch`: {why}; remove `{arg}`, or `batch` \
+                         for a handler of one job"
+                    ),
+                );
+            }
+        }
+        return Mode::Batch;
+    }
     if !lease_mode {
         if let Some(span) = args.span_of("timeout") {
             diag.error_at(
@@ -86,7 +125,13 @@ pub(crate) fn fingerprint(expr: &Expr, handler: &Handler, diag: &mut Diag) {
     reads_parameters("fingerprint", "the job's payload", expr, handler, diag);
 }
 
-fn reads_parameters(arg: &str, read: &str, expr: &Expr, handler: &Handler, diag: &mut Diag) {
+pub(crate) fn reads_parameters(
+    arg: &str,
+    read: &str,
+    expr: &Expr,
+    handler: &Handler,
+    diag: &mut Diag,
+) {
     let mut found = Vec::new();
     roots(expr, &mut found);
     let mut special = Vec::new();
@@ -121,7 +166,7 @@ fn reads_parameters(arg: &str, read: &str, expr: &Expr, handler: &Handler, diag:
 
 /// The variables an expression starts from: `job` in `job.id`, both in `(a.x, b.y)`.
 /// Anything more elaborate (calls, macros, blocks) is left to rustc.
-fn roots<'e>(expr: &'e Expr, out: &mut Vec<&'e Ident>) {
+pub(crate) fn roots<'e>(expr: &'e Expr, out: &mut Vec<&'e Ident>) {
     match expr {
         Expr::Path(p) if p.qself.is_none() && p.path.leading_colon.is_none() => {
             if let Some(ident) = p.path.get_ident() {

@@ -9,11 +9,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::Key;
+pub use crate::batch::expansion::*;
 pub use crate::join::{Claimed, Via};
 pub use crate::store::Held;
 pub use crate::{
-    Backend, Claim, ClaimOptions, Error, Fingerprint, Guard, IntoKey, Isolation, Joined, Lease,
-    LeaseOptions, Leased, Outcome, Recorded, Store, Target,
+    Backend, Batch, Claim, ClaimOptions, Error, Fingerprint, Guard, IntoKey, Isolation, Joined,
+    Lease, LeaseOptions, Leased, Outcome, Recorded, Store, Target,
 };
 pub use core::time::Duration;
 

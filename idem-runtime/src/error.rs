@@ -204,6 +204,20 @@ pub enum KeyError {
     },
     /// The key contains a NUL byte, which PostgreSQL cannot store in `text`.
     Nul,
+    /// The key of one job of a batch was refused; the whole batch was refused with it, before
+    /// any I/O.
+    InBatch {
+        /// The job's position in the batch, from 0.
+        position: usize,
+        /// Why its key was refused.
+        error: Box<KeyError>,
+    },
+    /// The batch holds more jobs than one claim takes
+    /// ([`MAX_BATCH`](crate::MAX_BATCH)).
+    BatchTooLarge {
+        /// How many jobs it held.
+        len: usize,
+    },
 }
 
 impl fmt::Display for KeyError {
@@ -222,6 +236,17 @@ impl fmt::Display for KeyError {
             KeyError::Nul => f.write_str(
                 "the key contains a NUL byte, which databases cannot store as text: \
                  strip it, or encode the id (for example as hex)",
+            ),
+            KeyError::InBatch { position, error } => write!(
+                f,
+                "job {position} of the batch (counting from 0): {error}; \
+                 nothing of the batch was claimed"
+            ),
+            KeyError::BatchTooLarge { len } => write!(
+                f,
+                "a batch of {len} jobs is more than the {} one claim takes: \
+                 split it into smaller batches",
+                crate::MAX_BATCH
             ),
         }
     }

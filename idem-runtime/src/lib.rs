@@ -12,6 +12,7 @@ compile_error!(
 );
 
 mod backend;
+mod batch;
 mod error;
 mod inspect;
 mod job_id;
@@ -26,6 +27,7 @@ mod store;
 pub mod testing;
 
 pub use backend::Backend;
+pub use batch::{Batch, BatchClaim, MAX_BATCH};
 pub use error::{Error, KeyError};
 pub use inspect::{Marker, MarkerState};
 pub use job_id::{JobId, job_id};

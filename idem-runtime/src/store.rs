@@ -25,7 +25,7 @@ pub const PURGE_BATCH: i64 = 5_000;
 /// several failing deliveries may lose a few rounds in a row: every round is decided, so the
 /// bound only stops a livelock, and 16 covers the conformance suite's 8 failing holders
 /// with 31 waiters.
-const CLAIM_ATTEMPTS: u32 = 16;
+pub(crate) const CLAIM_ATTEMPTS: u32 = 16;
 
 /// Retentions from here on purge nothing (see [`Store::purge`]).
 const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);

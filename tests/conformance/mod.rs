@@ -29,6 +29,7 @@
     reason = "each backend runs its own subset of the cases"
 )]
 
+pub(crate) mod batch_handlers;
 pub(crate) mod cases;
 pub(crate) mod ctx;
 pub(crate) mod db;
@@ -217,6 +218,15 @@ macro_rules! every_backend_tests {
             lease_released_attempt_keeps_its_fingerprint,
             replayed_text_with_a_nul_character_is_stored_or_refused,
             lease_replayed_text_with_a_nul_character_is_stored_or_refused,
+            batch_with_duplicates_applies_only_the_fresh_jobs,
+            batch_with_the_same_key_twice_claims_it_at_its_first_position,
+            failed_batch_keeps_nothing_and_redelivery_applies_each_once,
+            batch_body_that_swallows_a_rollback_is_rolled_back_not_applied,
+            batch_keys_are_checked_before_any_io,
+            overlapping_batches_wait_for_each_other_and_apply_each_job_once,
+            batch_that_stops_waiting_is_in_progress_and_claims_nothing,
+            worker_killed_inside_a_batch_keeps_nothing,
+            four_processes_in_overlapping_batches_apply_every_job_once,
         );
     };
 }

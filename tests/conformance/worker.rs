@@ -234,6 +234,9 @@ pub(crate) async fn child_process<S: Support>() {
             let r = apply(&store, &job, Then::Hang).await;
             panic!("the handler returned {r:?}; it should have hung in its body");
         }
+        "batch_hang" | "batch_work" => {
+            super::cases::batch_child::<S>(&mode, &url, &markers, &effects).await;
+        }
         "lease_hang" | "lease_block" => {
             super::cases::lease_child::<S>(&mode, &url, &markers, &effects).await;
         }

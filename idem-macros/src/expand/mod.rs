@@ -1,7 +1,9 @@
 //! Code generation. This module holds what every mode shares (the signature, the key, the
 //! scope, the conversion of errors); `transaction` holds the claim-run-commit of the
-//! transaction mode, `lease` the claim-run-complete of the lease mode.
+//! transaction mode, `lease` the claim-run-complete of the lease mode, `batch` the
+//! claim-run-commit of a whole batch.
 
+mod batch;
 mod lease;
 mod transaction;
 
@@ -14,7 +16,7 @@ use syn::{AttrStyle, FnArg, ItemFn, LitStr, Stmt};
 use crate::args::{self, Args};
 use crate::diag::Diag;
 use crate::signature::{self, Db, Handler, Kind, Repair};
-use crate::validate;
+use crate::validate::{self, Mode};
 
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let item: ItemFn = match syn::parse2(item.clone()) {
@@ -44,14 +46,25 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     if !args.gave("scope") && !args.unknown {
         validate::scope(&item.sig, &mut diag);
     }
-    if let (Some(handler), Some((_, expr))) = (&handler, &args.key) {
+    let mut batch = None;
+    if mode == Mode::Batch {
+        if let (Some(handler), Some((lit, name))) = (&handler, &args.batch) {
+            batch = validate::batch(&item, lit, name, args.key.as_ref(), handler, &mut diag);
+        }
+    } else if let (Some(handler), Some((_, expr))) = (&handler, &args.key) {
         validate::key(expr, handler, &mut diag);
     }
-    if let (Some(handler), Some((_, expr))) = (&handler, &args.fingerprint) {
+    // A batch refuses `fingerprint` altogether (`validate::mode`).
+    if let (Some(handler), Some((_, expr)), false) =
+        (&handler, &args.fingerprint, mode == Mode::Batch)
+    {
         validate::fingerprint(expr, handler, &mut diag);
     }
     match (diag.finish(), handler) {
-        (Ok(()), Some(handler)) => expand(&args, &item, &handler),
+        (Ok(()), Some(handler)) if mode != Mode::Batch => expand(&args, &item, &handler),
+        (Ok(()), Some(handler)) if batch.is_some() => {
+            batch::expand(&args, &item, &handler, batch.as_ref().expect("checked"))
+        }
         (result, _) => {
             // Give rustc the function as written, so one mistake is one error and the IDE
             // keeps resolving the body.

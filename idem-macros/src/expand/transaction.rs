@@ -87,7 +87,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
 
 /// The `options` argument of the claim: `ClaimOptions::new()` and one call per argument given,
 /// so that a handler without `wait` or `isolation` keeps the database's own behaviour.
-fn claim_options(args: &Args, private: &TokenStream) -> TokenStream {
+pub(super) fn claim_options(args: &Args, private: &TokenStream) -> TokenStream {
     let mut options = quote!(#private::ClaimOptions::new());
     if let Some(ms) = args.wait {
         let ms = Literal::u64_unsuffixed(ms);

@@ -84,6 +84,17 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         fingerprint: Option<&'t [u8]>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
 
+    /// Batch claim: inserts the markers of `keys` (distinct, sorted, so that overlapping
+    /// batches lock rows in one order) in `tx` with one statement; returns the keys this
+    /// transaction inserted, the others were committed earlier.
+    #[doc(hidden)]
+    fn try_claim_batch<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t Sql,
+        scope: &'t str,
+        keys: &'t [&'t str],
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 't;
+
     /// Reads the fingerprint and stored value of a marker another delivery committed.
     #[doc(hidden)]
     fn recorded<'t>(
@@ -460,6 +471,8 @@ pub struct Sql {
     pub(crate) table: String,
     pub(crate) begin: SqlStr,
     pub(crate) claim: SqlStr,
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    pub(crate) claim_batch: SqlStr,
     pub(crate) recorded: SqlStr,
     pub(crate) record: SqlStr,
     pub(crate) forget: SqlStr,
@@ -491,6 +504,7 @@ pub(crate) struct LeaseSql {
 pub(crate) struct Statements<'a> {
     pub(crate) begin: &'static str,
     pub(crate) claim: &'a str,
+    pub(crate) claim_batch: &'a str,
     pub(crate) recorded: &'a str,
     pub(crate) record: &'a str,
     pub(crate) forget: &'a str,
@@ -515,6 +529,7 @@ impl Sql {
             table: table.to_owned(),
             begin: s.begin.into_sql_str(),
             claim: fill(s.claim),
+            claim_batch: fill(s.claim_batch),
             recorded: fill(s.recorded),
             record: fill(s.record),
             forget: fill(s.forget),

@@ -42,6 +42,22 @@ const DDL: &[&str] = &["CREATE TABLE IF NOT EXISTS {t} (
         CHECK (state IN ('in_progress', 'completed'))
     ) ENGINE = InnoDB"];
 
+/// `value` as a MySQL hex literal (`X'6a6f62'`): its bytes, with nothing to escape.
+fn hex(value: &str) -> String {
+    hex_bytes(value.as_bytes())
+}
+
+fn hex_bytes(value: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(3 + 2 * value.len());
+    out.push_str("X'");
+    for b in value {
+        let _ = write!(out, "{b:02x}");
+    }
+    out.push('\'');
+    out
+}
+
 fn number(err: &sqlx::Error) -> Option<u16> {
     err.as_database_error()
         .and_then(|e| e.try_downcast_ref::<MySqlDatabaseError>())
@@ -78,6 +94,8 @@ impl Backend for MySql {
                 // and workers in different zones must agree when a lease runs out.
                 claim: "INSERT INTO {t} (scope, `key`, fingerprint, created_at, completed_at) \
                         VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+                // Built per batch by `try_claim_batch`, which documents it.
+                claim_batch: "",
                 recorded: "SELECT fingerprint, CAST(result AS CHAR) FROM {t} \
                            WHERE scope = ? AND `key` = ?",
                 // Binds: the value, then scope and key.
@@ -225,6 +243,62 @@ impl Backend for MySql {
             Err(e) if number(&e) == Some(ER_DUP_ENTRY) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// Two round trips per batch. MySQL has no `RETURNING` (MariaDB has, from 10.5), so the
+    /// rows this batch inserted are told apart by a sentinel: `attempts = 0`, which no
+    /// committed marker holds. The first message inserts every row (in sorted key order, so
+    /// overlapping batches queue instead of deadlocking) and reads back the keys still holding
+    /// the sentinel: only this transaction's own, uncommitted rows can. The second sets
+    /// `attempts = 1` on exactly those rows, which this transaction already holds; an `UPDATE`
+    /// over the whole batch would also lock the duplicates, which `INSERT IGNORE` left under a
+    /// shared lock, and two batches upgrading the same shared lock deadlock.
+    ///
+    /// `INSERT IGNORE` turns errors into warnings, which is why the single claim avoids it;
+    /// here every value was validated first (keys and scope are 1 to 255 bytes, the columns'
+    /// size), so the only error left for it to ignore is the duplicate key. Lock waits and
+    /// deadlocks are not downgraded. The keys are written as hex literals: a multi-statement
+    /// message cannot carry binds, and hex leaves nothing to escape.
+    async fn try_claim_batch<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t Sql,
+        scope: &'t str,
+        keys: &'t [&'t str],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let t = &sql.table;
+        let scope = hex(scope);
+        let values: Vec<String> = keys
+            .iter()
+            .map(|key| format!("({scope},{},0,UTC_TIMESTAMP(6),UTC_TIMESTAMP(6))", hex(key)))
+            .collect();
+        let list: Vec<String> = keys.iter().map(|key| hex(key)).collect();
+        let claim = format!(
+            "INSERT IGNORE INTO {t} (scope, `key`, attempts, created_at, completed_at) \
+             VALUES {}; \
+             SELECT `key` FROM {t} WHERE scope = {scope} AND `key` IN ({}) AND attempts = 0",
+            values.join(","),
+            list.join(",")
+        );
+        let rows = sqlx::raw_sql(AssertSqlSafe(claim))
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut fresh = Vec::with_capacity(rows.len());
+        let mut mine = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let key: Vec<u8> = row.try_get(0)?;
+            mine.push(hex_bytes(&key));
+            fresh.push(String::from_utf8(key).map_err(|e| sqlx::Error::Decode(Box::new(e)))?);
+        }
+        if !mine.is_empty() {
+            let settle = format!(
+                "UPDATE {t} SET attempts = 1 WHERE scope = {scope} AND `key` IN ({})",
+                mine.join(",")
+            );
+            sqlx::raw_sql(AssertSqlSafe(settle))
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(fresh)
     }
 
     super::read_recorded!();

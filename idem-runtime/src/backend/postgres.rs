@@ -56,6 +56,12 @@ impl Backend for Postgres {
                 begin: "BEGIN",
                 claim: "INSERT INTO {t} (scope, key, fingerprint, completed_at) \
                         VALUES ($1, $2, $3, now()) ON CONFLICT DO NOTHING",
+                // One statement for the whole batch: the keys travel as one array, so no bind
+                // limit applies, and `ORDER BY k` makes every batch take its row locks in the
+                // same order, so that two overlapping batches queue instead of deadlocking.
+                claim_batch: "INSERT INTO {t} (scope, key, completed_at) \
+                              SELECT $1, k, now() FROM unnest($2::text[]) AS u(k) ORDER BY k \
+                              ON CONFLICT DO NOTHING RETURNING key",
                 recorded: "SELECT fingerprint, result::text FROM {t} \
                            WHERE scope = $1 AND key = $2",
                 record: "UPDATE {t} SET result = $3::json WHERE scope = $1 AND key = $2",
@@ -157,6 +163,19 @@ impl Backend for Postgres {
 
     super::claim_on_conflict!();
     super::read_recorded!();
+
+    async fn try_claim_batch<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t Sql,
+        scope: &'t str,
+        keys: &'t [&'t str],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar(sql.claim_batch.clone())
+            .bind(scope)
+            .bind(keys)
+            .fetch_all(&mut *conn)
+            .await
+    }
     super::lease_claim_on_conflict!();
     super::lease_update_numbered!();
 

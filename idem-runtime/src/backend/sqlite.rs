@@ -55,6 +55,14 @@ impl Backend for Sqlite {
                 claim: "INSERT INTO {t} (scope, key, fingerprint, completed_at) \
                         VALUES (?1, ?2, ?3, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
                         ON CONFLICT DO NOTHING",
+                // The keys travel as one JSON array, so SQLite's bind limit does not apply.
+                // `WHERE true`: without it SQLite would read `ON CONFLICT` as a join
+                // constraint of the `SELECT`. Writers are serialised, so the order of the
+                // keys cannot deadlock here.
+                claim_batch: "INSERT INTO {t} (scope, key, completed_at) \
+                              SELECT ?1, value, strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                              FROM json_each(?2) WHERE true \
+                              ON CONFLICT DO NOTHING RETURNING key",
                 recorded: "SELECT fingerprint, result FROM {t} WHERE scope = ?1 AND key = ?2",
                 record: "UPDATE {t} SET result = ?3 WHERE scope = ?1 AND key = ?2",
                 forget: "DELETE FROM {t} WHERE scope = ?1 AND key = ?2",
@@ -149,6 +157,20 @@ impl Backend for Sqlite {
 
     super::claim_on_conflict!();
     super::read_recorded!();
+
+    async fn try_claim_batch<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t Sql,
+        scope: &'t str,
+        keys: &'t [&'t str],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let keys = serde_json::to_string(keys).expect("strings always serialise");
+        sqlx::query_scalar(sql.claim_batch.clone())
+            .bind(scope)
+            .bind(keys)
+            .fetch_all(&mut *conn)
+            .await
+    }
     super::lease_claim_on_conflict!();
     super::lease_update_numbered!();
 

@@ -4,6 +4,8 @@
 mod ambiguous;
 mod attribute;
 mod basic;
+mod batch;
+mod batch_processes;
 mod fingerprint;
 mod inspect;
 mod join;
@@ -23,6 +25,8 @@ mod store;
 pub(crate) use ambiguous::*;
 pub(crate) use attribute::*;
 pub(crate) use basic::*;
+pub(crate) use batch::*;
+pub(crate) use batch_processes::*;
 pub(crate) use fingerprint::*;
 pub(crate) use inspect::*;
 pub(crate) use join::*;

@@ -1,0 +1,158 @@
+//! The batch mode: claim the keys of every job of a batch with one statement, run the body
+//! once on the fresh jobs, and commit their markers and effects together (one commit for the
+//! batch instead of one per job).
+//!
+//! The body's batch parameter keeps its declared type, `&[Job]`, and holds only the fresh
+//! jobs: the batch itself when every job is fresh, else clones of the fresh ones, so the jobs
+//! must be `Clone` (a job's key and payload are plain data; a handler for jobs that cannot be
+//! cloned claims by hand with `Store::claim_batch`). The body does not run when every job is
+//! a duplicate.
+
+use proc_macro2::{Ident, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::ext::IdentExt as _;
+use syn::spanned::Spanned as _;
+use syn::{FnArg, ItemFn, LitStr};
+
+use super::transaction::claim_options;
+use super::{by_reference, local, located_at, pinned_body, private_path, spanning};
+use crate::args::Args;
+use crate::signature::{self, Db, Handler, Kind};
+use crate::validate::BatchParam;
+
+pub(super) fn expand(
+    args: &Args,
+    item: &ItemFn,
+    handler: &Handler,
+    batch: &BatchParam,
+) -> TokenStream {
+    let ident = &item.sig.ident;
+    let private = private_path(args);
+    let mut handler = handler.clone();
+    if handler.ok.is_none() {
+        handler.ret.through = Some(private.clone());
+    }
+    let handler = &handler;
+    let scope = args
+        .scope
+        .clone()
+        .unwrap_or_else(|| LitStr::new(&ident.unraw().to_string(), ident.span()));
+    let store = local("store");
+    let keys = local("__idem_keys");
+    let claim = local("__idem_claim");
+    let fresh = local("__idem_fresh");
+    let tx_var = local("__idem_tx");
+    let result = local("__idem_result");
+    let err = local("__idem_err");
+    let outcome = local("__idem_outcome");
+    let name = ident.unraw().to_string();
+
+    let Kind::Transaction { ty: tx_ty, db } = &handler.kind else {
+        unreachable!("batch mode has a transaction parameter")
+    };
+    let db = match db {
+        Db::Written(db) => quote!(#db),
+        Db::Sqlx(name, span) => {
+            let name = Ident::new(name, *span);
+            located_at(quote!(#private::db::#name), *span)
+        }
+    };
+    let mut sig = item.sig.clone();
+    // A batch runs in a transaction of its own: joining the caller's (`store.join(tx)`)
+    // would commit one batch's jobs with unrelated work.
+    let store_arg: FnArg = syn::parse_quote!(#store: &#private::Store<#db>);
+    *sig.inputs
+        .iter_mut()
+        .nth(handler.index)
+        .expect("index from analyse") = store_arg;
+    let ret = &handler.ret;
+    let ok: syn::Type = match &handler.ok {
+        Some(ok) => ok.clone(),
+        None => syn::parse2(spanning(quote!(<#ret as #private::HandlerResult>::Ok), ret))
+            .expect("a qualified path"),
+    };
+    let batch_ty: syn::Type = syn::parse_quote!(#private::Batch<#ok>);
+    if let syn::ReturnType::Type(_, ty) = &mut sig.output {
+        **ty = match &handler.ok {
+            Some(_) => signature::with_ok(&ret.ty, batch_ty),
+            None => {
+                let err = quote!(<#ret as #private::HandlerResult>::Err);
+                let rewritten = quote!(::core::result::Result<#batch_ty, #err>);
+                syn::parse2(spanning(rewritten, ret)).expect("a path type")
+            }
+        };
+    }
+
+    let (key_lit, key) = args.key.as_ref().expect("checked by the caller");
+    let key = by_reference(key);
+    let BatchParam {
+        ident: jobs,
+        elem,
+        ty: jobs_ty,
+        element,
+    } = batch;
+    // Errors about the key's type land on the `key` literal.
+    let key_eval = quote_spanned! {key_lit.span()=>
+        let #keys = #private::batch_keys(
+            #name,
+            ::core::iter::Iterator::map(
+                ::core::iter::IntoIterator::into_iter(#jobs),
+                |#element| #private::batch_key(&#key),
+            ),
+        );
+    };
+    // A job type that is not `Clone` is one error, on the batch parameter's type.
+    let fresh_jobs = located_at(quote!(#private::fresh_jobs(#jobs, &#claim)), jobs_ty.span());
+    let options = claim_options(args, &private);
+    let tx_pat = &handler.pat;
+    let body = pinned_body(
+        &handler.ret,
+        &result,
+        quote! {
+            let #tx_pat: #tx_ty = #tx_var;
+            let #jobs: &[#elem] = &*#fresh;
+        },
+        &item.block.stmts,
+    );
+    let settle = located_at(quote!(#private::settle_batch(#outcome)), ret.span());
+
+    let (attrs, inner): (Vec<_>, Vec<_>) = item
+        .attrs
+        .iter()
+        .partition(|a| matches!(a.style, syn::AttrStyle::Outer));
+    let vis = &item.vis;
+    let note = attrs.iter().any(|a| a.path().is_ident("doc")).then(|| {
+        let text = format!(
+            "\n\n*Idempotent batch* (scope `{}`): each job's effect commits once per key; the \
+             body runs on the jobs no earlier delivery committed, and returns one `Outcome` \
+             per job.",
+            scope.value()
+        );
+        quote!(#[doc = #text])
+    });
+    quote! {
+        #(#attrs)*
+        #note
+        #vis #sig {
+            #(#inner)*
+            #key_eval
+            let #outcome = #private::in_body(#name, async move {
+                let mut #claim = match #private::claim_batch(#store, #scope, #options, #keys).await {
+                    ::core::result::Result::Ok(#claim) => #claim,
+                    ::core::result::Result::Err(#err) => {
+                        return ::core::result::Result::Err(#private::Failed::Idem(#err));
+                    }
+                };
+                if !#claim.any_fresh() {
+                    return ::core::result::Result::Ok(#private::all_duplicates(&#claim));
+                }
+                let #fresh = #fresh_jobs;
+                let #tx_var = #private::batch_tx(&mut #claim);
+                #body
+                #private::finish_batch(#claim, #result).await
+            })
+            .await;
+            #settle
+        }
+    }
+}
