@@ -48,13 +48,36 @@ impl BatchVariant {
 pub(crate) type BatchResults = BTreeMap<(Kind, usize, usize, BatchVariant), Agg>;
 
 /// One job of a batch.
+#[derive(Clone)]
 pub(crate) struct Job {
     pub(crate) id: String,
     pub(crate) account: i64,
 }
 
+/// The jobs the claim found fresh, in input order.
+fn fresh_accounts(jobs: &[Job], fresh: &[String]) -> Vec<i64> {
+    let fresh: std::collections::HashSet<&str> = fresh.iter().map(String::as_str).collect();
+    jobs.iter()
+        .filter(|j| fresh.contains(j.id.as_str()))
+        .map(|j| j.account)
+        .collect()
+}
+
+fn accounts_of(jobs: &[Job]) -> Vec<i64> {
+    jobs.iter().map(|j| j.account).collect()
+}
+
 pub(crate) mod pg {
     use super::*;
+
+    /// The same batch under the attribute: the body sees only the fresh jobs.
+    #[idem::idempotent(key = "job.id", scope = "bench.top_up", batch = "jobs")]
+    pub(crate) async fn top_ups(
+        tx: &mut Transaction<'_, Postgres>,
+        jobs: &[Job],
+    ) -> Result<(), sqlx::Error> {
+        apply(tx, &accounts_of(jobs)).await
+    }
 
     fn claim() -> &'static str {
         static SQL: OnceLock<String> = OnceLock::new();
@@ -95,12 +118,7 @@ pub(crate) mod pg {
             drop(tx);
             return Ok(0);
         }
-        let fresh: std::collections::HashSet<&str> = fresh.iter().map(String::as_str).collect();
-        let accounts: Vec<i64> = jobs
-            .iter()
-            .filter(|j| fresh.contains(j.id.as_str()))
-            .map(|j| j.account)
-            .collect();
+        let accounts = fresh_accounts(jobs, &fresh);
         apply(&mut tx, &accounts).await?;
         tx.commit().await?;
         Ok(accounts.len() as u64)
@@ -110,6 +128,168 @@ pub(crate) mod pg {
         tx: &mut Transaction<'_, Postgres>,
         accounts: &[i64],
     ) -> Result<(), sqlx::Error> {
+        sqlx::query(effects())
+            .bind(accounts)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+}
+
+pub(crate) mod lite {
+    use super::*;
+
+    #[idem::idempotent(key = "job.id", scope = "bench.top_up", batch = "jobs")]
+    pub(crate) async fn top_ups(
+        tx: &mut Transaction<'_, Sqlite>,
+        jobs: &[Job],
+    ) -> Result<(), sqlx::Error> {
+        apply(tx, &accounts_of(jobs)).await
+    }
+
+    /// idem's batch claim on SQLite: the keys as one JSON array (no bind limit).
+    fn claim() -> &'static str {
+        static SQL: OnceLock<String> = OnceLock::new();
+        SQL.get_or_init(|| {
+            format!(
+                "INSERT INTO {} (scope, key, completed_at) \
+                 SELECT ?1, value, strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                 FROM json_each(?2) WHERE true ON CONFLICT DO NOTHING RETURNING key",
+                config().hand
+            )
+        })
+    }
+
+    fn effects() -> &'static str {
+        static SQL: OnceLock<String> = OnceLock::new();
+        SQL.get_or_init(|| {
+            let accounts = &config().accounts;
+            format!(
+                "UPDATE {accounts} SET credits = credits + \
+                 (SELECT count(*) FROM json_each(?1) WHERE value = {accounts}.id) \
+                 WHERE id IN (SELECT value FROM json_each(?1))"
+            )
+        })
+    }
+
+    pub(crate) async fn hand(pool: &Pool<Sqlite>, jobs: &[Job]) -> Result<u64, sqlx::Error> {
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        let keys: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+        let keys = serde_json::to_string(&keys).expect("strings serialise");
+        let fresh: Vec<String> = sqlx::query_scalar(claim())
+            .bind(SCOPE)
+            .bind(keys)
+            .fetch_all(&mut *tx)
+            .await?;
+        if fresh.is_empty() {
+            drop(tx);
+            return Ok(0);
+        }
+        let accounts = fresh_accounts(jobs, &fresh);
+        apply(&mut tx, &accounts).await?;
+        tx.commit().await?;
+        Ok(accounts.len() as u64)
+    }
+
+    pub(crate) async fn apply(
+        tx: &mut Transaction<'_, Sqlite>,
+        accounts: &[i64],
+    ) -> Result<(), sqlx::Error> {
+        let accounts = serde_json::to_string(accounts).expect("integers serialise");
+        sqlx::query(effects())
+            .bind(accounts)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+}
+
+pub(crate) mod my {
+    use super::*;
+    use sqlx::{AssertSqlSafe, Row};
+
+    #[idem::idempotent(key = "job.id", scope = "bench.top_up", batch = "jobs")]
+    pub(crate) async fn top_ups(
+        tx: &mut Transaction<'_, MySql>,
+        jobs: &[Job],
+    ) -> Result<(), sqlx::Error> {
+        apply(tx, &accounts_of(jobs)).await
+    }
+
+    fn hex(s: &str) -> String {
+        let mut out = String::with_capacity(3 + 2 * s.len());
+        out.push_str("X'");
+        for b in s.bytes() {
+            out.push_str(&format!("{b:02x}"));
+        }
+        out.push('\'');
+        out
+    }
+
+    /// idem's batch claim on MySQL, by hand: `INSERT IGNORE` with a sentinel (`attempts = 0`)
+    /// and the read-back of the rows holding it in one message, then the sentinel settled
+    /// on the fresh rows.
+    pub(crate) async fn hand(pool: &Pool<MySql>, jobs: &[Job]) -> Result<u64, sqlx::Error> {
+        let hand = &config().hand;
+        let mut tx = pool.begin().await?;
+        let mut keys: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+        keys.sort_unstable();
+        let scope = hex(SCOPE);
+        let values: Vec<String> = keys
+            .iter()
+            .map(|k| format!("({scope},{},0,UTC_TIMESTAMP(6),UTC_TIMESTAMP(6))", hex(k)))
+            .collect();
+        let list: Vec<String> = keys.iter().map(|k| hex(k)).collect();
+        let claim = format!(
+            "INSERT IGNORE INTO {hand} (scope, `key`, attempts, created_at, completed_at) \
+             VALUES {}; SELECT `key` FROM {hand} WHERE scope = {scope} AND `key` IN ({}) \
+             AND attempts = 0",
+            values.join(","),
+            list.join(",")
+        );
+        let rows = sqlx::raw_sql(AssertSqlSafe(claim))
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut fresh = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let key: Vec<u8> = row.try_get(0)?;
+            fresh.push(String::from_utf8(key).expect("the bench's keys are hex digits"));
+        }
+        if fresh.is_empty() {
+            drop(tx);
+            return Ok(0);
+        }
+        let mine: Vec<String> = fresh.iter().map(|k| hex(k)).collect();
+        let settle = format!(
+            "UPDATE {hand} SET attempts = 1 WHERE scope = {scope} AND `key` IN ({})",
+            mine.join(",")
+        );
+        sqlx::raw_sql(AssertSqlSafe(settle))
+            .execute(&mut *tx)
+            .await?;
+        let accounts = fresh_accounts(jobs, &fresh);
+        apply(&mut tx, &accounts).await?;
+        tx.commit().await?;
+        Ok(accounts.len() as u64)
+    }
+
+    fn effects() -> &'static str {
+        static SQL: OnceLock<String> = OnceLock::new();
+        SQL.get_or_init(|| {
+            let accounts = &config().accounts;
+            format!(
+                "UPDATE {accounts} a JOIN (SELECT id, COUNT(*) AS c FROM \
+                 JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j GROUP BY id) v \
+                 ON a.id = v.id SET a.credits = a.credits + v.c"
+            )
+        })
+    }
+
+    pub(crate) async fn apply(
+        tx: &mut Transaction<'_, MySql>,
+        accounts: &[i64],
+    ) -> Result<(), sqlx::Error> {
+        let accounts = serde_json::to_string(accounts).expect("integers serialise");
         sqlx::query(effects())
             .bind(accounts)
             .execute(&mut **tx)
@@ -195,7 +375,11 @@ impl Conn {
     pub(crate) async fn batch(&self, variant: BatchVariant, jobs: &[Job]) -> Res<u64> {
         Ok(match (self, variant) {
             (Conn::Pg(s), BatchVariant::Hand) => pg::hand(s.pool(), jobs).await?,
-            (_, v) => return Err(format!("{} is not written for this database", v.name()).into()),
+            (Conn::Pg(s), _) => pg::top_ups(s, jobs).await?.applied() as u64,
+            (Conn::Lite(s), BatchVariant::Hand) => lite::hand(s.pool(), jobs).await?,
+            (Conn::Lite(s), _) => lite::top_ups(s, jobs).await?.applied() as u64,
+            (Conn::My(s), BatchVariant::Hand) => my::hand(s.pool(), jobs).await?,
+            (Conn::My(s), _) => my::top_ups(s, jobs).await?.applied() as u64,
         })
     }
 }
@@ -209,7 +393,7 @@ pub(crate) async fn bench_batches(
     pgbench: Option<&Pgbench>,
     results: &mut BatchResults,
 ) -> Res<()> {
-    let mut variants = vec![BatchVariant::Hand];
+    let mut variants = vec![BatchVariant::Hand, BatchVariant::Macro];
     if kind == Kind::Postgres {
         variants.extend(pgbench.map(|_| BatchVariant::Pgbench));
     }
@@ -267,6 +451,3 @@ pub(crate) async fn bench_batches(
     }
     Ok(())
 }
-
-#[allow(dead_code)]
-fn unused(_: &Pool<Sqlite>, _: &Pool<MySql>) {}
