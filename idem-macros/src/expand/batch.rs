@@ -8,16 +8,16 @@
 //! cloned claims by hand with `Store::claim_batch`). The body does not run when every job is
 //! a duplicate.
 
-use proc_macro2::{Ident, TokenStream};
+use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::ext::IdentExt as _;
 use syn::spanned::Spanned as _;
 use syn::{FnArg, ItemFn, LitStr};
 
 use super::transaction::claim_options;
-use super::{by_reference, local, located_at, pinned_body, private_path, spanning};
+use super::{by_reference, local, located_at, pinned_body, private_path};
 use crate::args::Args;
-use crate::signature::{self, Db, Handler, Kind};
+use crate::signature::{Handler, Kind};
 use crate::validate::BatchParam;
 
 pub(super) fn expand(
@@ -50,13 +50,7 @@ pub(super) fn expand(
     let Kind::Transaction { ty: tx_ty, db } = &handler.kind else {
         unreachable!("batch mode has a transaction parameter")
     };
-    let db = match db {
-        Db::Written(db) => quote!(#db),
-        Db::Sqlx(name, span) => {
-            let name = Ident::new(name, *span);
-            located_at(quote!(#private::db::#name), *span)
-        }
-    };
+    let db = super::database(db, &private);
     let mut sig = item.sig.clone();
     // A batch runs in a transaction of its own: joining the caller's (`store.join(tx)`)
     // would commit one batch's jobs with unrelated work.
@@ -66,22 +60,12 @@ pub(super) fn expand(
         .nth(handler.index)
         .expect("index from analyse") = store_arg;
     let ret = &handler.ret;
-    let ok: syn::Type = match &handler.ok {
-        Some(ok) => ok.clone(),
-        None => syn::parse2(spanning(quote!(<#ret as #private::HandlerResult>::Ok), ret))
-            .expect("a qualified path"),
-    };
-    let batch_ty: syn::Type = syn::parse_quote!(#private::Batch<#ok>);
-    if let syn::ReturnType::Type(_, ty) = &mut sig.output {
-        **ty = match &handler.ok {
-            Some(_) => signature::with_ok(&ret.ty, batch_ty),
-            None => {
-                let err = quote!(<#ret as #private::HandlerResult>::Err);
-                let rewritten = quote!(::core::result::Result<#batch_ty, #err>);
-                syn::parse2(spanning(rewritten, ret)).expect("a path type")
-            }
-        };
-    }
+    super::rewrite_output(
+        &mut sig,
+        handler,
+        &private,
+        |ok| syn::parse_quote!(#private::Batch<#ok>),
+    );
 
     let (key_lit, key) = args.key.as_ref().expect("checked by the caller");
     let key = by_reference(key);

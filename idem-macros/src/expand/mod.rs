@@ -87,6 +87,49 @@ fn repaired(mut item: ItemFn, repairs: Vec<Repair>, private: &TokenStream) -> It
     item
 }
 
+/// The database of a transaction parameter, as the store's type parameter.
+fn database(db: &Db, private: &TokenStream) -> TokenStream {
+    match db {
+        Db::Written(db) => quote!(#db),
+        Db::Sqlx(name, span) => {
+            // sqlx's alias named the database; the re-export names it for the store.
+            let name = Ident::new(name, *span);
+            located_at(quote!(#private::db::#name), *span)
+        }
+    }
+}
+
+/// Rewrites the handler's `Result<T, E>` into `Result<wrap(T), E>` and returns `T`: as
+/// written, or read through `HandlerResult` (spanning the return type, so that every use of an
+/// alias of something else is the same error at the same place, reported once).
+fn rewrite_output(
+    sig: &mut syn::Signature,
+    handler: &Handler,
+    private: &TokenStream,
+    wrap: impl FnOnce(&syn::Type) -> syn::Type,
+) -> syn::Type {
+    let ret = &handler.ret;
+    let ok: syn::Type = match &handler.ok {
+        Some(ok) => ok.clone(),
+        None => syn::parse2(spanning(quote!(<#ret as #private::HandlerResult>::Ok), ret))
+            .expect("a qualified path"),
+    };
+    let wrapped = wrap(&ok);
+    if let syn::ReturnType::Type(_, ty) = &mut sig.output {
+        **ty = match &handler.ok {
+            Some(_) => signature::with_ok(&ret.ty, wrapped),
+            None => {
+                // All of it at the return type: rustc reports the signature's unmet bound on
+                // the whole type, not on the projection within it.
+                let err = quote!(<#ret as #private::HandlerResult>::Err);
+                let rewritten = quote!(::core::result::Result<#wrapped, #err>);
+                syn::parse2(spanning(rewritten, ret)).expect("a path type")
+            }
+        };
+    }
+    ok
+}
+
 /// `::idem::__private`, re-rooted by `crate = "..."`.
 fn private_path(args: &Args) -> TokenStream {
     match &args.krate {
@@ -159,18 +202,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
 
     let mut sig = item.sig.clone();
     let db = match &handler.kind {
-        Kind::Transaction {
-            db: Db::Written(db),
-            ..
-        } => quote!(#db),
-        Kind::Transaction {
-            db: Db::Sqlx(name, span),
-            ..
-        } => {
-            // sqlx's alias named the database; the re-export names it for the store.
-            let name = Ident::new(name, *span);
-            located_at(quote!(#private::db::#name), *span)
-        }
+        Kind::Transaction { db, .. } => database(db, private),
         Kind::Lease => {
             // A lease handler names no database: the store's type parameter is the caller's
             // to infer. Added after the user's own, so their turbofish (if any) still fits.
@@ -191,27 +223,13 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         .nth(handler.index)
         .expect("index from analyse") = store_arg;
     let ret = &handler.ret;
-    // `T` as written, or read through `HandlerResult` (spanning the return type, so that every
-    // use of an alias of something else is the same error at the same place, reported once).
-    let ok: syn::Type = match &handler.ok {
-        Some(ok) => ok.clone(),
-        None => syn::parse2(spanning(quote!(<#ret as #private::HandlerResult>::Ok), ret))
-            .expect("a qualified path"),
-    };
+    let ok = rewrite_output(
+        &mut sig,
+        handler,
+        private,
+        |ok| syn::parse_quote!(#private::Outcome<#ok>),
+    );
     let ok = &ok;
-    let outcome: syn::Type = syn::parse_quote!(#private::Outcome<#ok>);
-    if let syn::ReturnType::Type(_, ty) = &mut sig.output {
-        **ty = match &handler.ok {
-            Some(_) => signature::with_ok(&ret.ty, outcome),
-            None => {
-                // All of it at the return type: rustc reports the signature's unmet bound on
-                // the whole type, not on the projection within it.
-                let err = quote!(<#ret as #private::HandlerResult>::Err);
-                let rewritten = quote!(::core::result::Result<#outcome, #err>);
-                syn::parse2(spanning(rewritten, ret)).expect("a path type")
-            }
-        };
-    }
 
     let (key_lit, key) = args.key.as_ref().expect("checked by the caller");
     // Errors about the key's type land on the `key` literal.
