@@ -162,6 +162,49 @@ impl Worker {
 /// `worker_killed_inside_the_body_keeps_nothing` hangs in.
 pub(crate) const KILLED_JOB: (i64, i64) = (8, 80);
 
+/// Starts the workers together: each is connected and has its order (it said `READY`)
+/// before any gets `GO`.
+pub(crate) async fn start_together(workers: &mut [Worker]) {
+    for w in workers.iter_mut() {
+        w.expect_line("READY").await;
+    }
+    for w in workers.iter_mut() {
+        w.send("GO").await;
+    }
+}
+
+/// Sums the workers' last lines, `DONE applied=A duplicate=D`; each must then exit cleanly.
+pub(crate) async fn applied_and_duplicates(workers: Vec<Worker>) -> (i64, i64) {
+    let (mut applied, mut duplicate) = (0_i64, 0_i64);
+    for mut w in workers {
+        let line = w.expect_line("DONE").await;
+        let counts: Vec<i64> = line
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('=').map(|(_, v)| v.parse().expect("count")))
+            .collect();
+        let [a, d] = counts[..] else {
+            panic!("bad line {line:?}")
+        };
+        applied += a;
+        duplicate += d;
+        w.succeed().await;
+    }
+    (applied, duplicate)
+}
+
+/// The worker's side of [`start_together`].
+pub(crate) async fn ready_then_go() {
+    println!("READY");
+    let go = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map(|_| line)
+    })
+    .await
+    .expect("read stdin")
+    .expect("read stdin");
+    assert_eq!(go.trim(), "GO", "unexpected order {go:?}");
+}
+
 /// The worker process's side: what each backend's `#[ignore]`d `child_process` test runs.
 pub(crate) async fn child_process<S: Support>() {
     let Ok(mode) = std::env::var(CHILD_MODE) else {
@@ -184,15 +227,7 @@ pub(crate) async fn child_process<S: Support>() {
             SplitMix::new(seed).shuffle(&mut jobs);
             jobs.reverse(); // popped from the end
             let queue = Arc::new(std::sync::Mutex::new(jobs));
-            println!("READY");
-            let go = tokio::task::spawn_blocking(|| {
-                let mut line = String::new();
-                std::io::stdin().read_line(&mut line).map(|_| line)
-            })
-            .await
-            .expect("read stdin")
-            .expect("read stdin");
-            assert_eq!(go.trim(), "GO", "unexpected order {go:?}");
+            ready_then_go().await;
             let runners: Vec<_> = (0..tasks)
                 .map(|_| {
                     let (store, queue) = (store.clone(), queue.clone());

@@ -82,26 +82,8 @@ pub(crate) async fn four_processes_in_overlapping_batches_apply_every_job_once<S
             )
         })
         .collect();
-    for w in &mut workers {
-        w.expect_line("READY").await;
-    }
-    for w in &mut workers {
-        w.send("GO").await;
-    }
-    let (mut applied_n, mut duplicate_n) = (0_i64, 0_i64);
-    for mut w in workers {
-        let line = w.expect_line("DONE").await;
-        let counts: Vec<i64> = line
-            .split_whitespace()
-            .filter_map(|kv| kv.split_once('=').map(|(_, v)| v.parse().expect("count")))
-            .collect();
-        let [a, d] = counts[..] else {
-            panic!("bad line {line:?}")
-        };
-        applied_n += a;
-        duplicate_n += d;
-        w.succeed().await;
-    }
+    worker::start_together(&mut workers).await;
+    let (applied_n, duplicate_n) = worker::applied_and_duplicates(workers).await;
     assert_eq!(
         applied_n, MANY,
         "seed {seed}: Applied outcomes over all workers"
@@ -146,15 +128,7 @@ pub(crate) async fn batch_child<S: Support>(mode: &str, url: &str, markers: &str
             let mut batches: Vec<Vec<_>> = jobs.chunks(BATCH).map(<[_]>::to_vec).collect();
             batches.reverse(); // popped from the end
             let queue = Arc::new(std::sync::Mutex::new(batches));
-            println!("READY");
-            let go = tokio::task::spawn_blocking(|| {
-                let mut line = String::new();
-                std::io::stdin().read_line(&mut line).map(|_| line)
-            })
-            .await
-            .expect("read stdin")
-            .expect("read stdin");
-            assert_eq!(go.trim(), "GO", "unexpected order {go:?}");
+            worker::ready_then_go().await;
             let runners: Vec<_> = (0..tasks)
                 .map(|_| {
                     let (store, queue) = (store.clone(), queue.clone());

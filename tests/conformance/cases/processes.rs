@@ -34,27 +34,8 @@ pub(crate) async fn four_processes_apply_every_job_exactly_once<S: Support>() {
             )
         })
         .collect();
-    // Every worker is connected and has its order before any starts.
-    for w in &mut workers {
-        w.expect_line("READY").await;
-    }
-    for w in &mut workers {
-        w.send("GO").await;
-    }
-    let (mut applied_n, mut duplicate_n) = (0_i64, 0_i64);
-    for mut w in workers {
-        let line = w.expect_line("DONE").await;
-        let counts: Vec<i64> = line
-            .split_whitespace()
-            .filter_map(|kv| kv.split_once('=').map(|(_, v)| v.parse().expect("count")))
-            .collect();
-        let [a, d] = counts[..] else {
-            panic!("bad line {line:?}")
-        };
-        applied_n += a;
-        duplicate_n += d;
-        w.succeed().await;
-    }
+    worker::start_together(&mut workers).await;
+    let (applied_n, duplicate_n) = worker::applied_and_duplicates(workers).await;
     let jobs = many_jobs(JOBS, &ctx.effects);
     let want_sum: i64 = jobs.iter().map(|j| j.amount).sum();
     assert_eq!(
