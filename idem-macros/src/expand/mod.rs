@@ -3,6 +3,7 @@
 //! transaction mode, `lease` the claim-run-complete of the lease mode.
 
 mod lease;
+mod observe;
 mod transaction;
 
 use proc_macro2::{Delimiter, Group, Ident, Span, TokenStream, TokenTree};
