@@ -207,23 +207,21 @@ impl Call {
     }
 
     /// Runs the call's claim, body and end in the span, then records how it ended.
-    pub fn run<T, E, F>(self, future: F) -> impl Future<Output = F::Output>
+    pub async fn run<T, E, F>(self, future: F) -> F::Output
     where
         F: Future<Output = Result<Outcome<T>, Failed<E>>>,
     {
-        async move {
-            let Call { site, span } = self;
-            let mut stats = Stats::default();
-            let mut future = pin!(future);
-            let result = poll_fn(|cx| {
-                let _entered = span.enter();
-                let _installed = Installed::new(&mut stats);
-                future.as_mut().poll(cx)
-            })
-            .await;
-            settle(site, &span, Verdict::of(&result), stats);
-            result
-        }
+        let Call { site, span } = self;
+        let mut stats = Stats::default();
+        let mut future = pin!(future);
+        let result = poll_fn(|cx| {
+            let _entered = span.enter();
+            let _installed = Installed::new(&mut stats);
+            future.as_mut().poll(cx)
+        })
+        .await;
+        settle(site, &span, Verdict::of(&result), stats);
+        result
     }
 }
 
