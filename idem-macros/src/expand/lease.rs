@@ -56,7 +56,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
         super::observe::call(private, scope, quote!(#private::Mode::Lease), key_var);
     quote! {
         #observe
-        let #outcome_var = #call.run(async move {
+        let #outcome_var = #private::Call::run(#call, async move {
             let #lease = match #claim.await {
                 ::core::result::Result::Ok(#private::Leased::Fresh(#lease)) => #lease,
                 ::core::result::Result::Ok(#private::Leased::Duplicate) => {

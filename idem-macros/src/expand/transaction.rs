@@ -67,7 +67,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
     quote! {
         let #via = #private::via(#store, #name);
         #observe
-        let #outcome_var = #call.run(#private::in_body(#name, async move {
+        let #outcome_var = #private::Call::run(#call, #private::in_body(#name, async move {
             let mut #guard = match #claim.await {
                 ::core::result::Result::Ok(#private::Claimed::Fresh(#guard)) => #guard,
                 ::core::result::Result::Ok(#private::Claimed::Duplicate) => {

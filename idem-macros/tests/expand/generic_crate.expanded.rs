@@ -17,8 +17,8 @@ where
         ::my_app::idem::__private::mode(&__idem_via),
         &__idem_key,
     );
-    let __idem_outcome = __idem_call
-        .run(
+    let __idem_outcome = ::my_app::idem::__private::Call::run(
+            __idem_call,
             ::my_app::idem::__private::in_body(
                 "handle",
                 async move {

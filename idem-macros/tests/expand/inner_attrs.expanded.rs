@@ -16,8 +16,8 @@ async fn apply(
         ::idem::__private::mode(&__idem_via),
         &__idem_key,
     );
-    let __idem_outcome = __idem_call
-        .run(
+    let __idem_outcome = ::idem::__private::Call::run(
+            __idem_call,
             ::idem::__private::in_body(
                 "apply",
                 async move {

@@ -14,8 +14,8 @@ async fn settle_invoice(
         ::idem::__private::mode(&__idem_via),
         &__idem_key,
     );
-    let __idem_outcome = __idem_call
-        .run(
+    let __idem_outcome = ::idem::__private::Call::run(
+            __idem_call,
             ::idem::__private::in_body(
                 "settle_invoice",
                 async move {

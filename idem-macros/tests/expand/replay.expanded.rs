@@ -21,8 +21,8 @@ async fn record_payment(
         ::idem::__private::mode(&__idem_via),
         &__idem_key,
     );
-    let __idem_outcome = __idem_call
-        .run(
+    let __idem_outcome = ::idem::__private::Call::run(
+            __idem_call,
             ::idem::__private::in_body(
                 "record_payment",
                 async move {
