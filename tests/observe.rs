@@ -224,6 +224,34 @@ async fn applied_then_duplicate() {
     assert_eq!(claim_samples(SCOPE).len(), 2, "a claim latency per call");
 }
 
+#[idem::idempotent(key = "job.id", scope = "obs.lite.unobserved")]
+async fn lite_unobserved(tx: &mut Transaction<'_, Sqlite>, job: &Job) -> Result<i64, sqlx::Error> {
+    lite_effect(tx, job).await
+}
+
+/// Metrics do not depend on a subscriber: with none, the span is disabled and the counts go on.
+#[tokio::test]
+async fn metrics_without_a_subscriber() {
+    const SCOPE: &str = "obs.lite.unobserved";
+    metrics();
+    let (store, pool) = lite().await;
+    let job = Job::new(14, "effects");
+    assert!(tracing::Span::current().is_disabled());
+
+    assert_eq!(
+        lite_unobserved(&store, &job).await.unwrap(),
+        Outcome::Applied(14)
+    );
+    assert_eq!(
+        lite_unobserved(&store, &job).await.unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(count(&pool, "effects", 14).await, 1);
+    assert_eq!(outcomes(SCOPE, "applied"), 1);
+    assert_eq!(outcomes(SCOPE, "duplicate"), 1);
+    assert_eq!(claim_samples(SCOPE).len(), 2);
+}
+
 #[tokio::test]
 async fn replayed() {
     const SCOPE: &str = "obs.lite.replayed";

@@ -23,9 +23,10 @@ use crate::{Backend, Claim, Error, Leased, Outcome};
 /// `duplicate`, `replayed`, `in_progress`, `rolled_back` or `error`.
 pub const OUTCOMES_TOTAL: &str = "idem_outcomes_total";
 
-/// The histogram of claim latency in seconds, labelled `scope`: from the claim's first
-/// statement (the begin, or the lease statement) to its answer (fresh, duplicate, replayed,
-/// in progress, or a failure), retries after a lost race included.
+/// The histogram of claim latency in seconds, labelled `scope`: from the start of the claim
+/// (a connection from the pool, the begin; lease mode: the lease statement) to its answer
+/// (fresh, duplicate, replayed, in progress, or a failure), retries after a lost race
+/// included.
 pub const CLAIM_SECONDS: &str = "idem_claim_seconds";
 
 /// Describes [`OUTCOMES_TOTAL`] and [`CLAIM_SECONDS`] to the installed `metrics` recorder
