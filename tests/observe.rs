@@ -477,6 +477,23 @@ async fn invalid_key_is_an_error_without_a_claim() {
     assert!(claim_samples("obs.lite.invalid_key").is_empty());
 }
 
+#[test]
+fn metrics_are_described_with_their_units() {
+    metrics();
+    idem::describe_metrics();
+    let described = metrics().described();
+    assert_eq!(
+        described.get(idem::OUTCOMES_TOTAL),
+        Some(&("counter", Some(metrics::Unit::Count)))
+    );
+    assert_eq!(
+        described.get(idem::CLAIM_SECONDS),
+        Some(&("histogram", Some(metrics::Unit::Seconds)))
+    );
+    assert_eq!(idem::OUTCOMES_TOTAL, "idem_outcomes_total");
+    assert_eq!(idem::CLAIM_SECONDS, "idem_claim_seconds");
+}
+
 #[idem::idempotent(key = "name", scope = "obs.lite.invalid_key")]
 async fn lite_by_name(tx: &mut Transaction<'_, Sqlite>, name: &str) -> Result<(), Error> {
     sqlx::query("SELECT 1").execute(&mut **tx).await?;

@@ -165,9 +165,15 @@ fn wanted(name: &str, labels: &[(&str, &str)]) -> MetricId {
 pub struct Metrics {
     counters: Mutex<HashMap<MetricId, u64>>,
     histograms: Mutex<HashMap<MetricId, Vec<f64>>>,
+    descriptions: Mutex<BTreeMap<String, (&'static str, Option<Unit>)>>,
 }
 
 impl Metrics {
+    /// The kind (`counter`, `histogram`) and unit each described metric was given.
+    pub fn described(&self) -> BTreeMap<String, (&'static str, Option<Unit>)> {
+        self.descriptions.lock().unwrap().clone()
+    }
+
     pub fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
         let counters = self.counters.lock().unwrap();
         counters.get(&wanted(name, labels)).copied().unwrap_or(0)
@@ -236,9 +242,17 @@ impl HistogramFn for Handle {
 }
 
 impl Recorder for Rec {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+        assert!(!help.is_empty(), "{key:?} has a help text");
+        let mut descriptions = self.0.descriptions.lock().unwrap();
+        descriptions.insert(key.as_str().to_owned(), ("counter", unit));
+    }
     fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+        assert!(!help.is_empty(), "{key:?} has a help text");
+        let mut descriptions = self.0.descriptions.lock().unwrap();
+        descriptions.insert(key.as_str().to_owned(), ("histogram", unit));
+    }
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
         Counter::from_arc(Arc::new(Handle(self.0, metric_id(key))))
     }
