@@ -1,20 +1,21 @@
 //! `#[tracing::instrument]` next to `#[idempotent]`: written below it (the recommended order),
-//! it instruments the whole call, claim included, so that a `Duplicate` has its span too;
-//! written above it, it instruments only the body, which a duplicate never runs.
+//! it instruments the whole call, claim included, so that a `Duplicate` has its span too, and
+//! idem's own `idem.claim` span is its child; written above it, it instruments only the body,
+//! which a duplicate never runs, inside the `idem.claim` span.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use idem::{Outcome, Store};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 
-/// Records the name of every span opened.
+/// Records the name of every span opened, and the name of its parent (the span entered when
+/// it was opened; the tests run on one thread).
 #[derive(Default)]
 struct Spans {
-    next: AtomicU64,
-    opened: Mutex<Vec<&'static str>>,
+    opened: Mutex<Vec<(&'static str, Option<&'static str>)>>,
+    entered: Mutex<Vec<&'static str>>,
 }
 
 impl Subscriber for &'static Spans {
@@ -22,14 +23,22 @@ impl Subscriber for &'static Spans {
         true
     }
     fn new_span(&self, span: &Attributes<'_>) -> Id {
-        self.opened.lock().unwrap().push(span.metadata().name());
-        Id::from_u64(self.next.fetch_add(1, Ordering::Relaxed) + 1)
+        let parent = self.entered.lock().unwrap().last().copied();
+        let mut opened = self.opened.lock().unwrap();
+        opened.push((span.metadata().name(), parent));
+        // The id is the span's index in `opened`, plus one.
+        Id::from_u64(opened.len() as u64)
     }
     fn record(&self, _: &Id, _: &Record<'_>) {}
     fn record_follows_from(&self, _: &Id, _: &Id) {}
     fn event(&self, _: &Event<'_>) {}
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
+    fn enter(&self, id: &Id) {
+        let name = self.opened.lock().unwrap()[id.into_u64() as usize - 1].0;
+        self.entered.lock().unwrap().push(name);
+    }
+    fn exit(&self, _: &Id) {
+        self.entered.lock().unwrap().pop();
+    }
 }
 
 struct Job {
@@ -63,26 +72,38 @@ async fn instrument_under_idempotent_spans_every_call() {
 
     assert_eq!(outer(&store, &job).await.unwrap(), Outcome::Applied(1));
     assert_eq!(outer(&store, &job).await.unwrap(), Outcome::Duplicate);
+    // Each span opened under `name`, with its parent's name.
     let opened = |name| {
         spans
             .opened
             .lock()
             .unwrap()
             .iter()
-            .filter(|n| **n == name)
-            .count()
+            .filter(|(n, _)| *n == name)
+            .map(|(_, parent)| *parent)
+            .collect::<Vec<_>>()
     };
     assert_eq!(
         opened("outer"),
-        2,
+        [None, None],
         "a span for the Applied and the Duplicate call"
+    );
+    assert_eq!(
+        opened("idem.claim"),
+        [Some("outer"), Some("outer")],
+        "idem's span inside the user's, for both calls"
     );
 
     assert_eq!(inner(&store, &job).await.unwrap(), Outcome::Applied(1));
     assert_eq!(inner(&store, &job).await.unwrap(), Outcome::Duplicate);
     assert_eq!(
         opened("inner"),
-        1,
-        "the body's span only: the Duplicate ran no body"
+        [Some("idem.claim")],
+        "the body's span only, inside idem's: the Duplicate ran no body"
+    );
+    assert_eq!(
+        opened("idem.claim"),
+        [Some("outer"), Some("outer"), None, None],
+        "idem's span around every call, the Duplicate's too"
     );
 }

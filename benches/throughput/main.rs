@@ -6,7 +6,8 @@
 //! ```
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
 //! sqlite|mysql`, `--rounds N`, `--run-ms N`, `--pool lean|sqlx` (the pool settings the docs
-//! recommend, the default, or sqlx's own; see [`measure::PoolMode`]).
+//! recommend, the default, or sqlx's own; see [`measure::PoolMode`]), `--observe` (a
+//! `tracing` subscriber and a `metrics` recorder installed, see [`observe`]).
 //!
 //! Against PostgreSQL (`IDEM_POSTGRES_URL`), a temporary SQLite file (WAL) and MariaDB
 //! (`IDEM_MYSQL_URL`), the local servers by default (see [`config`]), the job
@@ -37,6 +38,7 @@ mod batch;
 mod config;
 mod growth;
 mod measure;
+mod observe;
 mod pgbench;
 mod plot;
 mod report;
@@ -87,6 +89,7 @@ struct Settings {
 
 struct Args {
     quick: bool,
+    observe: bool,
     plot: Option<PathBuf>,
     only: Option<Kind>,
     rounds: Option<usize>,
@@ -97,6 +100,7 @@ struct Args {
 fn parse_args() -> Res<Args> {
     let mut parsed = Args {
         quick: false,
+        observe: false,
         plot: None,
         only: None,
         rounds: None,
@@ -107,6 +111,7 @@ fn parse_args() -> Res<Args> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => parsed.quick = true,
+            "--observe" => parsed.observe = true,
             "--plot" => parsed.plot = Some(args.next().ok_or("--plot needs a path")?.into()),
             "--only" => {
                 parsed.only = Some(match args.next().as_deref() {
@@ -140,6 +145,9 @@ async fn main() -> Res<()> {
     measure::POOL
         .set(args.pool)
         .expect("set once, before any pool");
+    if args.observe {
+        observe::install();
+    }
     let quick = args.quick;
     let set = if quick {
         Settings {

@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use crate::Key;
 pub use crate::batch::expansion::*;
 pub use crate::join::{Claimed, Via};
+pub use crate::observe::{Call, Mode, Site};
 pub use crate::store::Held;
 pub use crate::{
     Backend, Batch, Claim, ClaimOptions, Error, Fingerprint, Guard, IntoKey, Isolation, Joined,
@@ -116,6 +117,22 @@ pub fn via<'a, DB: Backend, S: Target<DB> + 'a>(
 #[inline]
 pub fn in_body<F: Future>(handler: &'static str, future: F) -> impl Future<Output = F::Output> {
     crate::join::in_body(handler, future)
+}
+
+/// Opens the call's `idem.claim` span; [`Call::run`] then runs claim, body and end in it and
+/// records the outcome (span fields and metrics).
+#[inline]
+pub fn observe(site: &'static Site, mode: Mode, key: &Result<Key, Error>) -> Call {
+    Call::start(site, mode, key.as_ref().ok().map(Key::as_str))
+}
+
+/// The span's `mode` of a transaction-mode call: its own transaction, or the caller's.
+#[inline]
+pub fn mode<DB: Backend>(via: &Result<Via<'_, DB>, Error>) -> Mode {
+    match via {
+        Ok(Via::Joined(_)) => Mode::Joined,
+        _ => Mode::Transaction,
+    }
 }
 
 /// Claims an already-encoded key, passing a key error through without touching the database.

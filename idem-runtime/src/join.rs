@@ -8,10 +8,12 @@ use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use sqlx::{Connection as _, Transaction};
 
 use crate::backend::{Backend, Sql};
+use crate::observe;
 use crate::store::{Held, check_scope, in_progress};
 use crate::{ClaimOptions, Error, Fingerprint, Key, Outcome, Recorded, Store};
 
@@ -98,19 +100,41 @@ impl<'a, DB: Backend> Joined<'a, DB> {
         options: ClaimOptions,
         fingerprint: Option<Fingerprint>,
     ) -> Result<Claimed<'a, DB>, Error> {
+        let started = Instant::now();
+        let claimed = self.claim_once(scope, key, options, fingerprint).await;
+        observe::decided(started, observe::Decision::of_joined(&claimed));
+        claimed
+    }
+
+    async fn claim_once(
+        self,
+        scope: Cow<'static, str>,
+        key: Key,
+        options: ClaimOptions,
+        fingerprint: Option<Fingerprint>,
+    ) -> Result<Claimed<'a, DB>, Error> {
         let sql: Arc<Sql> = self.store.sql_arc();
         #[cfg(feature = "testing")]
         crate::testing::probe::claiming(crate::testing::probe::Mode::Transaction);
         // In a transaction, sqlx's `begin` is a SAVEPOINT.
-        let mut tx = match self.conn.begin().await {
+        let sent = Instant::now();
+        let begun = self.conn.begin().await;
+        let mut tx = match begun {
             Ok(tx) => tx,
-            Err(e) if DB::is_lock_timeout(&e) => return Err(in_progress(scope, key)),
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                observe::attempted(sent);
+                if DB::is_lock_timeout(&e) {
+                    return Err(in_progress(scope, key));
+                }
+                return Err(e.into());
+            }
         };
         let print = fingerprint.as_ref().map(|f| &f.as_bytes()[..]);
         // No retry on a transient error, unlike a claim of our own: the race was lost by the
         // caller's transaction (MySQL has rolled it back whole), so only the caller can retry.
-        match DB::try_claim(&mut tx, &sql, &scope, key.as_str(), print).await {
+        let claimed = DB::try_claim(&mut tx, &sql, &scope, key.as_str(), print).await;
+        observe::attempted(sent);
+        match claimed {
             Ok(true) => Ok(Claimed::Fresh(Held::new(
                 tx, sql, options, scope, key, true,
             ))),

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, LeaseOp};
+use crate::observe;
 use crate::{Error, Fingerprint, Key, Recorded, Store};
 
 /// How often a claim that found its marker gone between two statements (forgotten or purged
@@ -146,6 +147,24 @@ impl<DB: Backend> Store<DB> {
         options: LeaseOptions,
         fingerprint: Option<Fingerprint>,
     ) -> Result<Leased, Error> {
+        let started = Instant::now();
+        let leased = self.lease_attempts(scope, key, options, fingerprint).await;
+        observe::decided(started, observe::Decision::of_lease(&leased));
+        if let Ok(Leased::Fresh(lease)) = &leased
+            && lease.token() > 1
+        {
+            observe::took_over(lease.token(), lease.attempt());
+        }
+        leased
+    }
+
+    async fn lease_attempts(
+        &self,
+        scope: Cow<'static, str>,
+        key: Key,
+        options: LeaseOptions,
+        fingerprint: Option<Fingerprint>,
+    ) -> Result<Leased, Error> {
         let print = fingerprint.as_ref().map(|f| &f.as_bytes()[..]);
         #[cfg(feature = "testing")]
         crate::testing::probe::claiming(crate::testing::probe::Mode::Lease);
@@ -159,7 +178,9 @@ impl<DB: Backend> Store<DB> {
                 options.lease_ms(),
                 print,
             )
-            .await?;
+            .await;
+            observe::attempted(sent);
+            let state = state?;
             #[cfg(feature = "testing")]
             crate::testing::probe::lease_answered();
             match state {

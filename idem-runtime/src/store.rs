@@ -1,11 +1,12 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::{Pool, Transaction};
 
 use crate::backend::{Backend, Sql};
+use crate::observe;
 use crate::{ClaimOptions, Error, Fingerprint, Key, Outcome, Recorded};
 
 /// The table of markers that [`Store::new`] uses.
@@ -280,18 +281,42 @@ impl<DB: Backend> Store<DB> {
         options: ClaimOptions,
         fingerprint: Option<Fingerprint>,
     ) -> Result<Claim<DB>, Error> {
+        let started = Instant::now();
+        let claim = self.claim_attempts(scope, key, options, fingerprint).await;
+        observe::decided(started, observe::Decision::of_claim(&claim));
+        claim
+    }
+
+    async fn claim_attempts(
+        &self,
+        scope: Cow<'static, str>,
+        key: Key,
+        options: ClaimOptions,
+        fingerprint: Option<Fingerprint>,
+    ) -> Result<Claim<DB>, Error> {
         let print = fingerprint.as_ref().map(|f| &f.as_bytes()[..]);
         #[cfg(feature = "testing")]
         crate::testing::probe::claiming(crate::testing::probe::Mode::Transaction);
         let mut attempt = 1;
         loop {
             let begin = DB::begin_sql(&self.sql, &options);
-            let mut tx = match self.pool.begin_with(begin).await {
+            // SQLite waits for the write lock in the begin, the servers in the claim: both
+            // are the attempt's wait.
+            let sent = Instant::now();
+            let begun = self.pool.begin_with(begin).await;
+            let mut tx = match begun {
                 Ok(tx) => tx,
-                Err(e) if DB::is_lock_timeout(&e) => return Err(in_progress(scope, key)),
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    observe::attempted(sent);
+                    if DB::is_lock_timeout(&e) {
+                        return Err(in_progress(scope, key));
+                    }
+                    return Err(e.into());
+                }
             };
-            match DB::try_claim(&mut tx, &self.sql, &scope, key.as_str(), print).await {
+            let claimed = DB::try_claim(&mut tx, &self.sql, &scope, key.as_str(), print).await;
+            observe::attempted(sent);
+            match claimed {
                 Ok(true) => {
                     let held = Held::new(tx, self.sql.clone(), options, scope, key, false);
                     return Ok(Claim::Fresh(Guard { held }));
@@ -320,6 +345,7 @@ impl<DB: Backend> Store<DB> {
                 Err(e) if attempt < CLAIM_ATTEMPTS && DB::is_transient(&e) => {
                     drop(DB::rollback(tx, &options).await);
                     crate::__private::count_retry();
+                    observe::retry(attempt, &e);
                     attempt += 1;
                 }
                 Err(e) => return Err(e.into()),

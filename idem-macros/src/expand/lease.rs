@@ -52,8 +52,11 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
     } else {
         quote!(#private::lease_finish(#lease, #result))
     };
+    let (call, observe) =
+        super::observe::call(private, scope, quote!(#private::Mode::Lease), key_var);
     quote! {
-        let #outcome_var = async move {
+        #observe
+        let #outcome_var = #private::Call::run(#call, async move {
             let #lease = match #claim.await {
                 ::core::result::Result::Ok(#private::Leased::Fresh(#lease)) => #lease,
                 ::core::result::Result::Ok(#private::Leased::Duplicate) => {
@@ -75,7 +78,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
                 })
                 .await;
             #finish.await
-        }
+        })
         .await;
     }
 }

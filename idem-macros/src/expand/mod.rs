@@ -5,6 +5,7 @@
 
 mod batch;
 mod lease;
+mod observe;
 mod transaction;
 
 use proc_macro2::{Delimiter, Group, Ident, Span, TokenStream, TokenTree};

@@ -62,9 +62,12 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
     // A store inside another handler's body is refused here, before any I/O; the claim, body
     // and end then run marked as this handler's (a task-local), so that a store call in the
     // body is refused in turn.
+    let (call, observe) =
+        super::observe::call(private, scope, quote!(#private::mode(&#via)), key_var);
     quote! {
         let #via = #private::via(#store, #name);
-        let #outcome_var = #private::in_body(#name, async move {
+        #observe
+        let #outcome_var = #private::Call::run(#call, #private::in_body(#name, async move {
             let mut #guard = match #claim.await {
                 ::core::result::Result::Ok(#private::Claimed::Fresh(#guard)) => #guard,
                 ::core::result::Result::Ok(#private::Claimed::Duplicate) => {
@@ -80,7 +83,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
             let #tx_var = #guard.tx();
             #body
             #finish.await
-        })
+        }))
         .await;
     }
 }

@@ -11,52 +11,74 @@ async fn send_mail<__IdemDb: ::idem::__private::Backend>(
     let __idem_print = ::core::option::Option::Some(
         ::idem::__private::fingerprint(&(job.body)),
     );
-    let __idem_outcome = async move {
-        let __idem_lease = match ::idem::__private::lease_checked(
-                store,
-                "mail.send",
-                const {
-                    ::idem::__private::LeaseOptions::new(
-                            ::idem::__private::Duration::from_millis(60000),
-                        )
-                        .replay()
-                },
-                __idem_key,
-                __idem_print,
-            )
-            .await
+    let __idem_call = ::idem::__private::observe(
         {
-            ::core::result::Result::Ok(
-                ::idem::__private::Leased::Fresh(__idem_lease),
-            ) => __idem_lease,
-            ::core::result::Result::Ok(::idem::__private::Leased::Duplicate) => {
-                return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
-            }
-            ::core::result::Result::Ok(
-                ::idem::__private::Leased::Replayed(__idem_recorded),
-            ) => {
-                return ::idem::__private::replayed(__idem_codec, &__idem_recorded);
-            }
-            ::core::result::Result::Err(__idem_err) => {
-                return ::core::result::Result::Err(
-                    ::idem::__private::Failed::Idem(__idem_err),
-                );
-            }
-        };
-        let __idem_lease_ref = &__idem_lease;
-        let __idem_result = __idem_lease
-            .run(async move {
-                let __idem_body: Result<MessageId, AppError> = async move {
-                    let lease: &::idem::__private::Lease = __idem_lease_ref;
-                    api.send(lease.idempotency_key(), &job.body).await
-                }
+            static __IDEM_SITE: ::idem::__private::Site = ::idem::__private::Site::new(
+                "mail.send",
+            );
+            &__IDEM_SITE
+        },
+        ::idem::__private::Mode::Lease,
+        &__idem_key,
+    );
+    let __idem_outcome = ::idem::__private::Call::run(
+            __idem_call,
+            async move {
+                let __idem_lease = match ::idem::__private::lease_checked(
+                        store,
+                        "mail.send",
+                        const {
+                            ::idem::__private::LeaseOptions::new(
+                                    ::idem::__private::Duration::from_millis(60000),
+                                )
+                                .replay()
+                        },
+                        __idem_key,
+                        __idem_print,
+                    )
+                    .await
+                {
+                    ::core::result::Result::Ok(
+                        ::idem::__private::Leased::Fresh(__idem_lease),
+                    ) => __idem_lease,
+                    ::core::result::Result::Ok(::idem::__private::Leased::Duplicate) => {
+                        return ::core::result::Result::Ok(
+                            ::idem::__private::Outcome::Duplicate,
+                        );
+                    }
+                    ::core::result::Result::Ok(
+                        ::idem::__private::Leased::Replayed(__idem_recorded),
+                    ) => {
+                        return ::idem::__private::replayed(
+                            __idem_codec,
+                            &__idem_recorded,
+                        );
+                    }
+                    ::core::result::Result::Err(__idem_err) => {
+                        return ::core::result::Result::Err(
+                            ::idem::__private::Failed::Idem(__idem_err),
+                        );
+                    }
+                };
+                let __idem_lease_ref = &__idem_lease;
+                let __idem_result = __idem_lease
+                    .run(async move {
+                        let __idem_body: Result<MessageId, AppError> = async move {
+                            let lease: &::idem::__private::Lease = __idem_lease_ref;
+                            api.send(lease.idempotency_key(), &job.body).await
+                        }
+                            .await;
+                        __idem_body
+                    })
                     .await;
-                __idem_body
-            })
-            .await;
-        ::idem::__private::lease_finish_replay(__idem_codec, __idem_lease, __idem_result)
-            .await
-    }
+                ::idem::__private::lease_finish_replay(
+                        __idem_codec,
+                        __idem_lease,
+                        __idem_result,
+                    )
+                    .await
+            },
+        )
         .await;
     ::idem::__private::settle(__idem_outcome)
 }

@@ -1,0 +1,345 @@
+//! What a generated handler call tells the outside: one `idem.claim` span per call, events
+//! from the claim, and two metrics through the `metrics` facade.
+//!
+//! With no `tracing` subscriber and no `metrics` recorder installed this costs a few clock
+//! reads per call and nothing else: the span is disabled by its callsite's cached interest
+//! (its fields, the key included, are then never evaluated), the metric keys are statics of
+//! the handler (no allocation, no formatting), and the claim's counts travel in a
+//! thread-local cell rather than in anything allocated.
+
+use std::cell::Cell;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
+use std::time::{Duration, Instant};
+
+use metrics::{Key, Label, Metadata};
+use tracing::Span;
+use tracing::field::Empty;
+
+use crate::__private::{Claimed, Failed};
+use crate::{Backend, Claim, Error, Leased, Outcome};
+
+/// The counter of finished handler calls, labelled `scope` and `outcome`: `applied`,
+/// `duplicate`, `replayed`, `in_progress`, `rolled_back` or `error`.
+pub const OUTCOMES_TOTAL: &str = "idem_outcomes_total";
+
+/// The histogram of claim latency in seconds, labelled `scope`: from the start of the claim
+/// (a connection from the pool, the begin; lease mode: the lease statement) to its answer
+/// (fresh, duplicate, replayed, in progress, or a failure), retries after a lost race
+/// included.
+pub const CLAIM_SECONDS: &str = "idem_claim_seconds";
+
+/// Describes [`OUTCOMES_TOTAL`] and [`CLAIM_SECONDS`] to the installed `metrics` recorder
+/// (their help text and unit), for exporters that publish descriptions, such as Prometheus's.
+///
+/// Call it once after installing the recorder; recording works without it.
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        OUTCOMES_TOTAL,
+        metrics::Unit::Count,
+        "Idempotent handler calls by scope and outcome (applied, duplicate, replayed, \
+         in_progress, rolled_back, error)."
+    );
+    metrics::describe_histogram!(
+        CLAIM_SECONDS,
+        metrics::Unit::Seconds,
+        "Time from the claim's first statement to its answer, by scope."
+    );
+}
+
+/// How a call ended, as the span's `outcome` field and the counter's `outcome` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    Applied,
+    Duplicate,
+    Replayed,
+    InProgress,
+    RolledBack,
+    Error,
+}
+
+impl Verdict {
+    const ALL: [&'static str; 6] = [
+        "applied",
+        "duplicate",
+        "replayed",
+        "in_progress",
+        "rolled_back",
+        "error",
+    ];
+
+    fn of<T, E>(result: &Result<Outcome<T>, Failed<E>>) -> Self {
+        match result {
+            Ok(Outcome::Applied(_)) => Verdict::Applied,
+            Ok(Outcome::Duplicate) => Verdict::Duplicate,
+            Ok(Outcome::Replayed(_)) => Verdict::Replayed,
+            Err(Failed::Idem(Error::InProgress { .. })) => Verdict::InProgress,
+            Err(Failed::Idem(Error::RolledBack { .. })) => Verdict::RolledBack,
+            Err(_) => Verdict::Error,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        Self::ALL[self as usize]
+    }
+}
+
+/// A handler's labels, built at compile time into a `static` of the generated code, so that
+/// recording a metric neither allocates nor formats.
+#[doc(hidden)]
+pub struct Site {
+    scope: &'static str,
+    outcomes: [[Label; 2]; 6],
+    scope_only: [Label; 1],
+}
+
+impl Site {
+    #[doc(hidden)]
+    pub const fn new(scope: &'static str) -> Site {
+        const fn pair(scope: &'static str, outcome: usize) -> [Label; 2] {
+            [
+                Label::from_static_parts("scope", scope),
+                Label::from_static_parts("outcome", Verdict::ALL[outcome]),
+            ]
+        }
+        Site {
+            scope,
+            outcomes: [
+                pair(scope, 0),
+                pair(scope, 1),
+                pair(scope, 2),
+                pair(scope, 3),
+                pair(scope, 4),
+                pair(scope, 5),
+            ],
+            scope_only: [Label::from_static_parts("scope", scope)],
+        }
+    }
+}
+
+/// Which kind of call the span describes: its `mode` field.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A transaction of the call's own.
+    Transaction,
+    /// A savepoint of the caller's transaction (`store.join(tx)`).
+    Joined,
+    /// Lease mode.
+    Lease,
+}
+
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Mode::Transaction => "transaction",
+            Mode::Joined => "joined",
+            Mode::Lease => "lease",
+        }
+    }
+}
+
+/// What the claim of the running call reports, kept in [`CURRENT`] while the call is polled.
+#[derive(Clone, Copy, Default)]
+struct Stats {
+    attempts: u32,
+    waited: Duration,
+    claim: Option<Duration>,
+}
+
+thread_local! {
+    /// The stats of the generated call being polled on this thread, if any: set and put back
+    /// around each poll, so that a joined call inside another's body counts its own claim.
+    static CURRENT: Cell<Option<Stats>> = const { Cell::new(None) };
+}
+
+fn with_current(f: impl FnOnce(&mut Stats)) {
+    CURRENT.with(|cell| {
+        if let Some(mut stats) = cell.get() {
+            f(&mut stats);
+            cell.set(Some(stats));
+        }
+    });
+}
+
+/// Puts a call's stats into [`CURRENT`] for one poll, and takes them back out even if the
+/// poll panics.
+struct Installed<'a> {
+    stats: &'a mut Stats,
+    previous: Option<Stats>,
+}
+
+impl<'a> Installed<'a> {
+    fn new(stats: &'a mut Stats) -> Self {
+        let previous = CURRENT.with(|cell| cell.replace(Some(*stats)));
+        Installed { stats, previous }
+    }
+}
+
+impl Drop for Installed<'_> {
+    fn drop(&mut self) {
+        if let Some(stats) = CURRENT.with(|cell| cell.replace(self.previous)) {
+            *self.stats = stats;
+        }
+    }
+}
+
+/// One generated call, between its key and its outcome.
+#[doc(hidden)]
+pub struct Call {
+    site: &'static Site,
+    span: Span,
+}
+
+impl Call {
+    /// Opens the `idem.claim` span (when a subscriber wants it; `key` is read only then).
+    pub(crate) fn start(site: &'static Site, mode: Mode, key: Option<&str>) -> Call {
+        let span = tracing::info_span!(
+            target: "idem",
+            "idem.claim",
+            scope = site.scope,
+            key = key,
+            mode = mode.as_str(),
+            outcome = Empty,
+            attempts = Empty,
+            waited_ms = Empty,
+        );
+        Call { site, span }
+    }
+
+    /// Runs the call's claim, body and end in the span, then records how it ended.
+    pub async fn run<T, E, F>(self, future: F) -> F::Output
+    where
+        F: Future<Output = Result<Outcome<T>, Failed<E>>>,
+    {
+        let Call { site, span } = self;
+        let mut stats = Stats::default();
+        let mut future = pin!(future);
+        let result = poll_fn(|cx| {
+            let _entered = span.enter();
+            let _installed = Installed::new(&mut stats);
+            future.as_mut().poll(cx)
+        })
+        .await;
+        settle(site, &span, Verdict::of(&result), stats);
+        result
+    }
+}
+
+static METADATA: Metadata<'static> =
+    Metadata::new("idem", metrics::Level::INFO, Some(module_path!()));
+
+fn settle(site: &'static Site, span: &Span, verdict: Verdict, stats: Stats) {
+    span.record("outcome", verdict.as_str());
+    if stats.claim.is_some() {
+        span.record("attempts", stats.attempts);
+        span.record(
+            "waited_ms",
+            u64::try_from(stats.waited.as_millis()).unwrap_or(u64::MAX),
+        );
+    }
+    metrics::with_recorder(|recorder| {
+        let key = Key::from_static_parts(OUTCOMES_TOTAL, &site.outcomes[verdict as usize]);
+        recorder.register_counter(&key, &METADATA).increment(1);
+        if let Some(claim) = stats.claim {
+            let key = Key::from_static_parts(CLAIM_SECONDS, &site.scope_only);
+            recorder
+                .register_histogram(&key, &METADATA)
+                .record(claim.as_secs_f64());
+        }
+    });
+}
+
+/// What a claim found, for its `debug` event.
+#[derive(Clone, Copy)]
+pub(crate) enum Decision {
+    Fresh,
+    Takeover,
+    Duplicate,
+    Replayed,
+    InProgress,
+    Failed,
+}
+
+impl Decision {
+    pub(crate) fn of_claim<DB: Backend>(claim: &Result<Claim<DB>, Error>) -> Self {
+        match claim {
+            Ok(Claim::Fresh(_)) => Decision::Fresh,
+            Ok(Claim::Duplicate) => Decision::Duplicate,
+            Ok(Claim::Replayed(_)) => Decision::Replayed,
+            Err(e) => Decision::of_error(e),
+        }
+    }
+
+    pub(crate) fn of_joined<DB: Backend>(claim: &Result<Claimed<'_, DB>, Error>) -> Self {
+        match claim {
+            Ok(Claimed::Fresh(_)) => Decision::Fresh,
+            Ok(Claimed::Duplicate) => Decision::Duplicate,
+            Ok(Claimed::Replayed(_)) => Decision::Replayed,
+            Err(e) => Decision::of_error(e),
+        }
+    }
+
+    pub(crate) fn of_lease(leased: &Result<Leased, Error>) -> Self {
+        match leased {
+            // The token counts holders: above 1, an earlier delivery held the key.
+            Ok(Leased::Fresh(lease)) if lease.token() > 1 => Decision::Takeover,
+            Ok(Leased::Fresh(_)) => Decision::Fresh,
+            Ok(Leased::Duplicate) => Decision::Duplicate,
+            Ok(Leased::Replayed(_)) => Decision::Replayed,
+            Err(e) => Decision::of_error(e),
+        }
+    }
+
+    fn of_error(error: &Error) -> Self {
+        match error {
+            Error::InProgress { .. } => Decision::InProgress,
+            _ => Decision::Failed,
+        }
+    }
+}
+
+/// One claim attempt ended: its statements (begin and claim, or the lease statement) ran
+/// from `sent` until now, which is the call's `waited_ms`.
+pub(crate) fn attempted(sent: Instant) {
+    with_current(|stats| {
+        stats.attempts += 1;
+        stats.waited += sent.elapsed();
+    });
+}
+
+/// The claim that began at `started` has its answer.
+pub(crate) fn decided(started: Instant, decision: Decision) {
+    with_current(|stats| stats.claim = Some(started.elapsed()));
+    let decision = match decision {
+        Decision::Fresh => "fresh",
+        Decision::Takeover => "takeover",
+        Decision::Duplicate => "duplicate",
+        Decision::Replayed => "replayed",
+        Decision::InProgress => "in_progress",
+        // The outcome (`error`) and the error itself say it.
+        Decision::Failed => return,
+    };
+    tracing::debug!(target: "idem", decision, "idem claim decided");
+}
+
+/// A claim lost a race (`attempt` was its number) and is tried again.
+pub(crate) fn retry(attempt: u32, error: &sqlx::Error) {
+    tracing::warn!(
+        target: "idem",
+        attempt,
+        error = %error,
+        "idem claim lost a race to another delivery of the key; trying again"
+    );
+}
+
+/// A lease-mode claim took the key over from an earlier delivery whose lease expired or was
+/// released.
+pub(crate) fn took_over(token: i64, attempt: u32) {
+    tracing::warn!(
+        target: "idem",
+        token,
+        attempt,
+        "idem lease taken over from an earlier delivery whose lease expired or was released"
+    );
+}
