@@ -126,6 +126,12 @@ pub fn observe(site: &'static Site, mode: Mode, key: &Result<Key, Error>) -> Cal
     Call::start(site, mode, key.as_ref().ok().map(Key::as_str))
 }
 
+/// A batch call's span and metrics. The span names no `key`: the batch has many.
+#[inline]
+pub fn observe_batch(site: &'static Site) -> Call {
+    Call::start(site, Mode::Batch, None)
+}
+
 /// The span's `mode` of a transaction-mode call: its own transaction, or the caller's.
 #[inline]
 pub fn mode<DB: Backend>(via: &Result<Via<'_, DB>, Error>) -> Mode {

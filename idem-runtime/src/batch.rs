@@ -4,10 +4,12 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::time::Instant;
 
 use sqlx::Transaction;
 
 use crate::backend::Backend;
+use crate::observe::{self, Decision};
 use crate::store::{CLAIM_ATTEMPTS, Held, check_scope, in_progress};
 use crate::{ClaimOptions, Error, IntoKey, Key, KeyError, Outcome, Store};
 
@@ -145,32 +147,18 @@ impl<DB: Backend> Store<DB> {
                 held: None,
             });
         };
-        let mut sorted: Vec<&str> = keys.iter().map(Key::as_str).collect();
-        sorted.sort_unstable();
-        sorted.dedup();
-        let mut attempt = 1;
-        let claimed = loop {
-            let begin = DB::begin_sql(self.sql(), &options);
-            let mut tx = match self.pool().begin_with(begin).await {
-                Ok(tx) => tx,
-                Err(e) if DB::is_lock_timeout(&e) => return Err(in_progress(scope, first.clone())),
-                Err(e) => return Err(e.into()),
-            };
-            match DB::try_claim_batch(&mut tx, self.sql(), &scope, &sorted).await {
-                Ok(claimed) => break (tx, claimed),
-                Err(e) if DB::is_lock_timeout(&e) => {
-                    drop(DB::rollback(tx, &options).await);
-                    return Err(in_progress(scope, first.clone()));
-                }
-                Err(e) if attempt < CLAIM_ATTEMPTS && DB::is_transient(&e) => {
-                    drop(DB::rollback(tx, &options).await);
-                    crate::__private::count_retry();
-                    attempt += 1;
-                }
-                Err(e) => return Err(e.into()),
-            }
+        let started = Instant::now();
+        let claimed = self
+            .claim_batch_attempts(&scope, first, keys, &options)
+            .await;
+        let decision = match &claimed {
+            Ok((_, fresh)) if fresh.is_empty() => Decision::Duplicate,
+            Ok(_) => Decision::Fresh,
+            Err(Error::InProgress { .. }) => Decision::InProgress,
+            Err(_) => Decision::Failed,
         };
-        let (tx, claimed) = claimed;
+        observe::decided(started, decision);
+        let (tx, claimed) = claimed?;
         let mut taken: HashMap<&str, bool> = claimed.iter().map(|k| (k.as_str(), true)).collect();
         // The first position of a claimed key takes it; `remove` leaves later ones out.
         let fresh: Vec<bool> = keys
@@ -188,6 +176,51 @@ impl<DB: Backend> Store<DB> {
             fresh,
             held: Some(held),
         })
+    }
+
+    /// The claim statement, tried again after a lost race; each attempt's statements are the
+    /// call's wait, as for a single claim.
+    async fn claim_batch_attempts(
+        &self,
+        scope: &Cow<'static, str>,
+        first: &Key,
+        keys: &[Key],
+        options: &ClaimOptions,
+    ) -> Result<(Transaction<'static, DB>, Vec<String>), Error> {
+        let mut sorted: Vec<&str> = keys.iter().map(Key::as_str).collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut attempt = 1;
+        loop {
+            let begin = DB::begin_sql(self.sql(), options);
+            let sent = Instant::now();
+            let mut tx = match self.pool().begin_with(begin).await {
+                Ok(tx) => tx,
+                Err(e) => {
+                    observe::attempted(sent);
+                    if DB::is_lock_timeout(&e) {
+                        return Err(in_progress(scope.clone(), first.clone()));
+                    }
+                    return Err(e.into());
+                }
+            };
+            let claimed = DB::try_claim_batch(&mut tx, self.sql(), scope, &sorted).await;
+            observe::attempted(sent);
+            match claimed {
+                Ok(claimed) => return Ok((tx, claimed)),
+                Err(e) if DB::is_lock_timeout(&e) => {
+                    drop(DB::rollback(tx, options).await);
+                    return Err(in_progress(scope.clone(), first.clone()));
+                }
+                Err(e) if attempt < CLAIM_ATTEMPTS && DB::is_transient(&e) => {
+                    drop(DB::rollback(tx, options).await);
+                    crate::__private::count_retry();
+                    observe::retry(attempt, &e);
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use crate::__private::{Claimed, Failed};
-use crate::{Backend, Claim, Error, Leased, Outcome};
+use crate::{Backend, Batch, Claim, Error, Leased, Outcome};
 
 /// The counter of finished handler calls, labelled `scope` and `outcome`: `applied`,
 /// `duplicate`, `replayed`, `in_progress`, `rolled_back` or `error`.
@@ -73,9 +73,15 @@ impl Verdict {
             Ok(Outcome::Applied(_)) => Verdict::Applied,
             Ok(Outcome::Duplicate) => Verdict::Duplicate,
             Ok(Outcome::Replayed(_)) => Verdict::Replayed,
-            Err(Failed::Idem(Error::InProgress { .. })) => Verdict::InProgress,
-            Err(Failed::Idem(Error::RolledBack { .. })) => Verdict::RolledBack,
-            Err(_) => Verdict::Error,
+            Err(failed) => Verdict::of_failed(failed),
+        }
+    }
+
+    fn of_failed<E>(failed: &Failed<E>) -> Self {
+        match failed {
+            Failed::Idem(Error::InProgress { .. }) => Verdict::InProgress,
+            Failed::Idem(Error::RolledBack { .. }) => Verdict::RolledBack,
+            _ => Verdict::Error,
         }
     }
 
@@ -127,6 +133,8 @@ pub enum Mode {
     Joined,
     /// Lease mode.
     Lease,
+    /// A batch handler (`batch = ".."`): one claim and one commit for many jobs.
+    Batch,
 }
 
 impl Mode {
@@ -135,6 +143,7 @@ impl Mode {
             Mode::Transaction => "transaction",
             Mode::Joined => "joined",
             Mode::Lease => "lease",
+            Mode::Batch => "batch",
         }
     }
 }
@@ -213,23 +222,69 @@ impl Call {
         F: Future<Output = Result<Outcome<T>, Failed<E>>>,
     {
         let Call { site, span } = self;
-        let mut stats = Stats::default();
-        let mut future = pin!(future);
-        let result = poll_fn(|cx| {
-            let _entered = span.enter();
-            let _installed = Installed::new(&mut stats);
-            future.as_mut().poll(cx)
-        })
-        .await;
-        settle(site, &span, Verdict::of(&result), stats);
+        let (result, stats) = instrumented(&span, future).await;
+        let verdict = Verdict::of(&result);
+        settle(site, &span, verdict, &[(verdict, 1)], stats);
         result
     }
+
+    /// [`run`](Call::run) for a batch of `jobs` jobs: the span's `outcome` is `applied` if
+    /// any job was, and the counter counts each job's outcome (a failed batch: every job's).
+    pub async fn run_batch<T, E, F>(self, jobs: usize, future: F) -> F::Output
+    where
+        F: Future<Output = Result<Batch<T>, Failed<E>>>,
+    {
+        let Call { site, span } = self;
+        let (result, stats) = instrumented(&span, future).await;
+        let jobs = jobs as u64;
+        match &result {
+            Ok(batch) => {
+                let applied = batch.applied() as u64;
+                let verdict = if applied > 0 {
+                    Verdict::Applied
+                } else {
+                    Verdict::Duplicate
+                };
+                let counts = [
+                    (Verdict::Applied, applied),
+                    (Verdict::Duplicate, jobs - applied),
+                ];
+                settle(site, &span, verdict, &counts, stats);
+            }
+            Err(failed) => {
+                let verdict = Verdict::of_failed(failed);
+                settle(site, &span, verdict, &[(verdict, jobs)], stats);
+            }
+        }
+        result
+    }
+}
+
+/// Polls `future` inside `span`, with the claim's stats installed for each poll.
+async fn instrumented<F: Future>(span: &Span, future: F) -> (F::Output, Stats) {
+    let mut stats = Stats::default();
+    let mut future = pin!(future);
+    let result = poll_fn(|cx| {
+        let _entered = span.enter();
+        let _installed = Installed::new(&mut stats);
+        future.as_mut().poll(cx)
+    })
+    .await;
+    (result, stats)
 }
 
 static METADATA: Metadata<'static> =
     Metadata::new("idem", metrics::Level::INFO, Some(module_path!()));
 
-fn settle(site: &'static Site, span: &Span, verdict: Verdict, stats: Stats) {
+/// Records the call's `verdict` on its span, and `counts` (outcome, how many jobs) on the
+/// counter.
+fn settle(
+    site: &'static Site,
+    span: &Span,
+    verdict: Verdict,
+    counts: &[(Verdict, u64)],
+    stats: Stats,
+) {
     span.record("outcome", verdict.as_str());
     if stats.claim.is_some() {
         span.record("attempts", stats.attempts);
@@ -239,8 +294,10 @@ fn settle(site: &'static Site, span: &Span, verdict: Verdict, stats: Stats) {
         );
     }
     metrics::with_recorder(|recorder| {
-        let key = Key::from_static_parts(OUTCOMES_TOTAL, &site.outcomes[verdict as usize]);
-        recorder.register_counter(&key, &METADATA).increment(1);
+        for &(verdict, n) in counts.iter().filter(|(_, n)| *n > 0) {
+            let key = Key::from_static_parts(OUTCOMES_TOTAL, &site.outcomes[verdict as usize]);
+            recorder.register_counter(&key, &METADATA).increment(n);
+        }
         if let Some(claim) = stats.claim {
             let key = Key::from_static_parts(CLAIM_SECONDS, &site.scope_only);
             recorder

@@ -99,6 +99,8 @@ pub(super) fn expand(
         &item.block.stmts,
     );
     let settle = located_at(quote!(#private::settle_batch(#outcome)), ret.span());
+    let (call, observe) = super::observe::batch_call(&private, &scope);
+    let count = local("__idem_jobs");
 
     let (attrs, inner): (Vec<_>, Vec<_>) = item
         .attrs
@@ -120,7 +122,9 @@ pub(super) fn expand(
         #vis #sig {
             #(#inner)*
             #key_eval
-            let #outcome = #private::in_body(#name, async move {
+            #observe
+            let #count = <[_]>::len(#jobs);
+            let #outcome = #private::Call::run_batch(#call, #count, #private::in_body(#name, async move {
                 let mut #claim = match #private::claim_batch(#store, #scope, #options, #keys).await {
                     ::core::result::Result::Ok(#claim) => #claim,
                     ::core::result::Result::Err(#err) => {
@@ -134,7 +138,7 @@ pub(super) fn expand(
                 let #tx_var = #private::batch_tx(&mut #claim);
                 #body
                 #private::finish_batch(#claim, #result).await
-            })
+            }))
             .await;
             #settle
         }

@@ -8,6 +8,27 @@ use syn::LitStr;
 
 use super::local;
 
+/// The `static` labels of the handler whose scope is `scope`.
+fn site(private: &TokenStream, scope: &LitStr) -> TokenStream {
+    let site = local("__IDEM_SITE");
+    quote! {
+        {
+            static #site: #private::Site = #private::Site::new(#scope);
+            &#site
+        }
+    }
+}
+
+/// [`call`] for a batch handler, whose span has no single key.
+pub(super) fn batch_call(private: &TokenStream, scope: &LitStr) -> (Ident, TokenStream) {
+    let call = local("__idem_call");
+    let site = site(private, scope);
+    let tokens = quote! {
+        let #call = #private::observe_batch(#site);
+    };
+    (call, tokens)
+}
+
 /// Binds the returned local to the call's `Call`; `mode` is an expression of type `Mode`.
 pub(super) fn call(
     private: &TokenStream,
@@ -16,16 +37,9 @@ pub(super) fn call(
     key_var: &Ident,
 ) -> (Ident, TokenStream) {
     let call = local("__idem_call");
-    let site = local("__IDEM_SITE");
+    let site = site(private, scope);
     let tokens = quote! {
-        let #call = #private::observe(
-            {
-                static #site: #private::Site = #private::Site::new(#scope);
-                &#site
-            },
-            #mode,
-            &#key_var,
-        );
+        let #call = #private::observe(#site, #mode, &#key_var);
     };
     (call, tokens)
 }
