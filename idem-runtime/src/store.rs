@@ -367,7 +367,10 @@ pub(crate) fn in_progress(scope: Cow<'static, str>, key: Key) -> Error {
 pub enum Claim<DB: Backend> {
     /// This delivery holds the key: run the body in [`Guard::tx`].
     Fresh(Guard<DB>),
-    /// An earlier delivery committed this key; its transaction has been rolled back.
+    /// An earlier delivery committed this key. The claim's transaction, which wrote nothing,
+    /// is over: its `ROLLBACK` goes out with the connection's return to the pool (and a
+    /// connection whose rollback fails is closed, not reused), so a duplicate does not wait
+    /// for it.
     Duplicate,
     /// An earlier delivery committed this key and stored its value (`replay`): read it with
     /// [`Recorded::decode`].
