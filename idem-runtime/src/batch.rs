@@ -182,7 +182,7 @@ impl<DB: Backend> Store<DB> {
     /// call's wait, as for a single claim.
     async fn claim_batch_attempts(
         &self,
-        scope: &Cow<'static, str>,
+        scope: &str,
         first: &Key,
         keys: &[Key],
         options: &ClaimOptions,
@@ -199,7 +199,7 @@ impl<DB: Backend> Store<DB> {
                 Err(e) => {
                     observe::attempted(sent);
                     if DB::is_lock_timeout(&e) {
-                        return Err(in_progress(scope.clone(), first.clone()));
+                        return Err(in_progress(Cow::Owned(scope.to_owned()), first.clone()));
                     }
                     return Err(e.into());
                 }
@@ -210,7 +210,7 @@ impl<DB: Backend> Store<DB> {
                 Ok(claimed) => return Ok((tx, claimed)),
                 Err(e) if DB::is_lock_timeout(&e) => {
                     drop(DB::rollback(tx, options).await);
-                    return Err(in_progress(scope.clone(), first.clone()));
+                    return Err(in_progress(Cow::Owned(scope.to_owned()), first.clone()));
                 }
                 Err(e) if attempt < CLAIM_ATTEMPTS && DB::is_transient(&e) => {
                     drop(DB::rollback(tx, options).await);

@@ -217,27 +217,28 @@ impl Call {
     }
 
     /// Runs the call's claim, body and end in the span, then records how it ended.
-    pub async fn run<T, E, F>(self, future: F) -> F::Output
+    ///
+    /// Not an `async fn` (nor is [`run_batch`](Call::run_batch)): the handler's future is
+    /// moved once, into `observed`, so that it is stored once in the state
+    /// of the generated call.
+    pub fn run<T, E, F>(self, future: F) -> impl Future<Output = F::Output>
     where
         F: Future<Output = Result<Outcome<T>, Failed<E>>>,
     {
-        let Call { site, span } = self;
-        let (result, stats) = instrumented(&span, future).await;
-        let verdict = Verdict::of(&result);
-        settle(site, &span, verdict, &[(verdict, 1)], stats);
-        result
+        self.observed(future, |result| {
+            let verdict = Verdict::of(result);
+            (verdict, [(verdict, 1), (verdict, 0)])
+        })
     }
 
     /// [`run`](Call::run) for a batch of `jobs` jobs: the span's `outcome` is `applied` if
     /// any job was, and the counter counts each job's outcome (a failed batch: every job's).
-    pub async fn run_batch<T, E, F>(self, jobs: usize, future: F) -> F::Output
+    pub fn run_batch<T, E, F>(self, jobs: usize, future: F) -> impl Future<Output = F::Output>
     where
         F: Future<Output = Result<Batch<T>, Failed<E>>>,
     {
-        let Call { site, span } = self;
-        let (result, stats) = instrumented(&span, future).await;
         let jobs = jobs as u64;
-        match &result {
+        self.observed(future, move |result| match result {
             Ok(batch) => {
                 let applied = batch.applied() as u64;
                 let verdict = if applied > 0 {
@@ -245,32 +246,41 @@ impl Call {
                 } else {
                     Verdict::Duplicate
                 };
-                let counts = [
-                    (Verdict::Applied, applied),
-                    (Verdict::Duplicate, jobs - applied),
-                ];
-                settle(site, &span, verdict, &counts, stats);
+                (
+                    verdict,
+                    [
+                        (Verdict::Applied, applied),
+                        (Verdict::Duplicate, jobs - applied),
+                    ],
+                )
             }
             Err(failed) => {
                 let verdict = Verdict::of_failed(failed);
-                settle(site, &span, verdict, &[(verdict, jobs)], stats);
+                (verdict, [(verdict, jobs), (verdict, 0)])
             }
-        }
+        })
+    }
+
+    /// Polls `future` inside the span, with the claim's stats installed for each poll, then
+    /// records the verdict `judge` gives and its counts (outcome, jobs).
+    async fn observed<R, F: Future<Output = R>>(
+        self,
+        future: F,
+        judge: impl FnOnce(&R) -> (Verdict, [(Verdict, u64); 2]),
+    ) -> R {
+        let Call { site, span } = self;
+        let mut stats = Stats::default();
+        let mut future = pin!(future);
+        let result = poll_fn(|cx| {
+            let _entered = span.enter();
+            let _installed = Installed::new(&mut stats);
+            future.as_mut().poll(cx)
+        })
+        .await;
+        let (verdict, counts) = judge(&result);
+        settle(site, &span, verdict, &counts, stats);
         result
     }
-}
-
-/// Polls `future` inside `span`, with the claim's stats installed for each poll.
-async fn instrumented<F: Future>(span: &Span, future: F) -> (F::Output, Stats) {
-    let mut stats = Stats::default();
-    let mut future = pin!(future);
-    let result = poll_fn(|cx| {
-        let _entered = span.enter();
-        let _installed = Installed::new(&mut stats);
-        future.as_mut().poll(cx)
-    })
-    .await;
-    (result, stats)
 }
 
 static METADATA: Metadata<'static> =
