@@ -1,21 +1,29 @@
 //! What `#[idempotent]` expands to calls. Not a public API: names and signatures here change
 //! with the macro, which is why the facade pins both crates to one exact version.
 
+//!
+//! A leaf: nothing in the runtime imports it; it re-exports what the expansion names and adds
+//! the small adapters between the expansion and the modes.
+
+use std::borrow::Cow;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::claim::{Request, nested, run};
+use crate::record::NotStorable;
 use crate::Key;
 pub use crate::batch::expansion::*;
-pub use crate::join::{Claimed, Via};
-pub use crate::observe::{Call, Mode, Site};
-pub use crate::store::Held;
+pub use crate::claim::{Claimed, Held};
+pub use crate::join::Via;
+pub use crate::observe::{Call, Site};
+pub use crate::options::Mode;
+pub use crate::outcome::Failed;
 pub use crate::{
-    Backend, Batch, Claim, ClaimOptions, Error, Fingerprint, Guard, IntoKey, Isolation, Joined,
-    Lease, LeaseOptions, Leased, Outcome, Recorded, Store, Target,
+    Backend, Batch, Claim, ClaimOptions, Error, Fingerprint, Guard, IntoKey, Isolation,
+    Joined, Lease, LeaseOptions, Leased, Outcome, Recorded, Store, Target,
 };
 pub use core::time::Duration;
 
@@ -107,7 +115,7 @@ pub fn via<'a, DB: Backend, S: Target<DB> + 'a>(
 ) -> Result<Via<'a, DB>, Error> {
     let via = store.via();
     if let Via::Store(_) = via {
-        crate::join::refuse_nested(handler)?;
+        nested::refuse_nested(handler)?;
     }
     Ok(via)
 }
@@ -116,7 +124,7 @@ pub fn via<'a, DB: Backend, S: Target<DB> + 'a>(
 /// open in this task (a task-local, set and reset around each poll).
 #[inline]
 pub fn in_body<F: Future>(handler: &'static str, future: F) -> impl Future<Output = F::Output> {
-    crate::join::in_body(handler, future)
+    nested::in_body(handler, future)
 }
 
 /// Opens the call's `idem.claim` span; [`Call::run`] then runs claim, body and end in it and
@@ -148,7 +156,7 @@ pub async fn claim<'a, DB: Backend>(
     scope: &'static str,
     options: ClaimOptions,
     key: Result<Key, Error>,
-) -> Result<Claimed<'a, DB>, Error> {
+) -> Result<Claimed<Held<'a, DB>>, Error> {
     claim_checked(via, scope, options, key, None).await
 }
 
@@ -160,20 +168,12 @@ pub async fn claim_checked<'a, DB: Backend>(
     options: ClaimOptions,
     key: Result<Key, Error>,
     fingerprint: Option<Result<Fingerprint, Error>>,
-) -> Result<Claimed<'a, DB>, Error> {
+) -> Result<Claimed<Held<'a, DB>>, Error> {
     let via = via?;
-    let key = key?;
-    let fingerprint = fingerprint.transpose()?;
-    let scope = std::borrow::Cow::Borrowed(scope);
+    let request = Request::new(Cow::Borrowed(scope), key?, options, fingerprint.transpose()?);
     match via {
-        Via::Store(store) => Ok(
-            match store.claim_owned(scope, key, options, fingerprint).await? {
-                Claim::Fresh(guard) => Claimed::Fresh(guard.into_held()),
-                Claim::Duplicate => Claimed::Duplicate,
-                Claim::Replayed(recorded) => Claimed::Replayed(recorded),
-            },
-        ),
-        Via::Joined(joined) => joined.claim_owned(scope, key, options, fingerprint).await,
+        Via::Store(store) => run::own(store, request).await,
+        Via::Joined(joined) => joined.claim_request(request).await,
     }
 }
 
@@ -194,8 +194,8 @@ impl<T: Serialize + ?Sized> Fingerprintable for T {}
 
 /// How a handler's `T` goes to JSON and back, for `replay`; obtained from [`Replay`].
 pub struct Codec<T> {
-    encode: fn(&T) -> Result<String, Error>,
-    decode: fn(&str) -> Result<T, Error>,
+    encode: fn(&T) -> Result<String, NotStorable>,
+    decode: fn(&str) -> Result<T, serde_json::Error>,
 }
 
 impl<T> Clone for Codec<T> {
@@ -226,8 +226,8 @@ pub trait ReplayCodec<T> {
 impl<T: Serialize + DeserializeOwned> ReplayCodec<T> for Replay<T> {
     fn codec(&self) -> Codec<T> {
         Codec {
-            encode: |value| crate::replay::encode(value),
-            decode: |json| crate::replay::decode(json),
+            encode: |value| crate::record::encode(value),
+            decode: |json| crate::record::decode(json),
         }
     }
 }
@@ -256,13 +256,18 @@ impl<T> ReplayFallback<T> for &Replay<T> {
 )]
 pub trait Replayable {}
 
-/// The first delivery's value, read back for [`Outcome::Replayed`].
+/// The first delivery's value, read back for [`Outcome::Replayed`]. A stored value that no
+/// longer reads as `T` (the type changed since) is a plain duplicate, with a warning: the job
+/// was applied, and an error would have it redelivered forever.
 #[inline]
 pub fn replayed<T, E>(codec: Codec<T>, recorded: &Recorded) -> Result<Outcome<T>, Failed<E>> {
     match recorded.result_json().map(codec.decode).transpose() {
         Ok(Some(value)) => Ok(Outcome::Replayed(value)),
         Ok(None) => Ok(Outcome::Duplicate),
-        Err(e) => Err(Failed::Idem(e)),
+        Err(e) => {
+            crate::observe::undecodable(&e);
+            Ok(Outcome::Duplicate)
+        }
     }
 }
 
@@ -274,7 +279,7 @@ pub async fn finish_replay<DB: Backend, T, E>(
     result: Result<T, E>,
 ) -> Result<Outcome<T>, Failed<E>> {
     guard
-        .end_recording(result, |value| (codec.encode)(value).map(Some))
+        .finish(result, |value| (codec.encode)(value).map(Some))
         .await
 }
 
@@ -287,7 +292,7 @@ pub async fn lease<DB: Backend>(
     key: Result<Key, Error>,
 ) -> Result<Leased, Error> {
     store
-        .lease_owned(std::borrow::Cow::Borrowed(scope), key?, options, None)
+        .lease_owned(Cow::Borrowed(scope), key?, options, None)
         .await
 }
 
@@ -302,12 +307,7 @@ pub async fn lease_checked<DB: Backend>(
 ) -> Result<Leased, Error> {
     let fingerprint = fingerprint.transpose()?;
     store
-        .lease_owned(
-            std::borrow::Cow::Borrowed(scope),
-            key?,
-            options,
-            fingerprint,
-        )
+        .lease_owned(Cow::Borrowed(scope), key?, options, fingerprint)
         .await
 }
 
@@ -319,8 +319,14 @@ pub async fn lease_finish_replay<T, E>(
     result: Result<Result<T, E>, Error>,
 ) -> Result<Outcome<T>, Failed<E>> {
     lease
-        .end_recording(result, |value| (codec.encode)(value).map(Some))
+        .finish_with(result, |value| (codec.encode)(value).map(Some))
         .await
+}
+
+/// Runs a lease handler's body under the lease's timeout.
+#[inline]
+pub async fn lease_run<F: Future>(lease: &Lease, body: F) -> Result<F::Output, Error> {
+    lease.run(body).await
 }
 
 /// Lease mode's end: `result` is the body's result, or the timeout that cut it short.
@@ -329,13 +335,7 @@ pub async fn lease_finish<T, E>(
     lease: Lease,
     result: Result<Result<T, E>, Error>,
 ) -> Result<Outcome<T>, Failed<E>> {
-    lease.end(result).await
-}
-
-/// An error of the call: idem's own (claim, commit) or the body's.
-pub enum Failed<E> {
-    Idem(Error),
-    Handler(E),
+    lease.finish_with(result, |_| Ok(None)).await
 }
 
 /// [`Guard::finish`] without converting idem's errors yet.
@@ -344,28 +344,17 @@ pub async fn finish<DB: Backend, T, E>(
     guard: Held<'_, DB>,
     result: Result<T, E>,
 ) -> Result<Outcome<T>, Failed<E>> {
-    guard.end_recording(result, |_| Ok(None)).await
+    guard.finish(result, |_| Ok(None)).await
 }
 
 /// The one place where an [`Error`] becomes the handler's error type.
 #[inline]
 pub fn settle<T, E: From<Error>>(result: Result<Outcome<T>, Failed<E>>) -> Result<Outcome<T>, E> {
-    #[cfg(feature = "testing")]
-    crate::testing::probe::settled(&result);
-    result.map_err(|f| match f {
-        Failed::Idem(e) => E::from(e),
-        Failed::Handler(e) => e,
-    })
+    crate::claim::settle(result)
 }
-
-static CLAIM_RETRIES: AtomicU64 = AtomicU64::new(0);
 
 /// Claims retried after a lost race (serialization failure, deadlock victim) in this process
 /// so far; the race tests print it.
 pub fn claim_retries() -> u64 {
-    CLAIM_RETRIES.load(Ordering::Relaxed)
-}
-
-pub(crate) fn count_retry() {
-    CLAIM_RETRIES.fetch_add(1, Ordering::Relaxed);
+    crate::observe::claim_retries()
 }

@@ -4,14 +4,13 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::time::Instant;
 
 use sqlx::Transaction;
 
 use crate::backend::Backend;
-use crate::observe::{self, Decision};
-use crate::store::{CLAIM_ATTEMPTS, Held, check_scope, in_progress};
-use crate::{ClaimOptions, Error, IntoKey, Key, KeyError, Outcome, Store};
+use crate::claim::{Held, Request, nested, run};
+use crate::key::check_scope;
+use crate::{Batch, ClaimOptions, Error, Failed, IntoKey, Key, KeyError, Store};
 
 /// The most jobs one batch claim takes.
 ///
@@ -130,7 +129,7 @@ impl<DB: Backend> Store<DB> {
         if keys.len() > MAX_BATCH {
             return Err(KeyError::BatchTooLarge { len: keys.len() }.into());
         }
-        crate::join::refuse_nested("Store::claim_batch")?;
+        nested::refuse_nested("Store::claim_batch")?;
         self.claim_batch_owned(Cow::Owned(scope.to_owned()), keys, options)
             .await
     }
@@ -147,80 +146,31 @@ impl<DB: Backend> Store<DB> {
                 held: None,
             });
         };
-        let started = Instant::now();
-        let claimed = self
-            .claim_batch_attempts(&scope, first, keys, &options)
-            .await;
-        let decision = match &claimed {
-            Ok((_, fresh)) if fresh.is_empty() => Decision::Duplicate,
-            Ok(_) => Decision::Fresh,
-            Err(Error::InProgress { .. }) => Decision::InProgress,
-            Err(_) => Decision::Failed,
-        };
-        observe::decided(started, decision);
-        let (tx, claimed) = claimed?;
+        let mut sorted: Vec<&str> = keys.iter().map(Key::as_str).collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        // `InProgress` of a batch names its first key: the database does not say which key
+        // it waited for.
+        let request = Request::new(scope, first.clone(), options, None);
+        let (claimed, tx) = run::own_batch(self, request.clone(), &sorted).await?;
         let mut taken: HashMap<&str, bool> = claimed.iter().map(|k| (k.as_str(), true)).collect();
         // The first position of a claimed key takes it; `remove` leaves later ones out.
         let fresh: Vec<bool> = keys
             .iter()
             .map(|k| taken.remove(k.as_str()).unwrap_or(false))
             .collect();
-        let Some(position) = fresh.iter().position(|f| *f) else {
-            DB::abandon(tx, &options).await?;
-            return Ok(BatchClaim { fresh, held: None });
-        };
-        // Errors of the commit name the first fresh key: the transaction held them all.
-        let key = keys[position].clone();
-        let held = Held::new(tx, self.sql_arc(), options, scope, key, false);
-        Ok(BatchClaim {
-            fresh,
-            held: Some(held),
-        })
-    }
-
-    /// The claim statement, tried again after a lost race; each attempt's statements are the
-    /// call's wait, as for a single claim.
-    async fn claim_batch_attempts(
-        &self,
-        scope: &str,
-        first: &Key,
-        keys: &[Key],
-        options: &ClaimOptions,
-    ) -> Result<(Transaction<'static, DB>, Vec<String>), Error> {
-        let mut sorted: Vec<&str> = keys.iter().map(Key::as_str).collect();
-        sorted.sort_unstable();
-        sorted.dedup();
-        let mut attempt = 1;
-        loop {
-            let begin = DB::begin_sql(self.sql(), options);
-            let sent = Instant::now();
-            let mut tx = match self.pool().begin_with(begin).await {
-                Ok(tx) => tx,
-                Err(e) => {
-                    observe::attempted(sent);
-                    if DB::is_lock_timeout(&e) {
-                        return Err(in_progress(Cow::Owned(scope.to_owned()), first.clone()));
-                    }
-                    return Err(e.into());
-                }
-            };
-            let claimed = DB::try_claim_batch(&mut tx, self.sql(), scope, &sorted).await;
-            observe::attempted(sent);
-            match claimed {
-                Ok(claimed) => return Ok((tx, claimed)),
-                Err(e) if DB::is_lock_timeout(&e) => {
-                    drop(DB::rollback(tx, options).await);
-                    return Err(in_progress(Cow::Owned(scope.to_owned()), first.clone()));
-                }
-                Err(e) if attempt < CLAIM_ATTEMPTS && DB::is_transient(&e) => {
-                    drop(DB::rollback(tx, options).await);
-                    crate::__private::count_retry();
-                    observe::retry(attempt, &e);
-                    attempt += 1;
-                }
-                Err(e) => return Err(e.into()),
+        let held = match (tx, fresh.iter().position(|f| *f)) {
+            // Errors of the commit name the first fresh key: the transaction held them all.
+            (Some(tx), Some(position)) => {
+                let request = Request {
+                    key: keys[position].clone(),
+                    ..request
+                };
+                Some(Held::new(tx, self.statements().clone(), request, false))
             }
-        }
+            _ => None,
+        };
+        Ok(BatchClaim { fresh, held })
     }
 }
 
@@ -284,76 +234,13 @@ impl<DB: Backend> BatchClaim<DB> {
         expansion::settle_batch(self.finish_failed(result).await)
     }
 
-    async fn finish_failed<T, E>(
-        self,
-        result: Result<T, E>,
-    ) -> Result<Batch<T>, crate::__private::Failed<E>> {
-        use crate::__private::Failed;
+    async fn finish_failed<T, E>(self, result: Result<T, E>) -> Result<Batch<T>, Failed<E>> {
         let Some(held) = self.held else {
             result.map_err(Failed::Handler)?;
-            return Ok(Batch::duplicates(self.fresh.len()));
+            return Ok(Batch::new(&vec![false; self.fresh.len()], None));
         };
-        let value = held.end_recording(result, |_| Ok(None)).await?.into_value();
-        Ok(Batch {
-            outcomes: self
-                .fresh
-                .iter()
-                .map(|&fresh| {
-                    if fresh {
-                        Outcome::Applied(())
-                    } else {
-                        Outcome::Duplicate
-                    }
-                })
-                .collect(),
-            value,
-        })
-    }
-}
-
-/// What a batch call did: one [`Outcome`] per job, in the batch's order, and the body's value.
-///
-/// Every job is handled, whatever its outcome: ack them all.
-#[must_use = "a `Batch` says which jobs this delivery ran; ack every job of it"]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Batch<T> {
-    outcomes: Vec<Outcome<()>>,
-    value: Option<T>,
-}
-
-impl<T> Batch<T> {
-    /// A batch whose every job was handled by an earlier delivery; the body did not run.
-    pub(crate) fn duplicates(len: usize) -> Self {
-        Batch {
-            outcomes: vec![Outcome::Duplicate; len],
-            value: None,
-        }
-    }
-
-    /// One outcome per job, in the order of the batch: [`Outcome::Applied`] for the jobs this
-    /// delivery ran and committed, [`Outcome::Duplicate`] for the others.
-    pub fn outcomes(&self) -> &[Outcome<()>] {
-        &self.outcomes
-    }
-
-    /// How many jobs this delivery ran and committed.
-    pub fn applied(&self) -> usize {
-        self.outcomes.iter().filter(|o| o.is_applied()).count()
-    }
-
-    /// The body's value, if it ran (at least one job was fresh) and committed.
-    pub fn value(&self) -> Option<&T> {
-        self.value.as_ref()
-    }
-
-    /// The body's value, if it ran and committed.
-    pub fn into_value(self) -> Option<T> {
-        self.value
-    }
-
-    /// The outcomes and the value.
-    pub fn into_parts(self) -> (Vec<Outcome<()>>, Option<T>) {
-        (self.outcomes, self.value)
+        let value = held.finish(result, |_| Ok(None)).await?.into_value();
+        Ok(Batch::new(&self.fresh, value))
     }
 }
 
@@ -361,10 +248,10 @@ impl<T> Batch<T> {
 pub(crate) mod expansion {
     use std::borrow::Cow;
 
-    use super::{Batch, BatchClaim, collect_keys};
-    use crate::__private::Failed;
+    use super::{BatchClaim, collect_keys};
     use crate::backend::Backend;
-    use crate::{ClaimOptions, Error, Key, KeyError, Store};
+    use crate::claim::nested;
+    use crate::{Batch, ClaimOptions, Error, Failed, Key, KeyError, Store};
 
     /// The key of one job, encoded and checked (the position is added by [`batch_keys`]).
     #[inline]
@@ -377,7 +264,7 @@ pub(crate) mod expansion {
         handler: &'static str,
         keys: impl Iterator<Item = Result<Key, KeyError>>,
     ) -> Result<Vec<Key>, Error> {
-        crate::join::refuse_nested(handler)?;
+        nested::refuse_nested(handler)?;
         Ok(collect_keys(keys)?)
     }
 
@@ -451,7 +338,7 @@ pub(crate) mod expansion {
 
     /// The answer of a batch whose every job is a duplicate; the body did not run.
     pub fn all_duplicates<T, DB: Backend>(claim: &BatchClaim<DB>) -> Batch<T> {
-        Batch::duplicates(claim.len())
+        Batch::new(claim.fresh(), None)
     }
 
     /// [`BatchClaim::finish`] without converting idem's errors yet.
@@ -467,9 +354,6 @@ pub(crate) mod expansion {
     pub fn settle_batch<T, E: From<Error>>(
         result: Result<Batch<T>, Failed<E>>,
     ) -> Result<Batch<T>, E> {
-        result.map_err(|f| match f {
-            Failed::Idem(e) => E::from(e),
-            Failed::Handler(e) => e,
-        })
+        result.map_err(Failed::into_handler_error)
     }
 }

@@ -90,15 +90,51 @@ pub enum Error {
         key: String,
     },
 
-    /// A value could not be turned into JSON or back: the `fingerprint` expression, the
-    /// handler's `Ok` value with `replay` (then nothing was committed), or a stored value that
-    /// no longer reads as the handler's type.
-    #[error(
-        "cannot serialise a replayed value or a fingerprint: {0}; nothing was committed, fix \
-         the type's `Serialize`/`Deserialize` (a stored value must read back as the handler's \
-         return type)"
-    )]
+    /// A value could not be turned into JSON or back: the `fingerprint` expression (refused
+    /// before any I/O), the handler's `Ok` value with `replay` in transaction mode (the
+    /// transaction was rolled back), or a stored value read back by hand with
+    /// [`Recorded::decode`](crate::Recorded::decode). The message says which, and what was
+    /// kept.
+    #[error("{0}")]
     Serialize(String),
+
+    /// Lease mode with `replay`: the body's outside call happened and the marker is completed
+    /// (later deliveries are [`Outcome::Duplicate`](crate::Outcome::Duplicate), the call is
+    /// never repeated), but its value could not be stored to replay: it cannot be serialised,
+    /// or its JSON is over [`MAX_REPLAY_LEN`](crate::MAX_REPLAY_LEN). Ack the job.
+    #[error(
+        "the work of {scope:?} / {key:?} was done and its marker completed (later deliveries \
+         are duplicates and will not call the outside system again), but its value was not \
+         stored for `replay`: {reason}. Ack the job; make the value storable to replay it"
+    )]
+    ValueNotStored {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+        /// Why the value could not be stored.
+        reason: String,
+    },
+
+    /// A lease length outside [`MIN_LEASE`](crate::MIN_LEASE) and
+    /// [`MAX_LEASE`](crate::MAX_LEASE), refused before any I/O: nothing was written.
+    #[error(
+        "a lease of {lease:?} is out of bounds: a lease must be at least 1s and at most 24h \
+         (a job that runs longer renews its lease with `Lease::renew`); nothing was written"
+    )]
+    InvalidLease {
+        /// The lease that was refused.
+        lease: std::time::Duration,
+    },
+
+    /// [`commit`](crate::commit) of a transaction the database had already rolled back (a
+    /// statement in it failed and its error was ignored): nothing of it was kept.
+    #[error(
+        "the transaction was rolled back by the database instead of committed: a statement in \
+         it failed and its error was ignored. Nothing of it was kept (the idempotent calls it \
+         joined included): let the job be redelivered, and return database errors with `?`"
+    )]
+    NotCommitted,
 
     /// A transaction-mode handler (or [`Store::claim`](crate::Store::claim)) was called with a
     /// store while the body of another idempotent handler ran in the same task. Its own
@@ -261,8 +297,26 @@ impl From<KeyError> for Error {
 }
 
 impl From<sqlx::Error> for Error {
+    /// An idem error that travelled inside a `sqlx::Error` (see `From<Error> for sqlx::Error`)
+    /// comes back as itself.
     fn from(err: sqlx::Error) -> Self {
-        Error::Database(err)
+        match err {
+            sqlx::Error::Database(db) => match db.try_downcast::<Error>() {
+                Ok(idem) => *idem,
+                Err(db) => Error::Database(sqlx::Error::Database(db)),
+            },
+            other => Error::Database(other),
+        }
+    }
+}
+
+impl Error {
+    /// The driver's error, for an [`Error::Database`] the database returned.
+    fn driver_error(&self) -> Option<&dyn sqlx::error::DatabaseError> {
+        match self {
+            Error::Database(e) => e.as_database_error(),
+            _ => None,
+        }
     }
 }
 
@@ -294,8 +348,9 @@ fn advice(err: &sqlx::Error) -> &'static str {
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::Configuration(_) => {
-            "the database could not be reached: check its URL and that it is running; \
-             nothing ran, so the job can be redelivered"
+            "the database could not be reached: check its URL and that it is running. Let \
+             the job be redelivered: if the connection was lost during the commit, the commit \
+             may have landed, and the redelivery settles it (it runs once or is a duplicate)"
         }
         _ => {
             "the job's marker and its effect were kept or lost together, so let the broker \
@@ -313,12 +368,65 @@ fn is_missing_table(err: &sqlx::Error) -> bool {
         || db.message().contains("no such table")
 }
 
-impl From<Error> for sqlx::Error {
-    /// Lets handlers that return `sqlx::Error` use `#[idempotent]` as they are.
-    fn from(err: Error) -> Self {
-        match err {
-            Error::Database(e) => e,
-            other => sqlx::Error::InvalidArgument(other.to_string()),
+/// What lets an [`Error`] ride inside [`sqlx::Error::Database`], so that handlers returning
+/// `sqlx::Error` keep its kind (sqlx's blanket `From<E: DatabaseError>` makes the conversion):
+/// sqlx's own pattern for driver errors gets it back.
+///
+/// ```
+/// # use idem_runtime as idem;
+/// let err = sqlx::Error::from(idem::Error::KeyReused { scope: "s".into(), key: "k".into() });
+/// let idem_err = err
+///     .as_database_error()
+///     .and_then(|e| e.try_downcast_ref::<idem::Error>());
+/// assert!(matches!(idem_err, Some(idem::Error::KeyReused { .. })));
+/// ```
+///
+/// A database error keeps its message, code and kind; idem's own have no SQLSTATE, and a key
+/// reused for another payload reads like a violated unique key.
+impl sqlx::error::DatabaseError for Error {
+    fn message(&self) -> &str {
+        if let Some(db) = self.driver_error() {
+            return db.message();
+        }
+        match self {
+            Error::InProgress { .. } => "another delivery of the key is still in progress",
+            Error::KeyReused { .. } => "the idempotency key was used for another payload",
+            Error::RolledBack { .. } | Error::NotCommitted => {
+                "the database rolled the transaction back instead of committing it"
+            }
+            Error::LeaseLost { .. } => "the lease was lost to another delivery",
+            Error::Timeout { .. } => "the body ran out of time",
+            _ => "idem refused or could not complete the call",
+        }
+    }
+
+    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self
+    }
+
+    fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+        self.driver_error().and_then(|db| db.code())
+    }
+
+    fn constraint(&self) -> Option<&str> {
+        self.driver_error().and_then(|db| db.constraint())
+    }
+
+    fn kind(&self) -> sqlx::error::ErrorKind {
+        if let Some(db) = self.driver_error() {
+            return db.kind();
+        }
+        match self {
+            Error::KeyReused { .. } => sqlx::error::ErrorKind::UniqueViolation,
+            _ => sqlx::error::ErrorKind::Other,
         }
     }
 }

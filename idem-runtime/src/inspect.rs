@@ -1,7 +1,7 @@
 //! What operators read of the markers: one marker by key, and the jobs still in progress.
 
-use crate::backend::Backend;
-use crate::store::check_scope;
+use crate::backend::{Backend, MarkerRow};
+use crate::key::check_scope;
 use crate::{Error, IntoKey, Key, Store};
 
 /// Whether a marker's job is done.
@@ -40,19 +40,6 @@ pub struct Marker {
     pub lease_ms_left: Option<i64>,
 }
 
-/// The columns of [`Marker`] in the order the backends' statements return them.
-pub(crate) type MarkerRow = (
-    String,
-    String,
-    String,
-    i64,
-    Option<i64>,
-    String,
-    Option<String>,
-    Option<String>,
-    Option<i64>,
-);
-
 impl Marker {
     pub(crate) fn from_row(row: MarkerRow) -> Marker {
         let (scope, key, state, attempts, token, created_at, completed_at, locked_until, left) =
@@ -66,7 +53,8 @@ impl Marker {
                 MarkerState::InProgress
             },
             attempts,
-            token,
+            // A negative token is a transaction claim's nonce (MySQL), not a lease's.
+            token: token.filter(|t| *t > 0),
             created_at,
             completed_at,
             locked_until,
@@ -85,7 +73,7 @@ impl<DB: Backend> Store<DB> {
     ) -> Result<Option<Marker>, Error> {
         check_scope(scope)?;
         let key = Key::new(key)?;
-        let row = DB::inspect(self.pool(), self.sql(), scope, key.as_str()).await?;
+        let row = DB::inspect(self.pool(), self.statements(), scope, key.as_str()).await?;
         Ok(row.map(Marker::from_row))
     }
 
@@ -93,14 +81,14 @@ impl<DB: Backend> Store<DB> {
     /// out or was released first: the jobs to look at when a queue seems stuck.
     pub async fn list_in_progress(&self, scope: &str, limit: u32) -> Result<Vec<Marker>, Error> {
         check_scope(scope)?;
-        let rows = DB::in_progress(self.pool(), self.sql(), scope, i64::from(limit)).await?;
+        let rows = DB::in_progress(self.pool(), self.statements(), scope, i64::from(limit)).await?;
         Ok(rows.into_iter().map(Marker::from_row).collect())
     }
 
     /// [`list_in_progress`](Store::list_in_progress) across every scope: at most `limit`
     /// markers still in progress, those whose lease ran out or was released first.
     pub async fn list_all_in_progress(&self, limit: u32) -> Result<Vec<Marker>, Error> {
-        let rows = DB::in_progress_all(self.pool(), self.sql(), i64::from(limit)).await?;
+        let rows = DB::in_progress_all(self.pool(), self.statements(), i64::from(limit)).await?;
         Ok(rows.into_iter().map(Marker::from_row).collect())
     }
 }

@@ -6,16 +6,15 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 
-use sqlx::{Connection as _, Transaction};
+use sqlx::Transaction;
+use sqlx_core::transaction::TransactionManager as _;
 
-use crate::backend::{Backend, Sql};
-use crate::observe;
-use crate::store::{Held, check_scope, in_progress};
-use crate::{ClaimOptions, Error, Fingerprint, Key, Outcome, Recorded, Store};
+use crate::backend::{Backend, Check};
+use crate::claim::{self, Claimed, Held, Request, run};
+use crate::key::check_scope;
+use crate::{ClaimOptions, Error, Fingerprint, Key, Outcome, Store};
 
 /// A [`Store`] joined to a transaction the caller holds: made by [`Store::join`], passed to a
 /// handler in place of `&store`, or claimed on by hand with [`Joined::claim`].
@@ -58,8 +57,9 @@ impl<DB: Backend> Store<DB> {
 impl<'a, DB: Backend> Joined<'a, DB> {
     /// Claims `(scope, key)` in a savepoint of the joined transaction.
     ///
-    /// On [`JoinedClaim::Fresh`] run the effect on [`JoinedGuard::tx`] and end with
-    /// [`JoinedGuard::finish`]. The scope is checked as [`Store::claim`] checks it.
+    /// On [`Claimed::Fresh`] run the effect on [`JoinedGuard::tx`] and end with
+    /// [`JoinedGuard::finish`]. The scope is checked as [`Store::claim`] checks it, and the
+    /// marker it meets is decided as there.
     pub async fn claim(self, scope: &str, key: &Key) -> Result<JoinedClaim<'a, DB>, Error> {
         self.claim_with(scope, key, None, false).await
     }
@@ -78,105 +78,24 @@ impl<'a, DB: Backend> Joined<'a, DB> {
         if replay {
             options = options.replay();
         }
-        let claimed = self
-            .claim_owned(
-                Cow::Owned(scope.to_owned()),
-                key.clone(),
-                options,
-                fingerprint.copied(),
-            )
-            .await?;
-        Ok(match claimed {
-            Claimed::Fresh(held) => JoinedClaim::Fresh(JoinedGuard { held }),
-            Claimed::Duplicate => JoinedClaim::Duplicate,
-            Claimed::Replayed(recorded) => JoinedClaim::Replayed(recorded),
-        })
+        let scope = Cow::Owned(scope.to_owned());
+        let request = Request::new(scope, key.clone(), options, fingerprint.copied());
+        let claimed = self.claim_request(request).await?;
+        Ok(claimed.map(|held| JoinedGuard { held }))
     }
 
-    pub(crate) async fn claim_owned(
+    pub(crate) async fn claim_request(
         self,
-        scope: Cow<'static, str>,
-        key: Key,
-        options: ClaimOptions,
-        fingerprint: Option<Fingerprint>,
-    ) -> Result<Claimed<'a, DB>, Error> {
-        let started = Instant::now();
-        let claimed = self.claim_once(scope, key, options, fingerprint).await;
-        observe::decided(started, observe::Decision::of_joined(&claimed));
-        claimed
-    }
-
-    async fn claim_once(
-        self,
-        scope: Cow<'static, str>,
-        key: Key,
-        options: ClaimOptions,
-        fingerprint: Option<Fingerprint>,
-    ) -> Result<Claimed<'a, DB>, Error> {
-        let sql: Arc<Sql> = self.store.sql_arc();
-        #[cfg(feature = "testing")]
-        crate::testing::probe::claiming(crate::testing::probe::Mode::Transaction);
-        // In a transaction, sqlx's `begin` is a SAVEPOINT.
-        let sent = Instant::now();
-        let begun = self.conn.begin().await;
-        let mut tx = match begun {
-            Ok(tx) => tx,
-            Err(e) => {
-                observe::attempted(sent);
-                if DB::is_lock_timeout(&e) {
-                    return Err(in_progress(scope, key));
-                }
-                return Err(e.into());
-            }
-        };
-        let print = fingerprint.as_ref().map(|f| &f.as_bytes()[..]);
-        // No retry on a transient error, unlike a claim of our own: the race was lost by the
-        // caller's transaction (MySQL has rolled it back whole), so only the caller can retry.
-        let claimed = DB::try_claim(&mut tx, &sql, &scope, key.as_str(), print).await;
-        observe::attempted(sent);
-        match claimed {
-            Ok(true) => Ok(Claimed::Fresh(Held::new(
-                tx, sql, options, scope, key, true,
-            ))),
-            Ok(false) if options.replay || fingerprint.is_some() => {
-                let recorded = DB::recorded(&mut tx, &sql, &scope, key.as_str()).await;
-                tx.rollback().await?;
-                let recorded = recorded?;
-                recorded.check(fingerprint.as_ref(), &scope, key.as_str())?;
-                Ok(match recorded.result {
-                    Some(_) if options.replay => Claimed::Replayed(recorded),
-                    _ => Claimed::Duplicate,
-                })
-            }
-            Ok(false) => {
-                tx.rollback().await?;
-                Ok(Claimed::Duplicate)
-            }
-            Err(e) => {
-                // Back to the savepoint, so that the caller's transaction stays usable where
-                // the database allows it (PostgreSQL aborts it on any error otherwise).
-                drop(tx.rollback().await);
-                if DB::is_lock_timeout(&e) {
-                    return Err(in_progress(scope, key));
-                }
-                Err(e.into())
-            }
-        }
+        request: Request,
+    ) -> Result<Claimed<Held<'a, DB>>, Error> {
+        run::joined(self.store, self.conn, request).await
     }
 }
 
-/// The answer to [`Joined::claim`].
-#[derive(Debug)]
-#[must_use = "a fresh claim holds a savepoint: run the body and call `JoinedGuard::finish`"]
-pub enum JoinedClaim<'a, DB: Backend> {
-    /// This delivery holds the key: run the body in [`JoinedGuard::tx`].
-    Fresh(JoinedGuard<'a, DB>),
-    /// An earlier delivery committed this key; the savepoint has been rolled back, and the
-    /// caller's transaction is as it was.
-    Duplicate,
-    /// An earlier delivery committed this key and stored its value (`replay`).
-    Replayed(Recorded),
-}
+/// The answer to [`Joined::claim`]: on [`Claimed::Fresh`] the [`JoinedGuard`] holding the
+/// savepoint. A duplicate's savepoint has been rolled back, and the caller's transaction is as
+/// it was.
+pub type JoinedClaim<'a, DB> = Claimed<JoinedGuard<'a, DB>>;
 
 /// A fresh claim in a savepoint of the caller's transaction.
 ///
@@ -197,7 +116,7 @@ impl<'a, DB: Backend> JoinedGuard<'a, DB> {
     /// Ends the call: releases the savepoint on `Ok` ([`Outcome::Applied`]: applied in the
     /// caller's transaction, kept only if it commits), rolls back to it on `Err`.
     pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Outcome<T>, E> {
-        crate::__private::settle(self.held.end_recording(result, |_| Ok(None)).await)
+        claim::settle(self.held.finish(result, |_| Ok(None)).await)
     }
 
     /// [`finish`](JoinedGuard::finish) that also stores the `Ok` value with the marker
@@ -206,16 +125,45 @@ impl<'a, DB: Backend> JoinedGuard<'a, DB> {
         self,
         result: Result<T, E>,
     ) -> Result<Outcome<T>, E> {
-        let end = self
-            .held
-            .end_recording(result, |v| crate::replay::encode(v).map(Some));
-        crate::__private::settle(end.await)
+        let end = self.held.finish(result, |v| crate::record::encode(v).map(Some));
+        claim::settle(end.await)
+    }
+}
+
+/// Commits a transaction you hold, checking that the database really committed it, as idem
+/// checks its own: use it after joined calls (`store.join(&mut tx)`) instead of
+/// `tx.commit()`.
+///
+/// PostgreSQL answers `COMMIT` of a transaction that a failed statement aborted with a silent
+/// rollback, which sqlx's `commit()` reports as success: here that is
+/// [`Error::NotCommitted`], and so is a MariaDB transaction a deadlock rolled back. Costs no
+/// extra round trip. A savepoint (a transaction begun inside another) is released as sqlx
+/// releases it; on MySQL 8, which cannot tell, the commit is not checked.
+///
+/// ```no_run
+/// # use idem_runtime as idem;
+/// # #[cfg(feature = "sqlite")]
+/// # async fn f(store: &idem::Store<sqlx::Sqlite>) -> Result<(), idem::Error> {
+/// let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await?;
+/// // ... joined handlers: `top_up(store.join(&mut tx), &job).await?` ...
+/// idem::commit(tx).await?;
+/// # Ok(()) }
+/// ```
+pub async fn commit<DB: Backend>(tx: Transaction<'_, DB>) -> Result<(), Error> {
+    if DB::TransactionManager::get_transaction_depth(&*tx) > 1 {
+        return Ok(tx.commit().await?);
+    }
+    match DB::commit(tx, Check::Session, &ClaimOptions::new()).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Error::NotCommitted),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// What an `#[idempotent]` handler in transaction mode takes in place of the transaction:
-/// `&Store<DB>` (the call begins and commits its own transaction) or [`Joined`] (made by
-/// [`Store::join`]: the call claims and runs inside the caller's transaction).
+/// `&store` (the call begins and commits its own transaction; `store` a [`Store`], a `&Store`
+/// or an `Arc<Store>`) or [`Joined`] (made by [`Store::join`]: the call claims and runs inside
+/// the caller's transaction).
 #[diagnostic::on_unimplemented(
     message = "an idempotent handler takes `&idem::Store<DB>` or `store.join(tx)`, not `{Self}`",
     label = "pass `&store`, or `store.join(tx)` to run inside a transaction you hold",
@@ -234,6 +182,7 @@ mod sealed {
 
 impl<DB: Backend> sealed::Sealed for &Store<DB> {}
 impl<DB: Backend> sealed::Sealed for &&Store<DB> {}
+impl<DB: Backend> sealed::Sealed for &Arc<Store<DB>> {}
 impl<DB: Backend> sealed::Sealed for Joined<'_, DB> {}
 
 impl<DB: Backend> Target<DB> for &Store<DB> {
@@ -245,14 +194,24 @@ impl<DB: Backend> Target<DB> for &Store<DB> {
     }
 }
 
-// `&store` where `store` is already a `&Store`: a `&Store<DB>` parameter took it by deref
-// coercion, which a generic parameter does not do.
+// `&store` where `store` is already a `&Store`, or an `Arc<Store>` (axum state, a spawned
+// worker's): a `&Store<DB>` parameter took them by deref coercion, which a generic parameter
+// does not do.
 impl<DB: Backend> Target<DB> for &&Store<DB> {
     fn via<'a>(self) -> Via<'a, DB>
     where
         Self: 'a,
     {
         Via::Store(*self)
+    }
+}
+
+impl<DB: Backend> Target<DB> for &Arc<Store<DB>> {
+    fn via<'a>(self) -> Via<'a, DB>
+    where
+        Self: 'a,
+    {
+        Via::Store(self)
     }
 }
 
@@ -270,38 +229,4 @@ impl<DB: Backend> Target<DB> for Joined<'_, DB> {
 pub enum Via<'a, DB: Backend> {
     Store(&'a Store<DB>),
     Joined(Joined<'a, DB>),
-}
-
-/// The answer to a claim of either kind, as the generated code sees it.
-#[doc(hidden)]
-pub enum Claimed<'a, DB: Backend> {
-    Fresh(Held<'a, DB>),
-    Duplicate,
-    Replayed(Recorded),
-}
-
-tokio::task_local! {
-    /// The name of the handler whose body is running in this task (its transaction is open).
-    static BODY: &'static str;
-}
-
-/// Runs `future` (a handler's claim, body and end) with `handler` marked as the one whose
-/// transaction is open, for [`refuse_nested`]. A task-local: set and reset around each poll.
-pub(crate) fn in_body<F: Future>(
-    handler: &'static str,
-    future: F,
-) -> impl Future<Output = F::Output> {
-    BODY.scope(handler, future)
-}
-
-/// Refuses a claim with a store inside a handler's body (before any I/O): its transaction
-/// would be another one than the open one, and wait for it (SQLite) or commit apart from it.
-pub(crate) fn refuse_nested(inner: &str) -> Result<(), Error> {
-    match BODY.try_with(|outer| *outer) {
-        Ok(outer) => Err(Error::Nested {
-            inner: inner.to_owned(),
-            outer: outer.to_owned(),
-        }),
-        Err(_) => Ok(()),
-    }
 }

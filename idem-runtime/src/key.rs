@@ -40,6 +40,17 @@ impl Key {
     }
 }
 
+/// Scopes are checked like keys: the attribute checks its literal at compile time, the store
+/// checks the scopes that hand-written code passes (1 to 255 bytes, no NUL).
+pub(crate) fn check_scope(scope: &str) -> Result<(), crate::Error> {
+    if scope.is_empty() || scope.len() > MAX_KEY_LEN || scope.contains('\0') {
+        return Err(crate::Error::InvalidScope {
+            scope: scope.to_owned(),
+        });
+    }
+    Ok(())
+}
+
 /// The encoding of `value` as [`Key::new`] makes it, without the length limit: what the
 /// digests of over-long ids (`job_id`, `Lease::idempotency_key`) are taken of.
 pub(crate) fn encode<K: IntoKey + ?Sized>(value: &K) -> Result<String, KeyError> {

@@ -11,39 +11,56 @@ compile_error!(
     "idem needs a database: enable at least one of the cargo features `sqlite`, `postgres`, `mysql`"
 );
 
-mod backend;
-mod batch;
+// The layers, each using only those above it: the vocabulary; observation and the test hooks;
+// the backends' SQL; the store; the claim core; the modes. `__private`, for generated code,
+// is a leaf that nothing here imports.
 mod error;
-mod inspect;
 mod job_id;
-mod join;
 mod key;
-mod lease;
-mod observe;
 mod options;
 mod outcome;
-mod replay;
-mod store;
+mod record;
+
+mod observe;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+mod backend;
+
+mod inspect;
+mod store;
+
+mod claim;
+
+mod batch;
+mod join;
+mod lease;
+mod transaction;
+
 pub use backend::Backend;
-pub use batch::{Batch, BatchClaim, MAX_BATCH};
+pub use batch::{BatchClaim, MAX_BATCH};
+pub use claim::Claimed;
 pub use error::{Error, KeyError};
 pub use inspect::{Marker, MarkerState};
 pub use job_id::{JobId, job_id};
-pub use join::{Joined, JoinedClaim, JoinedGuard, Target};
+pub use join::{Joined, JoinedClaim, JoinedGuard, Target, commit};
 pub use key::{IntoKey, Key, KeyWriter, MAX_KEY_LEN};
-pub use lease::{Lease, LeaseOptions, Leased};
+pub use lease::{Lease, Leased};
 pub use observe::{CLAIM_SECONDS, OUTCOMES_TOTAL, describe_metrics};
-pub use options::{ClaimOptions, Isolation};
-pub use outcome::Outcome;
-pub use replay::{Fingerprint, MAX_REPLAY_LEN, Recorded};
-pub use store::{Claim, DEFAULT_TABLE, Guard, MAX_TABLE_LEN, PURGE_BATCH, Store};
+pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
+pub(crate) use outcome::Failed;
+pub use outcome::{Batch, Outcome};
+pub use record::{Fingerprint, MAX_REPLAY_LEN, Recorded};
+pub use store::{DEFAULT_TABLE, MAX_TABLE_LEN, PURGE_BATCH, Store};
+pub use transaction::{Claim, Guard};
 
 /// The transaction an `#[idempotent]` handler's body runs on (an alias of
 /// `sqlx::Transaction`, so either spelling works in a handler's signature).
 pub type Tx<'c, DB> = sqlx::Transaction<'c, DB>;
+
+/// A boxed future, for the statements a type-erased store runs.
+pub(crate) type BoxFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 #[doc(hidden)]
 pub mod __private;

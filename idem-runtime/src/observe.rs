@@ -16,8 +16,10 @@ use metrics::{Key, Label, Metadata};
 use tracing::Span;
 use tracing::field::Empty;
 
-use crate::__private::{Claimed, Failed};
-use crate::{Backend, Batch, Claim, Error, Leased, Outcome};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::options::Mode;
+use crate::{Batch, Error, Failed, Outcome};
 
 /// The counter of finished handler calls, labelled `scope` and `outcome`: `applied`,
 /// `duplicate`, `replayed`, `in_progress`, `rolled_back` or `error`.
@@ -119,31 +121,6 @@ impl Site {
                 pair(scope, 5),
             ],
             scope_only: [Label::from_static_parts("scope", scope)],
-        }
-    }
-}
-
-/// Which kind of call the span describes: its `mode` field.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// A transaction of the call's own.
-    Transaction,
-    /// A savepoint of the caller's transaction (`store.join(tx)`).
-    Joined,
-    /// Lease mode.
-    Lease,
-    /// A batch handler (`batch = ".."`): one claim and one commit for many jobs.
-    Batch,
-}
-
-impl Mode {
-    fn as_str(self) -> &'static str {
-        match self {
-            Mode::Transaction => "transaction",
-            Mode::Joined => "joined",
-            Mode::Lease => "lease",
-            Mode::Batch => "batch",
         }
     }
 }
@@ -278,7 +255,7 @@ impl Call {
         })
         .await;
         let (verdict, counts) = judge(&result);
-        settle(site, &span, verdict, &counts, stats);
+        record(site, &span, verdict, &counts, stats);
         result
     }
 }
@@ -288,7 +265,7 @@ static METADATA: Metadata<'static> =
 
 /// Records the call's `verdict` on its span, and `counts` (outcome, how many jobs) on the
 /// counter.
-fn settle(
+fn record(
     site: &'static Site,
     span: &Span,
     verdict: Verdict,
@@ -318,7 +295,7 @@ fn settle(
 }
 
 /// What a claim found, for its `debug` event.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Decision {
     Fresh,
     Takeover,
@@ -326,44 +303,6 @@ pub(crate) enum Decision {
     Replayed,
     InProgress,
     Failed,
-}
-
-impl Decision {
-    pub(crate) fn of_claim<DB: Backend>(claim: &Result<Claim<DB>, Error>) -> Self {
-        match claim {
-            Ok(Claim::Fresh(_)) => Decision::Fresh,
-            Ok(Claim::Duplicate) => Decision::Duplicate,
-            Ok(Claim::Replayed(_)) => Decision::Replayed,
-            Err(e) => Decision::of_error(e),
-        }
-    }
-
-    pub(crate) fn of_joined<DB: Backend>(claim: &Result<Claimed<'_, DB>, Error>) -> Self {
-        match claim {
-            Ok(Claimed::Fresh(_)) => Decision::Fresh,
-            Ok(Claimed::Duplicate) => Decision::Duplicate,
-            Ok(Claimed::Replayed(_)) => Decision::Replayed,
-            Err(e) => Decision::of_error(e),
-        }
-    }
-
-    pub(crate) fn of_lease(leased: &Result<Leased, Error>) -> Self {
-        match leased {
-            // The token counts holders: above 1, an earlier delivery held the key.
-            Ok(Leased::Fresh(lease)) if lease.token() > 1 => Decision::Takeover,
-            Ok(Leased::Fresh(_)) => Decision::Fresh,
-            Ok(Leased::Duplicate) => Decision::Duplicate,
-            Ok(Leased::Replayed(_)) => Decision::Replayed,
-            Err(e) => Decision::of_error(e),
-        }
-    }
-
-    fn of_error(error: &Error) -> Self {
-        match error {
-            Error::InProgress { .. } => Decision::InProgress,
-            _ => Decision::Failed,
-        }
-    }
 }
 
 /// One claim attempt ended: its statements (begin and claim, or the lease statement) ran
@@ -390,16 +329,6 @@ pub(crate) fn decided(started: Instant, decision: Decision) {
     tracing::debug!(target: "idem", decision, "idem claim decided");
 }
 
-/// A claim lost a race (`attempt` was its number) and is tried again.
-pub(crate) fn retry(attempt: u32, error: &sqlx::Error) {
-    tracing::warn!(
-        target: "idem",
-        attempt,
-        error = %error,
-        "idem claim lost a race to another delivery of the key; trying again"
-    );
-}
-
 /// A lease-mode claim took the key over from an earlier delivery whose lease expired or was
 /// released.
 pub(crate) fn took_over(token: i64, attempt: u32) {
@@ -408,5 +337,35 @@ pub(crate) fn took_over(token: i64, attempt: u32) {
         token,
         attempt,
         "idem lease taken over from an earlier delivery whose lease expired or was released"
+    );
+}
+
+static CLAIM_RETRIES: AtomicU64 = AtomicU64::new(0);
+
+/// Claims retried after a lost race (serialization failure, deadlock victim) in this process
+/// so far; the race tests print it.
+pub(crate) fn claim_retries() -> u64 {
+    CLAIM_RETRIES.load(Ordering::Relaxed)
+}
+
+/// A claim lost a race (`attempt` was its number) and is tried again.
+pub(crate) fn retry(attempt: u32, error: &sqlx::Error) {
+    CLAIM_RETRIES.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(
+        target: "idem",
+        attempt,
+        error = %error,
+        "idem claim lost a race to another delivery of the key; trying again"
+    );
+}
+
+/// A stored `replay` value no longer reads as the handler's type: the job was applied, so the
+/// delivery is a duplicate without its value.
+pub(crate) fn undecodable(error: &serde_json::Error) {
+    tracing::warn!(
+        target: "idem",
+        error = %error,
+        "idem: the value an earlier delivery stored for replay no longer reads as the \
+         handler's type; answering Duplicate (the job was applied)"
     );
 }

@@ -1,7 +1,20 @@
-//! How a claim begins its transaction: how long it waits for a holder of the same key, and at
-//! which isolation level the body runs.
+//! The settings of a claim: how long it waits for a holder of the same key, at which isolation
+//! level the body runs, how long a lease lasts; and which kind of call a claim serves.
 
 use std::time::Duration;
+
+use crate::Error;
+
+/// The shortest lease: below a second there is no margin left for the completing statement's
+/// round trip on a loaded machine, and every slow call would be taken over.
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
+
+/// The longest lease: a day. A lease outliving that blocks its job for longer than any broker
+/// keeps a delivery invisible (SQS's visibility timeout stops at 12 h, RabbitMQ's consumer
+/// timeout defaults to 30 min); work that runs longer renews its lease with
+/// [`Lease::renew`](crate::Lease::renew). The bound also keeps the databases' date arithmetic
+/// in range (SQLite's overflows to `NULL`, which would read as a released lease).
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 
 /// The isolation level of a claim's transaction (`isolation = "..."` on the attribute).
 ///
@@ -96,5 +109,144 @@ impl ClaimOptions {
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn is_default(&self) -> bool {
         self.wait.is_none() && self.isolation.is_none()
+    }
+}
+
+/// Which kind of call a claim serves: the `mode` of its span, and what the test hooks see.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A transaction of the call's own.
+    Transaction,
+    /// A savepoint of the caller's transaction (`store.join(tx)`).
+    Joined,
+    /// Lease mode.
+    Lease,
+    /// A batch handler (`batch = ".."`): one claim and one commit for many jobs.
+    Batch,
+}
+
+impl Mode {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Mode::Transaction => "transaction",
+            Mode::Joined => "joined",
+            Mode::Lease => "lease",
+            Mode::Batch => "batch",
+        }
+    }
+}
+
+/// How long a lease-mode delivery holds its key, and how long its body may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseOptions {
+    pub(crate) lease: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) replay: bool,
+}
+
+impl LeaseOptions {
+    /// A lease of `lease`, with the body's timeout [`default_timeout`](Self::default_timeout).
+    ///
+    /// The lease must lie within [`MIN_LEASE`] and [`MAX_LEASE`]: a claim with another one is
+    /// refused with [`Error::InvalidLease`] before any I/O (the attribute refuses it at compile
+    /// time).
+    pub const fn new(lease: Duration) -> Self {
+        LeaseOptions {
+            lease,
+            timeout: Self::default_timeout(lease),
+            replay: false,
+        }
+    }
+
+    /// A delivery that finds the key completed gets the first delivery's stored value back
+    /// (`replay`).
+    pub const fn replay(mut self) -> Self {
+        self.replay = true;
+        self
+    }
+
+    /// The timeout when none is given: the lease minus a safety margin of a fifth of it, at
+    /// most 5 s, which leaves the completing statement time to reach the database before any
+    /// other delivery may take the key over.
+    pub const fn default_timeout(lease: Duration) -> Duration {
+        let fifth = lease.as_millis() / 5;
+        let margin = if fifth < 5_000 { fifth } else { 5_000 };
+        Duration::from_millis((lease.as_millis() - margin) as u64)
+    }
+
+    /// The body's timeout. It must be shorter than the lease and longer than zero (the
+    /// attribute checks both at compile time; here another one is replaced by the default).
+    pub const fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = if timeout.as_nanos() < self.lease.as_nanos() && !timeout.is_zero() {
+            timeout
+        } else {
+            Self::default_timeout(self.lease)
+        };
+        self
+    }
+
+    /// The lease.
+    pub const fn lease_len(&self) -> Duration {
+        self.lease
+    }
+
+    /// The body's timeout.
+    pub const fn timeout_len(&self) -> Duration {
+        self.timeout
+    }
+
+    /// [`Error::InvalidLease`] for a lease outside [`MIN_LEASE`]..=[`MAX_LEASE`].
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        if self.lease < MIN_LEASE || self.lease > MAX_LEASE {
+            return Err(Error::InvalidLease { lease: self.lease });
+        }
+        Ok(())
+    }
+
+    /// The lease in milliseconds, as the statements bind it (checked: at most a day).
+    pub(crate) fn lease_ms(&self) -> i64 {
+        i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_timeout_leaves_a_margin() {
+        assert_eq!(
+            LeaseOptions::new(Duration::from_secs(30)).timeout_len(),
+            Duration::from_secs(25)
+        );
+        assert_eq!(
+            LeaseOptions::new(Duration::from_secs(2)).timeout_len(),
+            Duration::from_millis(1600)
+        );
+        let opts = LeaseOptions::new(Duration::from_secs(30)).timeout(Duration::from_secs(10));
+        assert_eq!(opts.timeout_len(), Duration::from_secs(10));
+        let zero = LeaseOptions::new(Duration::from_secs(30)).timeout(Duration::ZERO);
+        assert_eq!(zero.timeout_len(), Duration::from_secs(25));
+    }
+
+    #[test]
+    fn leases_are_bounded() {
+        for ok in [MIN_LEASE, Duration::from_secs(30), MAX_LEASE] {
+            assert!(LeaseOptions::new(ok).check().is_ok(), "{ok:?}");
+        }
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(999),
+            MAX_LEASE + Duration::from_millis(1),
+            Duration::from_secs(100_000_000 * 3600),
+        ] {
+            let err = LeaseOptions::new(bad).check().unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("a lease must be at least 1s and at most 24h"),
+                "{err}"
+            );
+        }
     }
 }

@@ -57,3 +57,75 @@ impl<T> Outcome<T> {
         }
     }
 }
+
+/// What a batch call did: one [`Outcome`] per job, in the batch's order, and the body's value.
+///
+/// Every job is handled, whatever its outcome: ack them all.
+#[must_use = "a `Batch` says which jobs this delivery ran; ack every job of it"]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch<T> {
+    outcomes: Vec<Outcome<()>>,
+    value: Option<T>,
+}
+
+impl<T> Batch<T> {
+    /// The jobs of `fresh` this delivery ran and committed are applied, the others were
+    /// handled by earlier deliveries; `value` is the body's, if it ran.
+    pub(crate) fn new(fresh: &[bool], value: Option<T>) -> Self {
+        let outcomes = fresh
+            .iter()
+            .map(|&fresh| {
+                if fresh {
+                    Outcome::Applied(())
+                } else {
+                    Outcome::Duplicate
+                }
+            })
+            .collect();
+        Batch { outcomes, value }
+    }
+
+    /// One outcome per job, in the order of the batch: [`Outcome::Applied`] for the jobs this
+    /// delivery ran and committed, [`Outcome::Duplicate`] for the others.
+    pub fn outcomes(&self) -> &[Outcome<()>] {
+        &self.outcomes
+    }
+
+    /// How many jobs this delivery ran and committed.
+    pub fn applied(&self) -> usize {
+        self.outcomes.iter().filter(|o| o.is_applied()).count()
+    }
+
+    /// The body's value, if it ran (at least one job was fresh) and committed.
+    pub fn value(&self) -> Option<&T> {
+        self.value.as_ref()
+    }
+
+    /// The body's value, if it ran and committed.
+    pub fn into_value(self) -> Option<T> {
+        self.value
+    }
+
+    /// The outcomes and the value.
+    pub fn into_parts(self) -> (Vec<Outcome<()>>, Option<T>) {
+        (self.outcomes, self.value)
+    }
+}
+
+/// An error of a call, before it becomes the handler's `E`: idem's own (claim, commit) or the
+/// body's.
+#[doc(hidden)]
+pub enum Failed<E> {
+    Idem(crate::Error),
+    Handler(E),
+}
+
+impl<E: From<crate::Error>> Failed<E> {
+    /// The handler's error: the body's as it was, or idem's converted by `E: From<Error>`.
+    pub(crate) fn into_handler_error(self) -> E {
+        match self {
+            Failed::Idem(e) => E::from(e),
+            Failed::Handler(e) => e,
+        }
+    }
+}

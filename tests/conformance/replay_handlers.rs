@@ -103,7 +103,7 @@ pub(crate) struct Dialect {
 }
 
 pub(crate) fn dialect<DB: idem::Backend>() -> Dialect {
-    match DB::BACKEND {
+    match crate::conformance::util::backend::<DB>() {
         "postgres" => Dialect {
             token: "SELECT md5(random()::text)",
             result_text: "result::text",
@@ -506,6 +506,38 @@ pub(crate) async fn refusing_leased<DB: TestDb>(
     assert_eq!(lease.key(), order.key);
     lease_body(pool, order, ran, None).await?;
     Ok(Refuses)
+}
+
+/// Calls the outside system, then returns a value over `MAX_REPLAY_LEN`.
+#[idem::idempotent(key = "order.key", scope = "replay", lease = "30s", replay)]
+pub(crate) async fn huge_leased<DB: TestDb>(
+    lease: &idem::Lease,
+    order: &Order,
+    pool: &Pool<DB>,
+    ran: &AtomicUsize,
+) -> Result<String, TestError> {
+    assert_eq!(lease.key(), order.key);
+    lease_body(pool, order, ran, None).await?;
+    Ok("x".repeat(idem::MAX_REPLAY_LEN + 1))
+}
+
+/// Calls the outside system, then fails: the key is released, its marker stays `in_progress`.
+#[idem::idempotent(
+    key = "order.key",
+    scope = "replay",
+    lease = "30s",
+    replay,
+    fingerprint = "order.payload"
+)]
+pub(crate) async fn failing_leased<DB: TestDb>(
+    lease: &idem::Lease,
+    order: &Order,
+    pool: &Pool<DB>,
+    ran: &AtomicUsize,
+) -> Result<Minted, TestError> {
+    assert_eq!(lease.key(), order.key);
+    lease_body(pool, order, ran, None).await?;
+    Err(TestError::Refused)
 }
 
 #[idem::idempotent(

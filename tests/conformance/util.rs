@@ -124,3 +124,13 @@ pub(crate) fn db_code(err: &sqlx::Error) -> Option<String> {
         .and_then(|e| e.code())
         .map(|c| c.into_owned())
 }
+
+/// The backend's short name (`postgres`, `mysql`, `sqlite`), for SQL that differs per database.
+pub(crate) fn backend<DB: sqlx::Database>() -> &'static str {
+    match DB::NAME {
+        "PostgreSQL" => "postgres",
+        "MySQL" => "mysql",
+        "SQLite" => "sqlite",
+        other => panic!("no conformance support for {other}"),
+    }
+}

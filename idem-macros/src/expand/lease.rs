@@ -71,12 +71,11 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
             };
             // The body borrows the lease while `run` holds it too; both only read it.
             let #lease_ref = &#lease;
-            let #result = #lease
-                .run(async move {
-                    #body
-                    #body_var
-                })
-                .await;
+            let #result = #private::lease_run(&#lease, async move {
+                #body
+                #body_var
+            })
+            .await;
             #finish.await
         })
         .await;

@@ -1,16 +1,18 @@
 use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, SqlStr, Transaction};
 
-use super::{Backend, LeaseOp, Sql, Statements, sealed};
+use super::sealed::Dialect;
+use super::{
+    Backend, Check, Claimant, Found, Hold, LeaseOp, LeaseState, MarkerRow, Statements, Table,
+    Templates,
+};
 use crate::ClaimOptions;
-use crate::Recorded;
-use crate::lease::LeaseState;
 
 /// `in_failed_sql_transaction`: a statement after one that failed.
 const IN_FAILED_TRANSACTION: &str = "25P02";
 /// `lock_not_available`: `lock_timeout` ran out.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
-impl sealed::Sealed for Postgres {}
+impl Backend for Postgres {}
 
 // `key` and `scope` are not reserved words in PostgreSQL. The partial index serves purges of
 // completed markers by age without touching in-flight ones.
@@ -39,10 +41,14 @@ const MARKER_COLUMNS: &str = "scope, key, state, attempts::bigint, token, \
     to_char(locked_until AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
     (EXTRACT(EPOCH FROM (locked_until - now())) * 1000)::bigint";
 
-impl Backend for Postgres {
+/// Whether a lease is over, on the clock of the statement (not of the transaction, which may be
+/// a caller's, begun long before).
+const LEASE_OVER: &str = "(locked_until IS NULL OR locked_until <= statement_timestamp())";
+
+impl Dialect for Postgres {
     const BACKEND: &'static str = "postgres";
 
-    fn sql(table: &str) -> Sql {
+    fn statements(table: &Table) -> Statements {
         let inspect = format!("SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = $1 AND key = $2");
         let in_progress = format!(
             "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = $1 AND state = 'in_progress' ORDER BY locked_until NULLS FIRST LIMIT $2"
@@ -50,20 +56,44 @@ impl Backend for Postgres {
         let in_progress_all = format!(
             "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE state = 'in_progress' ORDER BY locked_until NULLS FIRST, scope LIMIT $1"
         );
-        Sql::new(
-            table,
-            Statements {
+        let marker = format!(
+            "SELECT state, {LEASE_OVER}::int::int8, fingerprint, result::text FROM {{t}} \
+             WHERE scope = $1 AND key = $2"
+        );
+        // A free lease becomes this transaction's completed marker; its old holder's token no
+        // longer matches, so it can neither complete nor renew. Another payload never takes
+        // over.
+        let take_over = format!(
+            "UPDATE {{t}} SET state = 'completed', completed_at = now(), locked_until = NULL, \
+             token = COALESCE(token, 0) + 1, attempts = attempts + 1, result = NULL, \
+             fingerprint = COALESCE(fingerprint, $3) \
+             WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND {LEASE_OVER} \
+             AND (fingerprint IS NULL OR $3::bytea IS NULL OR fingerprint = $3)"
+        );
+        let batch_markers = format!(
+            "SELECT key, state, {LEASE_OVER}::int::int8 FROM {{t}} \
+             WHERE scope = $1 AND key = ANY($2::text[])"
+        );
+        let take_over_batch = format!(
+            "UPDATE {{t}} SET state = 'completed', completed_at = now(), locked_until = NULL, \
+             token = COALESCE(token, 0) + 1, attempts = attempts + 1, result = NULL \
+             WHERE scope = $1 AND key = ANY($2::text[]) AND state = 'in_progress' \
+             AND {LEASE_OVER} RETURNING key"
+        );
+        Templates {
                 begin: "BEGIN",
                 claim: "INSERT INTO {t} (scope, key, fingerprint, completed_at) \
                         VALUES ($1, $2, $3, now()) ON CONFLICT DO NOTHING",
+                marker: &marker,
+                take_over: &take_over,
+                batch_markers: &batch_markers,
+                take_over_batch: &take_over_batch,
                 // One statement for the whole batch: the keys travel as one array, so no bind
                 // limit applies, and `ORDER BY k` makes every batch take its row locks in the
                 // same order, so that two overlapping batches queue instead of deadlocking.
                 claim_batch: "INSERT INTO {t} (scope, key, completed_at) \
                               SELECT $1, k, now() FROM unnest($2::text[]) AS u(k) ORDER BY k \
                               ON CONFLICT DO NOTHING RETURNING key",
-                recorded: "SELECT fingerprint, result::text FROM {t} \
-                           WHERE scope = $1 AND key = $2",
                 record: "UPDATE {t} SET result = $3::json WHERE scope = $1 AND key = $2",
                 forget: "DELETE FROM {t} WHERE scope = $1 AND key = $2",
                 inspect: &inspect,
@@ -92,8 +122,7 @@ impl Backend for Postgres {
                               OR m.fingerprint = EXCLUDED.fingerprint) \
                               RETURNING token, attempts::bigint",
                 lease_takeover: "",
-                lease_state: "SELECT state, fingerprint, result::text FROM {t} \
-                              WHERE scope = $1 AND key = $2",
+                lease_state: "",
                 lease_complete: "UPDATE {t} SET state = 'completed', completed_at = now(), \
                                  locked_until = NULL, result = $4::json \
                                  WHERE scope = $1 AND key = $2 \
@@ -104,13 +133,13 @@ impl Backend for Postgres {
                               WHERE scope = $1 AND key = $2 AND token = $3 \
                               AND state = 'in_progress'",
                 ddl: DDL,
-            },
-        )
+        }
+        .fill(table)
     }
 
-    fn begin_sql(sql: &Sql, options: &ClaimOptions) -> SqlStr {
+    fn begin_sql(st: &Statements, options: &ClaimOptions) -> SqlStr {
         if options.is_default() {
-            return sql.begin.clone();
+            return st.begin.clone();
         }
         // One simple-query message: `SET LOCAL` lasts until the end of this transaction, so
         // nothing leaks to the pooled connection's next user.
@@ -130,7 +159,7 @@ impl Backend for Postgres {
 
     async fn commit<'a>(
         mut tx: Transaction<'a, Self>,
-        _: &'a Sql,
+        _: Check<'a>,
         _: &'a ClaimOptions,
     ) -> Result<bool, sqlx::Error> {
         // PostgreSQL answers `COMMIT` of an aborted transaction with a silent `ROLLBACK`, and
@@ -150,41 +179,20 @@ impl Backend for Postgres {
         }
     }
 
-    async fn rollback<'a>(
-        tx: Transaction<'a, Self>,
-        _: &'a ClaimOptions,
-    ) -> Result<(), sqlx::Error> {
-        tx.rollback().await
-    }
-
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
         database_code(err).as_deref() == Some(LOCK_NOT_AVAILABLE)
     }
 
-    super::claim_on_conflict!();
-    super::read_recorded!();
-
-    async fn try_claim_batch<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t Sql,
-        scope: &'t str,
-        keys: &'t [&'t str],
-    ) -> Result<Vec<String>, sqlx::Error> {
-        sqlx::query_scalar(sql.claim_batch.clone())
-            .bind(scope)
-            .bind(keys)
-            .fetch_all(&mut *conn)
-            .await
-    }
-    super::lease_claim_on_conflict!();
-    super::lease_update_numbered!();
+    super::shared::claim_on_conflict!();
+    super::shared::batch_one_bind!(|keys| keys);
+    super::shared::lease_on_conflict!();
 
     fn is_transient(err: &sqlx::Error) -> bool {
         // serialization_failure (REPEATABLE READ / SERIALIZABLE) and deadlock_detected.
         matches!(database_code(err).as_deref(), Some("40001" | "40P01"))
     }
 
-    async fn migrate<'p>(pool: &'p Pool<Self>, sql: &'p Sql) -> Result<(), sqlx::Error> {
+    async fn migrate<'p>(pool: &'p Pool<Self>, st: &'p Statements) -> Result<(), sqlx::Error> {
         // Concurrent `CREATE TABLE IF NOT EXISTS` can still fail on the catalog's unique
         // index; a transaction-scoped advisory lock makes the workers take turns.
         let mut tx = pool.begin().await?;
@@ -194,16 +202,16 @@ impl Backend for Postgres {
             .execute(&mut *tx)
             .await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idem.migrate.' || $1))")
-            .bind(&sql.table)
+            .bind(st.table.as_str())
             .execute(&mut *tx)
             .await?;
-        for stmt in &sql.ddl {
+        for stmt in &st.ddl {
             sqlx::query(stmt.clone()).execute(&mut *tx).await?;
         }
         tx.commit().await
     }
 
-    super::pool_statements!();
+    super::shared::pool_statements!();
 }
 
 fn database_code(err: &sqlx::Error) -> Option<String> {

@@ -1,14 +1,16 @@
 use sqlx::{AssertSqlSafe, Pool, SqlSafeStr as _, SqlStr, Sqlite, Transaction};
 
-use super::{Backend, LeaseOp, Sql, Statements, sealed};
+use super::sealed::Dialect;
+use super::{
+    Backend, Check, Claimant, Found, Hold, LeaseOp, LeaseState, MarkerRow, Statements, Table,
+    Templates,
+};
 use crate::ClaimOptions;
-use crate::Recorded;
-use crate::lease::LeaseState;
 
 /// `SQLITE_BUSY`: the busy timeout ran out waiting for the write lock.
 const SQLITE_BUSY: &str = "5";
 
-impl sealed::Sealed for Sqlite {}
+impl Backend for Sqlite {}
 
 // Text compares with the BINARY collation, so keys differing in case or trailing spaces stay
 // distinct. Times are ISO-8601 UTC text, SQLite's own convention.
@@ -34,10 +36,14 @@ const DDL: &[&str] = &[
 const MARKER_COLUMNS: &str = "scope, key, state, attempts, token, created_at, completed_at, \
     locked_until, CAST((julianday(locked_until) - julianday('now')) * 86400000.0 AS INTEGER)";
 
-impl Backend for Sqlite {
+/// Whether a lease is over: ISO-8601 text compares in time order.
+const LEASE_OVER: &str =
+    "(locked_until IS NULL OR locked_until <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))";
+
+impl Dialect for Sqlite {
     const BACKEND: &'static str = "sqlite";
 
-    fn sql(table: &str) -> Sql {
+    fn statements(table: &Table) -> Statements {
         let inspect = format!("SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = ?1 AND key = ?2");
         let in_progress = format!(
             "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = ?1 AND state = 'in_progress' ORDER BY locked_until IS NOT NULL, locked_until LIMIT ?2"
@@ -45,9 +51,35 @@ impl Backend for Sqlite {
         let in_progress_all = format!(
             "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE state = 'in_progress' ORDER BY locked_until IS NOT NULL, locked_until, scope LIMIT ?1"
         );
-        Sql::new(
-            table,
-            Statements {
+        let marker = format!(
+            "SELECT state, {LEASE_OVER}, fingerprint, result FROM {{t}} \
+             WHERE scope = ?1 AND key = ?2"
+        );
+        // As on PostgreSQL: a free lease becomes this transaction's completed marker.
+        let take_over = format!(
+            "UPDATE {{t}} SET state = 'completed', \
+             completed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), locked_until = NULL, \
+             token = COALESCE(token, 0) + 1, attempts = attempts + 1, result = NULL, \
+             fingerprint = COALESCE(fingerprint, ?3) \
+             WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND {LEASE_OVER} \
+             AND (fingerprint IS NULL OR ?3 IS NULL OR fingerprint = ?3)"
+        );
+        let batch_markers = format!(
+            "SELECT key, state, {LEASE_OVER} FROM {{t}} \
+             WHERE scope = ?1 AND key IN (SELECT value FROM json_each(?2))"
+        );
+        let take_over_batch = format!(
+            "UPDATE {{t}} SET state = 'completed', \
+             completed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), locked_until = NULL, \
+             token = COALESCE(token, 0) + 1, attempts = attempts + 1, result = NULL \
+             WHERE scope = ?1 AND key IN (SELECT value FROM json_each(?2)) \
+             AND state = 'in_progress' AND {LEASE_OVER} RETURNING key"
+        );
+        Templates {
+                marker: &marker,
+                take_over: &take_over,
+                batch_markers: &batch_markers,
+                take_over_batch: &take_over_batch,
                 // A deferred transaction that reads first and writes later can deadlock with
                 // another one on the lock upgrade; IMMEDIATE takes the write lock up front,
                 // and the connection's busy timeout decides how long a second writer waits.
@@ -63,7 +95,6 @@ impl Backend for Sqlite {
                               SELECT ?1, value, strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
                               FROM json_each(?2) WHERE true \
                               ON CONFLICT DO NOTHING RETURNING key",
-                recorded: "SELECT fingerprint, result FROM {t} WHERE scope = ?1 AND key = ?2",
                 record: "UPDATE {t} SET result = ?3 WHERE scope = ?1 AND key = ?2",
                 forget: "DELETE FROM {t} WHERE scope = ?1 AND key = ?2",
                 inspect: &inspect,
@@ -90,8 +121,7 @@ impl Backend for Sqlite {
                               OR m.fingerprint = excluded.fingerprint) \
                               RETURNING token, attempts",
                 lease_takeover: "",
-                lease_state: "SELECT state, fingerprint, result FROM {t} \
-                              WHERE scope = ?1 AND key = ?2",
+                lease_state: "",
                 lease_complete: "UPDATE {t} SET state = 'completed', \
                                  completed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), \
                                  locked_until = NULL, result = ?4 \
@@ -104,16 +134,16 @@ impl Backend for Sqlite {
                               WHERE scope = ?1 AND key = ?2 AND token = ?3 \
                               AND state = 'in_progress'",
                 ddl: DDL,
-            },
-        )
+        }
+        .fill(table)
     }
 
-    fn begin_sql(sql: &Sql, options: &ClaimOptions) -> SqlStr {
+    fn begin_sql(st: &Statements, options: &ClaimOptions) -> SqlStr {
         // SQLite's transactions are always serializable, so `isolation` changes nothing. The
         // only lock a claim waits for is the database's write lock, for the connection's busy
         // timeout: `wait` sets that (it stays set on the pooled connection).
         match options.wait {
-            None => sql.begin.clone(),
+            None => st.begin.clone(),
             Some(wait) => AssertSqlSafe(format!(
                 "PRAGMA busy_timeout = {}; BEGIN IMMEDIATE",
                 super::millis(wait)
@@ -124,7 +154,7 @@ impl Backend for Sqlite {
 
     async fn commit<'a>(
         mut tx: Transaction<'a, Self>,
-        _: &'a Sql,
+        _: Check<'a>,
         _: &'a ClaimOptions,
     ) -> Result<bool, sqlx::Error> {
         // A statement that rolled the whole transaction back (`INSERT OR ROLLBACK`, a full
@@ -142,37 +172,16 @@ impl Backend for Sqlite {
         }
     }
 
-    async fn rollback<'a>(
-        tx: Transaction<'a, Self>,
-        _: &'a ClaimOptions,
-    ) -> Result<(), sqlx::Error> {
-        tx.rollback().await
-    }
-
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
         err.as_database_error()
             .and_then(|e| e.code())
             .is_some_and(|c| c == SQLITE_BUSY)
     }
 
-    super::claim_on_conflict!();
-    super::read_recorded!();
-
-    async fn try_claim_batch<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t Sql,
-        scope: &'t str,
-        keys: &'t [&'t str],
-    ) -> Result<Vec<String>, sqlx::Error> {
-        let keys = serde_json::to_string(keys).expect("strings always serialise");
-        sqlx::query_scalar(sql.claim_batch.clone())
-            .bind(scope)
-            .bind(keys)
-            .fetch_all(&mut *conn)
-            .await
-    }
-    super::lease_claim_on_conflict!();
-    super::lease_update_numbered!();
+    super::shared::claim_on_conflict!();
+    super::shared::batch_one_bind!(|keys| serde_json::to_string(keys)
+        .expect("strings always serialise"));
+    super::shared::lease_on_conflict!();
 
     fn is_transient(_: &sqlx::Error) -> bool {
         // Writers are serialised by the write lock taken at BEGIN IMMEDIATE; a busy timeout
@@ -180,13 +189,13 @@ impl Backend for Sqlite {
         false
     }
 
-    async fn migrate<'p>(pool: &'p Pool<Self>, sql: &'p Sql) -> Result<(), sqlx::Error> {
-        let mut tx = pool.begin_with(sql.begin.clone()).await?;
-        for stmt in &sql.ddl {
+    async fn migrate<'p>(pool: &'p Pool<Self>, st: &'p Statements) -> Result<(), sqlx::Error> {
+        let mut tx = pool.begin_with(st.begin.clone()).await?;
+        for stmt in &st.ddl {
             sqlx::query(stmt.clone()).execute(&mut *tx).await?;
         }
         tx.commit().await
     }
 
-    super::pool_statements!();
+    super::shared::pool_statements!();
 }

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use crate::__private::Failed;
-use crate::{Error, Lease, Outcome};
+pub(crate) use crate::options::Mode;
+use crate::{Error, Failed, Outcome};
 
 tokio::task_local! {
     static PROBE: Arc<Probe>;
@@ -29,13 +29,6 @@ pub(crate) enum Fault {
     /// Lease mode: right after the claim, expire the lease in the database, then wait until the
     /// kit lets the delivery go on.
     ExpireAfterClaim,
-}
-
-/// How the delivery claimed its key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    Transaction,
-    Lease,
 }
 
 /// The kind of idem error a delivery ended with, read before it became the handler's `E`.
@@ -181,7 +174,7 @@ pub(crate) fn lease_answered() {
 /// in the database (as if this holder had stalled past it) and the delivery waits for the
 /// kit; when it goes on, its own clock gets a full lease again, so that its body runs as a
 /// holder that believes its lease still holds (a paused process, a jumped clock) would run it.
-pub(crate) async fn lease_taken(lease: &Lease) -> Result<(), Error> {
+pub(crate) async fn lease_taken(lease: &dyn Held) -> Result<(), Error> {
     let Some(probe) = current() else {
         return Ok(());
     };
@@ -195,6 +188,16 @@ pub(crate) async fn lease_taken(lease: &Lease) -> Result<(), Error> {
     drop(rx.wait_for(|p| *p == Pause::Resumed).await);
     lease.reset_deadline(Instant::now());
     Ok(())
+}
+
+/// What the hooks need of a lease that a delivery holds, so that they know no mode.
+pub(crate) trait Held: Sync {
+    /// Which delivery holds the key (1 for the first).
+    fn attempt(&self) -> u32;
+    /// Expires the lease in the database now, as if its holder had stalled past it.
+    fn expire_now(&self) -> crate::BoxFuture<'_, Result<bool, sqlx::Error>>;
+    /// Gives the holder's clock a full lease from `now` (not the database's).
+    fn reset_deadline(&self, now: Instant);
 }
 
 /// Right before a commit (or a savepoint's release, or a lease's completing statement): waits

@@ -232,9 +232,9 @@ pub(crate) async fn lease_released_attempt_keeps_its_fingerprint<S: Support>() {
     let order = Order::new("job-lease-fp-failed", 86, 8, &ctx.effects);
     let other = order.with_amount(9);
     let ran = AtomicUsize::new(0);
-    match refusing_leased(&ctx.store, &order, &ctx.pool, &ran).await {
-        Err(TestError::Idem(idem::Error::Serialize(_))) => {}
-        result => panic!("expected Error::Serialize, got {result:?}"),
+    match failing_leased(&ctx.store, &order, &ctx.pool, &ran).await {
+        Err(TestError::Refused) => {}
+        result => panic!("expected the body's error, got {result:?}"),
     }
     assert_eq!((ctx.markers().await, completed(&ctx).await), (1, 0));
     is_key_reused(

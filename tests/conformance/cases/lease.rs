@@ -28,7 +28,7 @@ pub(crate) const CHARGES_COLUMNS: &str =
 /// order; `'now'` is fixed for one statement). The worker binds only the lease's length in
 /// milliseconds, never a time of its own.
 pub(crate) fn db_now<S: Support>() -> &'static str {
-    match <S::Db as idem::Backend>::BACKEND {
+    match crate::conformance::util::backend::<S::Db>() {
         "postgres" => "now()",
         "mysql" => "UTC_TIMESTAMP(6)",
         "sqlite" => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
@@ -38,7 +38,7 @@ pub(crate) fn db_now<S: Support>() -> &'static str {
 
 /// The database's now plus `ms` (which may be negative), in the marker table's time format.
 pub(crate) fn db_now_plus<S: Support>(ms: i64) -> String {
-    match <S::Db as idem::Backend>::BACKEND {
+    match crate::conformance::util::backend::<S::Db>() {
         "postgres" => format!("(now() + interval '{ms} milliseconds')"),
         "mysql" => format!("(UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND)", ms * 1000),
         "sqlite" => format!(
@@ -53,7 +53,7 @@ pub(crate) fn db_now_plus<S: Support>(ms: i64) -> String {
 
 /// Milliseconds from the database's now to `locked_until` (negative once expired).
 fn ms_left_sql<S: Support>() -> &'static str {
-    match <S::Db as idem::Backend>::BACKEND {
+    match crate::conformance::util::backend::<S::Db>() {
         "postgres" => "CAST(EXTRACT(EPOCH FROM (locked_until - now())) * 1000 AS BIGINT)",
         "mysql" => {
             "CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), locked_until) DIV 1000 \
@@ -326,8 +326,8 @@ async fn race_an_expired_lease<S: Support>(ctx: &Ctx<S>, k: &str, park: bool) ->
     let provider = Arc::new(Provider::<S::Db>::in_memory());
     let hold = Arc::new(Hold::default());
     let job = ctx.job(k, 32, 3200);
-    // A holder that claimed for 1 ms and never finished: its lease runs out on the database.
-    let stale = claim_by_hand(ctx, &job.key, Duration::from_millis(1)).await;
+    // A holder that claimed for the shortest lease (1 s) and never finished: its lease runs out on the database.
+    let stale = claim_by_hand(ctx, &job.key, idem::MIN_LEASE).await;
     assert_eq!((stale.token(), stale.attempt()), (1, 1));
     let polls = ctx.until_lease_expired(&job.key).await;
     println!("{k}: expired after {polls} polls of the database");
@@ -466,11 +466,11 @@ pub(crate) async fn lease_claims_use_the_database_clock<S: Support>() {
     assert_eq!(ctx.marker_value("order-8a", &bounded).await, 1);
     applied_by_hand(held.finish::<(), TestError>(Ok(())).await);
 
-    // 2. A lease claimed for 1 ms, expired on the database, then moved ten years ahead by
-    // SQL: the worker's 1 ms is long over, yet a delivery is refused: only the row's
+    // 2. A lease claimed for the shortest lease (1 s), expired on the database, then moved ten years ahead by
+    // SQL: the worker's 1 s is long over, yet a delivery is refused: only the row's
     // `locked_until` against the database's now decides.
     let job = ctx.job("order-8b", 8, 800);
-    let short = claim_by_hand(&ctx, &job.key, Duration::from_millis(1)).await;
+    let short = claim_by_hand(&ctx, &job.key, idem::MIN_LEASE).await;
     ctx.until_lease_expired(&job.key).await;
     ctx.set_locked_until(&job.key, &db_now_plus::<S>(10 * 365 * 86_400_000))
         .await;
@@ -486,7 +486,7 @@ pub(crate) async fn lease_claims_use_the_database_clock<S: Support>() {
     let seen = applied_seen(charge(&ctx.store, &job, &provider, How::Pay).await);
     assert_eq!((seen.token, seen.attempt), (2, 2));
     lease_lost(long.finish::<(), TestError>(Ok(())).await);
-    // The 1 ms holder still holds its token: its error releases the key.
+    // The short holder still holds its token: its error releases the key.
     match short.finish::<(), TestError>(Err(TestError::Refused)).await {
         Err(TestError::Refused) => {}
         other => panic!("expected the holder's own error, got {other:?}"),
@@ -569,7 +569,7 @@ pub(crate) async fn lease_panicking_body_releases_the_key<S: Support>() {
 /// The statement that moves a session to UTC+05:00, and the query that reads the session's
 /// zone; `None` where the database has no session time zone (SQLite's `'now'` is UTC).
 fn another_time_zone<S: Support>() -> Option<(&'static str, &'static str)> {
-    match <S::Db as idem::Backend>::BACKEND {
+    match crate::conformance::util::backend::<S::Db>() {
         // POSIX zone names count west-positive: `UTC-5` is five hours east of Greenwich.
         "postgres" => Some((
             "SET TIME ZONE 'UTC-5'",

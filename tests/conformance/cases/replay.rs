@@ -56,7 +56,7 @@ pub(crate) async fn by_hand<S: Support, T: Serialize + DeserializeOwned>(
 pub(crate) async fn stored_result<S: Support>(ctx: &Ctx<S>, key: &str) -> Option<String> {
     let text = dialect::<S::Db>().result_text;
     // A prefix tells SQL NULL from a stored JSON `null` in a column of strings.
-    let tagged = if <S::Db as idem::Backend>::BACKEND == "mysql" {
+    let tagged = if crate::conformance::util::backend::<S::Db>() == "mysql" {
         format!("CONCAT('JSON', {text})")
     } else {
         format!("'JSON' || {text}")
@@ -111,7 +111,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// `JSON` stores a parsed document and prints it its own way (spaces, key order), so there the
 /// stored JSON is compared as a JSON value.
 async fn keeps_json_text<S: Support>(ctx: &Ctx<S>) -> bool {
-    match <S::Db as idem::Backend>::BACKEND {
+    match crate::conformance::util::backend::<S::Db>() {
         "sqlite" | "postgres" => true,
         "mysql" => {
             ctx.scalar("SELECT CAST(VERSION() LIKE '%MariaDB%' AS SIGNED)")
@@ -412,40 +412,17 @@ pub(crate) async fn lease_stored_json_null_is_replayed_not_duplicate<S: Support>
 /// is `Error::Serialize`: no completed marker, no stored value, and in transaction mode no
 /// effect (lease mode's effect is outside, done before the value exists). The next delivery
 /// of a value that serialises applies, and is replayed.
-async fn unserialisable_value_commits_nothing<S: Support>(mode: Mode, tag: &str, id: i64) {
+async fn unserialisable_value_commits_nothing<S: Support>(tag: &str, id: i64) {
     let ctx = Ctx::<S>::new(tag, 2).await;
     let order = Order::new(&format!("job-{tag}"), id, 7, &ctx.effects);
     let ran = AtomicUsize::new(0);
-    let map = |entries| {
-        let (ctx, order, ran) = (&ctx, &order, &ran);
-        async move {
-            match mode {
-                Mode::Transaction => tuple_map(&ctx.store, order, ran, entries).await,
-                Mode::Lease => tuple_map_leased(&ctx.store, order, &ctx.pool, ran, entries).await,
-            }
-        }
-    };
+    let map = |entries| tuple_map(&ctx.store, &order, &ran, entries);
     is_serialize_error(map(3).await);
-    let refused = match mode {
-        Mode::Transaction => refusing(&ctx.store, &order, &ran).await,
-        Mode::Lease => refusing_leased(&ctx.store, &order, &ctx.pool, &ran).await,
-    };
-    is_serialize_error(refused);
+    is_serialize_error(refusing(&ctx.store, &order, &ran).await);
     assert_eq!(ran.load(Ordering::SeqCst), 2, "bodies run");
     assert_eq!(completed(&ctx).await, 0, "a completed marker");
-    match mode {
-        Mode::Transaction => {
-            assert_eq!(ctx.markers().await, 0);
-            assert_eq!(ctx.effects_total().await, 0, "an effect was committed");
-        }
-        Mode::Lease => {
-            // The released `in_progress` marker stays, without a value; the two outside
-            // calls happened.
-            assert_eq!(ctx.markers().await, 1);
-            assert_eq!(stored_result(&ctx, &order.key).await, None);
-            assert_eq!(ctx.effects_total().await, 2);
-        }
-    }
+    assert_eq!(ctx.markers().await, 0);
+    assert_eq!(ctx.effects_total().await, 0, "an effect was committed");
     assert!(applied_value(map(0).await).is_empty());
     assert!(replayed_value(map(0).await).is_empty());
     assert!(
@@ -459,13 +436,42 @@ async fn unserialisable_value_commits_nothing<S: Support>(mode: Mode, tag: &str,
 }
 
 pub(crate) async fn unserialisable_value_commits_nothing_and_next_delivery_applies<S: Support>() {
-    unserialisable_value_commits_nothing::<S>(Mode::Transaction, "replayser", 67).await;
+    unserialisable_value_commits_nothing::<S>("replayser", 67).await;
 }
 
-pub(crate) async fn lease_unserialisable_value_completes_nothing_and_next_delivery_applies<
-    S: Support,
->() {
-    unserialisable_value_commits_nothing::<S>(Mode::Lease, "leasereplayser", 68).await;
+fn is_value_not_stored<T: std::fmt::Debug>(result: Result<Outcome<T>, TestError>, key: &str) {
+    match result {
+        Err(TestError::Idem(idem::Error::ValueNotStored { key: k, reason, .. })) => {
+            assert_eq!(k, key);
+            assert!(!reason.is_empty());
+        }
+        other => panic!("expected Error::ValueNotStored, got {other:?}"),
+    }
+}
+
+/// Lease mode: the outside call happened before the value turned out not to be storable (a
+/// map with non-string keys, a value over `MAX_REPLAY_LEN`). The marker completes without a
+/// value and the caller is told (`ValueNotStored`); every later delivery is a duplicate, so
+/// the outside call is never repeated.
+pub(crate) async fn lease_unstorable_value_completes_without_it<S: Support>() {
+    let ctx = Ctx::<S>::new("leasereplayser", 2).await;
+    let ran = AtomicUsize::new(0);
+    let order = Order::new("job-leasereplayser", 68, 7, &ctx.effects);
+    let map = |entries| tuple_map_leased(&ctx.store, &order, &ctx.pool, &ran, entries);
+    is_value_not_stored(map(3).await, &order.key);
+    for _ in 0..3 {
+        is_duplicate(map(0).await);
+    }
+    let big = Order::new("job-leasereplaybig", 73, 7, &ctx.effects);
+    let huge = || huge_leased(&ctx.store, &big, &ctx.pool, &ran);
+    is_value_not_stored(huge().await, &big.key);
+    is_duplicate(huge().await);
+    assert_eq!(ran.load(Ordering::SeqCst), 2, "outside calls");
+    assert_eq!(ctx.effects_total().await, 2);
+    assert_eq!((ctx.markers().await, completed(&ctx).await), (2, 2));
+    assert_eq!(stored_result(&ctx, &order.key).await, None);
+    assert_eq!(stored_result(&ctx, &big.key).await, None);
+    ctx.cleanup().await;
 }
 
 /// A marker committed by the handler before `replay` (and `fingerprint`) were added, same
@@ -499,7 +505,8 @@ pub(crate) async fn lease_marker_from_before_replay_is_a_plain_duplicate<S: Supp
 }
 
 /// A stored value that no longer reads as the handler's type (the return type changed
-/// between deploys) is `Error::Serialize`, not a panic, and nothing runs.
+/// between deploys) is a plain duplicate: the job was applied, nothing runs, and the delivery
+/// is acked rather than nacked forever.
 async fn stale_stored_value<S: Support>(mode: Mode, tag: &str, id: i64) {
     let ctx = Ctx::<S>::new(tag, 2).await;
     let order = Order::new(&format!("job-{tag}"), id, 11, &ctx.effects);
@@ -510,7 +517,7 @@ async fn stale_stored_value<S: Support>(mode: Mode, tag: &str, id: i64) {
             Mode::Transaction => mint_as_number(&ctx.store, &order, &ran).await,
             Mode::Lease => mint_as_number_leased(&ctx.store, &order, &ctx.pool, &ran).await,
         };
-        is_serialize_error(again);
+        is_duplicate(again);
     }
     assert_eq!(ran.load(Ordering::SeqCst), 1, "bodies run");
     // The value is still there for the type that stored it.
@@ -523,11 +530,11 @@ async fn stale_stored_value<S: Support>(mode: Mode, tag: &str, id: i64) {
     ctx.cleanup().await;
 }
 
-pub(crate) async fn stored_value_of_another_type_is_a_serialize_error<S: Support>() {
+pub(crate) async fn stored_value_of_another_type_is_a_duplicate<S: Support>() {
     stale_stored_value::<S>(Mode::Transaction, "replaystale", 71).await;
 }
 
-pub(crate) async fn lease_stored_value_of_another_type_is_a_serialize_error<S: Support>() {
+pub(crate) async fn lease_stored_value_of_another_type_is_a_duplicate<S: Support>() {
     stale_stored_value::<S>(Mode::Lease, "leasereplaystale", 72).await;
 }
 

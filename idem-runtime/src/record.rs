@@ -1,4 +1,5 @@
-//! `replay` and `fingerprint`: what a marker remembers of the delivery that made it.
+//! What a marker records of the delivery that made it: the payload's fingerprint, and the
+//! value to replay.
 //!
 //! With `replay`, the handler's `Ok` value is stored with the marker (JSON, in the same
 //! transaction in transaction mode, in the completing statement in lease mode) and a later
@@ -95,7 +96,9 @@ fn write_canonical(value: &Value, out: &mut String) {
 /// `json` up to 1 GB, MySQL `JSON` up to `max_allowed_packet`, 16 to 64 MB by default, SQLite
 /// `TEXT` up to 1 GB), but a marker table of large values makes every purge and backup slow,
 /// and a value over a server's packet limit would fail on every redelivery. A larger value is
-/// [`Error::Serialize`] and nothing is committed.
+/// refused as soon as its JSON passes the limit, before the rest of it is built: in transaction
+/// mode with [`Error::Serialize`] (the transaction is rolled back), in lease mode with
+/// [`Error::ValueNotStored`] (the outside call happened: the marker completes without a value).
 pub const MAX_REPLAY_LEN: usize = 1 << 20;
 
 /// What a marker recorded, read by a delivery that found it already taken.
@@ -131,35 +134,73 @@ impl Recorded {
     }
 
     /// The stored value as `T`: `None` if nothing was stored (a marker from before `replay`
-    /// was added replays as a plain duplicate).
+    /// was added replays as a plain duplicate). A stored value that no longer reads as `T`
+    /// (the type changed since) is [`Error::Serialize`]; the job itself was applied.
     pub fn decode<T: DeserializeOwned>(&self) -> Result<Option<T>, Error> {
         self.result
             .as_deref()
-            .map(|json| serde_json::from_str(json).map_err(serialize_error))
+            .map(|json| {
+                decode(json).map_err(|e| {
+                    Error::Serialize(format!(
+                        "the value an earlier delivery stored for `replay` no longer reads as \
+                         the handler's type: {e}; the job was applied by that delivery (ack \
+                         it), only its value is lost"
+                    ))
+                })
+            })
             .transpose()
     }
 }
 
 /// A stored value read back as `T`.
-pub(crate) fn decode<T: DeserializeOwned>(json: &str) -> Result<T, Error> {
-    serde_json::from_str(json).map_err(serialize_error)
+pub(crate) fn decode<T: DeserializeOwned>(json: &str) -> Result<T, serde_json::Error> {
+    serde_json::from_str(json)
 }
 
-/// The JSON a replayed value is stored as.
-pub(crate) fn encode<T: Serialize>(value: &T) -> Result<String, Error> {
-    let json = serde_json::to_string(value).map_err(serialize_error)?;
-    if json.len() > MAX_REPLAY_LEN {
-        return Err(Error::Serialize(format!(
-            "the value to replay is {} bytes of JSON, more than the {MAX_REPLAY_LEN} a marker \
-             keeps: replay a receipt (ids, totals), not a document",
-            json.len()
-        )));
+/// Why a value could not be stored for `replay`.
+#[derive(Debug)]
+pub(crate) struct NotStorable(pub(crate) String);
+
+/// The JSON a replayed value is stored as; written into a buffer that refuses to grow past
+/// [`MAX_REPLAY_LEN`], so an oversized value stops serialising there.
+pub(crate) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<String, NotStorable> {
+    let mut out = Bounded(Vec::new());
+    if let Err(e) = serde_json::to_writer(&mut out, value) {
+        return Err(NotStorable(if e.is_io() {
+            format!(
+                "its JSON is more than the {MAX_REPLAY_LEN} bytes a marker keeps: replay a \
+                 receipt (ids, totals), not a document"
+            )
+        } else {
+            format!("it cannot be serialised as JSON: {e}")
+        }));
     }
-    Ok(json)
+    // serde_json writes UTF-8 only.
+    Ok(String::from_utf8(out.0).expect("serde_json writes UTF-8"))
+}
+
+/// A writer that fails once more than [`MAX_REPLAY_LEN`] bytes were written.
+struct Bounded(Vec<u8>);
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_REPLAY_LEN {
+            return Err(std::io::Error::other("over MAX_REPLAY_LEN"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn serialize_error(err: serde_json::Error) -> Error {
-    Error::Serialize(err.to_string())
+    Error::Serialize(format!(
+        "the `fingerprint` expression cannot be serialised as JSON: {err}; nothing was \
+         written (fix its `Serialize`, or point `fingerprint` at fields that serialise)"
+    ))
 }
 
 #[cfg(test)]
@@ -188,10 +229,16 @@ mod tests {
     #[test]
     fn a_value_over_the_replay_limit_is_refused() {
         assert!(encode(&"x".repeat(MAX_REPLAY_LEN - 2)).is_ok());
-        match encode(&"x".repeat(MAX_REPLAY_LEN - 1)) {
-            Err(Error::Serialize(msg)) => assert!(msg.contains("1048577 bytes"), "{msg}"),
-            other => panic!("expected Serialize, got {other:?}"),
+        let refused = encode(&"x".repeat(MAX_REPLAY_LEN - 1)).unwrap_err();
+        assert!(refused.0.contains("more than the 1048576 bytes"), "{refused:?}");
+        // An endless sequence is cut at the limit instead of filling memory.
+        struct Endless;
+        impl Serialize for Endless {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq(std::iter::repeat_n("x", usize::MAX))
+            }
         }
+        assert!(encode(&Endless).unwrap_err().0.contains("more than"));
     }
 
     #[test]

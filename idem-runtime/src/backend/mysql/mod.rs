@@ -1,14 +1,24 @@
+//! MySQL and MariaDB: one code path serves both servers. Where they differ, the statement
+//! text carries both, in MariaDB's executable comments (`/*M! .. */`, run by MariaDB only).
+
+mod batch;
+
+use std::time::Duration;
+
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{
     AssertSqlSafe, Connection as _, MySql, Pool, Row as _, SqlSafeStr as _, SqlStr, Transaction,
 };
 
-use super::{Backend, LeaseOp, Sql, Statements, sealed};
+use super::sealed::Dialect;
+use super::{
+    Backend, Check, Claimant, Found, Hold, LeaseOp, LeaseState, MarkerRow, Statements, Table,
+    Templates,
+};
 use crate::ClaimOptions;
-use crate::Recorded;
-use crate::lease::LeaseState;
+use batch::hex;
 
-impl sealed::Sealed for MySql {}
+impl Backend for MySql {}
 
 const ER_DUP_ENTRY: u16 = 1062;
 const ER_LOCK_DEADLOCK: u16 = 1213;
@@ -17,8 +27,14 @@ const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 /// The largest `innodb_lock_wait_timeout` MariaDB accepts (MySQL accepts more).
 const MAX_LOCK_WAIT_SECONDS: u64 = 100_000_000;
 
-/// Puts the session's lock wait back after a claim that set it (`wait`).
-const RESTORE_WAIT: &str = "SET @@SESSION.innodb_lock_wait_timeout = DEFAULT";
+/// MySQL 8 only (a no-op on MariaDB, which bounds each claim statement instead): puts the
+/// session's lock wait back to the server's default after a claim that set it.
+const RESTORE_WAIT: &str = "SET @@SESSION.innodb_lock_wait_timeout = IF(/*M! 1 OR */ 0, \
+    @@SESSION.innodb_lock_wait_timeout, @@GLOBAL.innodb_lock_wait_timeout)";
+
+/// Whether a lease is over, on the server's clock.
+const LEASE_OVER: &str =
+    "CAST(locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6) AS SIGNED)";
 
 // `key` is a reserved word in MySQL. `scope` and `key` are byte strings (the `binary`
 // collation), compared byte for byte: keys that differ in case or in trailing spaces stay
@@ -42,28 +58,6 @@ const DDL: &[&str] = &["CREATE TABLE IF NOT EXISTS {t} (
         CHECK (state IN ('in_progress', 'completed'))
     ) ENGINE = InnoDB"];
 
-/// `value` as a MySQL hex literal (`X'6a6f62'`): its bytes, with nothing to escape.
-fn hex(value: &str) -> String {
-    hex_bytes(value.as_bytes())
-}
-
-fn hex_bytes(value: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(3 + 2 * value.len());
-    out.push_str("X'");
-    for b in value {
-        let _ = write!(out, "{b:02x}");
-    }
-    out.push('\'');
-    out
-}
-
-fn number(err: &sqlx::Error) -> Option<u16> {
-    err.as_database_error()
-        .and_then(|e| e.try_downcast_ref::<MySqlDatabaseError>())
-        .map(MySqlDatabaseError::number)
-}
-
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text (idem writes them in UTC), and
 /// the lease's time left on the database's clock.
 const MARKER_COLUMNS: &str = "CONVERT(scope USING utf8mb4), CONVERT(`key` USING utf8mb4), state, \
@@ -73,10 +67,35 @@ const MARKER_COLUMNS: &str = "CONVERT(scope USING utf8mb4), CONVERT(`key` USING 
     DATE_FORMAT(locked_until, '%Y-%m-%dT%H:%i:%s.%fZ'), \
     CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), locked_until) DIV 1000 AS SIGNED)";
 
-impl Backend for MySql {
+fn number(err: &sqlx::Error) -> Option<u16> {
+    err.as_database_error()
+        .and_then(|e| e.try_downcast_ref::<MySqlDatabaseError>())
+        .map(MySqlDatabaseError::number)
+}
+
+/// `statement` with its lock waits bounded by `wait`: on MariaDB by `SET STATEMENT .. FOR`,
+/// which lasts for this statement only, so nothing is left on the pooled connection whatever
+/// happens next (a cancelled future, a panic, a failed claim). MySQL ignores the comment and
+/// runs under the session value [`begin_sql`](Dialect::begin_sql) set.
+fn bounded(statement: &str, wait: Option<Duration>) -> SqlStr {
+    match wait {
+        None => AssertSqlSafe(statement.to_owned()).into_sql_str(),
+        Some(wait) => AssertSqlSafe(format!(
+            "/*M!100300 SET STATEMENT innodb_lock_wait_timeout = {} FOR */ {statement}",
+            seconds(wait)
+        ))
+        .into_sql_str(),
+    }
+}
+
+fn seconds(wait: Duration) -> u64 {
+    super::whole_seconds(wait).min(MAX_LOCK_WAIT_SECONDS)
+}
+
+impl Dialect for MySql {
     const BACKEND: &'static str = "mysql";
 
-    fn sql(table: &str) -> Sql {
+    fn statements(table: &Table) -> Statements {
         let inspect = format!("SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = ? AND `key` = ?");
         let in_progress = format!(
             "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = ? AND state = 'in_progress' ORDER BY locked_until IS NOT NULL, locked_until LIMIT ?"
@@ -84,26 +103,46 @@ impl Backend for MySql {
         let in_progress_all = format!(
             "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE state = 'in_progress' ORDER BY locked_until IS NOT NULL, locked_until, scope LIMIT ?"
         );
-        Sql::new(
-            table,
-            Statements {
-                begin: "BEGIN",
-                // A plain INSERT: `INSERT IGNORE` would turn every error into a warning, and
-                // `ON DUPLICATE KEY UPDATE` reports a row under sqlx's CLIENT_FOUND_ROWS.
-                // Times are UTC whatever the session's time zone: `DATETIME` holds no zone,
-                // and workers in different zones must agree when a lease runs out.
-                claim: "INSERT INTO {t} (scope, `key`, fingerprint, created_at, completed_at) \
-                        VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
-                // Built per batch by `try_claim_batch`, which documents it.
-                claim_batch: "",
-                recorded: "SELECT fingerprint, CAST(result AS CHAR) FROM {t} \
-                           WHERE scope = ? AND `key` = ?",
-                // Binds: the value, then scope and key.
-                record: "UPDATE {t} SET result = ? WHERE scope = ? AND `key` = ?",
-                forget: "DELETE FROM {t} WHERE scope = ? AND `key` = ?",
-                inspect: &inspect,
-                in_progress: &in_progress,
-                in_progress_all: &in_progress_all,
+        let marker = format!(
+            "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR) FROM {{t}} \
+             WHERE scope = ? AND `key` = ?"
+        );
+        // Binds: nonce, fingerprint, scope, key, fingerprint, fingerprint. A free lease
+        // becomes this transaction's completed marker, its token this claim's nonce, which
+        // fences the old holder out and lets the commit find the marker.
+        let take_over = format!(
+            "UPDATE {{t}} SET state = 'completed', completed_at = UTC_TIMESTAMP(6), \
+             locked_until = NULL, token = ?, attempts = attempts + 1, result = NULL, \
+             fingerprint = COALESCE(fingerprint, ?) \
+             WHERE scope = ? AND `key` = ? AND state = 'in_progress' \
+             AND (locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6)) \
+             AND (fingerprint IS NULL OR ? IS NULL OR fingerprint = ?)"
+        );
+        let lease_state = format!(
+            "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR), \
+             CAST(attempts AS SIGNED) FROM {{t}} WHERE scope = ? AND `key` = ?"
+        );
+        Templates {
+            begin: "BEGIN",
+            // A plain INSERT: `INSERT IGNORE` would turn every error into a warning, and
+            // `ON DUPLICATE KEY UPDATE` reports a row under sqlx's CLIENT_FOUND_ROWS. Times
+            // are UTC whatever the session's time zone: `DATETIME` holds no zone, and workers
+            // in different zones must agree when a lease runs out. Binds: scope, key,
+            // fingerprint, nonce.
+            claim: "INSERT INTO {t} (scope, `key`, fingerprint, token, created_at, \
+                    completed_at) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+            marker: &marker,
+            take_over: &take_over,
+            // Built per batch (`batch.rs`), which documents them.
+            claim_batch: "",
+            batch_markers: "",
+            take_over_batch: "",
+            // Binds: the value, then scope and key.
+            record: "UPDATE {t} SET result = ? WHERE scope = ? AND `key` = ?",
+            forget: "DELETE FROM {t} WHERE scope = ? AND `key` = ?",
+            inspect: &inspect,
+            in_progress: &in_progress,
+            in_progress_all: &in_progress_all,
                 purge: "DELETE FROM {t} WHERE state = 'completed' \
                         AND completed_at < UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
                         ORDER BY completed_at LIMIT ?",
@@ -127,8 +166,7 @@ impl Backend for MySql {
                                  AND (locked_until IS NULL \
                                  OR locked_until <= UTC_TIMESTAMP(6)) \
                                  AND (fingerprint IS NULL OR ? IS NULL OR fingerprint = ?)",
-                lease_state: "SELECT state, fingerprint, CAST(result AS CHAR), \
-                              CAST(attempts AS SIGNED) FROM {t} WHERE scope = ? AND `key` = ?",
+            lease_state: &lease_state,
                 // Binds: the value, scope, key, token.
                 lease_complete: "UPDATE {t} SET state = 'completed', \
                                  completed_at = UTC_TIMESTAMP(6), locked_until = NULL, \
@@ -142,25 +180,29 @@ impl Backend for MySql {
                               + INTERVAL (? * 1000) MICROSECOND \
                               WHERE scope = ? AND `key` = ? AND token = ? \
                               AND state = 'in_progress'",
-                ddl: DDL,
-            },
-        )
+            ddl: DDL,
+        }
+        .fill(table)
     }
 
-    fn begin_sql(sql: &Sql, options: &ClaimOptions) -> SqlStr {
+    fn begin_sql(st: &Statements, options: &ClaimOptions) -> SqlStr {
         if options.is_default() {
-            return sql.begin.clone();
+            return st.begin.clone();
         }
-        // One text-protocol message. The lock wait is a session variable: `commit` and
-        // `rollback` set it back to the server's default.
+        // One text-protocol message. MySQL 8 has no per-statement lock wait, so there `wait`
+        // sets the session's for the transaction, and `commit` and `rollback` put it back;
+        // MariaDB keeps its session value (the comment turns the assignment into a no-op) and
+        // bounds the claim's statements instead.
         let mut begin = String::new();
         if let Some(wait) = options.wait {
-            let secs = super::whole_seconds(wait).min(MAX_LOCK_WAIT_SECONDS);
             begin.push_str(&format!(
-                "SET @@SESSION.innodb_lock_wait_timeout = {secs}; "
+                "SET @@SESSION.innodb_lock_wait_timeout = \
+                 /*M! @@SESSION.innodb_lock_wait_timeout + 0 * */ {}; ",
+                seconds(wait)
             ));
         }
         if let Some(level) = options.isolation {
+            // Without SESSION, for the next transaction only.
             begin.push_str(&format!(
                 "SET TRANSACTION ISOLATION LEVEL {}; ",
                 level.sql()
@@ -172,21 +214,33 @@ impl Backend for MySql {
 
     async fn commit<'a>(
         mut tx: Transaction<'a, Self>,
-        _: &'a Sql,
+        check: Check<'a>,
         options: &'a ClaimOptions,
     ) -> Result<bool, sqlx::Error> {
         // A deadlock inside the body rolls the whole transaction back, marker included, and
         // later statements run in autocommit; `COMMIT` then succeeds with nothing to commit.
-        // `@@in_transaction`, read in the same message, tells whether ours was still open.
-        // The trailing `BEGIN` is for sqlx's bookkeeping, as on PostgreSQL: dropping `tx`
-        // queues its `ROLLBACK`, which the pool's ping on release flushes.
-        let sql = match options.wait {
-            None => "SELECT CAST(@@in_transaction AS SIGNED); COMMIT; BEGIN",
-            Some(_) => {
-                "SELECT CAST(@@in_transaction AS SIGNED); COMMIT; \
-                 SET @@SESSION.innodb_lock_wait_timeout = DEFAULT; BEGIN"
-            }
+        // What the same message reads first tells the two apart: the marker holding this
+        // claim's nonce exists only while its transaction does (or once it committed: an
+        // implicit commit by DDL in the body kept marker and effect together, which is what
+        // `Applied` says). A transaction of the caller's has no marker of ours: there MariaDB
+        // reads `@@in_transaction` and MySQL 8, which lacks it, cannot check. The trailing
+        // `BEGIN` is for sqlx's bookkeeping: dropping `tx` queues its `ROLLBACK`, which the
+        // pool's ping on release flushes.
+        let probe = match check {
+            Check::Marker(st, c) => format!(
+                "SELECT COUNT(*) FROM {} WHERE scope = {} AND `key` = {} AND token = {}",
+                st.table.as_str(),
+                hex(c.scope),
+                hex(c.key),
+                c.nonce
+            ),
+            Check::Session => "SELECT CAST(1 /*M! * @@in_transaction */ AS SIGNED)".to_owned(),
         };
+        let restore = match options.wait {
+            None => "",
+            Some(_) => RESTORE_WAIT,
+        };
+        let sql = format!("{probe}; COMMIT; {restore}; BEGIN");
         let rows = sqlx::raw_sql(AssertSqlSafe(sql))
             .fetch_all(&mut *tx)
             .await?;
@@ -213,7 +267,8 @@ impl Backend for MySql {
         tx: Transaction<'a, Self>,
         options: &'a ClaimOptions,
     ) -> Result<(), sqlx::Error> {
-        // A `wait` changed the session's lock timeout: only the rollback message restores it.
+        // MySQL 8: a `wait` changed the session's lock timeout, which only the rollback
+        // message restores.
         if options.wait.is_some() {
             return Self::rollback(tx, options).await;
         }
@@ -225,17 +280,25 @@ impl Backend for MySql {
         number(err) == Some(ER_LOCK_WAIT_TIMEOUT)
     }
 
+    fn is_transient(err: &sqlx::Error) -> bool {
+        // InnoDB may pick a waiter as deadlock victim when the first claimer rolls back.
+        number(err) == Some(ER_LOCK_DEADLOCK)
+    }
+
     async fn try_claim<'t>(
         conn: &'t mut Self::Connection,
-        sql: &'t Sql,
-        scope: &'t str,
-        key: &'t str,
-        fingerprint: Option<&'t [u8]>,
+        st: &'t Statements,
+        c: Claimant<'t>,
     ) -> Result<bool, sqlx::Error> {
-        match sqlx::query(sql.claim.clone())
-            .bind(scope)
-            .bind(key)
-            .bind(fingerprint)
+        let statement = match c.wait {
+            None => st.claim.clone(),
+            Some(_) => bounded(st.claim.as_str(), c.wait),
+        };
+        match sqlx::query(statement)
+            .bind(c.scope)
+            .bind(c.key)
+            .bind(c.fingerprint)
+            .bind(c.nonce)
             .execute(&mut *conn)
             .await
         {
@@ -245,72 +308,59 @@ impl Backend for MySql {
         }
     }
 
-    /// Two round trips per batch. MySQL has no `RETURNING` (MariaDB has, from 10.5), so the
-    /// rows this batch inserted are told apart by a sentinel: `attempts = 0`, which no
-    /// committed marker holds. The first message inserts every row (in sorted key order, so
-    /// overlapping batches queue instead of deadlocking) and reads back the keys still holding
-    /// the sentinel: only this transaction's own, uncommitted rows can. The second sets
-    /// `attempts = 1` on exactly those rows, which this transaction already holds; an `UPDATE`
-    /// over the whole batch would also lock the duplicates, which `INSERT IGNORE` left under a
-    /// shared lock, and two batches upgrading the same shared lock deadlock.
-    ///
-    /// `INSERT IGNORE` turns errors into warnings, which is why the single claim avoids it;
-    /// here every value was validated first (keys and scope are 1 to 255 bytes, the columns'
-    /// size), so the only error left for it to ignore is the duplicate key. Lock waits and
-    /// deadlocks are not downgraded. The keys are written as hex literals: a multi-statement
-    /// message cannot carry binds, and hex leaves nothing to escape.
-    async fn try_claim_batch<'t>(
+    async fn take_over<'t>(
         conn: &'t mut Self::Connection,
-        sql: &'t Sql,
-        scope: &'t str,
-        keys: &'t [&'t str],
-    ) -> Result<Vec<String>, sqlx::Error> {
-        let t = &sql.table;
-        let scope = hex(scope);
-        let values: Vec<String> = keys
-            .iter()
-            .map(|key| format!("({scope},{},0,UTC_TIMESTAMP(6),UTC_TIMESTAMP(6))", hex(key)))
-            .collect();
-        let list: Vec<String> = keys.iter().map(|key| hex(key)).collect();
-        let claim = format!(
-            "INSERT IGNORE INTO {t} (scope, `key`, attempts, created_at, completed_at) \
-             VALUES {}; \
-             SELECT `key` FROM {t} WHERE scope = {scope} AND `key` IN ({}) AND attempts = 0",
-            values.join(","),
-            list.join(",")
-        );
-        let rows = sqlx::raw_sql(AssertSqlSafe(claim))
-            .fetch_all(&mut *conn)
+        st: &'t Statements,
+        c: Claimant<'t>,
+    ) -> Result<bool, sqlx::Error> {
+        // CLIENT_FOUND_ROWS counts the rows the WHERE matched, each of which this changed.
+        let done = sqlx::query(bounded(st.take_over.as_str(), c.wait))
+            .bind(c.nonce)
+            .bind(c.fingerprint)
+            .bind(c.scope)
+            .bind(c.key)
+            .bind(c.fingerprint)
+            .bind(c.fingerprint)
+            .execute(&mut *conn)
             .await?;
-        let mut fresh = Vec::with_capacity(rows.len());
-        let mut mine = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let key: Vec<u8> = row.try_get(0)?;
-            mine.push(hex_bytes(&key));
-            fresh.push(String::from_utf8(key).map_err(|e| sqlx::Error::Decode(Box::new(e)))?);
-        }
-        if !mine.is_empty() {
-            let settle = format!(
-                "UPDATE {t} SET attempts = 1 WHERE scope = {scope} AND `key` IN ({})",
-                mine.join(",")
-            );
-            sqlx::raw_sql(AssertSqlSafe(settle))
-                .execute(&mut *conn)
-                .await?;
-        }
-        Ok(fresh)
+        Ok(done.rows_affected() == 1)
     }
 
-    super::read_recorded!();
+    async fn try_claim_batch<'t>(
+        conn: &'t mut Self::Connection,
+        st: &'t Statements,
+        c: Claimant<'t>,
+        keys: &'t [&'t str],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        batch::claim(conn, st, c, keys).await
+    }
+
+    async fn batch_markers<'t>(
+        conn: &'t mut Self::Connection,
+        st: &'t Statements,
+        scope: &'t str,
+        keys: &'t [&'t str],
+    ) -> Result<Vec<(String, Hold)>, sqlx::Error> {
+        batch::markers(conn, st, scope, keys).await
+    }
+
+    async fn take_over_batch<'t>(
+        conn: &'t mut Self::Connection,
+        st: &'t Statements,
+        c: Claimant<'t>,
+        keys: &'t [&'t str],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        batch::take_over(conn, st, c, keys).await
+    }
 
     async fn record<'t>(
         conn: &'t mut Self::Connection,
-        sql: &'t Sql,
+        st: &'t Statements,
         scope: &'t str,
         key: &'t str,
         json: &'t str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(sql.record.clone())
+        sqlx::query(st.record.clone())
             .bind(json)
             .bind(scope)
             .bind(key)
@@ -319,12 +369,7 @@ impl Backend for MySql {
         Ok(())
     }
 
-    fn is_transient(err: &sqlx::Error) -> bool {
-        // InnoDB may pick a waiter as deadlock victim when the first claimer rolls back.
-        number(err) == Some(ER_LOCK_DEADLOCK)
-    }
-
-    async fn migrate<'p>(pool: &'p Pool<Self>, sql: &'p Sql) -> Result<(), sqlx::Error> {
+    async fn migrate<'p>(pool: &'p Pool<Self>, st: &'p Statements) -> Result<(), sqlx::Error> {
         // DDL commits implicitly in MySQL, so a named lock is what makes concurrent workers
         // take turns. The lock belongs to the session: the connection is detached from the
         // pool, so that a cancelled migration closes it (and the server frees the lock)
@@ -332,7 +377,7 @@ impl Backend for MySql {
         let mut conn = pool.acquire().await?.detach();
         // MySQL 5.7+ refuses lock names over 64 characters; two long names that share a
         // prefix then share a lock, which only makes them take turns.
-        let mut lock = format!("idem.migrate.{}", sql.table);
+        let mut lock = format!("idem.migrate.{}", st.table.as_str());
         lock.truncate(64);
         let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
             .bind(&lock)
@@ -345,7 +390,7 @@ impl Backend for MySql {
             )));
         }
         let mut result = Ok(());
-        for stmt in &sql.ddl {
+        for stmt in &st.ddl {
             if let Err(e) = sqlx::query(stmt.clone()).execute(&mut conn).await {
                 result = Err(e);
                 break;
@@ -363,17 +408,15 @@ impl Backend for MySql {
 
     async fn lease_claim<'p>(
         pool: &'p Pool<Self>,
-        sql: &'p Sql,
-        scope: &'p str,
-        key: &'p str,
+        st: &'p Statements,
+        c: Claimant<'p>,
         lease_ms: i64,
-        fingerprint: Option<&'p [u8]>,
     ) -> Result<LeaseState, sqlx::Error> {
-        let inserted = sqlx::query(sql.lease.claim.clone())
-            .bind(scope)
-            .bind(key)
+        let inserted = sqlx::query(st.lease_claim.clone())
+            .bind(c.scope)
+            .bind(c.key)
             .bind(lease_ms)
-            .bind(fingerprint)
+            .bind(c.fingerprint)
             .execute(pool)
             .await;
         match inserted {
@@ -386,19 +429,19 @@ impl Backend for MySql {
             Err(e) if number(&e) == Some(ER_DUP_ENTRY) => {}
             Err(e) => return Err(e),
         }
-        let taken = sqlx::query(sql.lease.takeover.clone())
+        let taken = sqlx::query(st.lease_takeover.clone())
             .bind(lease_ms)
-            .bind(fingerprint)
-            .bind(scope)
-            .bind(key)
-            .bind(fingerprint)
-            .bind(fingerprint)
+            .bind(c.fingerprint)
+            .bind(c.scope)
+            .bind(c.key)
+            .bind(c.fingerprint)
+            .bind(c.fingerprint)
             .execute(pool)
             .await?;
-        type Row = (String, Option<Vec<u8>>, Option<String>, i64);
-        let row: Option<Row> = sqlx::query_as(sql.lease.state.clone())
-            .bind(scope)
-            .bind(key)
+        type Row = (String, i64, Option<Vec<u8>>, Option<String>, i64);
+        let row: Option<Row> = sqlx::query_as(st.lease_state.clone())
+            .bind(c.scope)
+            .bind(c.key)
             .fetch_optional(pool)
             .await?;
         if taken.rows_affected() == 1 {
@@ -407,12 +450,17 @@ impl Backend for MySql {
             let attempts = row.map_or(1, |(.., attempts)| attempts);
             return Ok(LeaseState::Taken { token, attempts });
         }
-        Ok(super::lease_state(row.map(|(s, f, r, _)| (s, f, r))))
+        Ok(match row {
+            Some((state, over, fingerprint, result, _)) => {
+                LeaseState::Found(Found::of_row((state, over, fingerprint, result)))
+            }
+            None => LeaseState::Missing,
+        })
     }
 
     async fn lease_update<'p>(
         pool: &'p Pool<Self>,
-        sql: &'p Sql,
+        st: &'p Statements,
         op: LeaseOp,
         scope: &'p str,
         key: &'p str,
@@ -421,9 +469,9 @@ impl Backend for MySql {
         result: Option<&'p str>,
     ) -> Result<bool, sqlx::Error> {
         let query = match op {
-            LeaseOp::Complete => sqlx::query(sql.lease.complete.clone()).bind(result),
-            LeaseOp::Release => sqlx::query(sql.lease.release.clone()),
-            LeaseOp::Renew => sqlx::query(sql.lease.renew.clone()).bind(lease_ms),
+            LeaseOp::Complete => sqlx::query(st.lease_complete.clone()).bind(result),
+            LeaseOp::Release => sqlx::query(st.lease_release.clone()),
+            LeaseOp::Renew => sqlx::query(st.lease_renew.clone()).bind(lease_ms),
         };
         let done = query
             .bind(scope)
@@ -434,5 +482,5 @@ impl Backend for MySql {
         Ok(done.rows_affected() == 1)
     }
 
-    super::pool_statements!();
+    super::shared::pool_statements!();
 }
