@@ -40,7 +40,7 @@ mod shadows {
     mod idem {}
 
     /// A parameter named like the one the expansion adds, and locals named like its own.
-    #[::idem::idempotent(key = "job.id")]
+    #[::idem::idempotent(key = "job.id", scope = "shadowed")]
     pub(crate) async fn shadowed(
         tx: &mut Tx<'_, Sqlite>,
         job: &Job,
@@ -186,9 +186,9 @@ pub(crate) async fn generic<J: HasId + Sync>(
     Ok(job.id())
 }
 
-/// A raw identifier, whose scope is the bare name; its lifetime needs no scope; and an inner
-/// attribute, which must stay inside the body (this crate denies warnings).
-#[idem::idempotent(key = "job.id")]
+/// A raw identifier (its scope, the name it had by default, is written without `r#`), and an
+/// inner attribute, which must stay inside the body (this crate denies warnings).
+#[idem::idempotent(key = "job.id", scope = "type")]
 async fn r#type<'a>(
     tx: &mut sqlx::Transaction<'_, Sqlite>,
     job: &'a Job,
@@ -204,7 +204,11 @@ async fn r#type<'a>(
 type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// A `Result` alias with one parameter, re-rooted through a re-export.
-#[reexport::idem_again::idempotent(key = "job.tenant", crate = "crate::reexport::idem_again")]
+#[reexport::idem_again::idempotent(
+    key = "job.tenant",
+    scope = "aliased",
+    crate = "crate::reexport::idem_again"
+)]
 async fn aliased(tx: &mut sqlx::Transaction<'_, Sqlite>, job: Job) -> BoxResult<String> {
     sqlx::query("INSERT INTO effects (n) VALUES (1)")
         .execute(&mut **tx)

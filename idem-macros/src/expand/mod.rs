@@ -10,7 +10,6 @@ mod transaction;
 
 use proc_macro2::{Delimiter, Group, Ident, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
-use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{AttrStyle, FnArg, ItemFn, LitStr, Stmt};
 
@@ -33,20 +32,12 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let mut diag = Diag::default();
+    let written = args.clone();
     let args = args::parse(args, &mut diag);
     let mode = validate::mode(&args, &item.sig, &mut diag);
     let mut repairs = Vec::new();
     let handler = signature::analyse(&item, mode, &mut diag, &mut repairs);
-    if !args.gave("key") && !args.unknown {
-        diag.error_at(
-            Span::call_site(),
-            "`#[idempotent]` needs `key`, the expression that reads the job's stable id: \
-             `#[idempotent(key = \"job.id\")]`",
-        );
-    }
-    if !args.gave("scope") && !args.unknown {
-        validate::scope(&item.sig, &mut diag);
-    }
+    validate::required(&args, &written, &item.sig, &mut diag);
     let mut batch = None;
     if mode == Mode::Batch {
         if let (Some(handler), Some((lit, name))) = (&handler, &args.batch) {
@@ -181,10 +172,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     };
     let shared = Shared {
         private,
-        scope: args
-            .scope
-            .clone()
-            .unwrap_or_else(|| LitStr::new(&ident.unraw().to_string(), ident.span())),
+        scope: args.scope.clone().expect("checked by `validate::required`"),
         handler,
         store: local("store"),
         key_var: local("__idem_key"),
