@@ -221,14 +221,25 @@ fn lease_mode_checks() {
     );
     let cases = [
         (
-            "key = \"job.id\", scope = \"s\", lease = \"0s\"",
-            plain.clone(),
-            "`lease` must be longer than zero, like \"30s\"",
-        ),
-        (
             "key = \"job.id\", scope = \"s\", lease = \"30s\", timeout = \"0ms\"",
             plain.clone(),
-            "`timeout` must be longer than zero, like \"30s\"",
+            "`timeout = \"0ms\"` is out of bounds: a timeout must be longer than zero and \
+             shorter than the lease; leave `timeout` out for the lease minus a fifth of it, at \
+             most 5s",
+        ),
+        (
+            "key = \"job.id\", scope = \"s\", lease = \"30s\", timeout = \"99999999999999999999h\"",
+            plain.clone(),
+            "`timeout = \"99999999999999999999h\"` is out of bounds: a timeout must be longer \
+             than zero and shorter than the lease; leave `timeout` out for the lease minus a \
+             fifth of it, at most 5s",
+        ),
+        (
+            "key = \"job.id\", scope = \"s\", wait = \"99999999999999999999h\"",
+            "async fn charge(tx: &mut sqlx::Transaction<'_, Sqlite>, job: &Job) -> Result<(), E> { Ok(()) }"
+                .to_owned(),
+            "`wait = \"99999999999999999999h\"` is too long: a duration must fit in 64 bits of \
+             milliseconds (about 584 million years)",
         ),
         (
             "key = \"job.id\", scope = \"s\", lease = \"2s\", timeout = \"3s\"",
@@ -265,5 +276,47 @@ fn lease_mode_checks() {
     ];
     for (args, function, message) in &cases {
         assert_eq!(errors_of(args, function), [*message], "{args} {function}");
+    }
+    // A lease is at least 1s and at most 24h; the error quotes what was written.
+    for lease in [
+        "0s",
+        "999ms",
+        "500ms",
+        "25h",
+        "86400001ms",
+        "100000000h",
+        "99999999999999999999h",
+    ] {
+        assert_eq!(
+            errors_of(
+                &format!("key = \"job.id\", scope = \"s\", lease = \"{lease}\""),
+                &plain
+            ),
+            [format!(
+                "`lease = \"{lease}\"` is out of bounds: a lease must be at least 1s and at \
+                 most 24h (a job that runs longer renews its lease with `Lease::renew`)"
+            )],
+            "{lease}"
+        );
+        // A timeout beside it is not compared with a lease that was refused.
+        assert_eq!(
+            errors_of(
+                &format!("key = \"job.id\", scope = \"s\", lease = \"{lease}\", timeout = \"2s\""),
+                &plain
+            )
+            .len(),
+            1,
+            "{lease}"
+        );
+    }
+    for lease in ["1s", "1000ms", "24h", "1440m", "86400000ms"] {
+        assert_eq!(
+            errors_of(
+                &format!("key = \"job.id\", scope = \"s\", lease = \"{lease}\""),
+                &plain
+            ),
+            Vec::<String>::new(),
+            "{lease}"
+        );
     }
 }
