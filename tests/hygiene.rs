@@ -239,6 +239,22 @@ async fn leased(lease: &idem::Lease, job: &Job, runs: &AtomicU32) -> Result<Stri
     Ok(format!("{} {}", lease.idempotency_key(), job.tenant))
 }
 
+/// `Lease` imported by `use` and written bare, as the docs show: the parameter becomes the
+/// store, and the import must stay used (this crate denies `unused_imports`). Its named
+/// lifetime is the signature's, not the lease's inside the body.
+mod imported_lease {
+    use idem::Lease;
+
+    #[idem::idempotent(key = "job.id", scope = "hygiene.imported_lease", lease = "5s")]
+    pub(crate) async fn handle<'a>(
+        lease: &'a Lease,
+        job: &'a super::Job,
+    ) -> Result<&'a str, sqlx::Error> {
+        assert_eq!(lease.attempt(), 1);
+        Ok(job.tenant.as_str())
+    }
+}
+
 async fn setup() -> idem::Store<Sqlite> {
     let pool = SqlitePool::connect("sqlite::memory:").await.unwrap();
     sqlx::query("CREATE TABLE effects (n INTEGER NOT NULL)")
@@ -386,6 +402,19 @@ async fn lease_mode_runs_once_under_tokio_spawn() {
     );
     assert_eq!(
         shadows::shadowed_lease(&store, &job, 10).await.unwrap(),
+        Outcome::Duplicate
+    );
+
+    let job = Job {
+        tenant: "acme".into(),
+        id: 10,
+    };
+    assert_eq!(
+        imported_lease::handle(&store, &job).await.unwrap(),
+        Outcome::Applied("acme")
+    );
+    assert_eq!(
+        imported_lease::handle(&store, &job).await.unwrap(),
         Outcome::Duplicate
     );
 }

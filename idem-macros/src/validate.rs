@@ -137,7 +137,7 @@ pub(crate) fn reads_parameters(
     signature::bound_names(&handler.pat, &mut special);
     let what = match handler.kind {
         signature::Kind::Transaction { .. } => "transaction",
-        signature::Kind::Lease => "lease",
+        signature::Kind::Lease { .. } => "lease",
     };
     for root in found {
         if special.contains(root) {

@@ -192,7 +192,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let mut sig = item.sig.clone();
     let db = match &handler.kind {
         Kind::Transaction { db, .. } => database(db, private),
-        Kind::Lease => {
+        Kind::Lease { .. } => {
             // A lease handler names no database: the store's type parameter is the caller's
             // to infer. Added after the user's own, so their turbofish (if any) still fits.
             let db = local("__IdemDb");
@@ -205,7 +205,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let store_arg: FnArg = match &handler.kind {
         // `&Store<DB>`, or `store.join(tx)` to run inside the caller's transaction.
         Kind::Transaction { .. } => syn::parse_quote!(#store: impl #private::Target<#db>),
-        Kind::Lease => syn::parse_quote!(#store: &#private::Store<#db>),
+        Kind::Lease { .. } => syn::parse_quote!(#store: &#private::Store<#db>),
     };
     *sig.inputs
         .iter_mut()
@@ -248,7 +248,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     });
     let run = match handler.kind {
         Kind::Transaction { .. } => transaction::run(&shared, args, ident, &item.block.stmts),
-        Kind::Lease => lease::run(&shared, args, &item.block.stmts),
+        Kind::Lease { .. } => lease::run(&shared, args, &item.block.stmts),
     };
     // Every idem error reaches the handler's error type through the one `settle` call, spanned
     // on the return type: a missing `From<idem::Error>` is one error, on the user's type.
@@ -265,7 +265,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let note = has_docs.then(|| {
         let effect = match handler.kind {
             Kind::Transaction { .. } => "the effect commits once per key",
-            Kind::Lease => "the body runs to completion once per key, under a lease",
+            Kind::Lease { .. } => "the body runs to completion once per key, under a lease",
         };
         let text = format!(
             "\n\n*Idempotent* (scope `{}`): {effect}; a later delivery of the same key \
