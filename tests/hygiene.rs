@@ -40,7 +40,7 @@ mod shadows {
     mod idem {}
 
     /// A parameter named like the one the expansion adds, and locals named like its own.
-    #[::idem::idempotent(key = "job.id")]
+    #[::idem::idempotent(key = "job.id", scope = "shadowed")]
     pub(crate) async fn shadowed(
         tx: &mut Tx<'_, Sqlite>,
         job: &Job,
@@ -186,9 +186,9 @@ pub(crate) async fn generic<J: HasId + Sync>(
     Ok(job.id())
 }
 
-/// A raw identifier, whose scope is the bare name; its lifetime needs no scope; and an inner
-/// attribute, which must stay inside the body (this crate denies warnings).
-#[idem::idempotent(key = "job.id")]
+/// A raw identifier (its scope, the name it had by default, is written without `r#`), and an
+/// inner attribute, which must stay inside the body (this crate denies warnings).
+#[idem::idempotent(key = "job.id", scope = "type")]
 async fn r#type<'a>(
     tx: &mut sqlx::Transaction<'_, Sqlite>,
     job: &'a Job,
@@ -204,7 +204,11 @@ async fn r#type<'a>(
 type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// A `Result` alias with one parameter, re-rooted through a re-export.
-#[reexport::idem_again::idempotent(key = "job.tenant", crate = "crate::reexport::idem_again")]
+#[reexport::idem_again::idempotent(
+    key = "job.tenant",
+    scope = "aliased",
+    crate = "crate::reexport::idem_again"
+)]
 async fn aliased(tx: &mut sqlx::Transaction<'_, Sqlite>, job: Job) -> BoxResult<String> {
     sqlx::query("INSERT INTO effects (n) VALUES (1)")
         .execute(&mut **tx)
@@ -233,6 +237,22 @@ async fn leased(lease: &idem::Lease, job: &Job, runs: &AtomicU32) -> Result<Stri
     runs.fetch_add(1, Ordering::SeqCst);
     assert!(lease.remaining() <= std::time::Duration::from_secs(30));
     Ok(format!("{} {}", lease.idempotency_key(), job.tenant))
+}
+
+/// `Lease` imported by `use` and written bare, as the docs show: the parameter becomes the
+/// store, and the import must stay used (this crate denies `unused_imports`). Its named
+/// lifetime is the signature's, not the lease's inside the body.
+mod imported_lease {
+    use idem::Lease;
+
+    #[idem::idempotent(key = "job.id", scope = "hygiene.imported_lease", lease = "5s")]
+    pub(crate) async fn handle<'a>(
+        lease: &'a Lease,
+        job: &'a super::Job,
+    ) -> Result<&'a str, sqlx::Error> {
+        assert_eq!(lease.attempt(), 1);
+        Ok(job.tenant.as_str())
+    }
 }
 
 async fn setup() -> idem::Store<Sqlite> {
@@ -382,6 +402,19 @@ async fn lease_mode_runs_once_under_tokio_spawn() {
     );
     assert_eq!(
         shadows::shadowed_lease(&store, &job, 10).await.unwrap(),
+        Outcome::Duplicate
+    );
+
+    let job = Job {
+        tenant: "acme".into(),
+        id: 10,
+    };
+    assert_eq!(
+        imported_lease::handle(&store, &job).await.unwrap(),
+        Outcome::Applied("acme")
+    );
+    assert_eq!(
+        imported_lease::handle(&store, &job).await.unwrap(),
         Outcome::Duplicate
     );
 }

@@ -133,9 +133,9 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
                      `jobs: &[Job]`",
                 ),
             },
-            "wait" => args.wait = duration_value(name, &lit, diag),
-            "lease" => args.lease = positive_duration(name, &lit, diag).map(|ms| (lit, ms)),
-            "timeout" => args.timeout = positive_duration(name, &lit, diag).map(|ms| (lit, ms)),
+            "wait" => args.wait = wait_value(&lit, diag),
+            "lease" => args.lease = lease_value(&lit, diag).map(|ms| (lit, ms)),
+            "timeout" => args.timeout = timeout_value(&lit, diag).map(|ms| (lit, ms)),
             "isolation" => match lit.value().as_str() {
                 "serializable" => args.isolation = Some(Isolation::Serializable),
                 "repeatable read" => args.isolation = Some(Isolation::RepeatableRead),
@@ -182,9 +182,15 @@ fn flag(meta: &ParseNestedMeta<'_>, args: &mut Args, diag: &mut Diag) -> syn::Re
     Ok(())
 }
 
-fn duration_value(name: &str, lit: &LitStr, diag: &mut Diag) -> Option<u64> {
-    let ms = duration::millis(&lit.value());
-    if ms.is_none() {
+/// The milliseconds of a duration argument, or `Err(TooLong)` for the caller to report with
+/// the argument's bounds; a refused spelling is reported here.
+fn duration_value(
+    name: &str,
+    lit: &LitStr,
+    diag: &mut Diag,
+) -> Option<Result<u64, duration::Refused>> {
+    let parsed = duration::parse(&lit.value());
+    if parsed == Err(duration::Refused::Form) {
         diag.error(
             lit,
             format!(
@@ -193,22 +199,65 @@ fn duration_value(name: &str, lit: &LitStr, diag: &mut Diag) -> Option<u64> {
                 lit.value()
             ),
         );
+        return None;
     }
-    ms
+    Some(parsed)
 }
 
-/// A lease of zero has expired before the body starts, and a timeout of zero cuts every body
-/// short: neither can be meant.
-fn positive_duration(name: &str, lit: &LitStr, diag: &mut Diag) -> Option<u64> {
-    match duration_value(name, lit, diag)? {
-        0 => {
+fn wait_value(lit: &LitStr, diag: &mut Diag) -> Option<u64> {
+    match duration_value("wait", lit, diag)? {
+        Ok(ms) => Some(ms),
+        Err(_) => {
             diag.error(
                 lit,
-                format!("`{name}` must be longer than zero, like \"30s\""),
+                format!(
+                    "`wait = \"{}\"` is too long: a duration must fit in 64 bits of \
+                     milliseconds (about 584 million years)",
+                    lit.value()
+                ),
             );
             None
         }
-        ms => Some(ms),
+    }
+}
+
+/// A lease shorter than a second may run out before the claim's answer is back, and a longer
+/// one than a day keeps the key from every other delivery for that long when the worker dies
+/// (and overflows SQLite's date arithmetic long before `u64` does).
+fn lease_value(lit: &LitStr, diag: &mut Diag) -> Option<u64> {
+    match duration_value("lease", lit, diag)? {
+        Ok(ms) if duration::lease_in_bounds(ms) => Some(ms),
+        _ => {
+            diag.error(
+                lit,
+                format!(
+                    "`lease = \"{}\"` is out of bounds: {}",
+                    lit.value(),
+                    duration::LEASE_BOUNDS
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// A timeout of zero cuts every body short; one that does not fit in `u64` milliseconds is
+/// longer than any lease. Shorter than the lease is checked with the mode.
+fn timeout_value(lit: &LitStr, diag: &mut Diag) -> Option<u64> {
+    match duration_value("timeout", lit, diag)? {
+        Ok(ms) if ms > 0 => Some(ms),
+        _ => {
+            diag.error(
+                lit,
+                format!(
+                    "`timeout = \"{}\"` is out of bounds: a timeout must be longer than zero \
+                     and shorter than the lease; leave `timeout` out for the lease minus a fifth \
+                     of it, at most 5s",
+                    lit.value()
+                ),
+            );
+            None
+        }
     }
 }
 

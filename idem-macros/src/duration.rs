@@ -5,24 +5,60 @@
 pub(crate) const FORMS: &str = "a whole number followed by `ms`, `s`, `m` or `h`, \
                                 like \"500ms\", \"30s\" or \"2m\"";
 
-/// Milliseconds of `500ms`, `30s`, `2m`, `1h`; `None` for anything else, overflow included.
+/// The shortest lease, in milliseconds: a shorter one may run out before the claim's answer
+/// is back.
+pub(crate) const MIN_LEASE_MS: u64 = 1_000;
+
+/// The longest lease, in milliseconds: a body that runs longer renews its lease rather than
+/// taking one that keeps the key from every other delivery for days if the worker dies (and
+/// that no database's date arithmetic need ever overflow on).
+pub(crate) const MAX_LEASE_MS: u64 = 24 * 3_600_000;
+
+/// What the error on a lease out of bounds says (the runtime says the same).
+pub(crate) const LEASE_BOUNDS: &str = "a lease must be at least 1s and at most 24h (a job that \
+                                       runs longer renews its lease with `Lease::renew`)";
+
+/// Why a duration was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// Not one of the accepted spellings.
+    Form,
+    /// Spelt right, but more milliseconds than a `u64` holds.
+    TooLong,
+}
+
+/// Milliseconds of `500ms`, `30s`, `2m`, `1h`.
 ///
 /// Deliberately strict: no spaces, fractions or signs, so that every accepted spelling reads
-/// the same to the next person.
-pub(crate) fn millis(text: &str) -> Option<u64> {
+/// the same to the next person. A number too large is told apart from a wrong spelling, so
+/// that its error can say what is wrong with it.
+pub(crate) fn parse(text: &str) -> Result<u64, Refused> {
     let digits = text.bytes().take_while(u8::is_ascii_digit).count();
     let (number, unit) = text.split_at(digits);
     if number.is_empty() {
-        return None;
+        return Err(Refused::Form);
     }
     let scale: u64 = match unit {
         "ms" => 1,
         "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
-        _ => return None,
+        _ => return Err(Refused::Form),
     };
-    number.parse::<u64>().ok()?.checked_mul(scale)
+    // Only ASCII digits: the one way to fail is a number over `u64::MAX`.
+    let number: u64 = number.parse().map_err(|_| Refused::TooLong)?;
+    number.checked_mul(scale).ok_or(Refused::TooLong)
+}
+
+/// Milliseconds of an accepted spelling; `None` for anything else, overflow included.
+#[cfg(test)]
+fn millis(text: &str) -> Option<u64> {
+    parse(text).ok()
+}
+
+/// Whether a lease of `ms` is within [`MIN_LEASE_MS`] and [`MAX_LEASE_MS`].
+pub(crate) fn lease_in_bounds(ms: u64) -> bool {
+    (MIN_LEASE_MS..=MAX_LEASE_MS).contains(&ms)
 }
 
 /// `ms` in the largest unit that divides it, in the accepted spelling: `25000` gives `25s`.
@@ -43,7 +79,9 @@ pub(crate) fn default_timeout(lease_ms: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{default_timeout, millis, show};
+    use super::{
+        MAX_LEASE_MS, MIN_LEASE_MS, Refused, default_timeout, lease_in_bounds, millis, parse, show,
+    };
 
     #[test]
     fn shows_in_the_largest_exact_unit() {
@@ -105,5 +143,33 @@ mod tests {
         assert_eq!(millis("18446744073709551616ms"), None);
         assert_eq!(millis("18446744073709551615s"), None);
         assert_eq!(millis("5124095576030432h"), None);
+    }
+
+    #[test]
+    fn tells_overflow_from_a_wrong_spelling() {
+        assert_eq!(parse("99999999999999999999h"), Err(Refused::TooLong));
+        assert_eq!(parse("99999999999999999999ms"), Err(Refused::TooLong));
+        assert_eq!(
+            parse("100000000000000000000000000000000000000s"),
+            Err(Refused::TooLong)
+        );
+        assert_eq!(parse("5124095576030432h"), Err(Refused::TooLong));
+        assert_eq!(parse("18446744073709551615ms"), Ok(u64::MAX));
+        assert_eq!(parse("00000000000000000000000000001s"), Ok(1_000));
+        assert_eq!(parse("99999999999999999999"), Err(Refused::Form));
+        assert_eq!(parse("1.5h"), Err(Refused::Form));
+    }
+
+    #[test]
+    fn bounds_a_lease_to_one_second_through_a_day() {
+        assert_eq!(MIN_LEASE_MS, 1_000);
+        assert_eq!(MAX_LEASE_MS, parse("24h").unwrap());
+        for ok in ["1s", "1000ms", "30s", "24h", "1440m", "86400000ms"] {
+            assert!(lease_in_bounds(parse(ok).unwrap()), "{ok}");
+        }
+        for out in ["0s", "999ms", "500ms", "25h", "86400001ms", "100000000h"] {
+            assert!(!lease_in_bounds(parse(out).unwrap()), "{out}");
+        }
+        assert!(!lease_in_bounds(u64::MAX));
     }
 }

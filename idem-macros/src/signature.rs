@@ -34,7 +34,12 @@ pub(crate) enum Kind {
         db: Db,
     },
     /// `&Lease`: names no database, so the expansion adds a type parameter for it.
-    Lease,
+    Lease {
+        /// The parameter's type as written (`&Lease`, `&idem::Lease`), lifetimes elided, to
+        /// annotate its binding inside the body: the user's own path, so that their
+        /// `use idem::Lease` stays used.
+        ty: Box<Type>,
+    },
 }
 
 /// The declared return type, and how the body's value reaches the runtime's `Result<T, E>`.
@@ -138,7 +143,10 @@ pub(crate) fn analyse(
                 );
                 ok = false;
             } else {
-                special = Some((i, (*pt.pat).clone(), Kind::Lease));
+                let kind = Kind::Lease {
+                    ty: Box::new(elide_lifetimes(&pt.ty)),
+                };
+                special = Some((i, (*pt.pat).clone(), kind));
             }
             continue;
         }
@@ -353,8 +361,9 @@ pub(crate) fn with_database(ty: &Type, db: TokenStream) -> Type {
     ty
 }
 
-/// `&'a mut Transaction<'a, DB>` -> `&mut Transaction<'_, DB>`: the claim's transaction is
-/// `'static` and the borrow is local, so named lifetimes of the signature cannot apply.
+/// `&'a mut Transaction<'a, DB>` -> `&mut Transaction<'_, DB>`, `&'a Lease` -> `&Lease`: the
+/// claim's transaction (or lease) is a local of the expansion, borrowed locally, so named
+/// lifetimes of the signature cannot apply.
 fn elide_lifetimes(ty: &Type) -> Type {
     let mut ty = ty.clone();
     if let Type::Reference(r) = &mut ty {

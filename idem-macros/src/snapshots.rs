@@ -84,61 +84,98 @@ fn errors_of(args: &str, function: &str) -> Vec<String> {
 
 const TX: &str = "tx: &mut sqlx::Transaction<'_, Sqlite>";
 
+/// What the missing `scope` error says after its example, for a function named `name`.
+fn keep_markers(name: &str) -> String {
+    format!(
+        "Two handlers share markers only if they name the same scope; keep it when the code \
+         moves. A handler that ran before without `scope` used its function name: write \
+         `scope = \"{name}\"` to keep its markers"
+    )
+}
+
 #[test]
-fn scope_is_required_where_the_name_is_not_unique() {
+fn scope_is_required_on_every_function() {
     let cases = [
         (
+            format!("async fn send({TX}, job: &Job) -> Result<(), E> {{ Ok(()) }}"),
+            "send",
+        ),
+        (
             format!("async fn handle(&self, {TX}, job: &Job) -> Result<(), E> {{ Ok(()) }}"),
-            "`handle` is a method: two types' `handle` methods would share one scope and skip \
-             each other's jobs; name it: `#[idempotent(key = \"...\", scope = \"email.handle\")]`",
+            "handle",
         ),
         (
             format!("async fn make({TX}, job: &Job) -> Result<Self, E> {{ todo!() }}"),
-            "`make` names `Self`: two types' `make` functions would share one scope and skip \
-             each other's jobs; name it: `#[idempotent(key = \"...\", scope = \"email.make\")]`",
+            "make",
         ),
         (
             format!("async fn run<J: Job>({TX}, job: &J) -> Result<(), E> {{ Ok(()) }}"),
-            "`run` is generic: two instantiations would share one scope and skip each other's \
-             jobs; name it: `#[idempotent(key = \"...\", scope = \"email.run\")]`",
+            "run",
         ),
         (
-            format!(
-                "async fn run<const N: usize>({TX}, job: &[u8; N]) -> Result<(), E> {{ Ok(()) }}"
-            ),
-            "`run` is generic: two instantiations would share one scope and skip each other's \
-             jobs; name it: `#[idempotent(key = \"...\", scope = \"email.run\")]`",
+            format!("async fn r#type<'a>({TX}, job: &'a Job) -> Result<&'a str, E> {{ todo!() }}"),
+            "type",
         ),
         (
-            format!("async fn r#run({TX}, job: &impl Job) -> Result<(), E> {{ Ok(()) }}"),
-            "`run` takes an `impl Trait`, so it is generic: two instantiations would share one \
-             scope and skip each other's jobs; name it: \
-             `#[idempotent(key = \"...\", scope = \"email.run\")]`",
+            "async fn charge(lease: &idem::Lease, job: &Job) -> Result<(), E> { Ok(()) }"
+                .to_owned(),
+            "charge",
         ),
     ];
-    for (function, message) in &cases {
+    for (function, name) in &cases {
+        let args = if function.contains("lease") {
+            "key = \"job.id\", lease = \"30s\""
+        } else {
+            "key = \"job.id\""
+        };
         assert_eq!(
-            errors_of("key = \"job.id\"", function),
-            [*message],
+            errors_of(args, function),
+            [format!(
+                "`#[idempotent]` needs `scope`, the stable name of this handler's markers: \
+                 `#[idempotent(key = \"job.id\", scope = \"billing.send_invoice\")]`. {}",
+                keep_markers(name)
+            )],
             "{function}"
         );
         assert_eq!(
-            errors_of("key = \"job.id\", scope = \"s\"", function),
+            errors_of(&format!("{args}, scope = \"s\""), function),
             Vec::<String>::new(),
             "{function}"
         );
     }
-    let free = [
-        format!("async fn r#type<'a>({TX}, job: &'a Job) -> Result<&'a str, E> {{ todo!() }}"),
-        format!("async fn plain({TX}, job: Job) -> Result<(), E> {{ Ok(()) }}"),
-    ];
-    for function in &free {
-        assert_eq!(
-            errors_of("key = \"job.id\"", function),
-            Vec::<String>::new(),
-            "{function}"
-        );
-    }
+    let batch = format!("async fn top_up({TX}, jobs: &[Job]) -> Result<(), E> {{ Ok(()) }}");
+    assert_eq!(
+        errors_of("key = \"job.id\", batch = \"jobs\"", &batch),
+        [format!(
+            "`#[idempotent]` needs `scope`, the stable name of this handler's markers: \
+             `#[idempotent(key = \"job.id\", scope = \"billing.send_invoice\")]`. {}",
+            keep_markers("top_up")
+        )]
+    );
+    // Neither `key` nor `scope`: one error names both.
+    assert_eq!(
+        errors_of("", &cases[0].0),
+        [format!(
+            "`#[idempotent]` needs `key`, the expression that reads the job's stable id, and \
+             `scope`, the stable name of this handler's markers: \
+             `#[idempotent(key = \"job.id\", scope = \"billing.send_invoice\")]`. {}",
+            keep_markers("send")
+        )]
+    );
+    // An unknown argument may be the misspelt `scope` (or `key`): it is the one error.
+    assert_eq!(
+        errors_of("key = \"job.id\", scoop = \"a\"", &cases[0].0),
+        ["unknown argument `scoop`; did you mean `scope`?"]
+    );
+    assert_eq!(
+        errors_of("kee = \"job.id\"", &cases[0].0),
+        ["unknown argument `kee`; did you mean `key`?"]
+    );
+    // A refused `scope` has had its error.
+    assert_eq!(
+        errors_of("key = \"job.id\", scope = \"\"", &cases[0].0),
+        ["`scope` must be 1 to 255 bytes with no NUL byte, like \"billing.top_up\""]
+    );
 }
 
 #[test]
@@ -178,34 +215,34 @@ const LEASE: &str = "lease: &idem::Lease";
 #[test]
 fn lease_mode_checks() {
     let plain = format!("async fn charge({LEASE}, job: &Job) -> Result<(), E> {{ Ok(()) }}");
-    // The database type parameter the expansion adds is not the user's generic: a free lease
-    // handler may still default its scope.
     assert_eq!(
-        errors_of("key = \"job.id\", lease = \"30s\"", &plain),
+        errors_of("key = \"job.id\", scope = \"s\", lease = \"30s\"", &plain),
         Vec::<String>::new()
-    );
-    let generic =
-        format!("async fn charge<J: Job>({LEASE}, job: &J) -> Result<(), E> {{ Ok(()) }}");
-    assert_eq!(
-        errors_of("key = \"job.id\", lease = \"30s\"", &generic),
-        [
-            "`charge` is generic: two instantiations would share one scope and skip each other's \
-          jobs; name it: `#[idempotent(key = \"...\", scope = \"email.charge\")]`"
-        ]
     );
     let cases = [
         (
-            "key = \"job.id\", lease = \"0s\"",
+            "key = \"job.id\", scope = \"s\", lease = \"30s\", timeout = \"0ms\"",
             plain.clone(),
-            "`lease` must be longer than zero, like \"30s\"",
+            "`timeout = \"0ms\"` is out of bounds: a timeout must be longer than zero and \
+             shorter than the lease; leave `timeout` out for the lease minus a fifth of it, at \
+             most 5s",
         ),
         (
-            "key = \"job.id\", lease = \"30s\", timeout = \"0ms\"",
+            "key = \"job.id\", scope = \"s\", lease = \"30s\", timeout = \"99999999999999999999h\"",
             plain.clone(),
-            "`timeout` must be longer than zero, like \"30s\"",
+            "`timeout = \"99999999999999999999h\"` is out of bounds: a timeout must be longer \
+             than zero and shorter than the lease; leave `timeout` out for the lease minus a \
+             fifth of it, at most 5s",
         ),
         (
-            "key = \"job.id\", lease = \"2s\", timeout = \"3s\"",
+            "key = \"job.id\", scope = \"s\", wait = \"99999999999999999999h\"",
+            "async fn charge(tx: &mut sqlx::Transaction<'_, Sqlite>, job: &Job) -> Result<(), E> { Ok(()) }"
+                .to_owned(),
+            "`wait = \"99999999999999999999h\"` is too long: a duration must fit in 64 bits of \
+             milliseconds (about 584 million years)",
+        ),
+        (
+            "key = \"job.id\", scope = \"s\", lease = \"2s\", timeout = \"3s\"",
             plain.clone(),
             "`timeout` must be shorter than `lease = \"2s\"`: the lease has to outlast the body, \
              or another delivery may take the key over while this one still runs; leave \
@@ -218,20 +255,20 @@ fn lease_mode_checks() {
             "unknown argument `leese`; did you mean `lease`?",
         ),
         (
-            "key = \"lease.key()\", lease = \"30s\"",
+            "key = \"lease.key()\", scope = \"s\", lease = \"30s\"",
             plain.clone(),
             "the key cannot come from the lease `lease`: read the job's id from another \
              parameter, like \"job.id\"",
         ),
         (
-            "key = \"job.id\", lease = \"30s\"",
+            "key = \"job.id\", scope = \"s\", lease = \"30s\"",
             "async fn charge(lease: &mut idem::Lease, job: &Job) -> Result<(), E> { Ok(()) }"
                 .to_owned(),
             "lease mode needs the lease as a parameter, to give its key and remaining time to \
              the outside call: add `lease: &idem::Lease`",
         ),
         (
-            "key = \"job.id\", lease = \"30s\"",
+            "key = \"job.id\", scope = \"s\", lease = \"30s\"",
             format!("async fn charge({LEASE}, job: &Job) -> Option<()> {{ None }}"),
             "`#[idempotent]` handlers return `Result<T, E>`: an `Err` releases the key and lets \
              the job be redelivered",
@@ -239,5 +276,47 @@ fn lease_mode_checks() {
     ];
     for (args, function, message) in &cases {
         assert_eq!(errors_of(args, function), [*message], "{args} {function}");
+    }
+    // A lease is at least 1s and at most 24h; the error quotes what was written.
+    for lease in [
+        "0s",
+        "999ms",
+        "500ms",
+        "25h",
+        "86400001ms",
+        "100000000h",
+        "99999999999999999999h",
+    ] {
+        assert_eq!(
+            errors_of(
+                &format!("key = \"job.id\", scope = \"s\", lease = \"{lease}\""),
+                &plain
+            ),
+            [format!(
+                "`lease = \"{lease}\"` is out of bounds: a lease must be at least 1s and at \
+                 most 24h (a job that runs longer renews its lease with `Lease::renew`)"
+            )],
+            "{lease}"
+        );
+        // A timeout beside it is not compared with a lease that was refused.
+        assert_eq!(
+            errors_of(
+                &format!("key = \"job.id\", scope = \"s\", lease = \"{lease}\", timeout = \"2s\""),
+                &plain
+            )
+            .len(),
+            1,
+            "{lease}"
+        );
+    }
+    for lease in ["1s", "1000ms", "24h", "1440m", "86400000ms"] {
+        assert_eq!(
+            errors_of(
+                &format!("key = \"job.id\", scope = \"s\", lease = \"{lease}\""),
+                &plain
+            ),
+            Vec::<String>::new(),
+            "{lease}"
+        );
     }
 }

@@ -1,10 +1,9 @@
-//! Checks of meaning, after parsing: which mode the handler runs in, does the key read the
-//! handler's own parameters, and can the scope default to the function's name?
+//! Checks of meaning, after parsing: which mode the handler runs in, were `key` and `scope`
+//! given, and does the key read the handler's own parameters?
 
-use proc_macro2::{TokenStream, TokenTree};
-use quote::ToTokens;
+use proc_macro2::{Span, TokenStream};
 use syn::ext::IdentExt;
-use syn::{Expr, FnArg, GenericParam, Ident, Signature};
+use syn::{Expr, FnArg, Ident, Signature};
 
 use crate::args::Args;
 use crate::diag::Diag;
@@ -138,7 +137,7 @@ pub(crate) fn reads_parameters(
     signature::bound_names(&handler.pat, &mut special);
     let what = match handler.kind {
         signature::Kind::Transaction { .. } => "transaction",
-        signature::Kind::Lease => "lease",
+        signature::Kind::Lease { .. } => "lease",
     };
     for root in found {
         if special.contains(root) {
@@ -190,54 +189,42 @@ pub(crate) fn roots<'e>(expr: &'e Expr, out: &mut Vec<&'e Ident>) {
     }
 }
 
-/// The default scope is the bare function name, which is only unique for a free, non-generic
-/// function: every type's `handle` method, and every instantiation of a generic function,
-/// would otherwise claim keys in one scope and see each other's jobs as duplicates.
-pub(crate) fn scope(sig: &Signature, diag: &mut Diag) {
-    let name = sig.ident.unraw();
-    let why = if sig.receiver().is_some() {
-        format!(
-            "`{name}` is a method: two types' `{name}` methods would share one scope and skip \
-             each other's jobs"
-        )
-    } else if mentions(sig.to_token_stream(), "Self") {
-        format!(
-            "`{name}` names `Self`: two types' `{name}` functions would share one scope and skip \
-             each other's jobs"
-        )
-    } else if sig
-        .generics
-        .params
-        .iter()
-        .any(|p| !matches!(p, GenericParam::Lifetime(_)))
-    {
-        format!(
-            "`{name}` is generic: two instantiations would share one scope and skip each \
-             other's jobs"
-        )
-    } else if sig.inputs.iter().any(|arg| match arg {
-        FnArg::Typed(pt) => mentions(pt.ty.to_token_stream(), "impl"),
-        FnArg::Receiver(_) => false,
-    }) {
-        format!(
-            "`{name}` takes an `impl Trait`, so it is generic: two instantiations would share \
-             one scope and skip each other's jobs"
-        )
-    } else {
+/// `key` and `scope` have no default. A scope derived from the function's name made every
+/// `send` of the crate share markers (and skip each other's jobs), and one derived from the
+/// module path would change, and run every job again, when the code moves: a handler names its
+/// scope. Both are reported as one error when both are missing; neither when an unknown argument
+/// may be one of them misspelt.
+pub(crate) fn required(args: &Args, written: &TokenStream, sig: &Signature, diag: &mut Diag) {
+    if args.unknown {
         return;
-    };
-    diag.error(
-        &sig.ident,
-        format!("{why}; name it: `#[idempotent(key = \"...\", scope = \"email.{name}\")]`"),
+    }
+    let name = sig.ident.unraw();
+    let keep = format!(
+        "Two handlers share markers only if they name the same scope; keep it when the code \
+         moves. A handler that ran before without `scope` used its function name: write \
+         `scope = \"{name}\"` to keep its markers"
     );
-}
-
-/// Whether the keyword or identifier `word` occurs anywhere in `tokens`, macro calls and
-/// nested groups included.
-fn mentions(tokens: TokenStream, word: &str) -> bool {
-    tokens.into_iter().any(|tt| match tt {
-        TokenTree::Ident(ident) => ident == word,
-        TokenTree::Group(group) => mentions(group.stream(), word),
-        _ => false,
-    })
+    match (args.gave("key"), args.gave("scope")) {
+        (true, true) => {}
+        (false, true) => diag.error_at(
+            Span::call_site(),
+            "`#[idempotent]` needs `key`, the expression that reads the job's stable id: \
+             `#[idempotent(key = \"job.id\")]`",
+        ),
+        (true, false) => diag.error(
+            written,
+            format!(
+                "`#[idempotent]` needs `scope`, the stable name of this handler's markers: \
+                 `#[idempotent(key = \"job.id\", scope = \"billing.send_invoice\")]`. {keep}"
+            ),
+        ),
+        (false, false) => diag.error_at(
+            Span::call_site(),
+            format!(
+                "`#[idempotent]` needs `key`, the expression that reads the job's stable id, \
+                 and `scope`, the stable name of this handler's markers: \
+                 `#[idempotent(key = \"job.id\", scope = \"billing.send_invoice\")]`. {keep}"
+            ),
+        ),
+    }
 }

@@ -12,7 +12,7 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::ext::IdentExt as _;
 use syn::spanned::Spanned as _;
-use syn::{FnArg, ItemFn, LitStr};
+use syn::{FnArg, ItemFn};
 
 use super::transaction::claim_options;
 use super::{by_reference, local, located_at, pinned_body, private_path};
@@ -33,10 +33,7 @@ pub(super) fn expand(
         handler.ret.through = Some(private.clone());
     }
     let handler = &handler;
-    let scope = args
-        .scope
-        .clone()
-        .unwrap_or_else(|| LitStr::new(&ident.unraw().to_string(), ident.span()));
+    let scope = args.scope.clone().expect("checked by `validate::required`");
     let store = local("store");
     let keys = local("__idem_keys");
     let claim = local("__idem_claim");

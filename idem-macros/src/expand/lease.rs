@@ -7,6 +7,7 @@ use syn::Stmt;
 
 use super::{Shared, local, pinned_body};
 use crate::args::Args;
+use crate::signature::Kind;
 
 /// Binds `outcome_var` to the call's `Result<Outcome<T>, Failed<E>>`.
 pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStream {
@@ -28,12 +29,17 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
     let options = lease_options(args, private);
     let body_var = local("__idem_body");
     let pat = &handler.pat;
+    let Kind::Lease { ty } = &handler.kind else {
+        unreachable!("lease mode has a lease parameter")
+    };
     // Pinned inside `run`'s future rather than on `run`'s result, so that a body of the wrong
-    // type is reported as the declared type, not wrapped in `run`'s `Result<_, Error>`.
+    // type is reported as the declared type, not wrapped in `run`'s `Result<_, Error>`. The
+    // lease is bound with the type as the user wrote it, which keeps their import of `Lease`
+    // used once the parameter has become the store.
     let body = pinned_body(
         &handler.ret,
         &body_var,
-        quote!(let #pat: &#private::Lease = #lease_ref;),
+        quote!(let #pat: #ty = #lease_ref;),
         stmts,
     );
     let claim = match print_var {

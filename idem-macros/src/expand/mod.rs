@@ -10,7 +10,6 @@ mod transaction;
 
 use proc_macro2::{Delimiter, Group, Ident, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
-use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{AttrStyle, FnArg, ItemFn, LitStr, Stmt};
 
@@ -33,20 +32,12 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let mut diag = Diag::default();
+    let written = args.clone();
     let args = args::parse(args, &mut diag);
     let mode = validate::mode(&args, &item.sig, &mut diag);
     let mut repairs = Vec::new();
     let handler = signature::analyse(&item, mode, &mut diag, &mut repairs);
-    if !args.gave("key") && !args.unknown {
-        diag.error_at(
-            Span::call_site(),
-            "`#[idempotent]` needs `key`, the expression that reads the job's stable id: \
-             `#[idempotent(key = \"job.id\")]`",
-        );
-    }
-    if !args.gave("scope") && !args.unknown {
-        validate::scope(&item.sig, &mut diag);
-    }
+    validate::required(&args, &written, &item.sig, &mut diag);
     let mut batch = None;
     if mode == Mode::Batch {
         if let (Some(handler), Some((lit, name))) = (&handler, &args.batch) {
@@ -181,10 +172,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     };
     let shared = Shared {
         private,
-        scope: args
-            .scope
-            .clone()
-            .unwrap_or_else(|| LitStr::new(&ident.unraw().to_string(), ident.span())),
+        scope: args.scope.clone().expect("checked by `validate::required`"),
         handler,
         store: local("store"),
         key_var: local("__idem_key"),
@@ -204,7 +192,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let mut sig = item.sig.clone();
     let db = match &handler.kind {
         Kind::Transaction { db, .. } => database(db, private),
-        Kind::Lease => {
+        Kind::Lease { .. } => {
             // A lease handler names no database: the store's type parameter is the caller's
             // to infer. Added after the user's own, so their turbofish (if any) still fits.
             let db = local("__IdemDb");
@@ -217,7 +205,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let store_arg: FnArg = match &handler.kind {
         // `&Store<DB>`, or `store.join(tx)` to run inside the caller's transaction.
         Kind::Transaction { .. } => syn::parse_quote!(#store: impl #private::Target<#db>),
-        Kind::Lease => syn::parse_quote!(#store: &#private::Store<#db>),
+        Kind::Lease { .. } => syn::parse_quote!(#store: &#private::Store<#db>),
     };
     *sig.inputs
         .iter_mut()
@@ -260,7 +248,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     });
     let run = match handler.kind {
         Kind::Transaction { .. } => transaction::run(&shared, args, ident, &item.block.stmts),
-        Kind::Lease => lease::run(&shared, args, &item.block.stmts),
+        Kind::Lease { .. } => lease::run(&shared, args, &item.block.stmts),
     };
     // Every idem error reaches the handler's error type through the one `settle` call, spanned
     // on the return type: a missing `From<idem::Error>` is one error, on the user's type.
@@ -277,7 +265,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
     let note = has_docs.then(|| {
         let effect = match handler.kind {
             Kind::Transaction { .. } => "the effect commits once per key",
-            Kind::Lease => "the body runs to completion once per key, under a lease",
+            Kind::Lease { .. } => "the body runs to completion once per key, under a lease",
         };
         let text = format!(
             "\n\n*Idempotent* (scope `{}`): {effect}; a later delivery of the same key \

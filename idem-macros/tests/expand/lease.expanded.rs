@@ -55,7 +55,7 @@ async fn charge_once<'a, __IdemDb: ::idem::__private::Backend>(
                 let __idem_result = __idem_lease
                     .run(async move {
                         let __idem_body: Result<Receipt, AppError> = async move {
-                            let lease: &::idem::__private::Lease = __idem_lease_ref;
+                            let lease: &idem::Lease = __idem_lease_ref;
                             let receipt = http
                                 .post("https://pay.example/charges")
                                 .header("Idempotency-Key", lease.idempotency_key())

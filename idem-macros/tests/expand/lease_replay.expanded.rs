@@ -64,7 +64,7 @@ async fn send_mail<__IdemDb: ::idem::__private::Backend>(
                 let __idem_result = __idem_lease
                     .run(async move {
                         let __idem_body: Result<MessageId, AppError> = async move {
-                            let lease: &::idem::__private::Lease = __idem_lease_ref;
+                            let lease: &idem::Lease = __idem_lease_ref;
                             api.send(lease.idempotency_key(), &job.body).await
                         }
                             .await;

@@ -1,5 +1,5 @@
 // `wait` and `isolation` become calls on the claim's options.
-#[idempotent(key = "job.id", wait = "2m", isolation = "repeatable read")]
+#[idempotent(key = "job.id", scope = "settle_invoice", wait = "2m", isolation = "repeatable read")]
 async fn settle_invoice(
     tx: &mut sqlx::Transaction<'_, Postgres>,
     job: &Invoice,

@@ -1,5 +1,5 @@
-// The seed's handler: a free function on Postgres with the default scope.
-#[idempotent(key = "job.id")]
+// The seed's handler: a free function on Postgres, whose scope keeps the name it had by default.
+#[idempotent(key = "job.id", scope = "apply_top_up")]
 pub async fn apply_top_up(
     tx: &mut sqlx::Transaction<'_, Postgres>,
     job: &TopUp,

@@ -58,7 +58,7 @@ pub(crate) enum Command {
 /// One job's marker: its handler's scope and its key.
 #[derive(Debug, Args)]
 pub(crate) struct Target {
-    /// The handler's scope (its `scope = "..."`, or the function's name).
+    /// The handler's scope (its `scope = "..."`).
     #[arg(value_parser = parse_scope)]
     pub(crate) scope: String,
 

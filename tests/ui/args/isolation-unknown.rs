@@ -4,7 +4,7 @@ struct Job {
     id: u64,
 }
 
-#[idem::idempotent(key = "job.id", isolation = "read committed")]
+#[idem::idempotent(key = "job.id", scope = "jobs.handle", isolation = "read committed")]
 async fn handle(tx: &mut Transaction<'_, Sqlite>, job: &Job) -> Result<(), sqlx::Error> {
     let _ = (tx, job);
     Ok(())

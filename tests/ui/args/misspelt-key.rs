@@ -5,7 +5,7 @@ struct Job {
 }
 
 // One typo, one error: no second one saying that `key` is missing.
-#[idem::idempotent(kee = "job.id")]
+#[idem::idempotent(kee = "job.id", scope = "jobs.handle")]
 async fn handle(tx: &mut Transaction<'_, Sqlite>, job: &Job) -> Result<(), sqlx::Error> {
     let _ = (tx, job);
     Ok(())

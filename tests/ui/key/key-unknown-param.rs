@@ -4,7 +4,7 @@ struct Job {
     id: u64,
 }
 
-#[idem::idempotent(key = "jobs.id")]
+#[idem::idempotent(key = "jobs.id", scope = "jobs.handle")]
 async fn handle(tx: &mut Transaction<'_, Sqlite>, job: &Job) -> Result<(), sqlx::Error> {
     let _ = (tx, job);
     Ok(())

@@ -6,7 +6,7 @@ struct Job {
 
 // One mistake in the attribute. The function is given back to rustc as written, so its body,
 // which uses `tx`, `job`, `?` and a typed return value, adds no second error or warning.
-#[idem::idempotent(key = "job.id", retries = 3)]
+#[idem::idempotent(key = "job.id", scope = "jobs.handle", retries = 3)]
 async fn handle(tx: &mut Transaction<'_, Sqlite>, job: &Job) -> Result<u64, sqlx::Error> {
     sqlx::query("SELECT 1").execute(&mut **tx).await?;
     Ok(job.id)

@@ -4,7 +4,7 @@ struct Job {
     id: u64,
 }
 
-#[idem::idempotent(key = "jobs.id", retries = 3)]
+#[idem::idempotent(key = "jobs.id", scope = "jobs.handle", retries = 3)]
 async fn handle(tx: &mut Transaction<'_, Sqlite>, job: &Job) -> Option<()> {
     let _ = (tx, job);
     None

@@ -7,7 +7,7 @@ struct Job {
 #[derive(Debug)]
 struct AppError;
 
-#[idem::idempotent(key = "job.id")]
+#[idem::idempotent(key = "job.id", scope = "jobs.handle")]
 async fn handle(tx: &mut Transaction<'_, Sqlite>, job: &Job) -> Result<(), AppError> {
     let _ = (tx, job);
     Ok(())

@@ -4,7 +4,7 @@ struct Job {
     id: u64,
 }
 
-#[idem::idempotent(key = "job.id")]
+#[idem::idempotent(key = "job.id", scope = "jobs.handle")]
 async fn handle(tx: &mut Transaction<'_, Sqlite>, job: &Job) {
     let _ = (tx, job);
 }

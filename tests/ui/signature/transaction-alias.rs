@@ -7,7 +7,7 @@ struct Job {
 /// The user's own alias hides the database from the attribute.
 type PgTx<'a> = Transaction<'a, Postgres>;
 
-#[idem::idempotent(key = "job.id")]
+#[idem::idempotent(key = "job.id", scope = "jobs.handle")]
 async fn handle(tx: &mut PgTx<'_>, job: &Job) -> Result<(), sqlx::Error> {
     let _ = (tx, job);
     Ok(())

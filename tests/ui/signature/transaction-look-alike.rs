@@ -9,7 +9,7 @@ struct Transaction<T> {
     payload: T,
 }
 
-#[idem::idempotent(key = "job.id")]
+#[idem::idempotent(key = "job.id", scope = "jobs.handle")]
 async fn handle(job: &Tx, payment: &mut Transaction<u64>) -> Result<(), sqlx::Error> {
     payment.payload += job.id;
     Ok(())

@@ -4,7 +4,7 @@ struct Job {
     id: u64,
 }
 
-#[idem::idempotent(key = "job.id")]
+#[idem::idempotent(key = "job.id", scope = "jobs.handle")]
 async fn handle(tx: &Transaction<'_, Sqlite>, job: &Job) -> Result<(), sqlx::Error> {
     let _ = (tx, job);
     Ok(())

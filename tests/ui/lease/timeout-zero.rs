@@ -1,0 +1,11 @@
+struct Charge {
+    id: u64,
+}
+
+#[idem::idempotent(key = "job.id", scope = "billing.charge", lease = "30s", timeout = "0s")]
+async fn charge(lease: &idem::Lease, job: &Charge) -> Result<(), sqlx::Error> {
+    let _ = (lease, job);
+    Ok(())
+}
+
+fn main() {}
