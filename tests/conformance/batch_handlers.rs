@@ -15,6 +15,8 @@ pub(crate) enum BatchThen {
     Fail,
     /// Parks the first body that enters on the hold, then commits.
     Park,
+    /// Parks the first body that enters on the hold, then fails.
+    ParkThenFail,
     /// Prints `IN_BODY` and waits forever (until the process is killed).
     Hang,
 }
@@ -34,6 +36,10 @@ async fn body<DB: TestDb>(
         BatchThen::Commit => {}
         BatchThen::Fail => return Err(TestError::Refused),
         BatchThen::Park => hold.expect("a hold to park on").park_first().await,
+        BatchThen::ParkThenFail => {
+            hold.expect("a hold to park on").park_first().await;
+            return Err(TestError::Refused);
+        }
         BatchThen::Hang => {
             {
                 use std::io::Write as _;

@@ -147,6 +147,10 @@ macro_rules! every_backend_tests {
     ($support:ty) => {
         $crate::conformance::tests!($support;
             first_delivery_applies_second_is_duplicate,
+            every_mode_reads_a_completed_marker_of_every_mode_as_a_duplicate,
+            a_live_lease_is_in_progress_to_every_mode_then_released,
+            an_expired_lease_is_taken_over_by_every_mode,
+            a_transaction_holding_the_key_keeps_every_mode_waiting,
             handler_error_keeps_nothing_and_next_delivery_applies,
             handler_panic_rolls_back_and_next_delivery_applies,
             concurrent_deliveries_of_one_key_apply_once,

@@ -236,11 +236,10 @@ impl Dialect for MySql {
             ),
             Check::Session => "SELECT CAST(1 /*M! * @@in_transaction */ AS SIGNED)".to_owned(),
         };
-        let restore = match options.wait {
-            None => "",
-            Some(_) => RESTORE_WAIT,
+        let sql = match options.wait {
+            None => format!("{probe}; COMMIT; BEGIN"),
+            Some(_) => format!("{probe}; COMMIT; {RESTORE_WAIT}; BEGIN"),
         };
-        let sql = format!("{probe}; COMMIT; {restore}; BEGIN");
         let rows = sqlx::raw_sql(AssertSqlSafe(sql))
             .fetch_all(&mut *tx)
             .await?;
