@@ -186,3 +186,118 @@ fn mysql_number(err: &sqlx::Error) -> Option<u16> {
         .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
         .map(sqlx::mysql::MySqlDatabaseError::number)
 }
+
+/// A handler with `wait`, whose body can park until its future is dropped.
+#[idem::idempotent(key = "job", scope = "mysql.wait", wait = "2s")]
+async fn waiting(
+    tx: &mut sqlx::Transaction<'_, MySql>,
+    job: &str,
+    entered: Option<tokio::sync::mpsc::Sender<()>>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT 1").execute(&mut **tx).await?;
+    if let Some(entered) = entered {
+        entered.send(()).await.expect("the test listens");
+        std::future::pending::<()>().await;
+    }
+    Ok(())
+}
+
+/// The pool's only connection still has the server's lock wait.
+async fn lock_wait_is_the_servers(pool: &MySqlPool, after: &str) {
+    let same: i64 = sqlx::query_scalar(
+        "SELECT CAST(@@SESSION.innodb_lock_wait_timeout = @@GLOBAL.innodb_lock_wait_timeout \
+         AS SIGNED)",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("read the lock wait");
+    assert_eq!(same, 1, "the session's lock wait changed after {after}");
+}
+
+/// `wait` never reaches the pooled connection: not after an applied call, a duplicate, a
+/// cancelled body (the future dropped mid-transaction) or a claim that failed. On MariaDB it
+/// bounds each claim statement (`SET STATEMENT .. FOR`), and nothing is set on the session.
+#[tokio::test(flavor = "multi_thread")]
+async fn wait_never_reaches_the_pooled_connection() {
+    let url = <My as conformance::Support>::url();
+    let pool = <My as conformance::Support>::connect(&url, 1).await;
+    let table = conformance::unique_name("m", "waitleak");
+    let store = idem::Store::new(pool.clone()).with_table(&table).expect("a name");
+    store.migrate().await.expect("migrate");
+    let ok = waiting(&store, "job-1", None).await.expect("applies");
+    assert!(ok.is_applied());
+    lock_wait_is_the_servers(&pool, "an applied call").await;
+    assert!(!waiting(&store, "job-1", None).await.expect("a duplicate").is_applied());
+    lock_wait_is_the_servers(&pool, "a duplicate").await;
+    let (entered, mut inside) = tokio::sync::mpsc::channel(1);
+    tokio::select! {
+        _ = waiting(&store, "job-2", Some(entered)) => panic!("the body never returns"),
+        _ = inside.recv() => {}
+    }
+    lock_wait_is_the_servers(&pool, "a cancelled body").await;
+    let missing = idem::Store::new(pool.clone())
+        .with_table("idem_no_such_table")
+        .expect("a name");
+    assert!(waiting(&missing, "job-3", None).await.is_err());
+    lock_wait_is_the_servers(&pool, "a failed claim").await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
+        .execute(&pool)
+        .await
+        .expect("drop");
+}
+
+/// A body whose DDL commits implicitly (MariaDB and MySQL end the transaction there): marker
+/// and effect were committed together by it, and the call says `Applied`, found by the claim's
+/// nonce (not by `@@in_transaction`, which MySQL 8 lacks).
+#[idem::idempotent(key = "job", scope = "mysql.ddl")]
+async fn with_ddl(
+    tx: &mut sqlx::Transaction<'_, MySql>,
+    job: &str,
+    effects: &str,
+) -> Result<(), sqlx::Error> {
+    let insert = format!("INSERT INTO {effects} (id) VALUES (1)");
+    sqlx::query(sqlx::AssertSqlSafe(insert))
+        .execute(&mut **tx)
+        .await?;
+    let ddl = format!("CREATE TABLE IF NOT EXISTS {effects}_ddl (id INT)");
+    sqlx::query(sqlx::AssertSqlSafe(ddl))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_whose_ddl_commits_implicitly_is_applied() {
+    let url = <My as conformance::Support>::url();
+    let pool = <My as conformance::Support>::connect(&url, 2).await;
+    let table = conformance::unique_name("m", "ddl");
+    let effects = conformance::unique_name("e", "ddl");
+    let store = idem::Store::new(pool.clone()).with_table(&table).expect("a name");
+    store.migrate().await.expect("migrate");
+    let create = format!("CREATE TABLE {effects} (id INT)");
+    sqlx::query(sqlx::AssertSqlSafe(create))
+        .execute(&pool)
+        .await
+        .expect("effects");
+    let first = with_ddl(&store, "job-1", &effects).await.expect("committed");
+    assert!(first.is_applied(), "{first:?}");
+    let again = with_ddl(&store, "job-1", &effects).await.expect("a duplicate");
+    assert_eq!(again, idem::Outcome::Duplicate);
+    let count = |sql: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
+                .fetch_one(&pool)
+                .await
+                .expect("count")
+        }
+    };
+    assert_eq!(count(format!("SELECT COUNT(*) FROM {effects}")).await, 1);
+    assert_eq!(count(format!("SELECT COUNT(*) FROM {table}")).await, 1);
+    for t in [table, effects.clone(), format!("{effects}_ddl")] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {t}")))
+            .execute(&pool)
+            .await
+            .expect("drop");
+    }
+}

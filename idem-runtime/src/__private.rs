@@ -12,18 +12,18 @@ use std::marker::PhantomData;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::claim::{Request, nested, run};
-use crate::record::NotStorable;
 use crate::Key;
 pub use crate::batch::expansion::*;
 pub use crate::claim::{Claimed, Held};
+use crate::claim::{Request, nested, run};
 pub use crate::join::Via;
 pub use crate::observe::{Call, Site};
 pub use crate::options::Mode;
 pub use crate::outcome::Failed;
+use crate::record::NotStorable;
 pub use crate::{
-    Backend, Batch, Claim, ClaimOptions, Error, Fingerprint, Guard, IntoKey, Isolation,
-    Joined, Lease, LeaseOptions, Leased, Outcome, Recorded, Store, Target,
+    Backend, Batch, Claim, ClaimOptions, Error, Fingerprint, Guard, IntoKey, Isolation, Joined,
+    Lease, LeaseOptions, Leased, Outcome, Recorded, Store, Target,
 };
 pub use core::time::Duration;
 
@@ -170,7 +170,12 @@ pub async fn claim_checked<'a, DB: Backend>(
     fingerprint: Option<Result<Fingerprint, Error>>,
 ) -> Result<Claimed<Held<'a, DB>>, Error> {
     let via = via?;
-    let request = Request::new(Cow::Borrowed(scope), key?, options, fingerprint.transpose()?);
+    let request = Request::new(
+        Cow::Borrowed(scope),
+        key?,
+        options,
+        fingerprint.transpose()?,
+    );
     match via {
         Via::Store(store) => run::own(store, request).await,
         Via::Joined(joined) => joined.claim_request(request).await,

@@ -230,7 +230,10 @@ mod tests {
     fn a_value_over_the_replay_limit_is_refused() {
         assert!(encode(&"x".repeat(MAX_REPLAY_LEN - 2)).is_ok());
         let refused = encode(&"x".repeat(MAX_REPLAY_LEN - 1)).unwrap_err();
-        assert!(refused.0.contains("more than the 1048576 bytes"), "{refused:?}");
+        assert!(
+            refused.0.contains("more than the 1048576 bytes"),
+            "{refused:?}"
+        );
         // An endless sequence is cut at the limit instead of filling memory.
         struct Endless;
         impl Serialize for Endless {

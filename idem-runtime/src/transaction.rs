@@ -90,7 +90,9 @@ impl<DB: Backend> Guard<DB> {
         self,
         result: Result<T, E>,
     ) -> Result<Outcome<T>, E> {
-        let end = self.held.finish(result, |v| crate::record::encode(v).map(Some));
+        let end = self
+            .held
+            .finish(result, |v| crate::record::encode(v).map(Some));
         claim::settle(end.await)
     }
 }

@@ -81,34 +81,34 @@ impl Dialect for Postgres {
              AND {LEASE_OVER} RETURNING key"
         );
         Templates {
-                begin: "BEGIN",
-                claim: "INSERT INTO {t} (scope, key, fingerprint, completed_at) \
+            begin: "BEGIN",
+            claim: "INSERT INTO {t} (scope, key, fingerprint, completed_at) \
                         VALUES ($1, $2, $3, now()) ON CONFLICT DO NOTHING",
-                marker: &marker,
-                take_over: &take_over,
-                batch_markers: &batch_markers,
-                take_over_batch: &take_over_batch,
-                // One statement for the whole batch: the keys travel as one array, so no bind
-                // limit applies, and `ORDER BY k` makes every batch take its row locks in the
-                // same order, so that two overlapping batches queue instead of deadlocking.
-                claim_batch: "INSERT INTO {t} (scope, key, completed_at) \
+            marker: &marker,
+            take_over: &take_over,
+            batch_markers: &batch_markers,
+            take_over_batch: &take_over_batch,
+            // One statement for the whole batch: the keys travel as one array, so no bind
+            // limit applies, and `ORDER BY k` makes every batch take its row locks in the
+            // same order, so that two overlapping batches queue instead of deadlocking.
+            claim_batch: "INSERT INTO {t} (scope, key, completed_at) \
                               SELECT $1, k, now() FROM unnest($2::text[]) AS u(k) ORDER BY k \
                               ON CONFLICT DO NOTHING RETURNING key",
-                record: "UPDATE {t} SET result = $3::json WHERE scope = $1 AND key = $2",
-                forget: "DELETE FROM {t} WHERE scope = $1 AND key = $2",
-                inspect: &inspect,
-                in_progress: &in_progress,
-                in_progress_all: &in_progress_all,
-                // Selecting the batch by ctid makes each batch a TID scan; an `IN (SELECT
-                // scope, key ...)` ran as a hash join over the whole table, every batch.
-                purge: "DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t} \
+            record: "UPDATE {t} SET result = $3::json WHERE scope = $1 AND key = $2",
+            forget: "DELETE FROM {t} WHERE scope = $1 AND key = $2",
+            inspect: &inspect,
+            in_progress: &in_progress,
+            in_progress_all: &in_progress_all,
+            // Selecting the batch by ctid makes each batch a TID scan; an `IN (SELECT
+            // scope, key ...)` ran as a hash join over the whole table, every batch.
+            purge: "DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t} \
                         WHERE state = 'completed' \
                         AND completed_at < now() - $1 * interval '1 millisecond' LIMIT $2))",
-                // Fresh or expired: one statement. Concurrent takers of an expired lease
-                // queue on the row; each re-checks the WHERE against the winner's version,
-                // so exactly one gets a row back. `now()` is the server's clock. A delivery
-                // with another payload's fingerprint never takes over.
-                lease_claim: "INSERT INTO {t} AS m (scope, key, state, locked_until, token, \
+            // Fresh or expired: one statement. Concurrent takers of an expired lease
+            // queue on the row; each re-checks the WHERE against the winner's version,
+            // so exactly one gets a row back. `now()` is the server's clock. A delivery
+            // with another payload's fingerprint never takes over.
+            lease_claim: "INSERT INTO {t} AS m (scope, key, state, locked_until, token, \
                               attempts, completed_at, fingerprint) \
                               VALUES ($1, $2, 'in_progress', \
                               now() + $3 * interval '1 millisecond', 1, 1, NULL, $4) \
@@ -121,18 +121,18 @@ impl Dialect for Postgres {
                               AND (m.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL \
                               OR m.fingerprint = EXCLUDED.fingerprint) \
                               RETURNING token, attempts::bigint",
-                lease_takeover: "",
-                lease_state: "",
-                lease_complete: "UPDATE {t} SET state = 'completed', completed_at = now(), \
+            lease_takeover: "",
+            lease_state: "",
+            lease_complete: "UPDATE {t} SET state = 'completed', completed_at = now(), \
                                  locked_until = NULL, result = $4::json \
                                  WHERE scope = $1 AND key = $2 \
                                  AND token = $3 AND state = 'in_progress'",
-                lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = $1 \
+            lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = $1 \
                                 AND key = $2 AND token = $3 AND state = 'in_progress'",
-                lease_renew: "UPDATE {t} SET locked_until = now() + $4 * interval '1 millisecond' \
+            lease_renew: "UPDATE {t} SET locked_until = now() + $4 * interval '1 millisecond' \
                               WHERE scope = $1 AND key = $2 AND token = $3 \
                               AND state = 'in_progress'",
-                ddl: DDL,
+            ddl: DDL,
         }
         .fill(table)
     }

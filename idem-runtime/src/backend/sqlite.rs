@@ -76,37 +76,37 @@ impl Dialect for Sqlite {
              AND state = 'in_progress' AND {LEASE_OVER} RETURNING key"
         );
         Templates {
-                marker: &marker,
-                take_over: &take_over,
-                batch_markers: &batch_markers,
-                take_over_batch: &take_over_batch,
-                // A deferred transaction that reads first and writes later can deadlock with
-                // another one on the lock upgrade; IMMEDIATE takes the write lock up front,
-                // and the connection's busy timeout decides how long a second writer waits.
-                begin: "BEGIN IMMEDIATE",
-                claim: "INSERT INTO {t} (scope, key, fingerprint, completed_at) \
+            marker: &marker,
+            take_over: &take_over,
+            batch_markers: &batch_markers,
+            take_over_batch: &take_over_batch,
+            // A deferred transaction that reads first and writes later can deadlock with
+            // another one on the lock upgrade; IMMEDIATE takes the write lock up front,
+            // and the connection's busy timeout decides how long a second writer waits.
+            begin: "BEGIN IMMEDIATE",
+            claim: "INSERT INTO {t} (scope, key, fingerprint, completed_at) \
                         VALUES (?1, ?2, ?3, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
                         ON CONFLICT DO NOTHING",
-                // The keys travel as one JSON array, so SQLite's bind limit does not apply.
-                // `WHERE true`: without it SQLite would read `ON CONFLICT` as a join
-                // constraint of the `SELECT`. Writers are serialised, so the order of the
-                // keys cannot deadlock here.
-                claim_batch: "INSERT INTO {t} (scope, key, completed_at) \
+            // The keys travel as one JSON array, so SQLite's bind limit does not apply.
+            // `WHERE true`: without it SQLite would read `ON CONFLICT` as a join
+            // constraint of the `SELECT`. Writers are serialised, so the order of the
+            // keys cannot deadlock here.
+            claim_batch: "INSERT INTO {t} (scope, key, completed_at) \
                               SELECT ?1, value, strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
                               FROM json_each(?2) WHERE true \
                               ON CONFLICT DO NOTHING RETURNING key",
-                record: "UPDATE {t} SET result = ?3 WHERE scope = ?1 AND key = ?2",
-                forget: "DELETE FROM {t} WHERE scope = ?1 AND key = ?2",
-                inspect: &inspect,
-                in_progress: &in_progress,
-                in_progress_all: &in_progress_all,
-                purge: "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
+            record: "UPDATE {t} SET result = ?3 WHERE scope = ?1 AND key = ?2",
+            forget: "DELETE FROM {t} WHERE scope = ?1 AND key = ?2",
+            inspect: &inspect,
+            in_progress: &in_progress,
+            in_progress_all: &in_progress_all,
+            purge: "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
                         WHERE state = 'completed' AND completed_at < \
                         strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds') \
                         LIMIT ?2)",
-                // As on PostgreSQL; writers are serialised, so there is no race to lose.
-                // Times are ISO-8601 text, which compares in time order.
-                lease_claim: "INSERT INTO {t} AS m (scope, key, state, locked_until, token, \
+            // As on PostgreSQL; writers are serialised, so there is no race to lose.
+            // Times are ISO-8601 text, which compares in time order.
+            lease_claim: "INSERT INTO {t} AS m (scope, key, state, locked_until, token, \
                               attempts, completed_at, fingerprint) \
                               VALUES (?1, ?2, 'in_progress', \
                               strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
@@ -120,20 +120,20 @@ impl Dialect for Sqlite {
                               AND (m.fingerprint IS NULL OR excluded.fingerprint IS NULL \
                               OR m.fingerprint = excluded.fingerprint) \
                               RETURNING token, attempts",
-                lease_takeover: "",
-                lease_state: "",
-                lease_complete: "UPDATE {t} SET state = 'completed', \
+            lease_takeover: "",
+            lease_state: "",
+            lease_complete: "UPDATE {t} SET state = 'completed', \
                                  completed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), \
                                  locked_until = NULL, result = ?4 \
                                  WHERE scope = ?1 AND key = ?2 \
                                  AND token = ?3 AND state = 'in_progress'",
-                lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = ?1 \
+            lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = ?1 \
                                 AND key = ?2 AND token = ?3 AND state = 'in_progress'",
-                lease_renew: "UPDATE {t} SET locked_until = strftime('%Y-%m-%dT%H:%M:%fZ', \
+            lease_renew: "UPDATE {t} SET locked_until = strftime('%Y-%m-%dT%H:%M:%fZ', \
                               'now', '+' || (?4 / 1000.0) || ' seconds') \
                               WHERE scope = ?1 AND key = ?2 AND token = ?3 \
                               AND state = 'in_progress'",
-                ddl: DDL,
+            ddl: DDL,
         }
         .fill(table)
     }
@@ -179,8 +179,9 @@ impl Dialect for Sqlite {
     }
 
     super::shared::claim_on_conflict!();
-    super::shared::batch_one_bind!(|keys| serde_json::to_string(keys)
-        .expect("strings always serialise"));
+    super::shared::batch_one_bind!(
+        |keys| serde_json::to_string(keys).expect("strings always serialise")
+    );
     super::shared::lease_on_conflict!();
 
     fn is_transient(_: &sqlx::Error) -> bool {

@@ -110,7 +110,9 @@ impl<'c, DB: Backend> Held<'c, DB> {
                 Err(e) => Err(Failed::Idem(e.into())),
             };
         }
-        let Held { tx, st, request, .. } = self;
+        let Held {
+            tx, st, request, ..
+        } = self;
         let check = Check::Marker(&st, request.claimant());
         match DB::commit(tx, check, &request.options).await {
             Ok(true) => Ok(Outcome::Applied(value)),

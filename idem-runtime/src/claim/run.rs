@@ -75,7 +75,11 @@ async fn claim_batch<DB: Backend>(
         return Ok(Ok(fresh));
     }
     let taken: HashSet<&str> = fresh.iter().map(String::as_str).collect();
-    let met: Vec<&str> = keys.iter().copied().filter(|k| !taken.contains(k)).collect();
+    let met: Vec<&str> = keys
+        .iter()
+        .copied()
+        .filter(|k| !taken.contains(k))
+        .collect();
     let found = DB::batch_markers(conn, st, c.scope, &met).await?;
     // A marker that vanished since the insert was forgotten meanwhile: let the batch come
     // back rather than guess.

@@ -85,13 +85,8 @@ impl<DB: Backend> Store<DB> {
         for _ in 0..RECHECKS {
             let sent = Instant::now();
             let claimant = request.claimant();
-            let state = DB::lease_claim(
-                self.pool(),
-                self.statements(),
-                claimant,
-                options.lease_ms(),
-            )
-            .await;
+            let state =
+                DB::lease_claim(self.pool(), self.statements(), claimant, options.lease_ms()).await;
             observe::attempted(sent);
             let state = state?;
             #[cfg(feature = "testing")]

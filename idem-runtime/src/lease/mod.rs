@@ -12,8 +12,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use claim::Leased;
 use claim::LeaseStore;
+pub use claim::Leased;
 
 use crate::claim::settle;
 use crate::record::NotStorable;
@@ -335,7 +335,10 @@ mod tests {
         let elapsed = claimed.elapsed();
         // The body's 10 s, not the lease's 30 s, less what has passed since the claim.
         assert!(left <= Duration::from_secs(10), "{left:?}");
-        assert!(left + elapsed >= Duration::from_secs(10), "{left:?} {elapsed:?}");
+        assert!(
+            left + elapsed >= Duration::from_secs(10),
+            "{left:?} {elapsed:?}"
+        );
     }
 
     #[test]

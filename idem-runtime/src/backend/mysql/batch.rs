@@ -30,7 +30,10 @@ fn hex_bytes(value: &[u8]) -> String {
 }
 
 fn list(keys: &[&str]) -> String {
-    keys.iter().map(|key| hex(key)).collect::<Vec<_>>().join(",")
+    keys.iter()
+        .map(|key| hex(key))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The keys of `rows`' first column, which is `VARBINARY`.

@@ -33,8 +33,7 @@ const RESTORE_WAIT: &str = "SET @@SESSION.innodb_lock_wait_timeout = IF(/*M! 1 O
     @@SESSION.innodb_lock_wait_timeout, @@GLOBAL.innodb_lock_wait_timeout)";
 
 /// Whether a lease is over, on the server's clock.
-const LEASE_OVER: &str =
-    "CAST(locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6) AS SIGNED)";
+const LEASE_OVER: &str = "CAST(locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6) AS SIGNED)";
 
 // `key` is a reserved word in MySQL. `scope` and `key` are byte strings (the `binary`
 // collation), compared byte for byte: keys that differ in case or in trailing spaces stay
@@ -143,21 +142,21 @@ impl Dialect for MySql {
             inspect: &inspect,
             in_progress: &in_progress,
             in_progress_all: &in_progress_all,
-                purge: "DELETE FROM {t} WHERE state = 'completed' \
+            purge: "DELETE FROM {t} WHERE state = 'completed' \
                         AND completed_at < UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
                         ORDER BY completed_at LIMIT ?",
-                // Binds: scope, key, lease ms, fingerprint. Error 1062 sends the claim to
-                // `takeover`.
-                lease_claim: "INSERT INTO {t} (scope, `key`, state, locked_until, token, \
+            // Binds: scope, key, lease ms, fingerprint. Error 1062 sends the claim to
+            // `takeover`.
+            lease_claim: "INSERT INTO {t} (scope, `key`, state, locked_until, token, \
                               attempts, completed_at, fingerprint, created_at) \
                               VALUES (?, ?, 'in_progress', \
                               UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND, 1, 1, \
                               NULL, ?, UTC_TIMESTAMP(6))",
-                // Binds: lease ms, fingerprint, scope, key, fingerprint, fingerprint. The
-                // UPDATE has no RETURNING here, so the new token comes back as the
-                // statement's last insert id. Concurrent takers queue on the row lock and
-                // re-read it: only the first still matches. Another payload never takes over.
-                lease_takeover: "UPDATE {t} SET token = LAST_INSERT_ID(token + 1), \
+            // Binds: lease ms, fingerprint, scope, key, fingerprint, fingerprint. The
+            // UPDATE has no RETURNING here, so the new token comes back as the
+            // statement's last insert id. Concurrent takers queue on the row lock and
+            // re-read it: only the first still matches. Another payload never takes over.
+            lease_takeover: "UPDATE {t} SET token = LAST_INSERT_ID(token + 1), \
                                  attempts = attempts + 1, \
                                  locked_until = UTC_TIMESTAMP(6) \
                                  + INTERVAL (? * 1000) MICROSECOND, \
@@ -167,16 +166,16 @@ impl Dialect for MySql {
                                  OR locked_until <= UTC_TIMESTAMP(6)) \
                                  AND (fingerprint IS NULL OR ? IS NULL OR fingerprint = ?)",
             lease_state: &lease_state,
-                // Binds: the value, scope, key, token.
-                lease_complete: "UPDATE {t} SET state = 'completed', \
+            // Binds: the value, scope, key, token.
+            lease_complete: "UPDATE {t} SET state = 'completed', \
                                  completed_at = UTC_TIMESTAMP(6), locked_until = NULL, \
                                  result = ? WHERE scope = ? AND `key` = ? AND token = ? \
                                  AND state = 'in_progress'",
-                // Binds: scope, key, token.
-                lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = ? \
+            // Binds: scope, key, token.
+            lease_release: "UPDATE {t} SET locked_until = NULL WHERE scope = ? \
                                 AND `key` = ? AND token = ? AND state = 'in_progress'",
-                // Binds: lease ms, scope, key, token.
-                lease_renew: "UPDATE {t} SET locked_until = UTC_TIMESTAMP(6) \
+            // Binds: lease ms, scope, key, token.
+            lease_renew: "UPDATE {t} SET locked_until = UTC_TIMESTAMP(6) \
                               + INTERVAL (? * 1000) MICROSECOND \
                               WHERE scope = ? AND `key` = ? AND token = ? \
                               AND state = 'in_progress'",
