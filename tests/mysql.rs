@@ -222,12 +222,19 @@ async fn wait_never_reaches_the_pooled_connection() {
     let url = <My as conformance::Support>::url();
     let pool = <My as conformance::Support>::connect(&url, 1).await;
     let table = conformance::unique_name("m", "waitleak");
-    let store = idem::Store::new(pool.clone()).with_table(&table).expect("a name");
+    let store = idem::Store::new(pool.clone())
+        .with_table(&table)
+        .expect("a name");
     store.migrate().await.expect("migrate");
     let ok = waiting(&store, "job-1", None).await.expect("applies");
     assert!(ok.is_applied());
     lock_wait_is_the_servers(&pool, "an applied call").await;
-    assert!(!waiting(&store, "job-1", None).await.expect("a duplicate").is_applied());
+    assert!(
+        !waiting(&store, "job-1", None)
+            .await
+            .expect("a duplicate")
+            .is_applied()
+    );
     lock_wait_is_the_servers(&pool, "a duplicate").await;
     let (entered, mut inside) = tokio::sync::mpsc::channel(1);
     tokio::select! {
@@ -272,16 +279,22 @@ async fn a_body_whose_ddl_commits_implicitly_is_applied() {
     let pool = <My as conformance::Support>::connect(&url, 2).await;
     let table = conformance::unique_name("m", "ddl");
     let effects = conformance::unique_name("e", "ddl");
-    let store = idem::Store::new(pool.clone()).with_table(&table).expect("a name");
+    let store = idem::Store::new(pool.clone())
+        .with_table(&table)
+        .expect("a name");
     store.migrate().await.expect("migrate");
     let create = format!("CREATE TABLE {effects} (id INT)");
     sqlx::query(sqlx::AssertSqlSafe(create))
         .execute(&pool)
         .await
         .expect("effects");
-    let first = with_ddl(&store, "job-1", &effects).await.expect("committed");
+    let first = with_ddl(&store, "job-1", &effects)
+        .await
+        .expect("committed");
     assert!(first.is_applied(), "{first:?}");
-    let again = with_ddl(&store, "job-1", &effects).await.expect("a duplicate");
+    let again = with_ddl(&store, "job-1", &effects)
+        .await
+        .expect("a duplicate");
     assert_eq!(again, idem::Outcome::Duplicate);
     let count = |sql: String| {
         let pool = pool.clone();

@@ -132,16 +132,18 @@ async fn until_a_claim_waits<S: Support>(ctx: &Ctx<S>) {
 }
 
 /// A completed marker of any mode is a duplicate to every mode: 16 ordered pairs.
-pub(crate) async fn every_mode_reads_a_completed_marker_of_every_mode_as_a_duplicate<
-    S: Support,
->() {
+pub(crate) async fn every_mode_reads_a_completed_marker_of_every_mode_as_a_duplicate<S: Support>() {
     let ctx = Ctx::<S>::new("modes_done", 3).await;
     let mut id = 0;
     for first in MODES {
         for second in MODES {
             id += 1;
             let job = ctx.job(&format!("done-{id}"), id, 1);
-            assert_eq!(deliver(&ctx, first, &job, None).await, Got::Applied, "{first:?}");
+            assert_eq!(
+                deliver(&ctx, first, &job, None).await,
+                Got::Applied,
+                "{first:?}"
+            );
             let again = deliver(&ctx, second, &job, None).await;
             assert_eq!(again, Got::Duplicate, "{first:?} then {second:?}");
             assert_eq!(ctx.effects(id).await, 1, "{first:?} then {second:?}");
@@ -166,11 +168,19 @@ pub(crate) async fn a_live_lease_is_in_progress_to_every_mode_then_released<S: S
             during
         };
         let (held, during) = tokio::join!(holder, meanwhile);
-        assert_eq!(during, Got::InProgress, "{second:?} while a lease holds the key");
+        assert_eq!(
+            during,
+            Got::InProgress,
+            "{second:?} while a lease holds the key"
+        );
         assert_eq!(held, Got::Refused);
         assert_eq!(ctx.effects(id).await, 0, "{second:?}");
         let after = deliver(&ctx, second, &job, None).await;
-        assert_eq!(after, Got::Applied, "{second:?} after the lease was released");
+        assert_eq!(
+            after,
+            Got::Applied,
+            "{second:?} after the lease was released"
+        );
         assert_eq!(ctx.effects(id).await, 1, "{second:?}");
     }
     ctx.cleanup().await;
@@ -189,10 +199,22 @@ pub(crate) async fn an_expired_lease_is_taken_over_by_every_mode<S: Support>() {
             Ok(idem::Claimed::Fresh(lease)) => lease,
             other => panic!("expected a fresh lease, got {other:?}"),
         };
-        ctx.set_locked_until(&job.key, &db_now_plus::<S>(-1000)).await;
-        assert_eq!(deliver(&ctx, second, &job, None).await, Got::Applied, "{second:?}");
-        assert_eq!(got(stale.finish::<(), TestError>(Ok(())).await), Got::LeaseLost);
-        assert_eq!(deliver(&ctx, second, &job, None).await, Got::Duplicate, "{second:?}");
+        ctx.set_locked_until(&job.key, &db_now_plus::<S>(-1000))
+            .await;
+        assert_eq!(
+            deliver(&ctx, second, &job, None).await,
+            Got::Applied,
+            "{second:?}"
+        );
+        assert_eq!(
+            got(stale.finish::<(), TestError>(Ok(())).await),
+            Got::LeaseLost
+        );
+        assert_eq!(
+            deliver(&ctx, second, &job, None).await,
+            Got::Duplicate,
+            "{second:?}"
+        );
         assert_eq!(ctx.effects(id).await, 1, "{second:?}");
     }
     ctx.cleanup().await;
@@ -219,10 +241,8 @@ pub(crate) async fn a_transaction_holding_the_key_keeps_every_mode_waiting<S: Su
                 };
                 tokio::join!(waiter, release).0
             };
-            let (held, waited) = within(60, "the pair", async {
-                tokio::join!(holder, meanwhile)
-            })
-            .await;
+            let (held, waited) =
+                within(60, "the pair", async { tokio::join!(holder, meanwhile) }).await;
             assert_eq!(held, Got::Refused, "{first:?} then {second:?}");
             assert_eq!(waited, Got::Applied, "{first:?} then {second:?}");
             assert_eq!(ctx.effects(id).await, 1, "{first:?} then {second:?}");

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use idem::{Error, LeaseOptions};
 
+use crate::conformance::Support;
 use crate::conformance::ctx::Ctx;
 use crate::conformance::handlers::*;
 use crate::conformance::util::within;
-use crate::conformance::Support;
 
 /// A lease outside 1 s ..= 24 h is `InvalidLease`, in the words of the attribute's compile
 /// error, and nothing is written.
@@ -22,7 +22,11 @@ pub(crate) async fn lease_outside_its_bounds_is_refused_before_any_io<S: Support
         idem::MAX_LEASE + Duration::from_millis(1),
         Duration::from_secs(100_000_000 * 3600),
     ] {
-        match ctx.store.lease("apply", &key, LeaseOptions::new(lease)).await {
+        match ctx
+            .store
+            .lease("apply", &key, LeaseOptions::new(lease))
+            .await
+        {
             Err(Error::InvalidLease { lease: refused }) => assert_eq!(refused, lease),
             other => panic!("expected InvalidLease for {lease:?}, got {other:?}"),
         }
@@ -68,7 +72,12 @@ pub(crate) async fn commit_of_a_transaction_the_database_rolled_back_is_not_comm
         applied(apply(ctx.store.join(&mut tx), &job, Then::Commit).await),
         30
     );
-    within(120, "the swallowed rollback", S::swallow_a_rollback(&mut tx, &other, &rows)).await;
+    within(
+        120,
+        "the swallowed rollback",
+        S::swallow_a_rollback(&mut tx, &other, &rows),
+    )
+    .await;
     match idem::commit(tx).await {
         Err(Error::NotCommitted) => {}
         other => panic!("expected NotCommitted, got {other:?}"),
