@@ -7,6 +7,7 @@ mod args;
 mod diag;
 mod duration;
 mod expand;
+mod mode;
 mod signature;
 mod validate;
 

@@ -6,7 +6,7 @@ use proc_macro2::{Span, TokenStream};
 use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type};
 
 use crate::diag::Diag;
-use crate::validate::Mode;
+use crate::mode::Mode;
 
 #[derive(Clone)]
 pub(crate) struct Handler {

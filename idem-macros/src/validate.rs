@@ -8,23 +8,11 @@ use syn::{Expr, FnArg, Ident, Signature};
 use crate::args::Args;
 use crate::diag::Diag;
 use crate::duration;
+use crate::mode::Mode;
 use crate::signature::{self, Handler};
 
 mod batch;
 pub(crate) use batch::{BatchParam, batch};
-
-/// How the handler runs its body. Decided here, once: the signature analysis and the
-/// expansion follow it rather than guessing again.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// Claim, body and commit in one database transaction.
-    Transaction,
-    /// Claim a lease, run the body outside any transaction, complete the marker after it.
-    Lease,
-    /// Claim every job of a batch with one statement, run the body once for the fresh ones,
-    /// and commit their markers and effects together.
-    Batch,
-}
 
 /// `lease` selects lease mode. Reports the arguments that do not fit the mode.
 pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {

@@ -224,7 +224,7 @@ impl<DB: Backend> BatchClaim<DB> {
 
     /// Ends the call: commits on `Ok`, rolls back on `Err`.
     ///
-    /// On `Ok`, each fresh job is [`Outcome::Applied`] only once the database confirmed the
+    /// On `Ok`, each fresh job is [`Outcome::Applied`](crate::Outcome::Applied) only once the database confirmed the
     /// commit (the same check as [`Guard::finish`](crate::Guard::finish): a transaction the
     /// database threw away is [`Error::RolledBack`] and nothing of it was kept). With no fresh
     /// job there is nothing to commit: the outcomes are all duplicates, and the value is

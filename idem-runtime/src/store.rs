@@ -47,9 +47,14 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 ///   lock_timeout` in the begin statement, so it bounds every lock wait of the transaction.
 /// - **MySQL / MariaDB**: the claim is a plain `INSERT`; duplicate-key error 1062 is the
 ///   duplicate signal, and a deadlock victim (1213) among waiters retries its claim. Keys are
-///   stored as bytes, so `"Job-A"`, `"job-a"` and `"job-a "` are three keys. `wait` sets the
-///   session's `innodb_lock_wait_timeout` (whole seconds) for the transaction and puts the
-///   server's default back when it ends.
+///   stored as bytes, so `"Job-A"`, `"job-a"` and `"job-a "` are three keys. On MariaDB,
+///   `wait` bounds each claim statement with `SET STATEMENT innodb_lock_wait_timeout = N FOR`
+///   (whole seconds), so nothing of it reaches the pooled connection, whatever happens to the
+///   call; the body's own statements keep the session's wait. MySQL 8 has no per-statement
+///   form for this variable: there `wait` sets the session's for the transaction and every
+///   end of the call puts the server's default back, except a call dropped mid-transaction (a
+///   panic, a cancelled future), whose connection keeps it. (MySQL 8 was not tested: no
+///   server can be installed where idem is built; MariaDB 10.11 is.)
 /// - **SQLite**: every call begins with `BEGIN IMMEDIATE`, taking the write lock up front (a
 ///   deferred transaction could deadlock on the lock upgrade). Another writer waits for it up to
 ///   the connection's busy timeout (sqlx's default is 5 s; set it with
@@ -61,18 +66,29 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 ///
 /// # Applied means committed
 ///
-/// [`Outcome::Applied`] is returned only when the database confirmed the commit. A body that
+/// [`Outcome::Applied`](crate::Outcome::Applied) is returned only when the database confirmed the commit. A body that
 /// ignores a failed statement and returns `Ok` gets [`Error::RolledBack`] where the database
 /// threw the transaction away: PostgreSQL aborts the transaction at the first failed statement
 /// (and answers `COMMIT` with a rollback), MySQL rolls the whole transaction back on a
 /// deadlock (1213) and runs later statements in autocommit, SQLite on `INSERT OR ROLLBACK`
 /// and I/O errors. The check rides in the commit's own message (PostgreSQL `SELECT 1;
-/// COMMIT`, MySQL `SELECT @@in_transaction; COMMIT`), at no extra round trip. Statements a
-/// MySQL or SQLite body ran in autocommit after such a rollback are kept, marker or not: a body
-/// must return database errors (with `?`), never ignore or retry them. (On MySQL and SQLite
-/// most failed statements, a constraint violation say, undo only themselves: a body that
-/// ignores one and returns `Ok` commits the rest of its work with the marker, which is then
-/// what it chose to keep.)
+/// COMMIT`; MySQL and MariaDB count the marker holding the claim's own nonce, which exists only
+/// while the claim's transaction does), at no extra round trip. Statements a MySQL or SQLite
+/// body ran in autocommit after such a rollback are kept, marker or not: a body must return
+/// database errors (with `?`), never ignore or retry them. (On MySQL and SQLite most failed
+/// statements, a constraint violation say, undo only themselves: a body that ignores one and
+/// returns `Ok` commits the rest of its work with the marker, which is then what it chose to
+/// keep.) A MySQL body whose DDL commits implicitly commits marker and effect there; that is
+/// `Applied`, and whatever it ran after the DDL ran in autocommit.
+///
+/// # Modes meet on a scope
+///
+/// Every mode reads a marker the same way: a completed one is a duplicate (replayed with
+/// `replay`); a lease another delivery still holds is [`Error::InProgress`], never a duplicate
+/// (its job may still fail: nack and let the broker redeliver); a lease that was released or
+/// ran out is taken over (a transaction claim makes it its own completed marker, which fences
+/// the old holder out: it gets [`Error::LeaseLost`]). Only a claim that finds a marker pays for
+/// reading it.
 ///
 /// # Pool settings
 ///

@@ -15,8 +15,9 @@ use syn::{AttrStyle, FnArg, ItemFn, LitStr, Stmt};
 
 use crate::args::{self, Args};
 use crate::diag::Diag;
+use crate::mode::Mode;
 use crate::signature::{self, Db, Handler, Kind, Repair};
-use crate::validate::{self, Mode};
+use crate::validate;
 
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let item: ItemFn = match syn::parse2(item.clone()) {

@@ -94,7 +94,7 @@ async fn deliver<S: Support>(ctx: &Ctx<S>, mode: Mode, job: &Job, hold: Option<&
                 }
                 None => apply(ctx.store.join(&mut tx), job, Then::Commit).await,
             };
-            if matches!(answer, Ok(_)) {
+            if answer.is_ok() {
                 idem::commit(tx).await.expect("the caller's commit");
             }
             got(answer)

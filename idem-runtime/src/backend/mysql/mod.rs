@@ -109,14 +109,12 @@ impl Dialect for MySql {
         // Binds: nonce, fingerprint, scope, key, fingerprint, fingerprint. A free lease
         // becomes this transaction's completed marker, its token this claim's nonce, which
         // fences the old holder out and lets the commit find the marker.
-        let take_over = format!(
-            "UPDATE {{t}} SET state = 'completed', completed_at = UTC_TIMESTAMP(6), \
+        let take_over = "UPDATE {t} SET state = 'completed', completed_at = UTC_TIMESTAMP(6), \
              locked_until = NULL, token = ?, attempts = attempts + 1, result = NULL, \
              fingerprint = COALESCE(fingerprint, ?) \
              WHERE scope = ? AND `key` = ? AND state = 'in_progress' \
              AND (locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6)) \
-             AND (fingerprint IS NULL OR ? IS NULL OR fingerprint = ?)"
-        );
+             AND (fingerprint IS NULL OR ? IS NULL OR fingerprint = ?)";
         let lease_state = format!(
             "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR), \
              CAST(attempts AS SIGNED) FROM {{t}} WHERE scope = ? AND `key` = ?"
@@ -131,7 +129,7 @@ impl Dialect for MySql {
             claim: "INSERT INTO {t} (scope, `key`, fingerprint, token, created_at, \
                     completed_at) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
             marker: &marker,
-            take_over: &take_over,
+            take_over,
             // Built per batch (`batch.rs`), which documents them.
             claim_batch: "",
             batch_markers: "",
