@@ -85,9 +85,17 @@ pub async fn run(
                 writeln!(out, "{}: duplicate, nothing sent to the API", job.id)?;
                 Delivery::Duplicate
             }
-            Err(ChargeError::Idem(e @ idem::Error::Timeout { .. })) => {
+            // The call's own timeout is what the body had left (`lease.remaining()`), so it
+            // gives up by the time idem would cut the body off; either way the key was
+            // released and the redelivery sends the same idempotency key.
+            Err(e @ ChargeError::Idem(idem::Error::Timeout { .. })) => {
                 writeln!(out, "{}: {e}", job.id)?;
                 // The API had charged before it stalled; let it answer its (gone) client.
+                api.payments.release();
+                Delivery::TimedOut
+            }
+            Err(ChargeError::Http(e)) if e.is_timeout() => {
+                writeln!(out, "{}: the payments call timed out: {e}", job.id)?;
                 api.payments.release();
                 Delivery::TimedOut
             }

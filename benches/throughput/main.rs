@@ -3,6 +3,7 @@
 //! ```text
 //! cargo bench --bench throughput                  # full, ~13 min
 //! cargo bench --bench throughput -- --quick      # < 60 s
+//! cargo bench --bench throughput -- --instructions  # client instructions per job, gated
 //! ```
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
 //! sqlite|mysql`, `--rounds N`, `--run-ms N`, `--pool lean|sqlx` (the pool settings the docs
@@ -37,6 +38,7 @@
 mod batch;
 mod config;
 mod growth;
+mod instructions;
 mod measure;
 mod observe;
 mod pgbench;
@@ -132,14 +134,40 @@ fn parse_args() -> Res<Args> {
             "--run-ms" => parsed.run_ms = Some(args.next().ok_or("--run-ms needs N")?.parse()?),
             // `cargo bench` passes `--bench` to every harness-less bench.
             "--bench" => {}
+            "--instructions" => {}
             other => eprintln!("ignoring argument {other:?}"),
         }
     }
     Ok(parsed)
 }
 
-#[tokio::main]
-async fn main() -> Res<()> {
+fn main() -> Res<()> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
+    // A child of `--instructions`, run under callgrind: one database, one variant.
+    if let Some(at) = argv.iter().position(|a| a == "--count") {
+        let (kind, variant) = match (argv.get(at + 1), argv.get(at + 2)) {
+            (Some(kind), Some(variant)) => (kind, variant),
+            _ => return Err("--count takes a database and a variant".into()),
+        };
+        std::fs::create_dir_all(&dir)?;
+        let counted = instructions::child(kind, variant, &dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        return counted;
+    }
+    if argv.iter().any(|a| a == "--instructions") {
+        std::fs::create_dir_all(&dir)?;
+        let gated = instructions::gate(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        return gated;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> Res<()> {
     let wall = Instant::now();
     let args = parse_args()?;
     measure::POOL

@@ -136,6 +136,28 @@ pub(crate) mod sealed {
             claimant: Claimant<'t>,
         ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
 
+        /// [`try_claim`](Dialect::try_claim), and when it inserted nothing, what
+        /// [`marker`](Dialect::marker) reads: `(inserted, the marker found)`. PostgreSQL does
+        /// both in one statement, so that a duplicate costs no round trip more than the
+        /// insert; there the marker can be missing from the answer although the insert found
+        /// one (a delivery that committed it while this claim waited), and the caller reads
+        /// it again. The stored value is read only with `replay`.
+        fn claim_or_read<'t>(
+            conn: &'t mut Self::Connection,
+            st: &'t Statements,
+            claimant: Claimant<'t>,
+            replay: bool,
+        ) -> impl Future<Output = Result<(bool, Option<Found>), sqlx::Error>> + Send + 't {
+            let _ = replay;
+            async move {
+                if Self::try_claim(&mut *conn, st, claimant).await? {
+                    return Ok((true, None));
+                }
+                let found = Self::marker(conn, st, claimant.scope, claimant.key).await?;
+                Ok((false, found))
+            }
+        }
+
         /// Reads the marker a claim found: its state on the database's clock, fingerprint
         /// and stored value; `None` if it is gone.
         fn marker<'t>(

@@ -80,10 +80,22 @@ impl Dialect for Postgres {
              WHERE scope = $1 AND key = ANY($2::text[]) AND state = 'in_progress' \
              AND {LEASE_OVER} RETURNING key"
         );
+        // The claim and, when it inserts nothing, the marker it met, in one statement: the
+        // `LEFT JOIN` reads with the statement's snapshot, which never holds this insert's
+        // own row (a fresh claim reads no marker) but does hold one committed before the
+        // statement began. A marker committed while the insert waited for it is not in that
+        // snapshot: the claim then reads it with a statement of its own.
+        let claim_or_read = "WITH ins AS (INSERT INTO {t} (scope, key, fingerprint, completed_at) \
+             VALUES ($1, $2, $3, now()) ON CONFLICT DO NOTHING RETURNING 1) \
+             SELECT (SELECT count(*) FROM ins), m.state, \
+             (m.locked_until IS NULL OR m.locked_until <= statement_timestamp())::int::int8, \
+             m.fingerprint, CASE WHEN $4 THEN m.result::text END \
+             FROM (SELECT 1) AS one LEFT JOIN {t} AS m ON m.scope = $1 AND m.key = $2";
         Templates {
             begin: "BEGIN",
             claim: "INSERT INTO {t} (scope, key, fingerprint, completed_at) \
                         VALUES ($1, $2, $3, now()) ON CONFLICT DO NOTHING",
+            claim_or_read,
             marker: &marker,
             take_over: &take_over,
             batch_markers: &batch_markers,
@@ -181,6 +193,35 @@ impl Dialect for Postgres {
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
         database_code(err).as_deref() == Some(LOCK_NOT_AVAILABLE)
+    }
+
+    async fn claim_or_read<'t>(
+        conn: &'t mut Self::Connection,
+        st: &'t Statements,
+        c: Claimant<'t>,
+        replay: bool,
+    ) -> Result<(bool, Option<Found>), sqlx::Error> {
+        type Row = (
+            i64,
+            Option<String>,
+            Option<i64>,
+            Option<Vec<u8>>,
+            Option<String>,
+        );
+        let (inserted, state, over, fingerprint, result): Row =
+            sqlx::query_as(st.claim_or_read.clone())
+                .bind(c.scope)
+                .bind(c.key)
+                .bind(c.fingerprint)
+                .bind(replay)
+                .fetch_one(&mut *conn)
+                .await?;
+        if inserted == 1 {
+            return Ok((true, None));
+        }
+        let found =
+            state.map(|state| Found::of_row((state, over.unwrap_or(1), fingerprint, result)));
+        Ok((false, found))
     }
 
     super::shared::claim_on_conflict!();

@@ -76,6 +76,7 @@ impl Dialect for Sqlite {
              AND state = 'in_progress' AND {LEASE_OVER} RETURNING key"
         );
         Templates {
+            claim_or_read: "",
             marker: &marker,
             take_over: &take_over,
             batch_markers: &batch_markers,

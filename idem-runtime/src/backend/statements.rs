@@ -42,6 +42,8 @@ pub struct Statements {
     pub(crate) table: Table,
     pub(crate) begin: SqlStr,
     pub(crate) claim: SqlStr,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) claim_or_read: SqlStr,
     pub(crate) marker: SqlStr,
     pub(crate) take_over: SqlStr,
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
@@ -71,6 +73,7 @@ pub struct Statements {
 pub(crate) struct Templates<'a> {
     pub(crate) begin: &'static str,
     pub(crate) claim: &'a str,
+    pub(crate) claim_or_read: &'a str,
     pub(crate) marker: &'a str,
     pub(crate) take_over: &'a str,
     pub(crate) claim_batch: &'a str,
@@ -100,6 +103,7 @@ impl Templates<'_> {
             table: table.clone(),
             begin: self.begin.into_sql_str(),
             claim: fill(self.claim),
+            claim_or_read: fill(self.claim_or_read),
             marker: fill(self.marker),
             take_over: fill(self.take_over),
             claim_batch: fill(self.claim_batch),

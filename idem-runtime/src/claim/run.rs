@@ -37,12 +37,16 @@ async fn claim_one<DB: Backend>(
     request: &Request,
 ) -> Step<(Claimed<()>, bool)> {
     let c = request.claimant();
+    let replay = request.options.replay;
     for _ in 0..RECHECKS {
-        if DB::try_claim(conn, st, c).await? {
-            return Ok(Ok((Claimed::Fresh(()), false)));
-        }
+        let found = match DB::claim_or_read(conn, st, c, replay).await? {
+            (true, _) => return Ok(Ok((Claimed::Fresh(()), false))),
+            (false, Some(found)) => Some(found),
+            // Committed while the insert waited for it: read it now.
+            (false, None) => DB::marker(conn, st, c.scope, c.key).await?,
+        };
         // Gone again (an operator forgot it): insert once more.
-        let Some(found) = DB::marker(conn, st, c.scope, c.key).await? else {
+        let Some(found) = found else {
             continue;
         };
         match decide(found, request) {

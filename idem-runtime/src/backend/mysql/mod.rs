@@ -128,6 +128,7 @@ impl Dialect for MySql {
             // fingerprint, nonce.
             claim: "INSERT INTO {t} (scope, `key`, fingerprint, token, created_at, \
                     completed_at) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+            claim_or_read: "",
             marker: &marker,
             take_over,
             // Built per batch (`batch.rs`), which documents them.

@@ -1,0 +1,262 @@
+//! Instructions per job, counted by callgrind: a cost gate that a loaded machine cannot turn
+//! red, since it counts what the client executes, not how long it takes.
+//!
+//! `cargo bench --bench throughput -- --instructions` runs this binary again under
+//! `valgrind --tool=callgrind`, once per database and variant. Each child sets up its own
+//! tables, warms its connection up (every statement prepared), then runs [`JOBS`] jobs one at
+//! a time on a current-thread runtime inside [`idem_measured_jobs`], the only function
+//! callgrind collects in (`--collect-atstart=no --toggle-collect`). So set-up, connecting and
+//! the server's work are not counted: only the client's claim, body, commit and the runtime
+//! and driver work they cause. The parent prints instructions per job and the ratios, and
+//! fails when one is above its bound ([`BOUNDS`]).
+
+use std::path::Path;
+use std::process::Command;
+
+use tokio::runtime::Runtime;
+
+use crate::Res;
+use crate::config::config;
+use crate::measure::connect;
+use crate::setup::{drop_tables, setup_lite, setup_my, setup_pg};
+use crate::variants::{Conn, Kind, Rng, TopUp, Variant, job_id};
+
+/// Jobs per measured run.
+pub(crate) const JOBS: u64 = 300;
+
+/// Counted runs per database and variant, of which the smallest count is kept: what varies
+/// between runs is how often a read finds the server's answer not there yet (one more trip
+/// through the driver), which only ever adds instructions.
+const RUNS: usize = 3;
+
+/// The warm-up before the measured run: prepares every statement, fills sqlx's caches.
+const WARMUP: u64 = 20;
+
+/// The gate: (database, what, bound). `macro / hand` is the macro's fresh job against the
+/// claim written by hand with sqlx (the same transaction, without the verified commit), and
+/// `duplicate / hand` a duplicate's against the hand-written fresh job. The bounds are the
+/// largest ratio of four runs on the commit that set them (`docs/BENCHMARKS.md`) plus about
+/// 12 %; those runs spread by up to 6 %.
+const BOUNDS: [(Kind, &str, f64); 6] = [
+    (Kind::Postgres, "macro / hand", 1.95),
+    (Kind::Postgres, "duplicate / hand", 1.30),
+    (Kind::MySql, "macro / hand", 2.45),
+    (Kind::MySql, "duplicate / hand", 1.95),
+    (Kind::Sqlite, "macro / hand", 1.65),
+    (Kind::Sqlite, "duplicate / hand", 1.30),
+];
+
+const VARIANTS: [Variant; 3] = [Variant::Handwritten, Variant::Macro, Variant::Duplicate];
+
+fn kind_arg(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Postgres => "postgres",
+        Kind::Sqlite => "sqlite",
+        Kind::MySql => "mysql",
+    }
+}
+
+fn parse_kind(arg: &str) -> Res<Kind> {
+    Ok(match arg {
+        "postgres" => Kind::Postgres,
+        "sqlite" => Kind::Sqlite,
+        "mysql" => Kind::MySql,
+        other => return Err(format!("unknown database {other:?}").into()),
+    })
+}
+
+fn parse_variant(arg: &str) -> Res<Variant> {
+    VARIANTS
+        .into_iter()
+        .find(|v| v.name() == arg)
+        .ok_or_else(|| format!("unknown variant {arg:?}").into())
+}
+
+fn jobs(salt: u64, from: u64, n: u64) -> Vec<TopUp> {
+    let mut rng = Rng(salt);
+    (from..from + n)
+        .map(|i| TopUp {
+            id: job_id(salt, i),
+            account: rng.account(),
+            credits: 1,
+        })
+        .collect()
+}
+
+/// The measured section: callgrind collects only while this function runs.
+#[inline(never)]
+fn idem_measured_jobs(rt: &Runtime, conn: &Conn, variant: Variant, jobs: &[TopUp]) -> Res<()> {
+    rt.block_on(async {
+        for job in jobs {
+            let applied = conn.job(variant, job).await?;
+            if applied != (variant != Variant::Duplicate) {
+                return Err(format!("{}: job {} ended otherwise", variant.name(), job.id).into());
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The child: `--count DATABASE VARIANT`, run under callgrind by [`gate`].
+pub(crate) fn child(kind: &str, variant: &str, dir: &Path) -> Res<()> {
+    let (kind, variant) = (parse_kind(kind)?, parse_variant(variant)?);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let sqlite = dir.join("count.db");
+    let conn = rt.block_on(async {
+        match kind {
+            Kind::Postgres => setup_pg(&sqlx::PgPool::connect(&config().pg_url).await?).await?,
+            Kind::MySql => setup_my(&sqlx::MySqlPool::connect(&config().my_url).await?).await?,
+            Kind::Sqlite => {
+                let pool =
+                    sqlx::SqlitePool::connect_with(crate::measure::sqlite_options(&sqlite)).await?;
+                setup_lite(&pool).await?;
+            }
+        }
+        connect(kind, 1, &sqlite).await
+    })?;
+    let run = || -> Res<()> {
+        // Fresh jobs for the warm-up of both claims; a duplicate re-delivers what the macro
+        // applied before the measured section.
+        rt.block_on(async {
+            for (v, job) in [Variant::Handwritten, Variant::Macro]
+                .into_iter()
+                .flat_map(|v| jobs(7, 0, WARMUP).into_iter().map(move |j| (v, j)))
+            {
+                conn.job(v, &job).await?;
+            }
+            Ok::<_, crate::BoxError>(())
+        })?;
+        let measured = match variant {
+            Variant::Duplicate => {
+                let applied = jobs(11, 0, JOBS);
+                idem_measured_jobs_setup(&rt, &conn, &applied)?;
+                applied
+            }
+            _ => jobs(11, 0, JOBS),
+        };
+        idem_measured_jobs(&rt, &conn, variant, &measured)
+    };
+    let result = run();
+    rt.block_on(async {
+        conn.close().await;
+        match kind {
+            Kind::Postgres => drop_tables(&sqlx::PgPool::connect(&config().pg_url).await?).await,
+            Kind::MySql => drop_tables(&sqlx::MySqlPool::connect(&config().my_url).await?).await,
+            Kind::Sqlite => Ok(()),
+        }
+    })?;
+    result
+}
+
+/// Applies `jobs` with the macro, outside the measured section.
+fn idem_measured_jobs_setup(rt: &Runtime, conn: &Conn, jobs: &[TopUp]) -> Res<()> {
+    rt.block_on(async {
+        for job in jobs {
+            conn.job(Variant::Macro, job).await?;
+        }
+        Ok(())
+    })
+}
+
+/// The instructions callgrind counted in one child.
+fn count(exe: &Path, dir: &Path, kind: Kind, variant: Variant) -> Res<u64> {
+    let out = dir.join(format!("{}-{}.callgrind", kind_arg(kind), variant.name()));
+    let status = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg("--collect-atstart=no")
+        .arg("--toggle-collect=*idem_measured_jobs")
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(exe)
+        .args(["--count", kind_arg(kind), variant.name()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("valgrind could not be started (apt-get install valgrind): {e}"))?;
+    if !status.success() {
+        return Err(format!(
+            "{} / {}: the counted run failed ({status}); run it by hand: valgrind \
+             --tool=callgrind {} --count {} {}",
+            kind.name(),
+            variant.name(),
+            exe.display(),
+            kind_arg(kind),
+            variant.name()
+        )
+        .into());
+    }
+    let text = std::fs::read_to_string(&out)?;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("summary:")
+                .or_else(|| l.strip_prefix("totals:"))
+        })
+        .and_then(|n| n.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| format!("no instruction total in {}", out.display()).into())
+}
+
+/// The parent: counts every database and variant, prints the table, checks [`BOUNDS`].
+pub(crate) fn gate(dir: &Path) -> Res<()> {
+    let exe = std::env::current_exe()?;
+    let mut failures = Vec::new();
+    println!("## Client instructions per job (callgrind)\n");
+    println!(
+        "{JOBS} jobs one at a time after a warm-up, counted in the client only, the least of \
+         {RUNS} runs (`cargo bench --bench throughput -- --instructions`).\n"
+    );
+    println!("| database | handwritten | macro | duplicate | macro / hand | duplicate / hand |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for kind in [Kind::Postgres, Kind::MySql, Kind::Sqlite] {
+        let mut per_job = [0u64; 3];
+        for (i, variant) in VARIANTS.into_iter().enumerate() {
+            let mut least = u64::MAX;
+            for _ in 0..RUNS {
+                least = least.min(count(&exe, dir, kind, variant)?);
+            }
+            per_job[i] = least / JOBS;
+            eprintln!(
+                "{} / {}: {} instructions per job",
+                kind.name(),
+                variant.name(),
+                per_job[i]
+            );
+        }
+        let [hand, mac, dup] = per_job.map(|n| n as f64);
+        let ratios = [
+            ("macro / hand", mac / hand),
+            ("duplicate / hand", dup / hand),
+        ];
+        println!(
+            "| {} | {} | {} | {} | {:.3} | {:.3} |",
+            kind.name(),
+            per_job[0],
+            per_job[1],
+            per_job[2],
+            ratios[0].1,
+            ratios[1].1
+        );
+        for (what, ratio) in ratios {
+            let bound = BOUNDS
+                .iter()
+                .find(|(k, w, _)| *k == kind && *w == what)
+                .map(|b| b.2)
+                .expect("a bound for every ratio");
+            if ratio > bound {
+                failures.push(format!(
+                    "{}: {what} is {ratio:.3}, above its bound {bound}",
+                    kind.name()
+                ));
+            }
+        }
+    }
+    println!();
+    if failures.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "the client's instructions per job grew past their bounds: {}",
+        failures.join("; ")
+    )
+    .into())
+}
