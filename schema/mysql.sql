@@ -1,8 +1,10 @@
--- idem marker table, schema version 1 (MySQL / MariaDB).
+-- idem marker and outbox tables, schema version 2 (MySQL / MariaDB).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
--- this file and the code in step. The meaning of every column is in docs/schema.md.
+-- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
+-- adds the outbox table `idem_processed_outbox`; `schema/mysql.v1-to-v2.sql` upgrades a
+-- version 1 schema.
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope VARBINARY(255) NOT NULL,
@@ -18,4 +20,22 @@ CREATE TABLE IF NOT EXISTS idem_processed (
         PRIMARY KEY (scope, `key`),
         KEY idem_completed_at (state, completed_at),
         CHECK (state IN ('in_progress', 'completed'))
+    ) ENGINE = InnoDB;
+
+CREATE TABLE IF NOT EXISTS idem_processed_outbox (
+        id VARBINARY(255) NOT NULL,
+        destination VARBINARY(255) NOT NULL,
+        payload LONGBLOB NOT NULL,
+        scope VARBINARY(255) NOT NULL,
+        `key` VARBINARY(255) NOT NULL,
+        seq INT NOT NULL,
+        created_at DATETIME(6) NOT NULL,
+        attempts INT NOT NULL DEFAULT 0,
+        next_attempt_at DATETIME(6) NOT NULL,
+        last_error TEXT NULL,
+        parked BOOLEAN NOT NULL DEFAULT FALSE,
+        sent_at DATETIME(6) NULL,
+        PRIMARY KEY (id),
+        KEY idem_outbox_due (sent_at, parked, next_attempt_at),
+        KEY idem_outbox_sent_at (sent_at)
     ) ENGINE = InnoDB;

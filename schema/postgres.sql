@@ -1,8 +1,10 @@
--- idem marker table, schema version 1 (PostgreSQL).
+-- idem marker and outbox tables, schema version 2 (PostgreSQL).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
--- this file and the code in step. The meaning of every column is in docs/schema.md.
+-- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
+-- adds the outbox table `idem_processed_outbox`; `schema/postgres.v1-to-v2.sql` upgrades a
+-- version 1 schema.
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope text NOT NULL,
@@ -19,3 +21,22 @@ CREATE TABLE IF NOT EXISTS idem_processed (
     );
 
 CREATE INDEX IF NOT EXISTS idem_processed_completed_at ON idem_processed (completed_at) WHERE state = 'completed';
+
+CREATE TABLE IF NOT EXISTS idem_processed_outbox (
+        id text PRIMARY KEY,
+        destination text NOT NULL,
+        payload bytea NOT NULL,
+        scope text NOT NULL,
+        key text NOT NULL,
+        seq integer NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        attempts integer NOT NULL DEFAULT 0,
+        next_attempt_at timestamptz NOT NULL DEFAULT now(),
+        last_error text,
+        parked boolean NOT NULL DEFAULT false,
+        sent_at timestamptz
+    );
+
+CREATE INDEX IF NOT EXISTS idem_processed_outbox_due ON idem_processed_outbox (next_attempt_at) WHERE sent_at IS NULL AND NOT parked;
+
+CREATE INDEX IF NOT EXISTS idem_processed_outbox_sent_at ON idem_processed_outbox (sent_at) WHERE sent_at IS NOT NULL;

@@ -1,8 +1,10 @@
--- idem marker table, schema version 1 (SQLite).
+-- idem marker and outbox tables, schema version 2 (SQLite).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
--- this file and the code in step. The meaning of every column is in docs/schema.md.
+-- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
+-- adds the outbox table `idem_processed_outbox`; `schema/sqlite.v1-to-v2.sql` upgrades a
+-- version 1 schema.
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope TEXT NOT NULL,
@@ -19,3 +21,22 @@ CREATE TABLE IF NOT EXISTS idem_processed (
     ) WITHOUT ROWID;
 
 CREATE INDEX IF NOT EXISTS idem_processed_completed_at ON idem_processed (completed_at) WHERE state = 'completed';
+
+CREATE TABLE IF NOT EXISTS idem_processed_outbox (
+        id TEXT PRIMARY KEY,
+        destination TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        last_error TEXT,
+        parked INTEGER NOT NULL DEFAULT 0,
+        sent_at TEXT
+    );
+
+CREATE INDEX IF NOT EXISTS idem_processed_outbox_due ON idem_processed_outbox (next_attempt_at) WHERE sent_at IS NULL AND parked = 0;
+
+CREATE INDEX IF NOT EXISTS idem_processed_outbox_sent_at ON idem_processed_outbox (sent_at) WHERE sent_at IS NOT NULL;

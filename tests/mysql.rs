@@ -247,10 +247,12 @@ async fn wait_never_reaches_the_pooled_connection() {
         .expect("a name");
     assert!(waiting(&missing, "job-3", None).await.is_err());
     lock_wait_is_the_servers(&pool, "a failed claim").await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
-        .execute(&pool)
-        .await
-        .expect("drop");
+    for t in [table.clone(), format!("{table}_outbox")] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {t}")))
+            .execute(&pool)
+            .await
+            .expect("drop");
+    }
 }
 
 /// A body whose DDL commits implicitly (MariaDB and MySQL end the transaction there): marker
@@ -307,7 +309,12 @@ async fn a_body_whose_ddl_commits_implicitly_is_applied() {
     };
     assert_eq!(count(format!("SELECT COUNT(*) FROM {effects}")).await, 1);
     assert_eq!(count(format!("SELECT COUNT(*) FROM {table}")).await, 1);
-    for t in [table, effects.clone(), format!("{effects}_ddl")] {
+    for t in [
+        format!("{table}_outbox"),
+        table,
+        effects.clone(),
+        format!("{effects}_ddl"),
+    ] {
         sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {t}")))
             .execute(&pool)
             .await

@@ -63,6 +63,7 @@ impl Names {
         for sql in [
             format!("DROP TABLE IF EXISTS {}", names.effects),
             format!("DROP TABLE IF EXISTS {}", names.markers),
+            format!("DROP TABLE IF EXISTS {}_outbox", names.markers),
             format!(
                 "CREATE TABLE {} (job text NOT NULL, credits bigint NOT NULL)",
                 names.effects
@@ -144,7 +145,8 @@ impl Drop for Names {
                     drop(conn.close(200, "cleanup".into()).await);
                 }
                 let pool = postgres(1).await;
-                for t in [&names.2, &names.1] {
+                let outbox = format!("{}_outbox", names.1);
+                for t in [&names.2, &names.1, &outbox] {
                     drop(
                         sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS {t}")))
                             .execute(&pool)

@@ -8,6 +8,7 @@ mod diag;
 mod duration;
 mod expand;
 mod mode;
+mod outbox;
 mod signature;
 mod validate;
 

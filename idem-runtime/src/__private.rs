@@ -23,7 +23,7 @@ pub use crate::outcome::Failed;
 use crate::record::NotStorable;
 pub use crate::{
     Backend, Batch, Claim, ClaimOptions, Error, Fingerprint, Guard, IntoKey, Isolation, Joined,
-    Lease, LeaseOptions, Leased, Outcome, Recorded, Store, Target,
+    Lease, LeaseOptions, Leased, Outbox, Outcome, Recorded, Store, Target,
 };
 pub use core::time::Duration;
 
@@ -285,6 +285,35 @@ pub async fn finish_replay<DB: Backend, T, E>(
 ) -> Result<Outcome<T>, Failed<E>> {
     guard
         .finish(result, |value| (codec.encode)(value).map(Some))
+        .await
+}
+
+/// [`finish`] that also writes the outbox's messages in the claim's transaction.
+#[inline]
+pub async fn finish_sending<DB: Backend, T, E>(
+    guard: Held<'_, DB>,
+    result: Result<T, E>,
+    outbox: Outbox,
+) -> Result<Outcome<T>, Failed<E>> {
+    guard
+        .finish_sending(result, |_| Ok(None), Some(outbox))
+        .await
+}
+
+/// [`finish_replay`] that also writes the outbox's messages in the claim's transaction.
+#[inline]
+pub async fn finish_replay_sending<DB: Backend, T, E>(
+    codec: Codec<T>,
+    guard: Held<'_, DB>,
+    result: Result<T, E>,
+    outbox: Outbox,
+) -> Result<Outcome<T>, Failed<E>> {
+    guard
+        .finish_sending(
+            result,
+            |value| (codec.encode)(value).map(Some),
+            Some(outbox),
+        )
         .await
 }
 

@@ -116,6 +116,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// [`Outbox::send`](crate::Outbox::send) refused a message it can know the broker would
+    /// refuse (an empty destination, a payload over
+    /// [`MAX_PAYLOAD`](crate::outbox::MAX_PAYLOAD)), before anything was written. The body
+    /// decides: return it (the job fails and nothing is kept) or send something else.
+    #[error("the outbox refused a message: {reason}; nothing was written")]
+    InvalidMessage {
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// A lease length outside [`MIN_LEASE`](crate::MIN_LEASE) and
     /// [`MAX_LEASE`](crate::MAX_LEASE), refused before any I/O: nothing was written.
     #[error(

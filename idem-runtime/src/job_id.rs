@@ -20,6 +20,11 @@ impl JobId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The id as an owned string.
+    pub fn into_string(self) -> String {
+        self.0
+    }
 }
 
 impl fmt::Display for JobId {

@@ -19,6 +19,7 @@ mod job_id;
 mod key;
 mod options;
 mod outcome;
+mod outgoing;
 mod record;
 
 mod observe;
@@ -35,6 +36,7 @@ mod claim;
 mod batch;
 mod join;
 mod lease;
+mod relay;
 mod transaction;
 
 pub use backend::Backend;
@@ -50,9 +52,21 @@ pub use observe::{CLAIM_SECONDS, OUTCOMES_TOTAL, describe_metrics};
 pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
 pub(crate) use outcome::Failed;
 pub use outcome::{Batch, Outcome};
+pub use outgoing::{Message, Outbox};
 pub use record::{Fingerprint, MAX_REPLAY_LEN, Recorded};
 pub use store::{DEFAULT_TABLE, MAX_TABLE_LEN, PURGE_BATCH, Store};
 pub use transaction::{Claim, Guard};
+
+/// The transactional outbox: the messages a handler sends with its effect
+/// ([`Outbox`]), and the relay that publishes them after the commit.
+pub mod outbox {
+    pub use crate::outgoing::{MAX_DESTINATION_LEN, MAX_PAYLOAD, Message, Outbox};
+    #[cfg(feature = "outbox-nats")]
+    pub use crate::relay::JetStream;
+    #[cfg(feature = "outbox-rabbitmq")]
+    pub use crate::relay::RabbitMq;
+    pub use crate::relay::{PublishError, Publisher, Relay, Relayed};
+}
 
 /// The transaction an `#[idempotent]` handler's body runs on (an alias of
 /// `sqlx::Transaction`, so either spelling works in a handler's signature).

@@ -166,6 +166,8 @@ impl<B: Db> Fixture<B> {
 
     pub(crate) async fn cleanup(self) {
         self.exec(&format!("DROP TABLE {}", self.table())).await;
+        self.exec(&format!("DROP TABLE IF EXISTS {}_outbox", self.table()))
+            .await;
         self.pool.close().await;
         B::remove(&self.url);
     }

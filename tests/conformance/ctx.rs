@@ -133,6 +133,8 @@ impl<S: Support> Ctx<S> {
     pub(crate) async fn cleanup(self) {
         for t in &self.tables {
             self.exec(&format!("DROP TABLE {t}")).await;
+            // A marker table's `migrate` made its outbox too (schema version 2).
+            self.exec(&format!("DROP TABLE IF EXISTS {t}_outbox")).await;
         }
         self.pool.close().await;
         S::remove(&self.url);

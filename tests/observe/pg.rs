@@ -29,7 +29,8 @@ async fn pg() -> (Store<Postgres>, PgPool, String) {
 }
 
 async fn cleanup(store: &Store<Postgres>, pool: &PgPool, effects: &str) {
-    for table in [store.table(), effects] {
+    let outbox = format!("{}_outbox", store.table());
+    for table in [store.table(), effects, &outbox] {
         let sql = format!("DROP TABLE {table}");
         sqlx::query(AssertSqlSafe(sql)).execute(pool).await.unwrap();
     }

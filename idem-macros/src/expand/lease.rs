@@ -20,6 +20,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
         print_var,
         codec_var,
         outcome_var,
+        ..
     } = shared;
     let lease = local("__idem_lease");
     let recorded = local("__idem_recorded");

@@ -38,6 +38,7 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mode = validate::mode(&args, &item.sig, &mut diag);
     let mut repairs = Vec::new();
     let handler = signature::analyse(&item, mode, &mut diag, &mut repairs);
+    let outbox = crate::outbox::find(&item.sig, mode, &mut diag);
     validate::required(&args, &written, &item.sig, &mut diag);
     let mut batch = None;
     if mode == Mode::Batch {
@@ -54,7 +55,9 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         validate::fingerprint(expr, handler, &mut diag);
     }
     match (diag.finish(), handler) {
-        (Ok(()), Some(handler)) if mode != Mode::Batch => expand(&args, &item, &handler),
+        (Ok(()), Some(handler)) if mode != Mode::Batch => {
+            expand(&args, &item, &handler, outbox.as_ref())
+        }
         (Ok(()), Some(handler)) if batch.is_some() => {
             batch::expand(&args, &item, &handler, batch.as_ref().expect("checked"))
         }
@@ -148,6 +151,8 @@ struct Shared<'a> {
     codec_var: Option<Ident>,
     /// The `Result<Outcome<T>, Failed<E>>` that `settle` converts.
     outcome_var: Ident,
+    /// The outbox parameter, if the handler takes one.
+    outbox: Option<&'a crate::outbox::OutboxParam>,
 }
 
 /// A local of the generated code: invisible to the body's names, and they to it.
@@ -155,7 +160,12 @@ fn local(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
 }
 
-fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
+fn expand(
+    args: &Args,
+    item: &ItemFn,
+    handler: &Handler,
+    outbox: Option<&crate::outbox::OutboxParam>,
+) -> TokenStream {
     let ident = &item.sig.ident;
     let private = private_path(args);
     // An alias of `Result` that does not name `T` (`Fallible<T>`): `T` and `E` are read
@@ -180,6 +190,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         print_var: args.fingerprint.as_ref().map(|_| local("__idem_print")),
         codec_var: args.replay.then(|| local("__idem_codec")),
         outcome_var: local("__idem_outcome"),
+        outbox,
     };
     let Shared {
         private,
@@ -212,6 +223,15 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         .iter_mut()
         .nth(handler.index)
         .expect("index from analyse") = store_arg;
+    // The outbox is the claim's: the caller passes none.
+    if let Some(outbox) = outbox {
+        sig.inputs = std::mem::take(&mut sig.inputs)
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| *i != outbox.index)
+            .map(|(_, arg)| arg)
+            .collect();
+    }
     let ret = &handler.ret;
     let ok = rewrite_output(
         &mut sig,

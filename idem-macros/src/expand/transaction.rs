@@ -23,6 +23,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         print_var,
         codec_var,
         outcome_var,
+        outbox,
     } = shared;
     let guard = local("__idem_guard");
     let recorded = local("__idem_recorded");
@@ -37,10 +38,27 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
     let Kind::Transaction { ty: tx_ty, .. } = &handler.kind else {
         unreachable!("transaction mode has a transaction parameter")
     };
+    let outbox_var = local("__idem_outbox");
+    let outbox_ref = local("__idem_outbox_ref");
+    // The outbox is the claim's, made once it is fresh; the body binds a reference to it
+    // (made outside the body's `async move`, which would otherwise take the outbox itself).
+    let (open_outbox, bind_outbox) = match outbox {
+        Some(o) => {
+            let (pat, ty) = (&o.pat, &o.ty);
+            (
+                quote! {
+                    let mut #outbox_var = #guard.outbox();
+                    let #outbox_ref = &mut #outbox_var;
+                },
+                quote!(let #pat: #ty = #outbox_ref;),
+            )
+        }
+        None => (TokenStream::new(), TokenStream::new()),
+    };
     let body = pinned_body(
         &handler.ret,
         &result,
-        quote!(let #tx_pat: #tx_ty = #tx_var;),
+        quote!(let #tx_pat: #tx_ty = #tx_var; #bind_outbox),
         stmts,
     );
     let claim = match print_var {
@@ -54,10 +72,13 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         Some(codec) => quote!(return #private::replayed(#codec, &#recorded)),
         None => quote!(return ::core::result::Result::Ok(#private::Outcome::Duplicate)),
     };
-    let finish = if let Some(codec) = codec_var {
-        quote!(#private::finish_replay(#codec, #guard, #result))
-    } else {
-        quote!(#private::finish(#guard, #result))
+    let finish = match (codec_var, outbox) {
+        (Some(codec), Some(_)) => {
+            quote!(#private::finish_replay_sending(#codec, #guard, #result, #outbox_var))
+        }
+        (Some(codec), None) => quote!(#private::finish_replay(#codec, #guard, #result)),
+        (None, Some(_)) => quote!(#private::finish_sending(#guard, #result, #outbox_var)),
+        (None, None) => quote!(#private::finish(#guard, #result)),
     };
     // A store inside another handler's body is refused here, before any I/O; the claim, body
     // and end then run marked as this handler's (a task-local), so that a store call in the
@@ -80,6 +101,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
                     return ::core::result::Result::Err(#private::Failed::Idem(#err));
                 }
             };
+            #open_outbox
             let #tx_var = #guard.tx();
             #body
             #finish.await

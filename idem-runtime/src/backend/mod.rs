@@ -211,6 +211,48 @@ pub(crate) mod sealed {
             json: &'t str,
         ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
 
+        /// Writes the outbox's messages in the claim's transaction.
+        fn outbox_write<'t>(
+            conn: &'t mut Self::Connection,
+            st: &'t Statements,
+            outbox: &'t crate::Outbox,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
+
+        /// The relay's take: at most `limit` due messages, oldest first (a job's in their
+        /// order), none another relay holds; held for `lease_ms`, after which a relay that
+        /// died with them lets another take them again.
+        fn outbox_take<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+            limit: i64,
+            lease_ms: i64,
+        ) -> impl Future<Output = Result<Vec<crate::Message>, sqlx::Error>> + Send + 'p;
+
+        /// The broker confirmed the message.
+        fn outbox_sent<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+            id: &'p str,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'p;
+
+        /// Publishing failed: try again in `retry_ms`, or never (`park`).
+        fn outbox_failed<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+            id: &'p str,
+            error: &'p str,
+            retry_ms: i64,
+            park: bool,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'p;
+
+        /// Deletes at most `limit` messages sent more than `age_ms` ago; returns how many.
+        fn outbox_purge<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+            age_ms: i64,
+            limit: i64,
+        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'p;
+
         fn migrate<'p>(
             pool: &'p Pool<Self>,
             st: &'p Statements,

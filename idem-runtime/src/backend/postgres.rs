@@ -5,7 +5,7 @@ use super::{
     Backend, Check, Claimant, Found, Hold, LeaseOp, LeaseState, MarkerRow, Statements, Table,
     Templates,
 };
-use crate::ClaimOptions;
+use crate::{ClaimOptions, Message, Outbox};
 
 /// `in_failed_sql_transaction`: a statement after one that failed.
 const IN_FAILED_TRANSACTION: &str = "25P02";
@@ -31,6 +31,45 @@ const DDL: &[&str] = &[
         PRIMARY KEY (scope, key)
     )",
     "CREATE INDEX IF NOT EXISTS {t}_completed_at ON {t} (completed_at) WHERE state = 'completed'",
+    // Schema version 2: the outbox, written in the claim's transaction, read by the relay.
+    "CREATE TABLE IF NOT EXISTS {t}_outbox (
+        id text PRIMARY KEY,
+        destination text NOT NULL,
+        payload bytea NOT NULL,
+        scope text NOT NULL,
+        key text NOT NULL,
+        seq integer NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        attempts integer NOT NULL DEFAULT 0,
+        next_attempt_at timestamptz NOT NULL DEFAULT now(),
+        last_error text,
+        parked boolean NOT NULL DEFAULT false,
+        sent_at timestamptz
+    )",
+    "CREATE INDEX IF NOT EXISTS {t}_outbox_due ON {t}_outbox (next_attempt_at) \
+     WHERE sent_at IS NULL AND NOT parked",
+    "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
+     WHERE sent_at IS NOT NULL",
+];
+
+/// The outbox's statements: write (id, destination, payload, scope, key, seq); due (limit,
+/// lease ms): takes the due messages, oldest first, skipping those another relay holds, and
+/// holds them for the lease; sent (id); failed (error, retry ms, park, id); purge (age ms,
+/// limit).
+const OUTBOX: [&str; 6] = [
+    "INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq) \
+     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+    "UPDATE {t}_outbox SET next_attempt_at = now() + $2 * interval '1 millisecond' \
+     WHERE id IN (SELECT id FROM {t}_outbox WHERE sent_at IS NULL AND NOT parked \
+     AND next_attempt_at <= now() ORDER BY created_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED) \
+     RETURNING id, destination, payload, seq, attempts, \
+     (EXTRACT(EPOCH FROM created_at) * 1000000)::int8",
+    "",
+    "UPDATE {t}_outbox SET sent_at = now() WHERE id = $1",
+    "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = $1, \
+     next_attempt_at = now() + $2 * interval '1 millisecond', parked = $3 WHERE id = $4",
+    "DELETE FROM {t}_outbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t}_outbox \
+     WHERE sent_at < now() - $1 * interval '1 millisecond' LIMIT $2))",
 ];
 
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text, and the lease's time left on the
@@ -144,6 +183,7 @@ impl Dialect for Postgres {
             lease_renew: "UPDATE {t} SET locked_until = now() + $4 * interval '1 millisecond' \
                               WHERE scope = $1 AND key = $2 AND token = $3 \
                               AND state = 'in_progress'",
+            outbox: OUTBOX,
             ddl: DDL,
         }
         .fill(table)
@@ -225,6 +265,30 @@ impl Dialect for Postgres {
     }
 
     super::shared::claim_on_conflict!();
+    super::shared::outbox_numbered!();
+
+    async fn outbox_take<'p>(
+        pool: &'p Pool<Self>,
+        st: &'p Statements,
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<Message>, sqlx::Error> {
+        type Row = (String, String, Vec<u8>, i32, i32, i64);
+        let mut rows: Vec<Row> = sqlx::query_as(st.outbox.due.clone())
+            .bind(limit)
+            .bind(lease_ms)
+            .fetch_all(pool)
+            .await?;
+        // `RETURNING` keeps no order: oldest first, and a job's messages in their order.
+        rows.sort_by_key(|r| (r.5, r.3));
+        Ok(rows
+            .into_iter()
+            .map(|(id, destination, payload, seq, attempts, _)| {
+                super::shared::message(id, destination, payload, seq, attempts)
+            })
+            .collect())
+    }
+
     super::shared::batch_one_bind!(|keys| keys);
     super::shared::lease_on_conflict!();
 

@@ -253,3 +253,91 @@ macro_rules! lease_on_conflict {
 }
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(super) use lease_on_conflict;
+
+/// The outbox's statements that bind alike on every backend (write: id, destination,
+/// payload, scope, key, seq; sent: id; failed: error, retry ms, park, id; purge: age ms,
+/// limit).
+macro_rules! outbox_numbered {
+    () => {
+        async fn outbox_write<'t>(
+            conn: &'t mut Self::Connection,
+            st: &'t Statements,
+            outbox: &'t Outbox,
+        ) -> Result<(), sqlx::Error> {
+            for m in outbox.messages() {
+                sqlx::query(st.outbox.write.clone())
+                    .bind(m.id.as_str())
+                    .bind(m.destination.as_str())
+                    .bind(m.payload.as_slice())
+                    .bind(outbox.scope())
+                    .bind(outbox.key())
+                    .bind(i64::from(m.seq))
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok(())
+        }
+
+        async fn outbox_sent<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+            id: &'p str,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(st.outbox.sent.clone())
+                .bind(id)
+                .execute(pool)
+                .await?;
+            Ok(())
+        }
+
+        async fn outbox_failed<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+            id: &'p str,
+            error: &'p str,
+            retry_ms: i64,
+            park: bool,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(st.outbox.failed.clone())
+                .bind(error)
+                .bind(retry_ms)
+                .bind(park)
+                .bind(id)
+                .execute(pool)
+                .await?;
+            Ok(())
+        }
+
+        async fn outbox_purge<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+            age_ms: i64,
+            limit: i64,
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(st.outbox.purge.clone())
+                .bind(age_ms)
+                .bind(limit)
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
+    };
+}
+pub(super) use outbox_numbered;
+
+/// A taken message as the relay gets it.
+pub(super) fn message(
+    id: String,
+    destination: String,
+    payload: Vec<u8>,
+    seq: impl TryInto<u32>,
+    attempts: impl TryInto<u32>,
+) -> crate::Message {
+    crate::Message {
+        id,
+        destination,
+        payload,
+        seq: seq.try_into().unwrap_or(u32::MAX),
+        attempts: attempts.try_into().unwrap_or(u32::MAX),
+    }
+}

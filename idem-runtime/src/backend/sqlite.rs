@@ -5,7 +5,7 @@ use super::{
     Backend, Check, Claimant, Found, Hold, LeaseOp, LeaseState, MarkerRow, Statements, Table,
     Templates,
 };
-use crate::ClaimOptions;
+use crate::{ClaimOptions, Message, Outbox};
 
 /// `SQLITE_BUSY`: the busy timeout ran out waiting for the write lock.
 const SQLITE_BUSY: &str = "5";
@@ -29,6 +29,45 @@ const DDL: &[&str] = &[
         PRIMARY KEY (scope, key)
     ) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS {t}_completed_at ON {t} (completed_at) WHERE state = 'completed'",
+    // Schema version 2: the outbox, written in the claim's transaction, read by the relay.
+    "CREATE TABLE IF NOT EXISTS {t}_outbox (
+        id TEXT PRIMARY KEY,
+        destination TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        last_error TEXT,
+        parked INTEGER NOT NULL DEFAULT 0,
+        sent_at TEXT
+    )",
+    "CREATE INDEX IF NOT EXISTS {t}_outbox_due ON {t}_outbox (next_attempt_at) \
+     WHERE sent_at IS NULL AND parked = 0",
+    "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
+     WHERE sent_at IS NOT NULL",
+];
+
+/// The outbox's statements, bound as on PostgreSQL. Writers are serialised, so the take needs
+/// no row locks: one statement takes and holds the due messages.
+const OUTBOX: [&str; 6] = [
+    "INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+    "UPDATE {t}_outbox SET next_attempt_at = \
+     strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+' || (?2 / 1000.0) || ' seconds') \
+     WHERE id IN (SELECT id FROM {t}_outbox WHERE sent_at IS NULL AND parked = 0 \
+     AND next_attempt_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+     ORDER BY created_at, seq LIMIT ?1) \
+     RETURNING id, destination, payload, seq, attempts, created_at",
+    "",
+    "UPDATE {t}_outbox SET sent_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?1",
+    "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = ?1, next_attempt_at = \
+     strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+' || (?2 / 1000.0) || ' seconds'), parked = ?3 \
+     WHERE id = ?4",
+    "DELETE FROM {t}_outbox WHERE id IN (SELECT id FROM {t}_outbox WHERE sent_at < \
+     strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds') LIMIT ?2)",
 ];
 
 /// The columns of `Store::inspect`: times are already ISO-8601 UTC text here; the lease's time
@@ -134,6 +173,7 @@ impl Dialect for Sqlite {
                               'now', '+' || (?4 / 1000.0) || ' seconds') \
                               WHERE scope = ?1 AND key = ?2 AND token = ?3 \
                               AND state = 'in_progress'",
+            outbox: OUTBOX,
             ddl: DDL,
         }
         .fill(table)
@@ -180,6 +220,32 @@ impl Dialect for Sqlite {
     }
 
     super::shared::claim_on_conflict!();
+    super::shared::outbox_numbered!();
+
+    async fn outbox_take<'p>(
+        pool: &'p Pool<Self>,
+        st: &'p Statements,
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<Message>, sqlx::Error> {
+        type Row = (String, String, Vec<u8>, i64, i64, String);
+        // `BEGIN IMMEDIATE`, as every writer here: the statement runs in a transaction of
+        // its own, waiting for the write lock like a claim.
+        let mut tx = pool.begin_with(st.begin.clone()).await?;
+        let mut rows: Vec<Row> = sqlx::query_as(st.outbox.due.clone())
+            .bind(limit)
+            .bind(lease_ms)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        rows.sort_by(|a, b| (&a.5, a.3).cmp(&(&b.5, b.3)));
+        Ok(rows
+            .into_iter()
+            .map(|(id, destination, payload, seq, attempts, _)| {
+                super::shared::message(id, destination, payload, seq, attempts)
+            })
+            .collect())
+    }
     super::shared::batch_one_bind!(
         |keys| serde_json::to_string(keys).expect("strings always serialise")
     );

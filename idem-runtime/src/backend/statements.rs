@@ -66,7 +66,23 @@ pub struct Statements {
     pub(crate) lease_complete: SqlStr,
     pub(crate) lease_release: SqlStr,
     pub(crate) lease_renew: SqlStr,
+    pub(crate) outbox: OutboxStatements,
     pub(crate) ddl: Vec<SqlStr>,
+}
+
+/// The outbox table's statements (`{t}_outbox`; see each backend for their binds).
+#[derive(Debug)]
+pub(crate) struct OutboxStatements {
+    /// One message, in the claim's transaction; an id already there is left as it is.
+    pub(crate) write: SqlStr,
+    /// The relay's take: due messages, oldest first, locked or skipped.
+    pub(crate) due: SqlStr,
+    /// Holds taken messages for the relay's lease (bind: the ids, the lease).
+    #[cfg_attr(feature = "mysql", allow(dead_code))]
+    pub(crate) hold: SqlStr,
+    pub(crate) sent: SqlStr,
+    pub(crate) failed: SqlStr,
+    pub(crate) purge: SqlStr,
 }
 
 /// The text of a backend's statements, `{t}` standing for the table.
@@ -91,6 +107,7 @@ pub(crate) struct Templates<'a> {
     pub(crate) lease_complete: &'a str,
     pub(crate) lease_release: &'a str,
     pub(crate) lease_renew: &'a str,
+    pub(crate) outbox: [&'a str; 6],
     pub(crate) ddl: &'a [&'a str],
 }
 
@@ -121,6 +138,17 @@ impl Templates<'_> {
             lease_complete: fill(self.lease_complete),
             lease_release: fill(self.lease_release),
             lease_renew: fill(self.lease_renew),
+            outbox: {
+                let [write, due, hold, sent, failed, purge] = self.outbox.map(fill);
+                OutboxStatements {
+                    write,
+                    due,
+                    hold,
+                    sent,
+                    failed,
+                    purge,
+                }
+            },
             ddl: self.ddl.iter().map(|s| fill(s)).collect(),
         }
     }

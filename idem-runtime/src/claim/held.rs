@@ -8,7 +8,7 @@ use sqlx::Transaction;
 use super::Request;
 use crate::backend::{Backend, Check, Statements};
 use crate::record::NotStorable;
-use crate::{Error, Failed, Outcome};
+use crate::{Error, Failed, Outbox, Outcome};
 
 /// A fresh claim of either kind: a transaction of idem's own, or a savepoint of the caller's
 /// (`joined`), which ends with a `RELEASE` and leaves the commit to the caller. Dropping it (a
@@ -53,14 +53,32 @@ impl<'c, DB: Backend> Held<'c, DB> {
         }
     }
 
+    /// The outbox of this claim's job: its messages get ids from this scope and key.
+    pub fn outbox(&self) -> Outbox {
+        Outbox::new(self.request.scope.clone(), self.request.key.as_str())
+    }
+
+    /// [`finish_sending`](Held::finish_sending) without an outbox.
+    pub(crate) async fn finish<T, E>(
+        self,
+        result: Result<T, E>,
+        encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
+    ) -> Result<Outcome<T>, Failed<E>> {
+        self.finish_sending(result, encode, None).await
+    }
+
     /// Ends the call: on `Ok`, stores what `encode` makes of the value (`replay`) and commits
     /// (verified: `Applied` only once the database confirmed it) or releases the savepoint;
     /// on `Err`, rolls back. A value that cannot be stored rolls everything back: in a
     /// transaction nothing happened outside it, so the redelivery may simply run again.
-    pub(crate) async fn finish<T, E>(
+    ///
+    /// The outbox's messages, if any, are written in the same transaction, after the value:
+    /// they exist exactly when the marker and the effect do.
+    pub(crate) async fn finish_sending<T, E>(
         mut self,
         result: Result<T, E>,
         encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
+        outbox: Option<Outbox>,
     ) -> Result<Outcome<T>, Failed<E>> {
         let value = match result {
             Ok(value) => value,
@@ -84,7 +102,15 @@ impl<'c, DB: Backend> Held<'c, DB> {
                 self.request.key.as_str()
             ))),
         };
-        if let Err(e) = recorded {
+        let written = match (recorded, &outbox) {
+            (Ok(()), Some(outbox)) if !outbox.messages().is_empty() => {
+                DB::outbox_write(&mut self.tx, &self.st, outbox)
+                    .await
+                    .map_err(Error::from)
+            }
+            (recorded, _) => recorded,
+        };
+        if let Err(e) = written {
             self.roll_back().await;
             return Err(Failed::Idem(e));
         }

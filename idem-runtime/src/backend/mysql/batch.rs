@@ -143,3 +143,43 @@ pub(super) async fn take_over(
         .await?;
     keys_of(&rows)
 }
+
+/// The relay's take: the due messages, locked (skipping those another relay has locked),
+/// then held for the lease, in one short transaction.
+pub(super) async fn outbox_take(
+    pool: &sqlx::Pool<MySql>,
+    st: &Statements,
+    limit: i64,
+    lease_ms: i64,
+) -> Result<Vec<crate::Message>, sqlx::Error> {
+    type Row = (Vec<u8>, Vec<u8>, Vec<u8>, i32, i32);
+    let mut tx = pool.begin().await?;
+    let rows: Vec<Row> = sqlx::query_as(st.outbox.due.clone())
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+    if !rows.is_empty() {
+        let ids: Vec<String> = rows.iter().map(|r| hex_bytes(&r.0)).collect();
+        let hold = format!(
+            "UPDATE {}_outbox SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND \
+             WHERE id IN ({})",
+            st.table.as_str(),
+            lease_ms.saturating_mul(1000),
+            ids.join(",")
+        );
+        sqlx::raw_sql(AssertSqlSafe(hold)).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    let text = |b: Vec<u8>| String::from_utf8(b).map_err(|e| sqlx::Error::Decode(Box::new(e)));
+    rows.into_iter()
+        .map(|(id, destination, payload, seq, attempts)| {
+            Ok(crate::backend::shared::message(
+                text(id)?,
+                text(destination)?,
+                payload,
+                seq,
+                attempts,
+            ))
+        })
+        .collect()
+}

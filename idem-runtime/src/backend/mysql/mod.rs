@@ -15,7 +15,7 @@ use super::{
     Backend, Check, Claimant, Found, Hold, LeaseOp, LeaseState, MarkerRow, Statements, Table,
     Templates,
 };
-use crate::ClaimOptions;
+use crate::{ClaimOptions, Message, Outbox};
 use batch::hex;
 
 impl Backend for MySql {}
@@ -41,7 +41,8 @@ const LEASE_OVER: &str = "CAST(locked_until IS NULL OR locked_until <= UTC_TIMES
 // so `x` and `x ` collide on the primary key. 255 bytes is `MAX_KEY_LEN`; the bytes are the
 // UTF-8 that sqlx sends. Index names are per table in MySQL, so the index needs no table
 // prefix (which made a 63-character table name exceed the 64-character identifier limit).
-const DDL: &[&str] = &["CREATE TABLE IF NOT EXISTS {t} (
+const DDL: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS {t} (
         scope VARBINARY(255) NOT NULL,
         `key` VARBINARY(255) NOT NULL,
         state VARCHAR(16) NOT NULL DEFAULT 'completed',
@@ -55,7 +56,45 @@ const DDL: &[&str] = &["CREATE TABLE IF NOT EXISTS {t} (
         PRIMARY KEY (scope, `key`),
         KEY idem_completed_at (state, completed_at),
         CHECK (state IN ('in_progress', 'completed'))
-    ) ENGINE = InnoDB"];
+    ) ENGINE = InnoDB",
+    // Schema version 2: the outbox, written in the claim's transaction, read by the relay.
+    // Times are UTC, written by the statements (as the markers' are).
+    "CREATE TABLE IF NOT EXISTS {t}_outbox (
+        id VARBINARY(255) NOT NULL,
+        destination VARBINARY(255) NOT NULL,
+        payload LONGBLOB NOT NULL,
+        scope VARBINARY(255) NOT NULL,
+        `key` VARBINARY(255) NOT NULL,
+        seq INT NOT NULL,
+        created_at DATETIME(6) NOT NULL,
+        attempts INT NOT NULL DEFAULT 0,
+        next_attempt_at DATETIME(6) NOT NULL,
+        last_error TEXT NULL,
+        parked BOOLEAN NOT NULL DEFAULT FALSE,
+        sent_at DATETIME(6) NULL,
+        PRIMARY KEY (id),
+        KEY idem_outbox_due (sent_at, parked, next_attempt_at),
+        KEY idem_outbox_sent_at (sent_at)
+    ) ENGINE = InnoDB",
+];
+
+/// The outbox's statements, bound as on PostgreSQL; the take is two (`batch.rs`): the due
+/// messages locked with `SKIP LOCKED` (MariaDB 10.6, MySQL 8), then held by id.
+const OUTBOX: [&str; 6] = [
+    "INSERT INTO {t}_outbox (id, destination, payload, scope, `key`, seq, created_at, \
+     next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) \
+     ON DUPLICATE KEY UPDATE id = id",
+    "SELECT id, destination, payload, seq, attempts FROM {t}_outbox WHERE sent_at IS NULL \
+     AND parked = FALSE AND next_attempt_at <= UTC_TIMESTAMP(6) \
+     ORDER BY created_at, seq LIMIT ? FOR UPDATE SKIP LOCKED",
+    "",
+    "UPDATE {t}_outbox SET sent_at = UTC_TIMESTAMP(6) WHERE id = ?",
+    "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = ?, \
+     next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND, parked = ? \
+     WHERE id = ?",
+    "DELETE FROM {t}_outbox WHERE sent_at < UTC_TIMESTAMP(6) - INTERVAL (? * 1000) \
+     MICROSECOND ORDER BY sent_at LIMIT ?",
+];
 
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text (idem writes them in UTC), and
 /// the lease's time left on the database's clock.
@@ -178,6 +217,7 @@ impl Dialect for MySql {
                               + INTERVAL (? * 1000) MICROSECOND \
                               WHERE scope = ? AND `key` = ? AND token = ? \
                               AND state = 'in_progress'",
+            outbox: OUTBOX,
             ddl: DDL,
         }
         .fill(table)
@@ -348,6 +388,17 @@ impl Dialect for MySql {
         keys: &'t [&'t str],
     ) -> Result<Vec<String>, sqlx::Error> {
         batch::take_over(conn, st, c, keys).await
+    }
+
+    super::shared::outbox_numbered!();
+
+    async fn outbox_take<'p>(
+        pool: &'p Pool<Self>,
+        st: &'p Statements,
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<Message>, sqlx::Error> {
+        batch::outbox_take(pool, st, limit, lease_ms).await
     }
 
     async fn record<'t>(

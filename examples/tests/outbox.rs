@@ -1,0 +1,189 @@
+//! The outbox relay against the real brokers: RabbitMQ with publisher confirms and the id as
+//! `message_id`, NATS JetStream with the id as `Nats-Msg-Id`. A message published twice (the
+//! relay confirmed it but died before its mark, replayed here by clearing the mark in SQL)
+//! carries one id: JetStream drops the second inside its duplicate window, and on RabbitMQ the
+//! consumer's `#[idempotent]` claim of that id makes it a duplicate, so the downstream effect
+//! exists once.
+
+#[allow(dead_code)]
+#[path = "../rabbitmq_worker.rs"]
+mod rabbitmq_worker;
+#[allow(dead_code)]
+#[path = "../send_invoice.rs"]
+mod send_invoice;
+
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use idem::outbox::{JetStream, RabbitMq, Relay};
+use idem::{Outbox, Outcome, Store};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use sqlx::{Sqlite, SqlitePool, Transaction};
+
+/// An order's effect and its shipping messages, sent with it.
+#[idem::idempotent(key = "order", scope = "orders.place")]
+async fn place(
+    tx: &mut Transaction<'_, Sqlite>,
+    order: &str,
+    outbox: &mut Outbox,
+    destination: &str,
+) -> Result<(), idem::Error> {
+    sqlx::query("INSERT INTO orders (id) VALUES (?1)")
+        .bind(order)
+        .execute(&mut **tx)
+        .await?;
+    outbox.send(destination, &format!("ship {order}"))?;
+    outbox.send(destination, &format!("bill {order}"))?;
+    Ok(())
+}
+
+/// The next consumer: claims the message's id, the key the outbox gave it.
+#[idem::idempotent(key = "id", scope = "shipping.handle")]
+async fn handle(tx: &mut Transaction<'_, Sqlite>, id: &str, body: &str) -> Result<(), idem::Error> {
+    sqlx::query("INSERT INTO handled (id, body) VALUES (?1, ?2)")
+        .bind(id)
+        .bind(body)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn store(tag: &str) -> (Store<Sqlite>, SqlitePool, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("idem-outbox-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let opts = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(dir.join("db.sqlite"))
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(30));
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(opts)
+        .await
+        .unwrap();
+    let store = Store::new(pool.clone());
+    store.migrate().await.unwrap();
+    for ddl in [
+        "CREATE TABLE orders (id TEXT NOT NULL)",
+        "CREATE TABLE handled (id TEXT NOT NULL, body TEXT NOT NULL)",
+    ] {
+        sqlx::query(ddl).execute(&pool).await.unwrap();
+    }
+    (store, pool, dir)
+}
+
+/// As if the relay had died between the broker's confirm and its mark, and its hold on the
+/// messages had run out since.
+async fn forget_marks(pool: &SqlitePool) {
+    sqlx::query(
+        "UPDATE idem_processed_outbox SET sent_at = NULL, \
+         next_attempt_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn count(pool: &SqlitePool, sql: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_carries_each_message_once_end_to_end() {
+    let (store, pool, dir) = store("rmq").await;
+    let url = rabbitmq_worker::amqp_url();
+    let connection = rabbitmq_worker::connect(&url).await.unwrap();
+    let channel = rabbitmq_worker::confirming_channel(&connection)
+        .await
+        .unwrap();
+    let queue = format!("idem-outbox-{}", std::process::id());
+    rabbitmq_worker::declare_queue(&channel, &queue)
+        .await
+        .unwrap();
+
+    for order in ["o-1", "o-2"] {
+        assert!(place(&store, order, &queue).await.unwrap().is_applied());
+    }
+    let relay = Relay::new(store.clone(), RabbitMq::new(channel.clone()));
+    assert_eq!(relay.relay_once().await.unwrap().sent, 4);
+    forget_marks(&pool).await;
+    assert_eq!(
+        relay.relay_once().await.unwrap().sent,
+        4,
+        "published again, same ids"
+    );
+
+    // The next consumer: 8 deliveries, 4 ids; each handled once, in each order's order.
+    let mut consumer = channel
+        .basic_consume(
+            queue.as_str().into(),
+            "idem-outbox-test".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut outcomes = Vec::new();
+    for _ in 0..8 {
+        let delivery = tokio::time::timeout(Duration::from_secs(30), consumer.next())
+            .await
+            .expect("a delivery within 30 s")
+            .expect("the consumer is open")
+            .unwrap();
+        let id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .expect("the outbox's id")
+            .to_string();
+        let body: String = serde_json::from_slice(&delivery.data).unwrap();
+        let outcome = handle(&store, &id, &body).await.unwrap();
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+        outcomes.push((body, outcome.is_applied()));
+    }
+    let applied: Vec<&str> = outcomes
+        .iter()
+        .filter(|(_, a)| *a)
+        .map(|(b, _)| b.as_str())
+        .collect();
+    assert_eq!(applied, ["ship o-1", "bill o-1", "ship o-2", "bill o-2"]);
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM handled").await, 4);
+    assert_eq!(
+        count(&pool, "SELECT COUNT(DISTINCT id) FROM handled").await,
+        4
+    );
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn jetstream_drops_a_message_published_twice() {
+    let (store, pool, dir) = store("nats").await;
+    let js = send_invoice::connect(&send_invoice::nats_url())
+        .await
+        .unwrap();
+    let name = format!("IDEM_OUTBOX_{}", std::process::id());
+    let subject = format!("idem.outbox.{}", std::process::id());
+    let mut stream = send_invoice::create_stream(&js, &name, &subject, Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert!(place(&store, "o-9", &subject).await.unwrap().is_applied());
+    let duplicate = place(&store, "o-9", &subject).await.unwrap();
+    assert_eq!(duplicate, Outcome::Duplicate);
+    let relay = Relay::new(store.clone(), JetStream::new(js.clone()));
+    assert_eq!(relay.relay_once().await.unwrap().sent, 2);
+    forget_marks(&pool).await;
+    assert_eq!(relay.relay_once().await.unwrap().sent, 2);
+    let info = stream.info().await.unwrap();
+    assert_eq!(info.state.messages, 2, "JetStream kept one of each id");
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, 1);
+    js.delete_stream(&name).await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}

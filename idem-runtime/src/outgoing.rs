@@ -1,0 +1,171 @@
+//! The messages a handler sends through its outbox: collected while the body runs, written in
+//! the claim's transaction just before its commit, so that they exist exactly when the effect
+//! and the marker do.
+
+use std::borrow::Cow;
+
+use serde::Serialize;
+
+use crate::{Error, job_id};
+
+/// The largest payload one message carries: NATS's default `max_payload` (1 MB), the smallest
+/// limit of the brokers idem's relay publishes to (RabbitMQ's default is 128 MB).
+pub const MAX_PAYLOAD: usize = 1_000_000;
+
+/// The longest destination name (a queue, a routing key, a subject): what AMQP's short
+/// strings hold.
+pub const MAX_DESTINATION_LEN: usize = 255;
+
+/// The messages a handler sends with its effect: what the body gets as
+/// `outbox: &mut idem::Outbox`.
+///
+/// [`send`](Outbox::send) only collects; the messages are written to the outbox table in the
+/// claim's transaction, right before its commit, so that a body that fails (or a transaction
+/// the database rolls back) leaves none, and a committed one leaves exactly its messages. The
+/// relay ([`Relay`](crate::outbox::Relay)) publishes them after the commit.
+///
+/// Each message's id is [`job_id`](crate::job_id)`(scope, &(key, n))` for the `n`-th message
+/// of the job (from 0): the same ids every time the body runs for that job, so a redelivery
+/// that runs it again after a rollback sends the same messages, and the next consumer claims
+/// that id as its key.
+#[derive(Debug)]
+pub struct Outbox {
+    scope: Cow<'static, str>,
+    key: String,
+    messages: Vec<Message>,
+}
+
+/// One message of an outbox: its id, where it goes, and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// The message's id (AMQP `message_id`, JetStream `Nats-Msg-Id`): the next consumer's key.
+    pub id: String,
+    /// The queue, routing key or subject it goes to.
+    pub destination: String,
+    /// The payload: `send`'s value as JSON, or `send_bytes`'s bytes.
+    pub payload: Vec<u8>,
+    /// Its position among the job's messages, from 0.
+    pub seq: u32,
+    /// Failed attempts to publish it so far (the relay's count).
+    pub attempts: u32,
+}
+
+impl Outbox {
+    pub(crate) fn new(scope: Cow<'static, str>, key: &str) -> Outbox {
+        Outbox {
+            scope,
+            key: key.to_owned(),
+            messages: Vec::new(),
+        }
+    }
+
+    /// Sends `payload` (as JSON) to `destination` with the job's effect; returns the message's
+    /// id. Refused at once, before anything is written, when the destination is empty, longer
+    /// than [`MAX_DESTINATION_LEN`] or holds a NUL, or the payload does not serialise or is
+    /// over [`MAX_PAYLOAD`]: [`Error::InvalidMessage`].
+    pub fn send<T: Serialize + ?Sized>(
+        &mut self,
+        destination: &str,
+        payload: &T,
+    ) -> Result<&str, Error> {
+        let bytes = serde_json::to_vec(payload).map_err(|e| Error::InvalidMessage {
+            reason: format!("its payload cannot be serialised as JSON: {e}"),
+        })?;
+        self.send_bytes(destination, bytes)
+    }
+
+    /// [`send`](Outbox::send) of bytes as they are.
+    pub fn send_bytes(&mut self, destination: &str, payload: Vec<u8>) -> Result<&str, Error> {
+        check_destination(destination)?;
+        if payload.len() > MAX_PAYLOAD {
+            return Err(Error::InvalidMessage {
+                reason: format!(
+                    "its payload is {} bytes, more than the {MAX_PAYLOAD} a message carries: \
+                     send an id of the document, not the document",
+                    payload.len()
+                ),
+            });
+        }
+        let seq = u32::try_from(self.messages.len()).map_err(|_| Error::InvalidMessage {
+            reason: "a job sends at most 4294967295 messages".to_owned(),
+        })?;
+        let id = job_id(&self.scope, &(self.key.as_str(), seq))?.into_string();
+        self.messages.push(Message {
+            id,
+            destination: destination.to_owned(),
+            payload,
+            seq,
+            attempts: 0,
+        });
+        Ok(&self.messages.last().expect("just pushed").id)
+    }
+
+    /// The messages sent so far, in the order they were sent.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    pub(crate) fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+fn check_destination(destination: &str) -> Result<(), Error> {
+    let problem = if destination.is_empty() {
+        "its destination is empty: name the queue, routing key or subject"
+    } else if destination.len() > MAX_DESTINATION_LEN {
+        "its destination is longer than 255 bytes"
+    } else if destination.contains('\0') {
+        "its destination holds a NUL byte"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidMessage {
+        reason: problem.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_follow_scope_key_and_position() {
+        let mut a = Outbox::new("orders.ship".into(), "order-7");
+        let first = a.send("shipping", &1).unwrap().to_owned();
+        let second = a.send("shipping", &2).unwrap().to_owned();
+        assert_eq!(
+            first,
+            job_id("orders.ship", &("order-7", 0_u32)).unwrap().as_str()
+        );
+        assert_ne!(first, second);
+        // The same body run again sends the same ids.
+        let mut again = Outbox::new("orders.ship".into(), "order-7");
+        assert_eq!(again.send("shipping", &9).unwrap(), first);
+        // Another job, or another scope, never shares one.
+        let mut other = Outbox::new("orders.ship".into(), "order-8");
+        assert_ne!(other.send("shipping", &1).unwrap(), first);
+        let mut elsewhere = Outbox::new("orders.bill".into(), "order-7");
+        assert_ne!(elsewhere.send("shipping", &1).unwrap(), first);
+    }
+
+    #[test]
+    fn bad_messages_are_refused_at_send() {
+        let mut outbox = Outbox::new("s".into(), "k");
+        for (destination, payload) in [
+            ("", vec![]),
+            ("q\0", vec![]),
+            (&"q".repeat(256) as &str, vec![]),
+            ("q", vec![0; MAX_PAYLOAD + 1]),
+        ] {
+            let err = outbox.send_bytes(destination, payload).unwrap_err();
+            assert!(matches!(err, Error::InvalidMessage { .. }), "{err}");
+        }
+        assert!(outbox.messages().is_empty());
+        assert!(outbox.send_bytes("q", vec![0; MAX_PAYLOAD]).is_ok());
+    }
+}
