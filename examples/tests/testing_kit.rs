@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::FutureExt as _;
 use idem::Store;
 use idem::testing::{Got, deliver_concurrently, deliver_twice, expire_lease, fail_before_commit};
-use idem_examples::quickstart;
+use idem_quickstart as quickstart;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 

@@ -13,9 +13,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use idem::{Outcome, Store};
-// The job and its handler live in the examples' library, where the test kit's tests use them
-// too (`examples/src/quickstart.rs`).
-use idem_examples::quickstart::{TopUp, apply_top_up};
+// The job and its handler live in this package's library, where the test kit's tests use them
+// too (`examples/quickstart/src/lib.rs`).
+use idem_quickstart::{TopUp, apply_top_up};
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 

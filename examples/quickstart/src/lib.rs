@@ -1,4 +1,5 @@
-//! The quickstart's job and handler (`cargo run --example quickstart` tells its story).
+//! The quickstart's job and handler (`cargo run --example quickstart` tells its story, in
+//! `quickstart.rs` next to this folder).
 
 use sqlx::{Sqlite, Transaction};
 
