@@ -46,7 +46,7 @@ pub use job_id::{JobId, job_id};
 pub use join::{Joined, JoinedClaim, JoinedGuard, Target, commit};
 pub use key::{IntoKey, Key, KeyWriter, MAX_KEY_LEN};
 pub use lease::{Lease, Leased};
-pub use observe::{CLAIM_SECONDS, OUTCOMES_TOTAL, describe_metrics};
+pub use observe::{CLAIM_SECONDS, KeyInSpans, OUTCOMES_TOTAL, describe_metrics, observe_keys};
 pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
 pub(crate) use outcome::Failed;
 pub use outcome::{Batch, Outcome};
