@@ -49,6 +49,7 @@ pub use lease::{Lease, Leased};
 pub use observe::{CLAIM_SECONDS, KeyInSpans, OUTCOMES_TOTAL, describe_metrics, observe_keys};
 pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
 pub(crate) use outcome::Failed;
+pub(crate) use outcome::HandlerError;
 pub use outcome::{Batch, Outcome};
 pub use record::{Fingerprint, MAX_REPLAY_LEN, Recorded};
 pub use store::{DEFAULT_TABLE, MAX_TABLE_LEN, PURGE_BATCH, Store};
