@@ -251,6 +251,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         Kind::Transaction { .. } => transaction::run(&shared, args, ident, &item.block.stmts),
         Kind::Lease { .. } => lease::run(&shared, args, &item.block.stmts),
     };
+    let const_checks = lease::const_checks(args, private);
     // Every idem error reaches the handler's error type through the one `settle` call, spanned
     // on the return type: a missing `From<idem::Error>` is one error, on the user's type.
     let settle = spanning(quote!(#private::settle(#outcome_var)), ret);
@@ -280,6 +281,7 @@ fn expand(args: &Args, item: &ItemFn, handler: &Handler) -> TokenStream {
         #note
         #vis #sig {
             #(#inner)*
+            #const_checks
             #replayable
             #key_eval
             #print_eval

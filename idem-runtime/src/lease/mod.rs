@@ -17,7 +17,7 @@ pub use claim::Leased;
 
 use crate::claim::settle;
 use crate::record::NotStorable;
-use crate::{BoxFuture, Error, Failed, Key, LeaseOptions, Outcome};
+use crate::{Error, Failed, Key, LeaseOptions, Outcome};
 
 /// A lease-mode delivery's hold on its key: what the body gets as `lease: &idem::Lease`.
 ///
@@ -260,7 +260,7 @@ impl crate::testing::probe::Held for Lease {
         self.attempt
     }
 
-    fn expire_now(&self) -> BoxFuture<'_, Result<bool, sqlx::Error>> {
+    fn expire_now(&self) -> crate::BoxFuture<'_, Result<bool, sqlx::Error>> {
         self.store.release(self)
     }
 
@@ -305,6 +305,7 @@ fn idempotency_key(scope: &str, key: &Key) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::BoxFuture;
 
     struct Nowhere;
 
