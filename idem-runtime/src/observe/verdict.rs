@@ -97,18 +97,25 @@ impl Verdict {
 /// lost lease, a reused key, a swallowed statement error, a value not stored, a refused key,
 /// a database failure).
 pub(super) fn finished<E>(span: &Span, verdict: Verdict, failed: Option<&Failed<E>>) {
+    // The span as the explicit parent, rather than entered: no enter and exit per call.
     let outcome = verdict.as_str();
-    let _entered = span.enter();
     match failed {
-        Some(Failed::Idem(error)) => {
-            if verdict == Verdict::InProgress {
-                tracing::info!(target: "idem", outcome, error = %keys::error_text(error), "idem call finished");
-            } else {
-                tracing::warn!(target: "idem", outcome, error = %keys::error_text(error), "idem call finished");
-            }
-        }
+        Some(Failed::Idem(error)) if verdict == Verdict::InProgress => tracing::info!(
+            target: "idem",
+            parent: span,
+            outcome,
+            error = %keys::error_text(error),
+            "idem call finished"
+        ),
+        Some(Failed::Idem(error)) => tracing::warn!(
+            target: "idem",
+            parent: span,
+            outcome,
+            error = %keys::error_text(error),
+            "idem call finished"
+        ),
         Some(Failed::Handler(_)) | None => {
-            tracing::debug!(target: "idem", outcome, "idem call finished");
+            tracing::debug!(target: "idem", parent: span, outcome, "idem call finished");
         }
     }
 }
