@@ -173,4 +173,5 @@ every_backend!(
     purge_deletes_what_completed_before_the_age,
     bad_input_exits_2_and_writes_nothing,
     unreachable_database_exits_1_naming_the_url,
+    idem_table_names_the_table,
 );

@@ -255,6 +255,31 @@ mod imported_lease {
     }
 }
 
+/// `lease` and `timeout` from consts (checked at compile time, by `const` assertions in the
+/// expansion), next to a user's own `Duration` shadow.
+mod const_lease {
+    pub(crate) const LEASE: std::time::Duration = std::time::Duration::from_secs(20);
+    pub(crate) const TIMEOUT: std::time::Duration = std::time::Duration::from_millis(50);
+
+    #[allow(dead_code)]
+    struct Duration;
+
+    /// Never finishes when `stall`, so that its timeout (the const) ends it.
+    #[idem::idempotent(key = "job.id", scope = "hygiene.const_lease", lease = LEASE, timeout = TIMEOUT)]
+    pub(crate) async fn handle(
+        lease: &idem::Lease,
+        job: &super::Job,
+        stall: bool,
+    ) -> Result<u64, idem::Error> {
+        assert!(lease.remaining() <= TIMEOUT);
+        assert!(lease.deadline() > std::time::Instant::now());
+        if stall {
+            std::future::pending::<()>().await;
+        }
+        Ok(job.id)
+    }
+}
+
 async fn setup() -> idem::Store<Sqlite> {
     let pool = SqlitePool::connect("sqlite::memory:").await.unwrap();
     sqlx::query("CREATE TABLE effects (n INTEGER NOT NULL)")
@@ -271,6 +296,28 @@ async fn effects(store: &idem::Store<Sqlite>) -> i64 {
         .fetch_one(store.pool())
         .await
         .unwrap()
+}
+
+#[tokio::test]
+async fn lease_and_timeout_from_consts() {
+    let store = setup().await;
+    let job = Job {
+        id: 9,
+        tenant: "acme".into(),
+    };
+    let err = const_lease::handle(&store, &job, true).await.unwrap_err();
+    let idem::Error::Timeout { after, .. } = err else {
+        panic!("{err}")
+    };
+    assert_eq!(after, const_lease::TIMEOUT);
+    let retried = const_lease::handle(&store, &job, false).await.unwrap();
+    assert_eq!(retried, Outcome::Applied(9));
+    let marker = store
+        .inspect("hygiene.const_lease", &idem::Key::new(&9).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(marker.attempts, 2);
 }
 
 #[tokio::test]

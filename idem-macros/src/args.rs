@@ -14,9 +14,8 @@ pub(crate) struct Args {
     /// The literal (for spans) and the expression parsed from it.
     pub(crate) key: Option<(LitStr, Expr)>,
     pub(crate) scope: Option<LitStr>,
-    /// The literal (for spans) and its milliseconds.
-    pub(crate) lease: Option<(LitStr, u64)>,
-    pub(crate) timeout: Option<(LitStr, u64)>,
+    pub(crate) lease: Option<Length>,
+    pub(crate) timeout: Option<Length>,
     /// Milliseconds of `wait`.
     pub(crate) wait: Option<u64>,
     pub(crate) isolation: Option<Isolation>,
@@ -45,6 +44,15 @@ impl Args {
     pub(crate) fn span_of(&self, name: &str) -> Option<Span> {
         self.given.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
     }
+}
+
+/// A `lease` or `timeout`: a literal checked here, or the path of a `Duration` const, checked by
+/// a `const` assertion in the expansion.
+pub(crate) enum Length {
+    /// The literal (for spans) and its milliseconds.
+    Literal(LitStr, u64),
+    /// `lease = LEASE`.
+    Const(Path),
 }
 
 #[derive(Clone, Copy)]
@@ -84,14 +92,25 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
         if name == "replay" {
             return flag(&meta, &mut args, diag);
         }
-        let lit = string_value(&meta, name, diag)?;
+        let value = string_value(&meta, name, diag)?;
         if args.gave(name) {
             diag.error(&meta.path, format!("`{name}` is given twice; keep one"));
             return Ok(());
         }
         args.given
             .push((name, syn::spanned::Spanned::span(&meta.path)));
-        let Some(lit) = lit else { return Ok(()) };
+        let lit = match value {
+            Some(Value::Str(lit)) => lit,
+            Some(Value::Path(path)) => {
+                if name == "lease" {
+                    args.lease = Some(Length::Const(path));
+                } else {
+                    args.timeout = Some(Length::Const(path));
+                }
+                return Ok(());
+            }
+            None => return Ok(()),
+        };
         match name {
             "key" => match lit.parse::<Expr>() {
                 Ok(expr) => args.key = Some((lit, expr)),
@@ -134,8 +153,10 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
                 ),
             },
             "wait" => args.wait = wait_value(&lit, diag),
-            "lease" => args.lease = lease_value(&lit, diag).map(|ms| (lit, ms)),
-            "timeout" => args.timeout = timeout_value(&lit, diag).map(|ms| (lit, ms)),
+            "lease" => args.lease = lease_value(&lit, diag).map(|ms| Length::Literal(lit, ms)),
+            "timeout" => {
+                args.timeout = timeout_value(&lit, diag).map(|ms| Length::Literal(lit, ms));
+            }
             "isolation" => match lit.value().as_str() {
                 "serializable" => args.isolation = Some(Isolation::Serializable),
                 "repeatable read" => args.isolation = Some(Isolation::RepeatableRead),
@@ -298,11 +319,17 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 /// The `= "..."` of an argument; anything but a string literal is reported with the fix.
+/// An argument's value: a string literal, or (`lease` and `timeout` only) a path.
+enum Value {
+    Str(LitStr),
+    Path(Path),
+}
+
 fn string_value(
     meta: &ParseNestedMeta<'_>,
     name: &str,
     diag: &mut Diag,
-) -> syn::Result<Option<LitStr>> {
+) -> syn::Result<Option<Value>> {
     if !meta.input.peek(syn::Token![=]) {
         diag.error(
             &meta.path,
@@ -316,13 +343,26 @@ fn string_value(
         ..
     }) = value
     {
-        return Ok(Some(lit));
+        return Ok(Some(Value::Str(lit)));
+    }
+    let durations = matches!(name, "lease" | "timeout");
+    if let Expr::Path(syn::ExprPath {
+        qself: None, path, ..
+    }) = &value
+        && durations
+    {
+        return Ok(Some(Value::Path(path.clone())));
     }
     let shown = quote::quote!(#value).to_string();
-    diag.error(
-        &value,
-        format!("`{name}` takes a string literal: write `{name} = \"{shown}\"`"),
-    );
+    let message = if durations {
+        format!(
+            "`{name}` takes a duration literal, like `{name} = \"30s\"`, or the path of a \
+             `Duration` const, like `{name} = LEASE`"
+        )
+    } else {
+        format!("`{name}` takes a string literal: write `{name} = \"{shown}\"`")
+    };
+    diag.error(&value, message);
     Ok(None)
 }
 

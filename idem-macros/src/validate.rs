@@ -5,7 +5,7 @@ use proc_macro2::{Span, TokenStream};
 use syn::ext::IdentExt;
 use syn::{Expr, FnArg, Ident, Signature};
 
-use crate::args::Args;
+use crate::args::{Args, Length};
 use crate::diag::Diag;
 use crate::duration;
 use crate::mode::Mode;
@@ -83,7 +83,8 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
              transaction; remove `isolation`, or drop `lease` for transaction mode",
         );
     }
-    if let (Some((lease_lit, lease)), Some((timeout_lit, timeout))) = (&args.lease, &args.timeout)
+    if let (Some(Length::Literal(lease_lit, lease)), Some(Length::Literal(timeout_lit, timeout))) =
+        (&args.lease, &args.timeout)
         && timeout >= lease
     {
         diag.error(

@@ -19,7 +19,7 @@ use crate::claim::{Request, nested, run};
 pub use crate::join::Via;
 pub use crate::observe::{Call, Site};
 pub use crate::options::Mode;
-pub use crate::outcome::Failed;
+pub use crate::outcome::{Failed, HandlerError};
 use crate::record::NotStorable;
 pub use crate::{
     Backend, Batch, Claim, ClaimOptions, Error, Fingerprint, Guard, IntoKey, Isolation, Joined,
@@ -383,7 +383,7 @@ pub async fn finish<DB: Backend, T, E>(
 
 /// The one place where an [`Error`] becomes the handler's error type.
 #[inline]
-pub fn settle<T, E: From<Error>>(result: Result<Outcome<T>, Failed<E>>) -> Result<Outcome<T>, E> {
+pub fn settle<T, E: HandlerError>(result: Result<Outcome<T>, Failed<E>>) -> Result<Outcome<T>, E> {
     crate::claim::settle(result)
 }
 

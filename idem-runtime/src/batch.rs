@@ -351,7 +351,7 @@ pub(crate) mod expansion {
 
     /// The one place where an [`Error`] of a batch becomes the handler's error type.
     #[inline]
-    pub fn settle_batch<T, E: From<Error>>(
+    pub fn settle_batch<T, E: crate::HandlerError>(
         result: Result<Batch<T>, Failed<E>>,
     ) -> Result<Batch<T>, E> {
         result.map_err(Failed::into_handler_error)

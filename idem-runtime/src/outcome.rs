@@ -112,6 +112,18 @@ impl<T> Batch<T> {
     }
 }
 
+/// What a handler's error type `E` needs: `From<idem::Error>`, named so that a missing impl
+/// reads as advice at the handler's return type.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "the error type of an idempotent handler must implement `From<idem::Error>`: `{Self}` does not",
+    label = "idem returns its own errors (in progress, rolled back, lease lost) through this `Result`'s `E`",
+    note = "use `sqlx::Error`, `anyhow::Error` or `Box<dyn std::error::Error + Send + Sync>`, or an error enum of your own with a variant for idem's errors: `#[error(transparent)] Idem(#[from] idem::Error)` (thiserror)"
+)]
+pub trait HandlerError: From<crate::Error> {}
+
+impl<E: From<crate::Error>> HandlerError for E {}
+
 /// An error of a call, before it becomes the handler's `E`: idem's own (claim, commit) or the
 /// body's.
 #[doc(hidden)]

@@ -7,11 +7,13 @@
 //! job applied exactly once. The helpers are assertions: a violation panics with a message
 //! that says which delivery got what and what that means for the handler.
 
+mod all;
 mod cases;
 pub(crate) mod probe;
 
 use std::fmt;
 
+pub use all::{CONCURRENT_DELIVERIES, all_cases};
 pub use cases::{deliver_concurrently, deliver_twice, expire_lease, fail_before_commit};
 
 /// What one delivery of the job got, as the kit classifies it.

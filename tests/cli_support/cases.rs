@@ -6,7 +6,7 @@ use idem::{Key, Marker, MarkerState};
 use serde_json::json;
 
 use crate::Db;
-use crate::cli_support::{Fixture, as_fields, run};
+use crate::cli_support::{Fixture, as_fields, run, unique};
 
 /// `fields` (readable or JSON) show `m`, which the store read just before the binary ran:
 /// the same text for every field but the lease's time left, which can only have shrunk.
@@ -127,11 +127,20 @@ pub(crate) async fn inspect_prints_the_stored_marker<B: Db>() {
     assert_eq!((absent.code, absent.stderr.as_str()), (Some(3), ""));
     assert_eq!(
         absent.json(),
-        json!({"scope": "billing.top_up", "key": "order-8", "found": false})
+        json!({"table": fx.table(), "scope": "billing.top_up", "key": "order-8", "found": false})
     );
     let absent = fx.idem(&["inspect", "billing.top_up", "order-8"]).await;
-    assert_eq!(absent.code, Some(3));
-    assert!(absent.stdout.starts_with("no marker for"), "{absent:?}");
+    assert_eq!((absent.code, absent.stderr.as_str()), (Some(3), ""));
+    assert_eq!(
+        absent.stdout,
+        format!(
+            "no marker for scope \"billing.top_up\", key \"order-8\": no delivery claimed it, \
+             or it was forgotten or purged (looked in table {}; a store given another table \
+             with `Store::with_table` keeps its markers there: pass it with --table or \
+             IDEM_TABLE)\n",
+            fx.table()
+        )
+    );
     fx.cleanup().await;
 }
 
@@ -164,8 +173,8 @@ pub(crate) async fn stuck_lists_leases_in_progress<B: Db>() {
         .ok()
         .json();
     assert_eq!(
-        (&doc["scope"], &doc["limit"]),
-        (&json!("billing.charge"), &json!(50))
+        (&doc["table"], &doc["scope"], &doc["limit"]),
+        (&json!(fx.table()), &json!("billing.charge"), &json!(50))
     );
     let markers = doc["markers"].as_array().expect("a list");
     let keys: Vec<_> = markers.iter().map(|m| m["key"].clone()).collect();
@@ -240,7 +249,10 @@ pub(crate) async fn stuck_lists_leases_in_progress<B: Db>() {
     let none = fx.idem(&["stuck", "--scope", "billing.top_up"]).await.ok();
     assert_eq!(
         none.stdout,
-        "no marker of scope \"billing.top_up\" is in progress\n"
+        format!(
+            "no marker of scope \"billing.top_up\" is in progress in table {}\n",
+            fx.table()
+        )
     );
     let none = fx
         .idem(&["--json", "stuck", "--scope", "billing.top_up"])
@@ -288,7 +300,7 @@ pub(crate) async fn forget_deletes_one_marker<B: Db>() {
         .ok();
     assert_eq!(
         out.json(),
-        json!({"scope": "tenant.sync", "key": "4:acme|2:17", "forgotten": true})
+        json!({"table": fx.table(), "scope": "tenant.sync", "key": "4:acme|2:17", "forgotten": true})
     );
     assert_eq!(fx.markers_of("tenant.sync").await, 0);
 
@@ -299,7 +311,12 @@ pub(crate) async fn forget_deletes_one_marker<B: Db>() {
         .ok();
     assert_eq!(
         out.stdout,
-        "no marker for scope \"tenant.sync\", key \"4:acme|2:17\": nothing to forget\n"
+        format!(
+            "no marker for scope \"tenant.sync\", key \"4:acme|2:17\": nothing to forget \
+             (looked in table {}; a store given another table with `Store::with_table` keeps \
+             its markers there: pass it with --table or IDEM_TABLE)\n",
+            fx.table()
+        )
     );
     let out = fx
         .idem(&["--json", "forget", "billing.top_up", "order-9"])
@@ -357,6 +374,19 @@ pub(crate) async fn purge_deletes_what_completed_before_the_age<B: Db>() {
         (0, 2)
     );
     assert_eq!(fx.markers_of("billing.charge").await, 1);
+
+    // Weeks and days: the markers left are two hours old.
+    for (age, ms) in [("1w", 604_800_000_u64), ("2d", 172_800_000)] {
+        let doc = fx
+            .idem(&["--json", "purge", "--older-than", age])
+            .await
+            .ok()
+            .json();
+        assert_eq!(
+            doc,
+            json!({"table": table, "older_than": age, "older_than_ms": ms, "deleted": 0})
+        );
+    }
 
     let text = fx.idem(&["purge", "--older-than", "90m"]).await.ok().stdout;
     assert_eq!(
@@ -429,6 +459,15 @@ pub(crate) async fn bad_input_exits_2_and_writes_nothing<B: Db>() {
             "{args:?} should say {says:?}: {out:?}"
         );
     }
+
+    // The units a retention takes, said in full.
+    let out = fx.idem(&["purge", "--older-than", "7x"]).await;
+    assert_eq!(
+        out.stderr,
+        "error: invalid value '7x' for '--older-than <AGE>': unknown unit `x`: write a whole \
+         number and one unit, w (weeks), d (days), h (hours), m (minutes) or s (seconds): 2w, \
+         7d, 12h, 30m or 90s\n\nFor more information, try '--help'.\n"
+    );
 
     // The table and the URL, given whole.
     let url = fx.url.clone();
@@ -527,5 +566,60 @@ pub(crate) async fn unreachable_database_exits_1_naming_the_url<B: Db>() {
             && out.stderr.contains("the marker table does not exist"),
         "{out:?}"
     );
+    fx.cleanup().await;
+}
+
+/// `IDEM_TABLE` names the table when `--table` does not, as `DATABASE_URL` does the URL;
+/// `--table` wins over it.
+pub(crate) async fn idem_table_names_the_table<B: Db>() {
+    let fx = Fixture::<B>::new("env_table").await;
+    fx.complete("billing.top_up", &Key::new("order-7").unwrap())
+        .await;
+    let url = fx.url.clone();
+    let args = [
+        "--database-url",
+        url.as_str(),
+        "--json",
+        "inspect",
+        "billing.top_up",
+        "order-7",
+    ];
+
+    let found = run(&args, None, &[("IDEM_TABLE", fx.table())]).await;
+    assert_eq!(found.ok().json()["state"], json!("completed"));
+
+    // Another table named by it: no marker there, and the message says where it looked.
+    let text = [
+        "--database-url",
+        url.as_str(),
+        "inspect",
+        "billing.top_up",
+        "order-7",
+    ];
+    let (other, mine) = (unique("cli_other"), fx.table().to_owned());
+    let store = idem::Store::new(fx.pool.clone())
+        .with_table(&other)
+        .unwrap();
+    store.migrate().await.unwrap();
+    let absent = run(&text, None, &[("IDEM_TABLE", &other)]).await;
+    assert_eq!(
+        (absent.code, absent.stderr.as_str()),
+        (Some(3), ""),
+        "{absent:?}"
+    );
+    assert_eq!(
+        absent.stdout,
+        format!(
+            "no marker for scope \"billing.top_up\", key \"order-7\": no delivery claimed it, \
+             or it was forgotten or purged (looked in table {other}; a store given another \
+             table with `Store::with_table` keeps its markers there: pass it with --table or \
+             IDEM_TABLE)\n"
+        )
+    );
+    let mut flag = vec!["--table", mine.as_str()];
+    flag.extend_from_slice(&text);
+    let found = run(&flag, None, &[("IDEM_TABLE", &other)]).await;
+    assert_eq!(found.ok().fields()["state"], "completed");
+    fx.exec(&format!("DROP TABLE {other}")).await;
     fx.cleanup().await;
 }

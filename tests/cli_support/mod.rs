@@ -173,12 +173,13 @@ impl<B: Db> Fixture<B> {
     }
 }
 
-/// Runs the binary with `args` (and nothing else: no `DATABASE_URL` from the environment
-/// unless `env` sets it).
+/// Runs the binary with `args` (and nothing else: no `DATABASE_URL` or `IDEM_TABLE` from the
+/// environment unless `env` sets it).
 pub(crate) async fn run(args: &[&str], stdin: Option<&[u8]>, env: &[(&str, &str)]) -> Run {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"));
     cmd.args(args)
         .env_remove("DATABASE_URL")
+        .env_remove("IDEM_TABLE")
         .envs(env.iter().copied())
         .stdin(if stdin.is_some() {
             Stdio::piped()

@@ -15,7 +15,7 @@ use syn::spanned::Spanned as _;
 use syn::{FnArg, ItemFn};
 
 use super::transaction::claim_options;
-use super::{by_reference, local, located_at, pinned_body, private_path};
+use super::{by_reference, local, located_at, pinned_body, private_path, unsuggested_fields};
 use crate::args::Args;
 use crate::signature::{Handler, Kind};
 use crate::validate::BatchParam;
@@ -65,7 +65,7 @@ pub(super) fn expand(
     );
 
     let (key_lit, key) = args.key.as_ref().expect("checked by the caller");
-    let key = by_reference(key);
+    let key = unsuggested_fields(by_reference(key));
     let BatchParam {
         ident: jobs,
         elem,

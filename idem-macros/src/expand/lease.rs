@@ -1,12 +1,14 @@
 //! The lease mode: claim the key for a lease, run the body outside any transaction under the
 //! lease's timeout, and complete the marker if this delivery still holds the key.
 
-use proc_macro2::{Literal, TokenStream};
+use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::quote;
 use syn::Stmt;
+use syn::spanned::Spanned;
 
-use super::{Shared, local, pinned_body};
-use crate::args::Args;
+use super::{Shared, local, located_at, pinned_body};
+use crate::args::{Args, Length};
+use crate::duration;
 use crate::signature::Kind;
 
 /// Binds `outcome_var` to the call's `Result<Outcome<T>, Failed<E>>`.
@@ -89,19 +91,111 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
     }
 }
 
-/// The claim's `LeaseOptions`, built in a `const` block: the durations were checked when the
-/// attribute was read, so nothing about them is left to run time.
+/// The claim's `LeaseOptions`, built in a `const` block: literal durations were checked when
+/// the attribute was read; a const path (`lease = LEASE`) is checked by [`const_checks`].
 fn lease_options(args: &Args, private: &TokenStream) -> TokenStream {
-    let (_, lease_ms) = args.lease.as_ref().expect("lease mode has a lease");
-    let lease_ms = Literal::u64_unsuffixed(*lease_ms);
-    let mut options =
-        quote!(#private::LeaseOptions::new(#private::Duration::from_millis(#lease_ms)));
-    if let Some((_, ms)) = &args.timeout {
-        let ms = Literal::u64_unsuffixed(*ms);
-        options.extend(quote!(.timeout(#private::Duration::from_millis(#ms))));
+    let lease = args.lease.as_ref().expect("lease mode has a lease");
+    let lease = duration(lease, LEASE_CONST, private);
+    let mut options = quote!(#private::LeaseOptions::new(#lease));
+    if let Some(timeout) = &args.timeout {
+        let timeout = duration(timeout, TIMEOUT_CONST, private);
+        options.extend(quote!(.timeout(#timeout)));
     }
     if args.replay {
         options.extend(quote!(.replay()));
     }
     quote!(const { #options })
+}
+
+/// The consts that [`const_checks`] binds a `lease = PATH` and a `timeout = PATH` to.
+const LEASE_CONST: &str = "__IDEM_LEASE";
+const TIMEOUT_CONST: &str = "__IDEM_TIMEOUT";
+
+/// A `Duration` expression of the argument: its milliseconds, or the const it is bound to.
+fn duration(length: &Length, name: &str, private: &TokenStream) -> TokenStream {
+    match length {
+        Length::Literal(_, ms) => {
+            let ms = Literal::u64_unsuffixed(*ms);
+            quote!(#private::Duration::from_millis(#ms))
+        }
+        Length::Const(_) => {
+            let name = Ident::new(name, Span::call_site());
+            quote!(#name)
+        }
+    }
+}
+
+/// For a `lease` or `timeout` given as a const path, what the attribute checks of a literal,
+/// as items evaluated when the crate is checked (not only when the generic handler is
+/// instantiated): the path is bound once to a `Duration` const (so a const of another type is
+/// one error), then `const _` assertions check the lease's bounds and a timeout longer than
+/// zero and shorter than the lease. Each error lands on the path.
+pub(super) fn const_checks(args: &Args, private: &TokenStream) -> TokenStream {
+    let mut checks = TokenStream::new();
+    let Some(lease) = &args.lease else {
+        return checks;
+    };
+    for (length, name) in [
+        (Some(lease), LEASE_CONST),
+        (args.timeout.as_ref(), TIMEOUT_CONST),
+    ] {
+        if let Some(Length::Const(path)) = length {
+            let name = Ident::new(name, Span::call_site());
+            let bound = quote!(const #name: ::core::time::Duration = #path;);
+            checks.extend(located_at(bound, path.span()));
+        }
+    }
+    let lease_value = duration(lease, LEASE_CONST, private);
+    if let Length::Const(path) = lease {
+        let message = format!(
+            "`lease = {}` is out of bounds: {}",
+            shown(path),
+            duration::LEASE_BOUNDS
+        );
+        let (min, max) = (
+            u128::from(duration::MIN_LEASE_MS),
+            u128::from(duration::MAX_LEASE_MS),
+        );
+        let check = quote! {
+            const _: () = {
+                let ms = #lease_value.as_millis();
+                ::core::assert!(ms >= #min && ms <= #max, #message);
+            };
+        };
+        checks.extend(located_at(check, path.span()));
+    }
+    let Some(timeout) = &args.timeout else {
+        return checks;
+    };
+    let path = match (lease, timeout) {
+        (_, Length::Const(path)) | (Length::Const(path), _) => path,
+        (Length::Literal(..), Length::Literal(..)) => return checks,
+    };
+    let timeout_value = duration(timeout, TIMEOUT_CONST, private);
+    let message = format!(
+        "`timeout = {}` is out of bounds: a timeout must be longer than zero and shorter than \
+         the lease (`lease = {}`)",
+        written(timeout),
+        written(lease)
+    );
+    let check = quote! {
+        const _: () = ::core::assert!(
+            !#timeout_value.is_zero() && #timeout_value.as_nanos() < #lease_value.as_nanos(),
+            #message
+        );
+    };
+    checks.extend(located_at(check, path.span()));
+    checks
+}
+
+/// The argument as written: `"30s"` or `LEASE`.
+fn written(length: &Length) -> String {
+    match length {
+        Length::Literal(lit, _) => format!("\"{}\"", lit.value()),
+        Length::Const(path) => shown(path),
+    }
+}
+
+fn shown(path: &syn::Path) -> String {
+    quote!(#path).to_string().replace(' ', "")
 }

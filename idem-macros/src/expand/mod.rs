@@ -243,14 +243,14 @@ fn expand(
 
     let (key_lit, key) = args.key.as_ref().expect("checked by the caller");
     // Errors about the key's type land on the `key` literal.
-    let key = by_reference(key);
+    let key = unsuggested_fields(by_reference(key));
     let key_eval = quote_spanned! {key_lit.span()=>
         let #key_var = #private::key(&#key);
     };
     // Errors about the payload's type land on the `fingerprint` literal.
     let print_eval = args.fingerprint.as_ref().map(|(lit, expr)| {
         let var = shared.print_var.as_ref().expect("set with the fingerprint");
-        let expr = by_reference(expr);
+        let expr = unsuggested_fields(by_reference(expr));
         quote_spanned! {lit.span()=>
             let #var = ::core::option::Option::Some(#private::fingerprint(&#expr));
         }
@@ -271,9 +271,10 @@ fn expand(
         Kind::Transaction { .. } => transaction::run(&shared, args, ident, &item.block.stmts),
         Kind::Lease { .. } => lease::run(&shared, args, &item.block.stmts),
     };
+    let const_checks = lease::const_checks(args, private);
     // Every idem error reaches the handler's error type through the one `settle` call, spanned
     // on the return type: a missing `From<idem::Error>` is one error, on the user's type.
-    let settle = located_at(quote!(#private::settle(#outcome_var)), ret.span());
+    let settle = spanning(quote!(#private::settle(#outcome_var)), ret);
 
     // syn keeps the body's `#![...]` among the fn's attributes; before the `fn` they would
     // be inner attributes of the enclosing module, so they go back inside the body.
@@ -300,6 +301,7 @@ fn expand(
         #note
         #vis #sig {
             #(#inner)*
+            #const_checks
             #replayable
             #key_eval
             #print_eval
@@ -331,6 +333,35 @@ fn by_reference(expr: &syn::Expr) -> TokenStream {
             group.into_token_stream()
         }
     }
+}
+
+/// The expression parsed from a string literal, with the field and method names after each
+/// `.` given the expansion's hygiene (at the same place). Every token of it sits at the whole
+/// literal, so rustc's "a field with a similar name exists" would rewrite the literal into the
+/// bare field (`key = id` for `key = "job.idd"`); for a name from an expansion rustc still
+/// names the field it did not find, and makes no such rewrite. Fields and methods resolve the
+/// same under either hygiene.
+fn unsuggested_fields(tokens: TokenStream) -> TokenStream {
+    let mut after_dot = false;
+    tokens
+        .into_iter()
+        .map(|tt| {
+            let tt = match tt {
+                TokenTree::Ident(mut ident) if after_dot => {
+                    ident.set_span(Span::mixed_site().located_at(ident.span()));
+                    TokenTree::Ident(ident)
+                }
+                TokenTree::Group(g) => {
+                    let mut group = Group::new(g.delimiter(), unsuggested_fields(g.stream()));
+                    group.set_span(g.span());
+                    TokenTree::Group(group)
+                }
+                other => other,
+            };
+            after_dot = matches!(&tt, TokenTree::Punct(p) if p.as_char() == '.');
+            tt
+        })
+        .collect()
 }
 
 /// `let var: Ret = async move { prelude body }.await;`: the body's type is pinned to the

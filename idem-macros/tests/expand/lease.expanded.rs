@@ -52,21 +52,23 @@ async fn charge_once<'a, __IdemDb: ::idem::__private::Backend>(
                     }
                 };
                 let __idem_lease_ref = &__idem_lease;
-                let __idem_result = __idem_lease
-                    .run(async move {
-                        let __idem_body: Result<Receipt, AppError> = async move {
-                            let lease: &idem::Lease = __idem_lease_ref;
-                            let receipt = http
-                                .post("https://pay.example/charges")
-                                .header("Idempotency-Key", lease.idempotency_key())
-                                .timeout(lease.remaining())
-                                .send()
-                                .await?;
-                            Ok(receipt.json().await?)
-                        }
-                            .await;
-                        __idem_body
-                    })
+                let __idem_result = ::idem::__private::lease_run(
+                        &__idem_lease,
+                        async move {
+                            let __idem_body: Result<Receipt, AppError> = async move {
+                                let lease: &idem::Lease = __idem_lease_ref;
+                                let receipt = http
+                                    .post("https://pay.example/charges")
+                                    .header("Idempotency-Key", lease.idempotency_key())
+                                    .timeout(lease.remaining())
+                                    .send()
+                                    .await?;
+                                Ok(receipt.json().await?)
+                            }
+                                .await;
+                            __idem_body
+                        },
+                    )
                     .await;
                 ::idem::__private::lease_finish(__idem_lease, __idem_result).await
             },

@@ -61,15 +61,17 @@ async fn send_mail<__IdemDb: ::idem::__private::Backend>(
                     }
                 };
                 let __idem_lease_ref = &__idem_lease;
-                let __idem_result = __idem_lease
-                    .run(async move {
-                        let __idem_body: Result<MessageId, AppError> = async move {
-                            let lease: &idem::Lease = __idem_lease_ref;
-                            api.send(lease.idempotency_key(), &job.body).await
-                        }
-                            .await;
-                        __idem_body
-                    })
+                let __idem_result = ::idem::__private::lease_run(
+                        &__idem_lease,
+                        async move {
+                            let __idem_body: Result<MessageId, AppError> = async move {
+                                let lease: &idem::Lease = __idem_lease_ref;
+                                api.send(lease.idempotency_key(), &job.body).await
+                            }
+                                .await;
+                            __idem_body
+                        },
+                    )
                     .await;
                 ::idem::__private::lease_finish_replay(
                         __idem_codec,

@@ -20,7 +20,7 @@ pub(crate) struct Cli {
     pub(crate) database_url: Option<String>,
 
     /// The marker table (what the handlers' store was given with `Store::with_table`).
-    #[arg(long, default_value = idem::DEFAULT_TABLE, global = true)]
+    #[arg(long, env = "IDEM_TABLE", default_value = idem::DEFAULT_TABLE, global = true)]
     pub(crate) table: String,
 
     /// Print one JSON document instead of text.
@@ -39,8 +39,8 @@ pub(crate) enum Command {
     Forget(Target),
     /// Delete the markers of jobs completed longer ago than AGE; prints how many.
     Purge {
-        /// The retention: a number and a unit, as 7d, 12h, 30m or 90s. It must outlast the
-        /// time the broker may still redeliver a job.
+        /// The retention: a whole number and one unit, w (weeks), d (days), h, m or s, as 2w,
+        /// 7d, 12h, 30m or 90s. It must outlast the time the broker may still redeliver a job.
         #[arg(long, value_name = "AGE", value_parser = parse_age)]
         older_than: Age,
     },
@@ -125,12 +125,14 @@ pub(crate) struct Age {
 }
 
 fn parse_age(text: &str) -> Result<Age, String> {
-    const HOW: &str = "write a whole number and one unit: 7d, 12h, 30m or 90s";
+    const HOW: &str = "write a whole number and one unit, w (weeks), d (days), h (hours), \
+                       m (minutes) or s (seconds): 2w, 7d, 12h, 30m or 90s";
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .ok_or_else(|| format!("no unit: {HOW}"))?;
     let (digits, unit) = text.split_at(split);
     let unit_secs: u64 = match unit {
+        "w" => 7 * 86_400,
         "d" => 86_400,
         "h" => 3_600,
         "m" => 60,
@@ -174,6 +176,7 @@ mod tests {
     #[test]
     fn ages_take_one_number_and_one_unit() {
         let secs = |t: &str| parse_age(t).map(|a| a.duration.as_secs());
+        assert_eq!(secs("2w"), Ok(14 * 86_400));
         assert_eq!(secs("7d"), Ok(7 * 86_400));
         assert_eq!(secs("12h"), Ok(12 * 3_600));
         assert_eq!(secs("30m"), Ok(1_800));

@@ -10,7 +10,21 @@ use serde_json::{Value, json};
 
 use crate::args::Age;
 
-pub(crate) fn inspect(scope: &str, key: &Key, marker: Option<&Marker>, json: bool) -> String {
+/// Where a marker that was not found could be instead: another table.
+fn elsewhere(table: &str) -> String {
+    format!(
+        "looked in table {table}; a store given another table with `Store::with_table` keeps \
+         its markers there: pass it with --table or IDEM_TABLE"
+    )
+}
+
+pub(crate) fn inspect(
+    table: &str,
+    scope: &str,
+    key: &Key,
+    marker: Option<&Marker>,
+    json: bool,
+) -> String {
     match (marker, json) {
         (Some(m), true) => {
             let mut doc = marker_json(m);
@@ -18,18 +32,29 @@ pub(crate) fn inspect(scope: &str, key: &Key, marker: Option<&Marker>, json: boo
             document(&doc)
         }
         (Some(m), false) => fields(&marker_fields(m)),
-        (None, true) => document(&json!({ "scope": scope, "key": key.as_str(), "found": false })),
+        (None, true) => document(&json!({
+            "table": table,
+            "scope": scope,
+            "key": key.as_str(),
+            "found": false,
+        })),
         (None, false) => format!(
             "no marker for scope {scope:?}, key {:?}: no delivery claimed it, or it was \
-             forgotten or purged\n",
-            key.as_str()
+             forgotten or purged ({})\n",
+            key.as_str(),
+            elsewhere(table)
         ),
     }
 }
 
-pub(crate) fn forget(scope: &str, key: &Key, gone: bool, json: bool) -> String {
+pub(crate) fn forget(table: &str, scope: &str, key: &Key, gone: bool, json: bool) -> String {
     if json {
-        return document(&json!({ "scope": scope, "key": key.as_str(), "forgotten": gone }));
+        return document(&json!({
+            "table": table,
+            "scope": scope,
+            "key": key.as_str(),
+            "forgotten": gone,
+        }));
     }
     if gone {
         format!(
@@ -38,8 +63,9 @@ pub(crate) fn forget(scope: &str, key: &Key, gone: bool, json: bool) -> String {
         )
     } else {
         format!(
-            "no marker for scope {scope:?}, key {:?}: nothing to forget\n",
-            key.as_str()
+            "no marker for scope {scope:?}, key {:?}: nothing to forget ({})\n",
+            key.as_str(),
+            elsewhere(table)
         )
     }
 }
@@ -61,15 +87,25 @@ pub(crate) fn purge(age: &Age, table: &str, deleted: u64, json: bool) -> String 
     )
 }
 
-pub(crate) fn stuck(scope: Option<&str>, limit: u32, markers: &[Marker], json: bool) -> String {
+pub(crate) fn stuck(
+    table: &str,
+    scope: Option<&str>,
+    limit: u32,
+    markers: &[Marker],
+    json: bool,
+) -> String {
     if json {
         let list: Vec<Value> = markers.iter().map(marker_json).collect();
-        return document(&json!({ "scope": scope, "limit": limit, "markers": list }));
+        return document(
+            &json!({ "table": table, "scope": scope, "limit": limit, "markers": list }),
+        );
     }
     if markers.is_empty() {
         return match scope {
-            Some(scope) => format!("no marker of scope {scope:?} is in progress\n"),
-            None => "no marker is in progress\n".to_owned(),
+            Some(scope) => {
+                format!("no marker of scope {scope:?} is in progress in table {table}\n")
+            }
+            None => format!("no marker is in progress in table {table}\n"),
         };
     }
     let head = ["SCOPE", "KEY", "ATTEMPTS", "TOKEN", "LEASE", "LOCKED_UNTIL"];

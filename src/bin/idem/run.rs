@@ -122,13 +122,16 @@ async fn execute<DB: Backend>(
             let marker = store.inspect(&scope, &key).await.map_err(refused)?;
             let code = if marker.is_some() { 0 } else { NOT_FOUND };
             (
-                render::inspect(&scope, &key, marker.as_ref(), cx.json),
+                render::inspect(store.table(), &scope, &key, marker.as_ref(), cx.json),
                 code,
             )
         }
         Request::Forget { scope, key } => {
             let gone = store.forget(&scope, &key).await.map_err(refused)?;
-            (render::forget(&scope, &key, gone, cx.json), 0)
+            (
+                render::forget(store.table(), &scope, &key, gone, cx.json),
+                0,
+            )
         }
         Request::Purge(age) => {
             let deleted = store.purge(age.duration).await.map_err(refused)?;
@@ -140,7 +143,8 @@ async fn execute<DB: Backend>(
                 None => store.list_all_in_progress(limit).await,
             };
             let markers = markers.map_err(refused)?;
-            (render::stuck(scope.as_deref(), limit, &markers, cx.json), 0)
+            let text = render::stuck(store.table(), scope.as_deref(), limit, &markers, cx.json);
+            (text, 0)
         }
     };
     store.pool().close().await;

@@ -1,5 +1,18 @@
-//! What a generated handler call tells the outside: one `idem.claim` span per call, events
-//! from the claim, and two metrics through the `metrics` facade.
+//! What a generated handler call tells the outside: one `idem.claim` span per call, one
+//! `idem call finished` event in it, a few events from the claim, and two metrics through the
+//! `metrics` facade.
+//!
+//! Everything is logged with the target `idem`, at these levels:
+//!
+//! | level | what |
+//! |---|---|
+//! | WARN | a call ended by an error of idem's own (its text once, in `error`); a claim that lost a race and is retried; a stored `replay` value that no longer reads |
+//! | INFO | the `idem.claim` span; a call that found another delivery holding the key (`in_progress`); a lease taken over from an earlier delivery |
+//! | DEBUG | the end of every other call (`applied`, `duplicate`, `replayed`, or the body's own error, which the caller gets back) |
+//! | TRACE | what the claim decided (`fresh`, `takeover`, `duplicate`, `replayed`, `in_progress`) |
+//!
+//! At the usual INFO a worker logs nothing per healthy job; `RUST_LOG=info,idem=debug`
+//! (tracing-subscriber's `EnvFilter`) shows one line per call with its span's fields.
 //!
 //! With no `tracing` subscriber and no `metrics` recorder installed this costs a few clock
 //! reads per call and nothing else: the span is disabled by its callsite's cached interest
@@ -19,10 +32,22 @@ use tracing::field::Empty;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::options::Mode;
-use crate::{Batch, Error, Failed, Outcome};
+use crate::{Batch, Failed, Outcome};
 
-/// The counter of finished handler calls, labelled `scope` and `outcome`: `applied`,
-/// `duplicate`, `replayed`, `in_progress`, `rolled_back` or `error`.
+mod keys;
+mod verdict;
+
+pub use keys::{KeyInSpans, observe_keys};
+use verdict::{COUNT, Verdict};
+
+/// The counter of finished handler calls, labelled `scope` and `outcome`.
+///
+/// The outcomes: `applied`, `duplicate`, `replayed` (the call's [`Outcome`]); one per kind of
+/// idem's [`Error`](crate::Error) that asks for its own action: `in_progress`, `rolled_back`
+/// (`RolledBack`), `timeout`, `key_reused`, `lease_lost`, `value_not_stored`, `invalid` (a key,
+/// scope, lease or value refused as given, or a nested call: a redelivery fails the same way);
+/// and `error` for the rest (the body's own errors, database failures). A batch counts each of
+/// its jobs.
 pub const OUTCOMES_TOTAL: &str = "idem_outcomes_total";
 
 /// The histogram of claim latency in seconds, labelled `scope`: from the start of the claim
@@ -40,7 +65,8 @@ pub fn describe_metrics() {
         OUTCOMES_TOTAL,
         metrics::Unit::Count,
         "Idempotent handler calls by scope and outcome (applied, duplicate, replayed, \
-         in_progress, rolled_back, error)."
+         in_progress, rolled_back, timeout, key_reused, lease_lost, value_not_stored, invalid, \
+         error)."
     );
     metrics::describe_histogram!(
         CLAIM_SECONDS,
@@ -49,55 +75,12 @@ pub fn describe_metrics() {
     );
 }
 
-/// How a call ended, as the span's `outcome` field and the counter's `outcome` label.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Verdict {
-    Applied,
-    Duplicate,
-    Replayed,
-    InProgress,
-    RolledBack,
-    Error,
-}
-
-impl Verdict {
-    const ALL: [&'static str; 6] = [
-        "applied",
-        "duplicate",
-        "replayed",
-        "in_progress",
-        "rolled_back",
-        "error",
-    ];
-
-    fn of<T, E>(result: &Result<Outcome<T>, Failed<E>>) -> Self {
-        match result {
-            Ok(Outcome::Applied(_)) => Verdict::Applied,
-            Ok(Outcome::Duplicate) => Verdict::Duplicate,
-            Ok(Outcome::Replayed(_)) => Verdict::Replayed,
-            Err(failed) => Verdict::of_failed(failed),
-        }
-    }
-
-    fn of_failed<E>(failed: &Failed<E>) -> Self {
-        match failed {
-            Failed::Idem(Error::InProgress { .. }) => Verdict::InProgress,
-            Failed::Idem(Error::RolledBack { .. }) => Verdict::RolledBack,
-            _ => Verdict::Error,
-        }
-    }
-
-    fn as_str(self) -> &'static str {
-        Self::ALL[self as usize]
-    }
-}
-
 /// A handler's labels, built at compile time into a `static` of the generated code, so that
 /// recording a metric neither allocates nor formats.
 #[doc(hidden)]
 pub struct Site {
     scope: &'static str,
-    outcomes: [[Label; 2]; 6],
+    outcomes: [[Label; 2]; COUNT],
     scope_only: [Label; 1],
 }
 
@@ -119,6 +102,11 @@ impl Site {
                 pair(scope, 3),
                 pair(scope, 4),
                 pair(scope, 5),
+                pair(scope, 6),
+                pair(scope, 7),
+                pair(scope, 8),
+                pair(scope, 9),
+                pair(scope, 10),
             ],
             scope_only: [Label::from_static_parts("scope", scope)],
         }
@@ -178,18 +166,34 @@ pub struct Call {
 }
 
 impl Call {
-    /// Opens the `idem.claim` span (when a subscriber wants it; `key` is read only then).
+    /// Opens the `idem.claim` span (when a subscriber wants it; `key` is read only then, and
+    /// shown as [`observe_keys`] says).
     pub(crate) fn start(site: &'static Site, mode: Mode, key: Option<&str>) -> Call {
         let span = tracing::info_span!(
             target: "idem",
             "idem.claim",
             scope = site.scope,
-            key = key,
+            key = Empty,
+            key_hash = Empty,
             mode = mode.as_str(),
             outcome = Empty,
-            attempts = Empty,
+            retries = Empty,
             waited_ms = Empty,
+            jobs = Empty,
+            applied = Empty,
+            duplicate = Empty,
         );
+        if let Some(key) = key.filter(|_| !span.is_disabled()) {
+            match keys::setting() {
+                KeyInSpans::Plain => {
+                    span.record("key", key);
+                }
+                KeyInSpans::Hashed => {
+                    span.record("key_hash", keys::hash(key).as_str());
+                }
+                KeyInSpans::Omitted => {}
+            }
+        }
         Call { site, span }
     }
 
@@ -204,17 +208,23 @@ impl Call {
     {
         self.observed(future, |result| {
             let verdict = Verdict::of(result);
-            (verdict, [(verdict, 1), (verdict, 0)])
+            Judged {
+                verdict,
+                counts: [(verdict, 1), (verdict, 0)],
+                batch: None,
+            }
         })
     }
 
     /// [`run`](Call::run) for a batch of `jobs` jobs: the span's `outcome` is `applied` if
-    /// any job was, and the counter counts each job's outcome (a failed batch: every job's).
+    /// any job was, its `applied` and `duplicate` count the jobs, and the counter counts each
+    /// job's outcome (a failed batch: every job's).
     pub fn run_batch<T, E, F>(self, jobs: usize, future: F) -> impl Future<Output = F::Output>
     where
         F: Future<Output = Result<Batch<T>, Failed<E>>>,
     {
         let jobs = jobs as u64;
+        self.span.record("jobs", jobs);
         self.observed(future, move |result| match result {
             Ok(batch) => {
                 let applied = batch.applied() as u64;
@@ -223,28 +233,33 @@ impl Call {
                 } else {
                     Verdict::Duplicate
                 };
-                (
+                Judged {
                     verdict,
-                    [
+                    counts: [
                         (Verdict::Applied, applied),
                         (Verdict::Duplicate, jobs - applied),
                     ],
-                )
+                    batch: Some((applied, jobs - applied)),
+                }
             }
             Err(failed) => {
                 let verdict = Verdict::of_failed(failed);
-                (verdict, [(verdict, jobs), (verdict, 0)])
+                Judged {
+                    verdict,
+                    counts: [(verdict, jobs), (verdict, 0)],
+                    batch: None,
+                }
             }
         })
     }
 
     /// Polls `future` inside the span, with the claim's stats installed for each poll, then
-    /// records the verdict `judge` gives and its counts (outcome, jobs).
-    async fn observed<R, F: Future<Output = R>>(
+    /// records the verdict `judge` gives, its counts, and the call's one event.
+    async fn observed<T, E, F: Future<Output = Result<T, Failed<E>>>>(
         self,
         future: F,
-        judge: impl FnOnce(&R) -> (Verdict, [(Verdict, u64); 2]),
-    ) -> R {
+        judge: impl FnOnce(&Result<T, Failed<E>>) -> Judged,
+    ) -> F::Output {
         let Call { site, span } = self;
         let mut stats = Stats::default();
         let mut future = pin!(future);
@@ -254,34 +269,40 @@ impl Call {
             future.as_mut().poll(cx)
         })
         .await;
-        let (verdict, counts) = judge(&result);
-        record(site, &span, verdict, &counts, stats);
+        let judged = judge(&result);
+        record(site, &span, &judged, stats);
+        verdict::finished(&span, judged.verdict, result.as_ref().err());
         result
     }
+}
+
+/// How a call ended: its verdict, the counter's increments (outcome, how many jobs), and a
+/// batch's `(applied, duplicate)` counts.
+struct Judged {
+    verdict: Verdict,
+    counts: [(Verdict, u64); 2],
+    batch: Option<(u64, u64)>,
 }
 
 static METADATA: Metadata<'static> =
     Metadata::new("idem", metrics::Level::INFO, Some(module_path!()));
 
-/// Records the call's `verdict` on its span, and `counts` (outcome, how many jobs) on the
-/// counter.
-fn record(
-    site: &'static Site,
-    span: &Span,
-    verdict: Verdict,
-    counts: &[(Verdict, u64)],
-    stats: Stats,
-) {
-    span.record("outcome", verdict.as_str());
+/// Records how the call ended on its span, and the counts on the counter.
+fn record(site: &'static Site, span: &Span, judged: &Judged, stats: Stats) {
+    span.record("outcome", judged.verdict.as_str());
     if stats.claim.is_some() {
-        span.record("attempts", stats.attempts);
+        span.record("retries", stats.attempts.saturating_sub(1));
         span.record(
             "waited_ms",
             u64::try_from(stats.waited.as_millis()).unwrap_or(u64::MAX),
         );
     }
+    if let Some((applied, duplicate)) = judged.batch {
+        span.record("applied", applied);
+        span.record("duplicate", duplicate);
+    }
     metrics::with_recorder(|recorder| {
-        for &(verdict, n) in counts.iter().filter(|(_, n)| *n > 0) {
+        for &(verdict, n) in judged.counts.iter().filter(|(_, n)| *n > 0) {
             let key = Key::from_static_parts(OUTCOMES_TOTAL, &site.outcomes[verdict as usize]);
             recorder.register_counter(&key, &METADATA).increment(n);
         }
@@ -294,7 +315,7 @@ fn record(
     });
 }
 
-/// What a claim found, for its `debug` event.
+/// What a claim found, for its `trace` event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Decision {
     Fresh,
@@ -326,13 +347,15 @@ pub(crate) fn decided(started: Instant, decision: Decision) {
         // The outcome (`error`) and the error itself say it.
         Decision::Failed => return,
     };
-    tracing::debug!(target: "idem", decision, "idem claim decided");
+    tracing::trace!(target: "idem", decision, "idem claim decided");
 }
 
 /// A lease-mode claim took the key over from an earlier delivery whose lease expired or was
-/// released.
+/// released: `attempt` is this delivery's [`Lease::attempt`](crate::Lease::attempt) (and the
+/// marker's `attempts`). INFO, not WARN: a released lease (the body failed) or an expired one
+/// (a worker died) being taken over is the recovery working.
 pub(crate) fn took_over(token: i64, attempt: u32) {
-    tracing::warn!(
+    tracing::info!(
         target: "idem",
         token,
         attempt,
@@ -348,12 +371,14 @@ pub(crate) fn claim_retries() -> u64 {
     CLAIM_RETRIES.load(Ordering::Relaxed)
 }
 
-/// A claim lost a race (`attempt` was its number) and is tried again.
-pub(crate) fn retry(attempt: u32, error: &sqlx::Error) {
+/// A claim lost a race and is tried again: `retry` is the number of this retry (1 for the
+/// first), as the span's `retries` counts them. WARN: a few are normal under contention, a
+/// storm of them says the isolation level or the batch sizes fight each other.
+pub(crate) fn retry(lost: u32, error: &sqlx::Error) {
     CLAIM_RETRIES.fetch_add(1, Ordering::Relaxed);
     tracing::warn!(
         target: "idem",
-        attempt,
+        retry = lost,
         error = %error,
         "idem claim lost a race to another delivery of the key; trying again"
     );
