@@ -46,8 +46,10 @@ pub struct Claimant<'a> {
     pub(crate) fingerprint: Option<&'a [u8]>,
     /// This claim's own id (negative): MySQL writes it as the marker's `token`, so that the
     /// commit can tell whether the transaction holding it is still the one that claimed.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) nonce: i64,
     /// MariaDB bounds the claim's lock waits per statement.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) wait: Option<Duration>,
 }
 

@@ -56,7 +56,7 @@ const DDL: &[&str] = &[
 /// lease ms): takes the due messages, oldest first, skipping those another relay holds, and
 /// holds them for the lease; sent (id); failed (error, retry ms, park, id); purge (age ms,
 /// limit).
-const OUTBOX: [&str; 6] = [
+const OUTBOX: [&str; 5] = [
     "INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq) \
      VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
     "UPDATE {t}_outbox SET next_attempt_at = now() + $2 * interval '1 millisecond' \
@@ -64,7 +64,6 @@ const OUTBOX: [&str; 6] = [
      AND next_attempt_at <= now() ORDER BY created_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED) \
      RETURNING id, destination, payload, seq, attempts, \
      (EXTRACT(EPOCH FROM created_at) * 1000000)::int8",
-    "",
     "UPDATE {t}_outbox SET sent_at = now() WHERE id = $1",
     "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = $1, \
      next_attempt_at = now() + $2 * interval '1 millisecond', parked = $3 WHERE id = $4",

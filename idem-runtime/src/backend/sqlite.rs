@@ -52,7 +52,7 @@ const DDL: &[&str] = &[
 
 /// The outbox's statements, bound as on PostgreSQL. Writers are serialised, so the take needs
 /// no row locks: one statement takes and holds the due messages.
-const OUTBOX: [&str; 6] = [
+const OUTBOX: [&str; 5] = [
     "INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
     "UPDATE {t}_outbox SET next_attempt_at = \
@@ -61,7 +61,6 @@ const OUTBOX: [&str; 6] = [
      AND next_attempt_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
      ORDER BY created_at, seq LIMIT ?1) \
      RETURNING id, destination, payload, seq, attempts, created_at",
-    "",
     "UPDATE {t}_outbox SET sent_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?1",
     "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = ?1, next_attempt_at = \
      strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+' || (?2 / 1000.0) || ' seconds'), parked = ?3 \

@@ -77,9 +77,6 @@ pub(crate) struct OutboxStatements {
     pub(crate) write: SqlStr,
     /// The relay's take: due messages, oldest first, locked or skipped.
     pub(crate) due: SqlStr,
-    /// Holds taken messages for the relay's lease (bind: the ids, the lease).
-    #[cfg_attr(feature = "mysql", allow(dead_code))]
-    pub(crate) hold: SqlStr,
     pub(crate) sent: SqlStr,
     pub(crate) failed: SqlStr,
     pub(crate) purge: SqlStr,
@@ -107,7 +104,7 @@ pub(crate) struct Templates<'a> {
     pub(crate) lease_complete: &'a str,
     pub(crate) lease_release: &'a str,
     pub(crate) lease_renew: &'a str,
-    pub(crate) outbox: [&'a str; 6],
+    pub(crate) outbox: [&'a str; 5],
     pub(crate) ddl: &'a [&'a str],
 }
 
@@ -139,11 +136,10 @@ impl Templates<'_> {
             lease_release: fill(self.lease_release),
             lease_renew: fill(self.lease_renew),
             outbox: {
-                let [write, due, hold, sent, failed, purge] = self.outbox.map(fill);
+                let [write, due, sent, failed, purge] = self.outbox.map(fill);
                 OutboxStatements {
                     write,
                     due,
-                    hold,
                     sent,
                     failed,
                     purge,

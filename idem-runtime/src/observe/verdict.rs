@@ -73,6 +73,7 @@ impl Verdict {
             | Error::InvalidTable { .. }
             | Error::InvalidScope { .. }
             | Error::InvalidLease { .. }
+            | Error::InvalidMessage { .. }
             | Error::Nested { .. }
             | Error::Serialize(_) => Verdict::Invalid,
             Error::Database(_) => Verdict::Error,

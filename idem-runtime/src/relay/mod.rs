@@ -149,15 +149,15 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     pub async fn run(&self, poll: Duration, stop: impl Future<Output = ()>) -> Result<(), Error> {
         let mut stop = std::pin::pin!(stop);
         loop {
-            let relayed = tokio::select! {
-                relayed = self.relay_once() => relayed?,
-                () = &mut stop => return Ok(()),
+            let Some(relayed) = unless(stop.as_mut(), self.relay_once()).await else {
+                return Ok(());
             };
-            if relayed.sent == 0 {
-                tokio::select! {
-                    () = tokio::time::sleep(poll) => {}
-                    () = &mut stop => return Ok(()),
-                }
+            if relayed?.sent == 0
+                && unless(stop.as_mut(), tokio::time::sleep(poll))
+                    .await
+                    .is_none()
+            {
+                return Ok(());
             }
         }
     }
@@ -180,6 +180,22 @@ impl<DB: Backend> Store<DB> {
             }
         }
     }
+}
+
+/// `work`'s output, or `None` if `stop` resolved first.
+async fn unless<T>(
+    mut stop: std::pin::Pin<&mut impl Future<Output = ()>>,
+    work: impl Future<Output = T>,
+) -> Option<T> {
+    use std::task::Poll;
+    let mut work = std::pin::pin!(work);
+    std::future::poll_fn(|cx| {
+        if stop.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        work.as_mut().poll(cx).map(Some)
+    })
+    .await
 }
 
 /// Milliseconds for a statement, capped at a century (the databases' interval arithmetic).

@@ -80,14 +80,13 @@ const DDL: &[&str] = &[
 
 /// The outbox's statements, bound as on PostgreSQL; the take is two (`batch.rs`): the due
 /// messages locked with `SKIP LOCKED` (MariaDB 10.6, MySQL 8), then held by id.
-const OUTBOX: [&str; 6] = [
+const OUTBOX: [&str; 5] = [
     "INSERT INTO {t}_outbox (id, destination, payload, scope, `key`, seq, created_at, \
      next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) \
      ON DUPLICATE KEY UPDATE id = id",
     "SELECT id, destination, payload, seq, attempts FROM {t}_outbox WHERE sent_at IS NULL \
      AND parked = FALSE AND next_attempt_at <= UTC_TIMESTAMP(6) \
      ORDER BY created_at, seq LIMIT ? FOR UPDATE SKIP LOCKED",
-    "",
     "UPDATE {t}_outbox SET sent_at = UTC_TIMESTAMP(6) WHERE id = ?",
     "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = ?, \
      next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND, parked = ? \
