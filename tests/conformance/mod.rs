@@ -160,6 +160,7 @@ macro_rules! every_backend_tests {
             two_relays_publish_each_message_once,
             outbox_refuses_a_bad_message_and_nothing_is_kept,
             migrate_adds_the_outbox_to_a_version_1_schema,
+            outbox_of_a_joined_call_goes_with_the_callers_transaction,
             handler_error_keeps_nothing_and_next_delivery_applies,
             handler_panic_rolls_back_and_next_delivery_applies,
             concurrent_deliveries_of_one_key_apply_once,

@@ -282,3 +282,20 @@ pub(crate) async fn migrate_adds_the_outbox_to_a_version_1_schema<S: Support>() 
     );
     ctx.cleanup().await;
 }
+
+/// A joined call's messages are the caller's transaction's: kept if it commits, gone if it
+/// rolls back.
+pub(crate) async fn outbox_of_a_joined_call_goes_with_the_callers_transaction<S: Support>() {
+    let ctx = Ctx::<S>::new("outboxjoin", 2).await;
+    let job = ctx.job("order-3", 3, 30);
+    let count = format!("SELECT COUNT(*) FROM {}", outbox_table(&ctx));
+    let mut tx = ctx.pool.begin().await.expect("begin");
+    applied(ship(ctx.store.join(&mut tx), &job, 3, Then::Commit).await);
+    tx.rollback().await.expect("the caller rolls back");
+    assert_eq!(ctx.scalar(&count).await, 0);
+    let mut tx = ctx.pool.begin().await.expect("begin");
+    applied(ship(ctx.store.join(&mut tx), &job, 3, Then::Commit).await);
+    idem::commit(tx).await.expect("the caller commits");
+    assert_eq!(ctx.scalar(&count).await, 3);
+    ctx.cleanup().await;
+}
