@@ -7,7 +7,8 @@
 //!   here by `serde_json` itself;
 //! - the same value with every object's keys in another order has the same digest, both as a
 //!   `serde_json::Value` and through a `Serialize` that writes the map entries in that order;
-//! - two values that differ (by `serde_json`'s equality) have different digests.
+//! - two values that differ (by `serde_json`'s equality) have different digests, and two that
+//!   are equal (`-0.0` and `0.0` among them) the same.
 #![no_main]
 
 use arbitrary::{Result, Unstructured};
@@ -48,7 +49,7 @@ fn number(u: &mut Unstructured<'_>) -> Result<Value> {
         2 => Value::from(u.arbitrary::<i64>()?),
         // Not finite: `serde_json` makes it `null`.
         3 => Value::from(f64::from_bits(u.arbitrary()?)),
-        _ => Number::from_f64(*u.choose(&[0.0, 1.0, -1.5, 1e300, 5e-324, 0.1])?)
+        _ => Number::from_f64(*u.choose(&[0.0, -0.0, 1.0, -1.5, 1e300, 5e-324, 0.1])?)
             .map_or(Value::Null, Value::Number),
     })
 }
@@ -146,6 +147,8 @@ fn sorted(value: &Value) -> Value {
             )
         }
         Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+        // Equal to `0.0`, so spelt like it (`Fingerprint`'s documentation says so).
+        Value::Number(n) if n.as_f64() == Some(0.0) && n.is_f64() => Value::from(0.0),
         scalar => scalar.clone(),
     }
 }
