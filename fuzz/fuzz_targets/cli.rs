@@ -3,9 +3,9 @@
 //!
 //! The input is the argument list, split at NUL bytes (non-UTF-8 bytes are kept: arguments
 //! are `OsString`s). Checked: `Cli::try_parse_from` gives a command or an error, never a
-//! panic, and the error renders; a parsed `inspect` or `forget` gives its key or an input
-//! error as `Key::new` would; a parsed `purge` holds the age its text says, a parsed `stuck`
-//! a valid scope.
+//! panic, and the error renders; a parsed `inspect` or `forget` gives its key (plain, or the
+//! tuple its `--part`s make) or an input error as `Key::new` would; a parsed `purge` holds the
+//! age its text says, a parsed `stuck` a valid scope.
 #![no_main]
 #![allow(dead_code)]
 
@@ -50,8 +50,9 @@ fn check_target(target: &Target) {
         Ok(key) => {
             let s = key.as_str();
             assert!(!s.is_empty() && s.len() <= MAX_KEY_LEN && !s.contains('\0'));
-            if let Some(written) = &target.key {
-                assert_eq!(s, written);
+            match &target.key {
+                Some(written) => assert_eq!(s, written),
+                None => assert_eq!(s, parts_key(&target.parts), "{:?}", target.parts),
             }
         }
         Err(failure) => {
@@ -60,6 +61,19 @@ fn check_target(target: &Target) {
                 assert!(Key::new(written).is_err(), "{written:?} refused");
             }
         }
+    }
+}
+
+/// The key that `--part`s name, as the documentation says: one part as written, several as
+/// the tuple of them (`4:acme|2:17`).
+fn parts_key(parts: &[String]) -> String {
+    match parts {
+        [one] => one.clone(),
+        several => several
+            .iter()
+            .map(|p| format!("{}:{p}", p.len()))
+            .collect::<Vec<_>>()
+            .join("|"),
     }
 }
 
