@@ -18,8 +18,9 @@ use sha2::{Digest as _, Sha256};
 use crate::Error;
 
 /// A SHA-256 digest of a payload's canonical JSON: objects with their keys sorted, no
-/// whitespace, numbers and strings as `serde_json` writes them. Two payloads that serialise to
-/// the same JSON value have the same fingerprint, whatever order their maps iterate in.
+/// whitespace, numbers and strings as `serde_json` writes them (but `-0.0`, written `0.0`, as
+/// the equal `0.0` is). Two payloads that serialise to the same JSON value have the same
+/// fingerprint, whatever order their maps iterate in.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 32]);
 
@@ -88,6 +89,10 @@ fn write_canonical(value: &Value, out: &mut String) {
             }
             out.push(']');
         }
+        // `-0.0 == 0.0` for `serde_json` (and JSON's canonical form, RFC 8785, writes both as
+        // `0`), but `serde_json` writes them apart: one spelling, so equal values stay one
+        // digest. Found by the fuzz target `fingerprint`.
+        Value::Number(n) if n.is_f64() && n.as_f64() == Some(0.0) => out.push_str("0.0"),
         scalar => out.push_str(&scalar.to_string()),
     }
 }
@@ -213,6 +218,27 @@ mod tests {
         let mut out = String::new();
         write_canonical(&value, &mut out);
         assert_eq!(out, r#"{"a":"x","b":[{"a":2,"z":1}]}"#);
+    }
+
+    /// The fuzz target `fingerprint` found `-0.0` and `0.0`, equal values, with two digests.
+    #[test]
+    fn negative_zero_is_zero() {
+        let mut out = String::new();
+        write_canonical(&serde_json::json!([-0.0, 0.0, 0, {"x": -0.0}]), &mut out);
+        assert_eq!(out, r#"[0.0,0.0,0,{"x":0.0}]"#);
+        assert_eq!(
+            Fingerprint::of(&-0.0_f64).unwrap(),
+            Fingerprint::of(&0.0_f64).unwrap()
+        );
+        assert_eq!(
+            Fingerprint::of(&serde_json::json!({"amount": -0.0})).unwrap(),
+            Fingerprint::of(&serde_json::json!({"amount": 0.0})).unwrap()
+        );
+        // A float zero is still not the integer zero: they are different values.
+        assert_ne!(
+            Fingerprint::of(&0.0_f64).unwrap(),
+            Fingerprint::of(&0_u64).unwrap()
+        );
     }
 
     #[test]

@@ -1,0 +1,130 @@
+//! The `idem` command line: `src/bin/idem/args.rs`, included as it is, with a stand-in for the
+//! binary's `Failure`.
+//!
+//! The input is the argument list, split at NUL bytes (non-UTF-8 bytes are kept: arguments
+//! are `OsString`s). Checked: `Cli::try_parse_from` gives a command or an error, never a
+//! panic, and the error renders; a parsed `inspect` or `forget` gives its key (plain, or the
+//! tuple its `--part`s make) or an input error as `Key::new` would; a parsed `purge` holds the
+//! age its text says, a parsed `stuck` a valid scope.
+#![no_main]
+#![allow(dead_code)]
+
+#[path = "../../src/bin/idem/args.rs"]
+mod args;
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt as _;
+
+use args::{Cli, Command, Target};
+use clap::Parser as _;
+use idem::{Key, MAX_KEY_LEN};
+use libfuzzer_sys::fuzz_target;
+
+/// The binary's `Failure`, as `args.rs` uses it (exit code 2 for input).
+#[derive(Debug)]
+pub(crate) struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    pub(crate) fn input(message: impl Into<String>) -> Failure {
+        Failure {
+            code: 2,
+            message: message.into(),
+        }
+    }
+}
+
+fn scope_ok(scope: &str) -> bool {
+    !scope.is_empty() && scope.len() <= MAX_KEY_LEN && !scope.contains('\0')
+}
+
+fn check_target(target: &Target) {
+    assert!(scope_ok(&target.scope), "{:?}", target.scope);
+    // `-` reads the key from standard input: not here.
+    if target.key.as_deref() == Some("-") {
+        return;
+    }
+    match target.key() {
+        Ok(key) => {
+            let s = key.as_str();
+            assert!(!s.is_empty() && s.len() <= MAX_KEY_LEN && !s.contains('\0'));
+            match &target.key {
+                Some(written) => assert_eq!(s, written),
+                None => assert_eq!(s, parts_key(&target.parts), "{:?}", target.parts),
+            }
+        }
+        Err(failure) => {
+            assert_eq!(failure.code, 2);
+            if let Some(written) = &target.key {
+                assert!(Key::new(written).is_err(), "{written:?} refused");
+            }
+        }
+    }
+}
+
+/// The key that `--part`s name, as the documentation says: one part as written, several as
+/// the tuple of them (`4:acme|2:17`).
+fn parts_key(parts: &[String]) -> String {
+    match parts {
+        [one] => one.clone(),
+        several => several
+            .iter()
+            .map(|p| format!("{}:{p}", p.len()))
+            .collect::<Vec<_>>()
+            .join("|"),
+    }
+}
+
+/// The age's seconds, read from its text another way.
+fn age_secs(text: &str) -> Option<u64> {
+    let unit = text.chars().last()?;
+    let digits = &text[..text.len() - unit.len_utf8()];
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let scale = match unit {
+        'd' => 86_400,
+        'h' => 3_600,
+        'm' => 60,
+        's' => 1,
+        _ => return None,
+    };
+    let significant = digits.trim_start_matches('0');
+    if significant.len() > 20 {
+        return None;
+    }
+    let n: u128 = significant.parse().unwrap_or(0);
+    u64::try_from(n * scale).ok().filter(|&s| s > 0)
+}
+
+fuzz_target!(|data: &[u8]| {
+    let argv = std::iter::once(OsString::from("idem")).chain(
+        data.split(|&b| b == 0)
+            .map(|a| OsString::from_vec(a.to_vec())),
+    );
+    match Cli::try_parse_from(argv) {
+        Ok(cli) => match &cli.command {
+            Command::Inspect(target) | Command::Forget(target) => check_target(target),
+            Command::Purge { older_than } => {
+                assert_eq!(
+                    Some(older_than.duration.as_secs()),
+                    age_secs(&older_than.text),
+                    "{:?}",
+                    older_than.text
+                );
+            }
+            Command::Stuck { scope, limit } => {
+                assert!(*limit >= 1);
+                if let Some(scope) = scope {
+                    assert!(scope_ok(scope));
+                }
+            }
+        },
+        Err(e) => {
+            let _ = e.to_string();
+            let _ = e.render().ansi().to_string();
+        }
+    }
+});
