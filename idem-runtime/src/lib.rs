@@ -37,6 +37,10 @@ mod join;
 mod lease;
 mod transaction;
 
+// Above the modes: the HTTP layer claims through transaction mode.
+#[cfg(feature = "axum")]
+pub mod http;
+
 pub use backend::Backend;
 pub use batch::{BatchClaim, MAX_BATCH};
 pub use claim::Claimed;
