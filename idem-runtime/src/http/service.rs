@@ -94,7 +94,9 @@ async fn serve<S, DB, P, B, ResB>(
     request: Request<B>,
 ) -> Result<Response<Body>, S::Error>
 where
-    S: Service<Request<Body>, Response = Response<ResB>>,
+    S: Service<Request<Body>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
     ResB: http_body::Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -106,10 +108,41 @@ where
         let response = inner.call(request.map(Body::new)).await?;
         return Ok(response.map(Body::new));
     }
-    let (mut parts, body, key, fingerprint) = match read(&config, &principal, request).await {
+    let (parts, body, key, fingerprint) = match read(&config, &principal, request).await {
         Ok(read) => read,
         Err(early) => return Ok(early),
     };
+    // From the claim to the commit in a task of its own: a client that hangs up (a sender
+    // whose timeout ran out, a browser whose second click cancelled the first) does not stop
+    // the handler halfway, and its retry gets the stored response instead of running again.
+    let run = tokio::spawn(claim_and_run(config, inner, parts, body, key, fingerprint));
+    match run.await {
+        Ok(answer) => answer,
+        Err(_) => Ok(problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the handler panicked; its writes were rolled back and nothing was kept",
+        )),
+    }
+}
+
+/// Claims the key, runs the handler on a fresh claim and stores its response in the commit;
+/// or answers from the marker.
+async fn claim_and_run<S, DB, ResB>(
+    config: Arc<Config<DB>>,
+    mut inner: S,
+    mut parts: ::http::request::Parts,
+    body: Bytes,
+    key: Key,
+    fingerprint: crate::Fingerprint,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    ResB: http_body::Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+    DB: Backend,
+{
     let claim = config
         .store
         .claim_checked(&config.scope, &key, config.options, Some(&fingerprint))
