@@ -60,12 +60,12 @@ use std::time::Duration;
 use ::http::header::{CONTENT_TYPE, HeaderName, LOCATION};
 use ::http::{Method, request::Parts};
 
-pub use extract::ClaimedTx;
+pub use extract::{ClaimedLease, ClaimedTx};
 pub use service::Idempotent;
 pub use stored::{REPLAYED, kept};
 
 use crate::backend::Backend;
-use crate::{ClaimOptions, Store};
+use crate::{ClaimOptions, LeaseOptions, Store};
 
 /// The request header the layer reads by default.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -178,6 +178,7 @@ pub(crate) struct Config<DB: Backend> {
     pub(crate) options: ClaimOptions,
     pub(crate) retry_after: u64,
     pub(crate) bare: bool,
+    pub(crate) lease: Option<LeaseOptions>,
 }
 
 impl<DB: Backend> Clone for Config<DB> {
@@ -194,6 +195,7 @@ impl<DB: Backend> Clone for Config<DB> {
             options: self.options,
             retry_after: self.retry_after,
             bare: self.bare,
+            lease: self.lease,
         }
     }
 }
@@ -218,6 +220,7 @@ impl<DB: Backend> IdempotencyLayer<DB> {
                 options: ClaimOptions::new().replay().wait(Duration::from_secs(1)),
                 retry_after: 1,
                 bare: true,
+                lease: None,
             },
             principal: NoPrincipal,
         }
@@ -303,6 +306,17 @@ impl<DB: Backend, P> IdempotencyLayer<DB, P> {
     /// The `Retry-After` of a 409, in seconds (default 1).
     pub fn retry_after(mut self, secs: u64) -> Self {
         self.config.retry_after = secs;
+        self
+    }
+
+    /// Lease mode, for handlers whose effect lives in another system (a payment provider, a
+    /// mailer): the key is claimed with a lease instead of a transaction, the handler extracts
+    /// [`ClaimedLease`] (not [`ClaimedTx`]) and runs under the lease's timeout, and its response
+    /// is stored in the statement that completes the marker. A request that finds the lease
+    /// held gets 409 at once; a handler over its timeout is cancelled and answered 504, the
+    /// key released for the retry.
+    pub fn lease(mut self, lease: LeaseOptions) -> Self {
+        self.config.lease = Some(lease);
         self
     }
 

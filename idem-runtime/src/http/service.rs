@@ -11,13 +11,13 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
 use tower_service::Service;
 
-use super::extract::Slot;
+use super::extract::{Hold, Slot};
 use super::header;
 use super::problem::{self, problem};
 use super::stored::{Stored, kept};
 use super::{Config, Principal};
 use crate::backend::Backend;
-use crate::{BoxFuture, Claimed, Error, Key, Outcome, job_id};
+use crate::{BoxFuture, Claimed, Error, Key, job_id};
 
 /// The service an [`IdempotencyLayer`](super::IdempotencyLayer) wraps around `S`.
 pub struct Idempotent<S, DB: Backend, P> {
@@ -143,13 +143,20 @@ where
     ResB::Error: Into<BoxError>,
     DB: Backend,
 {
-    let claim = config
-        .store
-        .claim_checked(&config.scope, &key, config.options, Some(&fingerprint))
-        .await;
+    let (store, scope) = (&config.store, config.scope.as_str());
+    let claim = match config.lease {
+        None => store
+            .claim_checked(scope, &key, config.options, Some(&fingerprint))
+            .await
+            .map(|c| c.map(Hold::Tx)),
+        Some(lease) => store
+            .lease_checked(scope, &key, lease.replay(), Some(&fingerprint))
+            .await
+            .map(|c| c.map(Hold::Lease)),
+    };
     let header = config.header.as_str();
-    let guard = match claim {
-        Ok(Claimed::Fresh(guard)) => guard,
+    let hold = match claim {
+        Ok(Claimed::Fresh(hold)) => hold,
         Ok(Claimed::Replayed(recorded)) => {
             let replayed = recorded
                 .result_json()
@@ -165,29 +172,47 @@ where
         Err(e) => return Ok(failed(&e, "the key could not be claimed")),
     };
 
-    let slot = Slot::new(guard);
+    let slot = Slot::new(hold);
     parts.extensions.insert(slot.clone());
-    let response = inner
-        .call(Request::from_parts(parts, Body::from(body)))
-        .await;
-    let Some(guard) = slot.take() else {
-        // The handler kept the transaction beyond its return (moved into a task): it is
-        // rolled back when that lets go of it.
+    let call = inner.call(Request::from_parts(parts, Body::from(body)));
+    let response = match config.lease {
+        None => call.await,
+        // Lease mode: the handler must be done before another request may take the key over.
+        Some(lease) => match tokio::time::timeout(lease.timeout_len(), call).await {
+            Ok(response) => response,
+            Err(_) => {
+                if let Some(hold) = slot.take() {
+                    hold.abandon().await;
+                }
+                return Ok(problem(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    &format!(
+                        "the handler did not finish within {} ms; nothing was recorded and \
+                         the key is free again: retry with the same key",
+                        lease.timeout_len().as_millis()
+                    ),
+                ));
+            }
+        },
+    };
+    let Some(hold) = slot.take() else {
+        // The handler kept its claim beyond its return (moved into a task): it is rolled
+        // back (or the lease runs out) when that lets go of it.
         return Ok(problem(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "the handler kept its claimed transaction after it returned; nothing was kept",
+            "the handler kept its claim after it returned; nothing was kept",
         ));
     };
     let response = match response {
         Ok(response) => response,
         Err(e) => {
-            guard.roll_back().await;
+            hold.abandon().await;
             return Err(e);
         }
     };
     let (parts, body) = response.into_parts();
     if !kept(parts.status) {
-        guard.roll_back().await;
+        hold.abandon().await;
         return Ok(Response::from_parts(parts, Body::new(body)));
     }
     // A body of known size within the limit is read and stored; any other (streamed, or
@@ -205,7 +230,7 @@ where
                 (stored.encode(), Body::from(bytes))
             }
             Err(e) => {
-                guard.roll_back().await;
+                hold.abandon().await;
                 return Ok(problem(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     &format!("the handler's response body failed: {e}; nothing was kept"),
@@ -225,13 +250,9 @@ where
                     .expect("a status alone fits")
             }),
     };
-    match guard.finish_json(json).await {
-        Ok(Outcome::Applied(())) => Ok(Response::from_parts(parts, body)),
-        Ok(_) => unreachable!("a fresh claim's commit is Applied or an error"),
-        Err(e) => Ok(failed(
-            &e,
-            "the handler's writes and response were not committed",
-        )),
+    match hold.complete(json).await {
+        Ok(()) => Ok(Response::from_parts(parts, body)),
+        Err(e) => Ok(failed(&e, "the handler's work and response were not kept")),
     }
 }
 
