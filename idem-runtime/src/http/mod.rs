@@ -2,22 +2,34 @@
 //! transaction that the handler's writes run on, and the handler's response is stored with
 //! the marker in that transaction's commit.
 //!
-//! ```no_run
+//! ```
 //! # use idem_runtime as idem;
 //! # #[cfg(feature = "sqlite")]
-//! # async fn f(store: idem::Store<sqlx::Sqlite>) {
-//! use axum::{Router, http::StatusCode, routing::post};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::body::Body;
+//! use axum::http::{Request, StatusCode};
+//! use axum::{Router, routing::post};
 //! use idem::http::{ClaimedTx, IdempotencyLayer};
 //! use sqlx::Sqlite;
+//! use tower::ServiceExt as _;
 //!
 //! async fn send_invoice(mut tx: ClaimedTx<Sqlite>, body: String) -> Result<String, StatusCode> {
 //!     sqlx::query("INSERT INTO invoices (body) VALUES (?1)")
 //!         .bind(&body)
-//!         .execute(tx.conn())
+//!         .execute(tx.conn()) // the claimed transaction: the layer commits it
 //!         .await
 //!         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
 //!     Ok(format!("invoice sent: {body}"))
 //! }
+//!
+//! let pool = sqlx::sqlite::SqlitePoolOptions::new()
+//!     .max_connections(1)
+//!     .connect("sqlite::memory:")
+//!     .await?;
+//! sqlx::query("CREATE TABLE invoices (body TEXT)").execute(&pool).await?;
+//! let store = idem::Store::new(pool.clone());
+//! store.migrate().await?;
 //!
 //! let app: Router = Router::new()
 //!     .route("/invoices", post(send_invoice))
@@ -28,7 +40,27 @@
 //!                 parts.headers.get("x-api-key")?.to_str().ok().map(str::to_owned)
 //!             }),
 //!     );
-//! # }
+//!
+//! let send = || {
+//!     let request = Request::post("/invoices")
+//!         .header("idempotency-key", "\"8e03978e-40d5\"")
+//!         .header("x-api-key", "client-a")
+//!         .body(Body::from("#7"))
+//!         .unwrap();
+//!     app.clone().oneshot(request)
+//! };
+//! let first = send().await?;
+//! assert_eq!(first.status(), StatusCode::OK);
+//! // The retry gets the first response back; the handler does not run again.
+//! let retry = send().await?;
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! let invoices: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM invoices")
+//!     .fetch_one(&pool)
+//!     .await?;
+//! assert_eq!(invoices, 1);
+//! # Ok(()) }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
 //! ```
 //!
 //! For each request whose method is one of the layer's (POST and PATCH by default):
