@@ -602,6 +602,7 @@ async fn child_process() {
     let name = child_env(CHILD_NAME);
     match mode.as_str() {
         "postgres" => child_serve(Tables::open(postgres().await, &name)).await,
+        "mariadb" => child_serve(Tables::open(mariadb().await, &name)).await,
         "sqlite" => {
             let pool = sqlite(std::path::Path::new(&child_env(CHILD_SQLITE))).await;
             child_serve(Tables::open(pool, &name)).await;
@@ -690,6 +691,13 @@ async fn postgres_server_killed_after_commit_the_retry_gets_the_stored_response(
     let tables = Tables::new(postgres().await, "pg_killed").await;
     let env = [(CHILD_NAME, "pg_killed".to_owned())];
     killed_after_commit(tables, "postgres", &env).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_server_killed_after_commit_the_retry_gets_the_stored_response() {
+    let tables = Tables::new(mariadb().await, "my_killed").await;
+    let env = [(CHILD_NAME, "my_killed".to_owned())];
+    killed_after_commit(tables, "mariadb", &env).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
