@@ -1,17 +1,24 @@
-//! A webhook receiver that a retrying sender cannot fool: replay and fingerprints, on SQLite.
+//! A webhook receiver that a retrying sender cannot fool: `idem::http::IdempotencyLayer` keyed
+//! on the Standard Webhooks `webhook-id`, on SQLite.
 //!
-//! Payment providers deliver webhooks at least once: a receiver that answers too slowly gets
-//! the same event again. Here the receiver records each payment once and answers a retry with
-//! the first answer, byte for byte (`replay`); an event id reused for a different payload is
-//! refused with 422 (`fingerprint`); a retry that arrives while the first delivery still runs
-//! gets 409 (`wait`). The sender, in the same program over loopback, prints each exchange:
+//! Svix, Clerk, Resend and other senders deliver webhooks at least once, signed by the
+//! Standard Webhooks scheme (`webhook-id`, `webhook-timestamp`, `webhook-signature`, HMAC-SHA256
+//! over `id.timestamp.body`). A receiver that answers too slowly gets the same event again,
+//! with the same id and body and a new timestamp and signature. Here the receiver verifies the
+//! signature and refuses a stale timestamp before anything else, then the layer claims the
+//! `webhook-id` in the transaction that records the payment and stores the answer with it: a
+//! retry gets the first answer byte for byte, a reused id with another body is 422 (the
+//! fingerprint covers the body, not the signature headers, which change on every retry), and
+//! a retry that arrives while the first delivery still runs is 409. The sender, in the same
+//! program over loopback, signs with the same library and prints each exchange:
 //!
-//! 1. it posts `evt_1`; the receiver records the payment but stalls before answering, and the
-//!    sender gives up waiting;
-//! 2. it retries at once: the first delivery still holds the event, 409;
-//! 3. the first delivery finishes; the sender retries: 200 with the first receipt;
-//! 4. it posts `evt_1` again with another amount: 422;
-//! 5. the receiver's database holds one payment.
+//! 1. it posts `msg_1`; the receiver records the payment but stalls before answering, and the
+//!    sender gives up waiting (the receiver's handler goes on: a hang-up does not cancel it);
+//! 2. it retries at once, newly signed: the first delivery still holds the id, 409;
+//! 3. the first delivery commits; the sender retries: 200 with the first receipt, replayed;
+//! 4. it posts `msg_1` again with another amount: 422;
+//! 5. a delivery signed ten minutes ago is refused: 401;
+//! 6. the receiver's database holds one payment.
 //!
 //! ```text
 //! cargo run --example webhook
@@ -20,18 +27,28 @@
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::body::{Body, to_bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, StatusCode};
+use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem::{Outcome, Store};
+use idem::Store;
+use idem::http::{ClaimedTx, IdempotencyLayer};
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use sqlx::{Sqlite, SqlitePool, Transaction};
+use sqlx::{Sqlite, SqlitePool};
+use standardwebhooks::Webhook;
 use tokio::sync::Notify;
+
+/// The secret the sender and the receiver share (Standard Webhooks' `whsec_` + base64).
+pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// The largest webhook body the receiver reads.
+const BODY_LIMIT: usize = 64 << 10;
 
 /// A payment event as the provider sends it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,31 +64,6 @@ pub struct Receipt {
     pub payment_id: i64,
     pub event_id: String,
     pub amount: i64,
-}
-
-/// One delivery: the event, and the id to deduplicate on (the provider's delivery id header
-/// when it sends one, else the event's own id).
-pub struct Delivery {
-    pub id: String,
-    pub event: PaymentEvent,
-}
-
-#[derive(Debug)]
-pub enum WebhookError {
-    Database(sqlx::Error),
-    Idem(idem::Error),
-}
-
-impl From<sqlx::Error> for WebhookError {
-    fn from(e: sqlx::Error) -> Self {
-        WebhookError::Database(e)
-    }
-}
-
-impl From<idem::Error> for WebhookError {
-    fn from(e: idem::Error) -> Self {
-        WebhookError::Idem(e)
-    }
 }
 
 /// Lets the example hold the first delivery inside its transaction, as a slow receiver would.
@@ -91,84 +83,64 @@ impl Stall {
     }
 }
 
-/// Records the payment once per delivery id. The receipt is stored with the marker and
-/// replayed to every retry; a reused id with another payload is refused.
-#[idem::idempotent(
-    key = "delivery.id",
-    scope = "webhooks.payment",
-    replay,
-    fingerprint = "delivery.event",
-    wait = "200ms"
-)]
-pub async fn record_payment(
-    tx: &mut Transaction<'_, Sqlite>,
-    delivery: &Delivery,
-    stall: &Stall,
-) -> Result<Receipt, WebhookError> {
-    let event = &delivery.event;
+struct Receiver {
+    verifier: Webhook,
+    stall: Stall,
+}
+
+/// Verifies the signature and the timestamp (five minutes either way, the library's
+/// tolerance) over the raw body, before the layer claims anything: an unsigned or replayed-
+/// from-afar request never reaches the database.
+async fn verify(State(receiver): State<Arc<Receiver>>, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let Ok(bytes) = to_bytes(body, BODY_LIMIT).await else {
+        return (StatusCode::PAYLOAD_TOO_LARGE, "the webhook is too large").into_response();
+    };
+    if let Err(e) = receiver.verifier.verify(&bytes, &parts.headers) {
+        return (StatusCode::UNAUTHORIZED, format!("refused: {e}")).into_response();
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+/// `POST /webhooks/payments`: records the payment on the transaction in which the layer
+/// claimed the `webhook-id`; the receipt is stored with the marker in the same commit.
+async fn record_payment(
+    State(receiver): State<Arc<Receiver>>,
+    mut tx: ClaimedTx<Sqlite>,
+    Json(event): Json<PaymentEvent>,
+) -> Result<Json<Receipt>, (StatusCode, String)> {
     let payment_id: i64 = sqlx::query_scalar(
         "INSERT INTO payments (event_id, amount, currency) VALUES (?1, ?2, ?3) RETURNING id",
     )
     .bind(&event.id)
     .bind(event.amount)
     .bind(&event.currency)
-    .fetch_one(&mut **tx)
-    .await?;
-    stall.here().await;
-    Ok(Receipt {
+    .fetch_one(tx.conn())
+    .await
+    // A 5xx: the layer rolls back and stores nothing, the sender's retry runs again.
+    .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    receiver.stall.here().await;
+    Ok(Json(Receipt {
         payment_id,
-        event_id: event.id.clone(),
+        event_id: event.id,
         amount: event.amount,
-    })
+    }))
 }
 
-struct Receiver {
-    store: Store<Sqlite>,
-    stall: Stall,
-}
-
-/// `POST /webhooks/payments`. The status codes follow the IETF Idempotency-Key draft: the
-/// first answer again for a retry, 409 while the first delivery is in progress, 422 for a key
-/// reused with another payload; 500 for anything else (the provider retries).
-async fn receive(
-    State(receiver): State<Arc<Receiver>>,
-    headers: HeaderMap,
-    Json(event): Json<PaymentEvent>,
-) -> Response {
-    let id = headers
-        .get("Webhook-Id")
-        .and_then(|v| v.to_str().ok())
-        .map_or_else(|| event.id.clone(), str::to_owned);
-    let delivery = Delivery { id, event };
-    // The work runs in its own task: a sender that hangs up must not cancel a delivery
-    // halfway, or its retry would find nothing recorded to replay.
-    let task =
-        tokio::spawn(
-            async move { record_payment(&receiver.store, &delivery, &receiver.stall).await },
-        );
-    match task.await {
-        Ok(Ok(Outcome::Applied(receipt))) => (StatusCode::OK, Json(receipt)).into_response(),
-        Ok(Ok(Outcome::Replayed(receipt))) => (
-            StatusCode::OK,
-            [("Idempotent-Replayed", "true")],
-            Json(receipt),
-        )
-            .into_response(),
-        // Recorded before receipts were stored: nothing to replay, but nothing to redo.
-        Ok(Ok(Outcome::Duplicate)) => StatusCode::OK.into_response(),
-        Ok(Err(WebhookError::Idem(idem::Error::KeyReused { key, .. }))) => (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("{key} was already delivered with another payload; send it under a new id"),
-        )
-            .into_response(),
-        Ok(Err(WebhookError::Idem(idem::Error::InProgress { key, .. }))) => (
-            StatusCode::CONFLICT,
-            format!("{key} is still being processed; retry later"),
-        )
-            .into_response(),
-        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:?}")).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    }
+fn router(store: Store<Sqlite>, receiver: Arc<Receiver>) -> Router {
+    let idempotency = IdempotencyLayer::new(store, "webhooks.payment")
+        // One sender, whose ids are its own: one key space.
+        .single_tenant()
+        .key_header(HeaderName::from_static("webhook-id"))
+        // The signature headers change on every retry; the body does not.
+        .fingerprint_body()
+        .wait(Duration::from_millis(200));
+    Router::new()
+        .route("/webhooks/payments", post(record_payment))
+        .layer(idempotency)
+        .layer(from_fn_with_state(receiver.clone(), verify))
+        .with_state(receiver)
 }
 
 /// What the sender saw of one exchange.
@@ -176,8 +148,15 @@ async fn receive(
 pub enum Exchange {
     /// The sender stopped waiting for an answer.
     GaveUp,
-    /// The status and the body.
-    Answer(u16, String),
+    /// The status, the body, and whether the answer was a replay (`Idempotent-Replayed`).
+    Answer(u16, String, bool),
+}
+
+fn now() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970");
+    i64::try_from(since.as_secs()).expect("in range")
 }
 
 /// Runs the story against a SQLite file at `path`; returns each exchange and the payments the
@@ -200,24 +179,27 @@ pub async fn run(
     let store = Store::new(pool.clone());
     store.migrate().await?;
     let receiver = Arc::new(Receiver {
-        store,
+        verifier: Webhook::new(SECRET)?,
         stall: Stall::default(),
     });
-    let app = Router::new()
-        .route("/webhooks/payments", post(receive))
-        .with_state(receiver.clone());
+    let app = router(store, receiver.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/webhooks/payments", listener.local_addr()?);
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
 
+    // The sender: signs each delivery anew, as Standard Webhooks senders retry.
     let http = reqwest::Client::new();
-    let event = PaymentEvent {
-        id: "evt_1".into(),
-        amount: 4200,
-        currency: "EUR".into(),
-    };
-    let send = |event: &PaymentEvent, patience: Option<Duration>| {
-        let mut request = http.post(&url).json(event);
+    let signer = Webhook::new(SECRET)?;
+    let send = |id: &str, event: &PaymentEvent, signed_at: i64, patience: Option<Duration>| {
+        let body = serde_json::to_vec(event).expect("an event serialises");
+        let signature = signer.sign(id, signed_at, &body).expect("a UTF-8 body");
+        let mut request = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", signed_at.to_string())
+            .header("webhook-signature", signature)
+            .body(body);
         if let Some(patience) = patience {
             request = request.timeout(patience);
         }
@@ -225,7 +207,8 @@ pub async fn run(
             match request.send().await {
                 Ok(response) => {
                     let status = response.status().as_u16();
-                    Ok(Exchange::Answer(status, response.text().await?))
+                    let replayed = response.headers().contains_key("idempotent-replayed");
+                    Ok(Exchange::Answer(status, response.text().await?, replayed))
                 }
                 Err(e) if e.is_timeout() => Ok(Exchange::GaveUp),
                 Err(e) => Err(e),
@@ -236,36 +219,51 @@ pub async fn run(
     let mut show = |what: &str, exchange: Exchange, out: &mut dyn Write| -> std::io::Result<()> {
         match &exchange {
             Exchange::GaveUp => writeln!(out, "{what}: no answer, the sender gave up waiting")?,
-            Exchange::Answer(status, body) => writeln!(out, "{what}: {status} {body}")?,
+            Exchange::Answer(status, body, replayed) => {
+                let replayed = if *replayed { " (replayed)" } else { "" };
+                writeln!(out, "{what}: {status}{replayed} {body}")?;
+            }
         }
         exchanges.push(exchange);
         Ok(())
     };
 
+    let event = PaymentEvent {
+        id: "evt_1".into(),
+        amount: 4200,
+        currency: "EUR".into(),
+    };
     // 1. The receiver stalls inside its transaction; the sender stops waiting.
     receiver
         .stall
         .armed
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    let first = tokio::spawn(send(&event, Some(Duration::from_millis(300))));
+    let first = tokio::spawn(send(
+        "msg_1",
+        &event,
+        now(),
+        Some(Duration::from_millis(300)),
+    ));
     receiver.stall.entered.notified().await;
-    show("evt_1, first delivery", first.await??, out)?;
-    // 2. A retry while the first delivery still holds the event.
-    show("evt_1, retried at once", send(&event, None).await?, out)?;
+    show("msg_1, first delivery", first.await??, out)?;
+    // 2. A retry, newly signed, while the first delivery still holds the id.
+    let busy = send("msg_1", &event, now(), None).await?;
+    show("msg_1, retried at once", busy, out)?;
     // 3. The first delivery commits; the next retry gets its receipt.
     receiver.stall.release.notify_one();
-    committed(&pool, "evt_1").await?;
-    show("evt_1, retried later", send(&event, None).await?, out)?;
-    // 4. The same id for another payload.
+    committed(&pool).await?;
+    let replayed = send("msg_1", &event, now(), None).await?;
+    show("msg_1, retried later", replayed, out)?;
+    // 4. The same id for another body.
     let changed = PaymentEvent {
         amount: 9900,
         ..event.clone()
     };
-    show(
-        "evt_1 with another amount",
-        send(&changed, None).await?,
-        out,
-    )?;
+    let reused = send("msg_1", &changed, now(), None).await?;
+    show("msg_1 with another amount", reused, out)?;
+    // 5. A delivery signed ten minutes ago.
+    let stale = send("msg_2", &event, now() - 600, None).await?;
+    show("msg_2 signed ten minutes ago", stale, out)?;
 
     let payments: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM payments")
         .fetch_one(&pool)
@@ -276,14 +274,14 @@ pub async fn run(
     Ok((exchanges, payments))
 }
 
-/// Waits until the marker of `id` is committed with its receipt: the story's next retry must
-/// come after the first delivery, not race it.
-async fn committed(pool: &SqlitePool, id: &str) -> Result<(), Box<dyn std::error::Error>> {
+/// Waits until the first delivery's marker is committed with its answer: the story's next
+/// retry must come after it, not race it.
+async fn committed(pool: &SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..1_000_000 {
         let n: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM idem_processed WHERE key = ?1 AND result IS NOT NULL",
+            "SELECT COUNT(*) FROM idem_processed \
+             WHERE scope = 'webhooks.payment' AND result IS NOT NULL",
         )
-        .bind(id)
         .fetch_one(pool)
         .await?;
         if n == 1 {
@@ -291,7 +289,7 @@ async fn committed(pool: &SqlitePool, id: &str) -> Result<(), Box<dyn std::error
         }
         tokio::task::yield_now().await;
     }
-    Err(format!("the first delivery of {id} never committed").into())
+    Err("the first delivery never committed".into())
 }
 
 #[allow(dead_code)]

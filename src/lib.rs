@@ -32,7 +32,9 @@
 //! ```
 //!
 //! Databases are chosen with the cargo features `sqlite` (on by default), `postgres` and
-//! `mysql`. See [`idempotent`] for the attribute and [`Store`] for the table it keeps.
+//! `mysql`. See [`idempotent`] for the attribute and [`Store`] for the table it keeps. The
+//! feature `axum` adds `idem::http`, an `Idempotency-Key` layer for axum and tower whose
+//! claim and stored response commit with the handler's own writes.
 
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -21,6 +21,10 @@ pub(crate) struct Config {
     pub(crate) pgbench: String,
     /// The growth measurement's tables, for 0, 1M and 10M markers.
     pub(crate) growth: [String; 3],
+    /// `--http`: its accounts, and the layer's and the hand-written claim's markers.
+    pub(crate) http_accounts: String,
+    pub(crate) http_layer: String,
+    pub(crate) http_hand: String,
 }
 
 impl Config {
@@ -42,6 +46,9 @@ impl Config {
             hand: name("hand"),
             pgbench: name("pgbench"),
             growth: [name("growth_0"), name("growth_1m"), name("growth_10m")],
+            http_accounts: name("http_accounts"),
+            http_layer: name("http_layer"),
+            http_hand: name("http_hand"),
         }
     }
 

@@ -4,6 +4,7 @@
 //! cargo bench --bench throughput                  # full, ~13 min
 //! cargo bench --bench throughput -- --quick      # < 60 s
 //! cargo bench --bench throughput -- --instructions  # client instructions per job, gated
+//! cargo bench --bench throughput -- --http       # idem::http's layer against a hand-written claim
 //! ```
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
 //! sqlite|mysql`, `--rounds N`, `--run-ms N`, `--pool lean|sqlx` (the pool settings the docs
@@ -38,6 +39,7 @@
 mod batch;
 mod config;
 mod growth;
+mod http;
 mod instructions;
 mod measure;
 mod observe;
@@ -154,6 +156,13 @@ fn main() -> Res<()> {
         let counted = instructions::child(kind, variant, &dir);
         let _ = std::fs::remove_dir_all(&dir);
         return counted;
+    }
+    if argv.iter().any(|a| a == "--http") {
+        let quick = argv.iter().any(|a| a == "--quick");
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(http::run(quick));
     }
     if argv.iter().any(|a| a == "--instructions") {
         std::fs::create_dir_all(&dir)?;

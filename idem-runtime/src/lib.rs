@@ -39,6 +39,10 @@ mod lease;
 mod relay;
 mod transaction;
 
+// Above the modes: the HTTP layer claims through transaction mode.
+#[cfg(feature = "axum")]
+pub mod http;
+
 pub use backend::Backend;
 pub use batch::{BatchClaim, MAX_BATCH};
 pub use claim::Claimed;

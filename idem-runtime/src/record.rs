@@ -45,6 +45,19 @@ impl Fingerprint {
         Ok(Fingerprint(Sha256::digest(canonical.as_bytes()).into()))
     }
 
+    /// A fingerprint of raw bytes (an HTTP request's method, path and body): their SHA-256,
+    /// with no JSON in between.
+    #[cfg(feature = "axum")]
+    pub(crate) fn of_bytes(parts: &[&[u8]]) -> Fingerprint {
+        let mut digest = Sha256::new();
+        for part in parts {
+            // Each part prefixed by its length, so that no two sequences of parts digest alike.
+            digest.update((part.len() as u64).to_be_bytes());
+            digest.update(part);
+        }
+        Fingerprint(digest.finalize().into())
+    }
+
     /// The digest's 32 bytes, as stored in the marker's `fingerprint` column.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0

@@ -96,3 +96,24 @@ impl<DB: Backend> Guard<DB> {
         claim::settle(end.await)
     }
 }
+
+#[cfg(feature = "axum")]
+impl<DB: Backend> Guard<DB> {
+    /// Commits with `json`, already encoded and within [`MAX_REPLAY_LEN`](crate::MAX_REPLAY_LEN),
+    /// as the marker's stored value (the HTTP layer's recorded response).
+    pub(crate) async fn finish_json(self, json: String) -> Result<Outcome<()>, Error> {
+        claim::settle(
+            self.held
+                .finish(Ok::<(), Error>(()), |()| Ok(Some(json)))
+                .await,
+        )
+    }
+
+    /// Rolls the transaction back: the marker and the body's statements are gone.
+    pub(crate) async fn roll_back(self) {
+        let end = self
+            .held
+            .finish(Err::<(), Error>(Error::NotCommitted), |()| Ok(None));
+        drop(end.await);
+    }
+}

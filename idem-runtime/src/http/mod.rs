@@ -1,0 +1,388 @@
+//! The `Idempotency-Key` layer for tower and axum (feature `axum`): the key is claimed in a
+//! transaction that the handler's writes run on, and the handler's response is stored with
+//! the marker in that transaction's commit.
+//!
+//! ```
+//! # use idem_runtime as idem;
+//! # #[cfg(feature = "sqlite")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::body::Body;
+//! use axum::http::{Request, StatusCode};
+//! use axum::{Router, routing::post};
+//! use idem::http::{ClaimedTx, IdempotencyLayer};
+//! use sqlx::Sqlite;
+//! use tower::ServiceExt as _;
+//!
+//! async fn send_invoice(mut tx: ClaimedTx<Sqlite>, body: String) -> Result<String, StatusCode> {
+//!     sqlx::query("INSERT INTO invoices (body) VALUES (?1)")
+//!         .bind(&body)
+//!         .execute(tx.conn()) // the claimed transaction: the layer commits it
+//!         .await
+//!         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+//!     Ok(format!("invoice sent: {body}"))
+//! }
+//!
+//! let pool = sqlx::sqlite::SqlitePoolOptions::new()
+//!     .max_connections(1)
+//!     .connect("sqlite::memory:")
+//!     .await?;
+//! sqlx::query("CREATE TABLE invoices (body TEXT)").execute(&pool).await?;
+//! let store = idem::Store::new(pool.clone());
+//! store.migrate().await?;
+//!
+//! let app: Router = Router::new()
+//!     .route("/invoices", post(send_invoice))
+//!     .layer(
+//!         IdempotencyLayer::new(store, "invoices")
+//!             // Whose keys these are: here the API key the client sent.
+//!             .principal(|parts| {
+//!                 parts.headers.get("x-api-key")?.to_str().ok().map(str::to_owned)
+//!             }),
+//!     );
+//!
+//! let send = || {
+//!     let request = Request::post("/invoices")
+//!         .header("idempotency-key", "\"8e03978e-40d5\"")
+//!         .header("x-api-key", "client-a")
+//!         .body(Body::from("#7"))
+//!         .unwrap();
+//!     app.clone().oneshot(request)
+//! };
+//! let first = send().await?;
+//! assert_eq!(first.status(), StatusCode::OK);
+//! // The retry gets the first response back; the handler does not run again.
+//! let retry = send().await?;
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! let invoices: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM invoices")
+//!     .fetch_one(&pool)
+//!     .await?;
+//! assert_eq!(invoices, 1);
+//! # Ok(()) }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
+//! ```
+//!
+//! For each request whose method is one of the layer's (POST and PATCH by default):
+//!
+//! | the request | the answer |
+//! |---|---|
+//! | no key, or a malformed one | 400 `application/problem+json` saying what to send, before any database I/O |
+//! | a body over the limit | 413, before any database I/O |
+//! | no principal (the function returned `None`) | 401 problem, before any database I/O |
+//! | a new key | the handler runs on the claimed transaction; its response is stored and committed with its writes |
+//! | the key of a request still running | 409 with `Retry-After` |
+//! | the key of a completed request, another method, path or body | 422 |
+//! | the key of a completed request, the same request | the first response, byte for byte, with `Idempotent-Replayed: true` |
+//!
+//! A 5xx response (an `Err` the handler turned into one), 408, 409, 423, 425 and 429 roll the
+//! transaction back: nothing is stored and the retry runs again. Every other response is
+//! stored (see [`kept`]). `docs/http.md` in the repository says why, and what a streamed or
+//! oversized response leaves to the retry.
+
+mod extract;
+mod header;
+mod problem;
+mod service;
+mod stored;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::http::header::{CONTENT_TYPE, HeaderName, LOCATION};
+use ::http::{Method, request::Parts};
+
+pub use extract::{ClaimedLease, ClaimedTx};
+pub use service::Idempotent;
+pub use stored::{REPLAYED, kept};
+
+use crate::backend::Backend;
+use crate::{ClaimOptions, LeaseOptions, Store};
+
+/// The request header the layer reads by default.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The largest request body read by default: 2 MiB (axum's own default limit).
+pub const DEFAULT_BODY_LIMIT: usize = 2 << 20;
+
+/// The largest response body stored by default: 512 KiB, which stays within the marker's
+/// [`MAX_REPLAY_LEN`](crate::MAX_REPLAY_LEN) once base64-encoded.
+pub const DEFAULT_STORED_LIMIT: usize = 512 << 10;
+
+/// The principal every key of a [`single_tenant`](IdempotencyLayer::single_tenant) layer is
+/// filed under.
+pub const SINGLE_TENANT: &str = "_";
+
+/// Tells clients apart, so that the marker is keyed by `(principal, key)`: client B sending
+/// client A's key runs on its own and never receives A's response.
+#[diagnostic::on_unimplemented(
+    message = "this `IdempotencyLayer` does not say whose keys it holds",
+    label = "call `.principal(|parts| ...)` (an API key, a user id) or `.single_tenant()` on it",
+    note = "keys belong to a client: without a principal, client B sending client A's key would get A's response"
+)]
+pub trait Principal: Clone + Send + Sync + 'static {
+    /// The principal of a request; `None` refuses it with 401 before any database I/O.
+    fn of(&self, parts: &Parts) -> Option<String>;
+}
+
+/// No principal chosen yet: a layer in this state is not a tower `Layer`.
+#[derive(Debug, Clone, Copy)]
+pub struct NoPrincipal;
+
+/// Every request has the principal [`SINGLE_TENANT`].
+#[derive(Debug, Clone, Copy)]
+pub struct SingleTenant;
+
+impl Principal for SingleTenant {
+    fn of(&self, _: &Parts) -> Option<String> {
+        Some(SINGLE_TENANT.to_owned())
+    }
+}
+
+/// A principal function (`.principal(|parts| ...)`).
+#[derive(Clone)]
+pub struct PrincipalFn<F>(F);
+
+impl<F> std::fmt::Debug for PrincipalFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PrincipalFn")
+    }
+}
+
+impl<F> Principal for PrincipalFn<F>
+where
+    F: Fn(&Parts) -> Option<String> + Clone + Send + Sync + 'static,
+{
+    fn of(&self, parts: &Parts) -> Option<String> {
+        (self.0)(parts)
+    }
+}
+
+type FingerprintFn = dyn Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync;
+
+/// What of the request the fingerprint covers.
+#[derive(Clone)]
+enum Covers {
+    /// The method, the path with its query, and the raw body bytes.
+    Request,
+    /// The raw body bytes only.
+    Body,
+    /// Bytes of the application's choosing.
+    Custom(Arc<FingerprintFn>),
+}
+
+/// The `Idempotency-Key` layer: made by [`new`](IdempotencyLayer::new), then given a principal
+/// ([`principal`](IdempotencyLayer::principal) or
+/// [`single_tenant`](IdempotencyLayer::single_tenant)); only then is it a tower `Layer`.
+pub struct IdempotencyLayer<DB: Backend, P = NoPrincipal> {
+    config: Config<DB>,
+    principal: P,
+}
+
+impl<DB: Backend, P: Clone> Clone for IdempotencyLayer<DB, P> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer {
+            config: self.config.clone(),
+            principal: self.principal.clone(),
+        }
+    }
+}
+
+impl<DB: Backend, P> std::fmt::Debug for IdempotencyLayer<DB, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("scope", &self.config.scope)
+            .field("header", &self.config.header)
+            .field("methods", &self.config.methods)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Config<DB: Backend> {
+    pub(crate) store: Store<DB>,
+    pub(crate) scope: String,
+    pub(crate) header: HeaderName,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) body_limit: usize,
+    pub(crate) stored_limit: usize,
+    pub(crate) headers: Vec<HeaderName>,
+    covers: Covers,
+    pub(crate) options: ClaimOptions,
+    pub(crate) retry_after: u64,
+    pub(crate) bare: bool,
+    pub(crate) lease: Option<LeaseOptions>,
+}
+
+impl<DB: Backend> Clone for Config<DB> {
+    fn clone(&self) -> Self {
+        Config {
+            store: self.store.clone(),
+            scope: self.scope.clone(),
+            header: self.header.clone(),
+            methods: self.methods.clone(),
+            body_limit: self.body_limit,
+            stored_limit: self.stored_limit,
+            headers: self.headers.clone(),
+            covers: self.covers.clone(),
+            options: self.options,
+            retry_after: self.retry_after,
+            bare: self.bare,
+            lease: self.lease,
+        }
+    }
+}
+
+impl<DB: Backend> IdempotencyLayer<DB> {
+    /// A layer keeping its markers in `store`, under `scope` (the stable name of this
+    /// endpoint's keys, as a handler's `scope`). Defaults: the `Idempotency-Key` header on
+    /// POST and PATCH; a fingerprint over the method, path and body; `Content-Type` and
+    /// `Location` stored with the body; a concurrent request with the same key waits up to
+    /// 1 s for the first before it gets 409.
+    pub fn new(store: Store<DB>, scope: impl Into<String>) -> Self {
+        IdempotencyLayer {
+            config: Config {
+                store,
+                scope: scope.into(),
+                header: IDEMPOTENCY_KEY,
+                methods: vec![Method::POST, Method::PATCH],
+                body_limit: DEFAULT_BODY_LIMIT,
+                stored_limit: DEFAULT_STORED_LIMIT,
+                headers: vec![CONTENT_TYPE, LOCATION],
+                covers: Covers::Request,
+                options: ClaimOptions::new().replay().wait(Duration::from_secs(1)),
+                retry_after: 1,
+                bare: true,
+                lease: None,
+            },
+            principal: NoPrincipal,
+        }
+    }
+}
+
+impl<DB: Backend, P> IdempotencyLayer<DB, P> {
+    /// Keys belong to the principal `f` returns for a request (an API key, a user id an
+    /// authentication layer put in the extensions); `None` is refused with 401.
+    pub fn principal<F>(self, f: F) -> IdempotencyLayer<DB, PrincipalFn<F>>
+    where
+        F: Fn(&Parts) -> Option<String> + Clone + Send + Sync + 'static,
+    {
+        IdempotencyLayer {
+            config: self.config,
+            principal: PrincipalFn(f),
+        }
+    }
+
+    /// Every client shares one key space (an internal service with one caller, a webhook
+    /// sender): the explicit choice of no principal. Keys are filed under [`SINGLE_TENANT`].
+    pub fn single_tenant(self) -> IdempotencyLayer<DB, SingleTenant> {
+        IdempotencyLayer {
+            config: self.config,
+            principal: SingleTenant,
+        }
+    }
+
+    /// Reads the key from `header` instead of `Idempotency-Key` (`webhook-id` for Standard
+    /// Webhooks).
+    pub fn key_header(mut self, header: HeaderName) -> Self {
+        self.config.header = header;
+        self
+    }
+
+    /// The methods that require a key (default POST and PATCH); others pass through.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// The largest request body read (default [`DEFAULT_BODY_LIMIT`]); a larger one is 413.
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.config.body_limit = bytes;
+        self
+    }
+
+    /// The largest response body stored (default [`DEFAULT_STORED_LIMIT`]).
+    pub fn stored_limit(mut self, bytes: usize) -> Self {
+        self.config.stored_limit = bytes;
+        self
+    }
+
+    /// Stores `header` of the response too (besides `Content-Type` and `Location`).
+    pub fn store_header(mut self, header: HeaderName) -> Self {
+        self.config.headers.push(header);
+        self
+    }
+
+    /// The fingerprint covers the body only (a webhook, whose signature headers change on
+    /// every retry while its body does not).
+    pub fn fingerprint_body(mut self) -> Self {
+        self.config.covers = Covers::Body;
+        self
+    }
+
+    /// The fingerprint covers the bytes `f` picks from the request.
+    pub fn fingerprint_with(
+        mut self,
+        f: impl Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.covers = Covers::Custom(Arc::new(f));
+        self
+    }
+
+    /// How long a request waits for a request still running with its key before it gets
+    /// 409 (default 1 s; MariaDB rounds up to whole seconds).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.config.options = self.config.options.wait(wait);
+        self
+    }
+
+    /// The `Retry-After` of a 409, in seconds (default 1).
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.config.retry_after = secs;
+        self
+    }
+
+    /// Lease mode, for handlers whose effect lives in another system (a payment provider, a
+    /// mailer): the key is claimed with a lease instead of a transaction, the handler extracts
+    /// [`ClaimedLease`] (not [`ClaimedTx`]) and runs under the lease's timeout, and its response
+    /// is stored in the statement that completes the marker. A request that finds the lease
+    /// held gets 409 at once; a handler over its timeout is cancelled and answered 504, the
+    /// key released for the retry.
+    pub fn lease(mut self, lease: LeaseOptions) -> Self {
+        self.config.lease = Some(lease);
+        self
+    }
+
+    /// Accepts only quoted keys (`"k"`), as the draft's field syntax says; by default a bare
+    /// key of token characters (`k`) is accepted too.
+    pub fn strict(mut self) -> Self {
+        self.config.bare = false;
+        self
+    }
+}
+
+impl<DB: Backend> Config<DB> {
+    /// The bytes the request's fingerprint is the digest of.
+    pub(crate) fn fingerprint(&self, parts: &Parts, body: &[u8]) -> crate::Fingerprint {
+        match &self.covers {
+            Covers::Request => {
+                let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                crate::Fingerprint::of_bytes(&[
+                    b"request",
+                    parts.method.as_str().as_bytes(),
+                    target.as_bytes(),
+                    body,
+                ])
+            }
+            Covers::Body => crate::Fingerprint::of_bytes(&[b"body", body]),
+            Covers::Custom(f) => crate::Fingerprint::of_bytes(&[b"custom", &f(parts, body)]),
+        }
+    }
+}
+
+impl<S, DB: Backend, P: Principal> tower_layer::Layer<S> for IdempotencyLayer<DB, P> {
+    type Service = Idempotent<S, DB, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotent::new(inner, Arc::new(self.config.clone()), self.principal.clone())
+    }
+}

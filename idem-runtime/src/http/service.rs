@@ -1,0 +1,335 @@
+//! The layer's service: reads and checks the request before any database I/O, claims its key,
+//! runs the handler on the claimed transaction, then stores the response in its commit.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use ::http::{Request, Response, StatusCode};
+use axum_core::BoxError;
+use axum_core::body::Body;
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, LengthLimitError, Limited};
+use tower_service::Service;
+
+use super::extract::{Hold, Slot};
+use super::header;
+use super::problem::{self, problem};
+use super::stored::{Stored, kept};
+use super::{Config, Principal};
+use crate::backend::Backend;
+use crate::{BoxFuture, Claimed, Error, Key, job_id};
+
+/// The service an [`IdempotencyLayer`](super::IdempotencyLayer) wraps around `S`.
+pub struct Idempotent<S, DB: Backend, P> {
+    inner: S,
+    config: Arc<Config<DB>>,
+    principal: P,
+}
+
+impl<S: Clone, DB: Backend, P: Clone> Clone for Idempotent<S, DB, P> {
+    fn clone(&self) -> Self {
+        Idempotent {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+            principal: self.principal.clone(),
+        }
+    }
+}
+
+impl<S, DB: Backend, P> std::fmt::Debug for Idempotent<S, DB, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotent")
+            .field("scope", &self.config.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, DB: Backend, P> Idempotent<S, DB, P> {
+    pub(crate) fn new(inner: S, config: Arc<Config<DB>>, principal: P) -> Self {
+        Idempotent {
+            inner,
+            config,
+            principal,
+        }
+    }
+}
+
+impl<S, DB, P, B, ResB> Service<Request<B>> for Idempotent<S, DB, P>
+where
+    S: Service<Request<Body>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    ResB: http_body::Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    DB: Backend,
+    P: Principal,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The clone that was polled ready serves this request (tower's usual hand-over).
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = self.config.clone();
+        let principal = self.principal.clone();
+        Box::pin(serve(config, principal, inner, request))
+    }
+}
+
+/// What became of a request before its handler ran: refused, or answered from its marker.
+type Early = Response<Body>;
+
+async fn serve<S, DB, P, B, ResB>(
+    config: Arc<Config<DB>>,
+    principal: P,
+    mut inner: S,
+    request: Request<B>,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    ResB: http_body::Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    DB: Backend,
+    P: Principal,
+{
+    if !config.methods.contains(request.method()) {
+        let response = inner.call(request.map(Body::new)).await?;
+        return Ok(response.map(Body::new));
+    }
+    let (parts, body, key, fingerprint) = match read(&config, &principal, request).await {
+        Ok(read) => read,
+        Err(early) => return Ok(early),
+    };
+    // From the claim to the commit in a task of its own: a client that hangs up (a sender
+    // whose timeout ran out, a browser whose second click cancelled the first) does not stop
+    // the handler halfway, and its retry gets the stored response instead of running again.
+    let run = tokio::spawn(claim_and_run(config, inner, parts, body, key, fingerprint));
+    match run.await {
+        Ok(answer) => answer,
+        Err(_) => Ok(problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the handler panicked; its writes were rolled back and nothing was kept",
+        )),
+    }
+}
+
+/// Claims the key, runs the handler on a fresh claim and stores its response in the commit;
+/// or answers from the marker.
+async fn claim_and_run<S, DB, ResB>(
+    config: Arc<Config<DB>>,
+    mut inner: S,
+    mut parts: ::http::request::Parts,
+    body: Bytes,
+    key: Key,
+    fingerprint: crate::Fingerprint,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    ResB: http_body::Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+    DB: Backend,
+{
+    let (store, scope) = (&config.store, config.scope.as_str());
+    let claim = match config.lease {
+        None => store
+            .claim_checked(scope, &key, config.options, Some(&fingerprint))
+            .await
+            .map(|c| c.map(Hold::Tx)),
+        Some(lease) => store
+            .lease_checked(scope, &key, lease.replay(), Some(&fingerprint))
+            .await
+            .map(|c| c.map(Hold::Lease)),
+    };
+    let header = config.header.as_str();
+    let hold = match claim {
+        Ok(Claimed::Fresh(hold)) => hold,
+        Ok(Claimed::Replayed(recorded)) => {
+            let replayed = recorded
+                .result_json()
+                .and_then(Stored::decode)
+                .and_then(Stored::replay);
+            return Ok(replayed.unwrap_or_else(|| not_kept(header)));
+        }
+        Ok(Claimed::Duplicate) => return Ok(not_kept(header)),
+        Err(Error::InProgress { .. }) => {
+            return Ok(problem::in_progress(header, config.retry_after));
+        }
+        Err(Error::KeyReused { .. }) => return Ok(problem::key_reused(header)),
+        Err(e) => return Ok(failed(&e, "the key could not be claimed")),
+    };
+
+    let slot = Slot::new(hold);
+    parts.extensions.insert(slot.clone());
+    let call = inner.call(Request::from_parts(parts, Body::from(body)));
+    let response = match config.lease {
+        None => call.await,
+        // Lease mode: the handler must be done before another request may take the key over.
+        Some(lease) => match tokio::time::timeout(lease.timeout_len(), call).await {
+            Ok(response) => response,
+            Err(_) => {
+                if let Some(hold) = slot.take() {
+                    hold.abandon().await;
+                }
+                return Ok(problem(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    &format!(
+                        "the handler did not finish within {} ms; nothing was recorded and \
+                         the key is free again: retry with the same key",
+                        lease.timeout_len().as_millis()
+                    ),
+                ));
+            }
+        },
+    };
+    let Some(hold) = slot.take() else {
+        // The handler kept its claim beyond its return (moved into a task): it is rolled
+        // back (or the lease runs out) when that lets go of it.
+        return Ok(problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the handler kept its claim after it returned; nothing was kept",
+        ));
+    };
+    let response = match response {
+        Ok(response) => response,
+        Err(e) => {
+            hold.abandon().await;
+            return Err(e);
+        }
+    };
+    let (parts, body) = response.into_parts();
+    if !kept(parts.status) {
+        hold.abandon().await;
+        return Ok(Response::from_parts(parts, Body::new(body)));
+    }
+    // A body of known size within the limit is read and stored; any other (streamed, or
+    // larger) is sent as it comes after the commit, and only the status and headers are kept.
+    let fits = body
+        .size_hint()
+        .upper()
+        .is_some_and(|n| n <= config.stored_limit as u64);
+    let (record, body) = if fits {
+        let collected = body.collect().await.map_err(Into::<BoxError>::into);
+        match collected {
+            Ok(collected) => {
+                let bytes = collected.to_bytes();
+                let stored = Stored::new(&parts, &config.headers, Some(&bytes));
+                (stored.encode(), Body::from(bytes))
+            }
+            Err(e) => {
+                hold.abandon().await;
+                return Ok(problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("the handler's response body failed: {e}; nothing was kept"),
+                ));
+            }
+        }
+    } else {
+        (None, Body::new(body))
+    };
+    let json = match record {
+        Some(json) => json,
+        None => Stored::new(&parts, &config.headers, None)
+            .encode()
+            .unwrap_or_else(|| {
+                Stored::new(&parts, &[], None)
+                    .encode()
+                    .expect("a status alone fits")
+            }),
+    };
+    match hold.complete(json).await {
+        Ok(()) => Ok(Response::from_parts(parts, body)),
+        Err(e) => Ok(failed(&e, "the handler's work and response were not kept")),
+    }
+}
+
+/// Checks the request and reads its body, before any database I/O: its key, its principal,
+/// its body within the limit; then the marker's key and the request's fingerprint.
+async fn read<DB: Backend, P: Principal, B>(
+    config: &Config<DB>,
+    principal: &P,
+    request: Request<B>,
+) -> Result<(::http::request::Parts, Bytes, Key, crate::Fingerprint), Early>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let header = config.header.as_str();
+    let (parts, body) = request.into_parts();
+    let key = header::parse(parts.headers.get_all(&config.header), config.bare)
+        .map_err(|why| problem(StatusCode::BAD_REQUEST, &why.detail(header)))?;
+    let Some(principal) = principal.of(&parts) else {
+        return Err(problem(
+            StatusCode::UNAUTHORIZED,
+            &format!(
+                "an `{header}` belongs to a client, and this request does not say which \
+                 client it comes from; send your credentials"
+            ),
+        ));
+    };
+    let too_large = || {
+        problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!(
+                "the body is over the {} bytes this endpoint reads",
+                config.body_limit
+            ),
+        )
+    };
+    if body.size_hint().lower() > config.body_limit as u64 {
+        return Err(too_large());
+    }
+    let body = match Limited::new(body, config.body_limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => return Err(too_large()),
+        Err(e) => {
+            return Err(problem(
+                StatusCode::BAD_REQUEST,
+                &format!("the request body could not be read: {e}"),
+            ));
+        }
+    };
+    // `(principal, key)`, or its digest when longer than a key may be: another principal's
+    // request with the same key claims another marker.
+    let marker = job_id(&principal, key.as_str())
+        .map_err(Error::from)
+        .and_then(|id| Key::new(&id).map_err(Error::from))
+        .map_err(|e| failed(&e, "the principal function returned an unusable principal"))?;
+    let fingerprint = config.fingerprint(&parts, &body);
+    Ok((parts, body, marker, fingerprint))
+}
+
+/// A completed key whose response the marker does not hold (written by something other than
+/// this layer under the same scope).
+fn not_kept(header: &str) -> Response<Body> {
+    problem(
+        StatusCode::CONFLICT,
+        &format!(
+            "a request with this `{header}` was completed, but its response was not kept; \
+             send a new key for a new request"
+        ),
+    )
+}
+
+fn failed(e: &Error, what: &str) -> Response<Body> {
+    let detail = match e {
+        Error::RolledBack { .. } => {
+            format!("{what}: the database rolled them back; nothing was kept, retry")
+        }
+        _ => format!("{what}: {e}; retry with the same key"),
+    };
+    problem(StatusCode::INTERNAL_SERVER_ERROR, &detail)
+}
