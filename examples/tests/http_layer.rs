@@ -137,10 +137,14 @@ struct Tables<DB: Db> {
     pool: Pool<DB>,
     store: Store<DB>,
     effects: String,
+    /// The tables' suffix, with this process's id: runs at once against one server (two
+    /// worktrees) never share a table.
+    name: String,
 }
 
 impl<DB: Db> Tables<DB> {
     async fn new(pool: Pool<DB>, name: &str) -> Self {
+        let name = format!("{name}_p{}", std::process::id());
         let markers = format!("http_markers_{name}");
         let effects = format!("http_effects_{name}");
         DB::run(&pool, format!("DROP TABLE IF EXISTS {markers}")).await;
@@ -151,6 +155,14 @@ impl<DB: Db> Tables<DB> {
             pool,
             store,
             effects,
+            name,
+        }
+    }
+
+    /// Drops the test's tables once it passed.
+    async fn drop_all(self) {
+        for table in [self.store.table(), &self.effects] {
+            DB::run(&self.pool, format!("DROP TABLE IF EXISTS {table}")).await;
         }
     }
 
@@ -489,6 +501,7 @@ async fn status_paths<DB: Db>(tables: Tables<DB>) {
     assert!(restream.body.is_empty());
     assert_eq!(restream.headers.get(CONTENT_TYPE), None);
     assert_eq!(tables.counts().await, (6, 6));
+    tables.drop_all().await;
 }
 
 /// 32 requests with one key at once: one effect; every other answer is 409 or the replay of
@@ -526,6 +539,7 @@ async fn concurrent<DB: Db>(tables: Tables<DB>) {
     // Once it completed, the key replays to everyone who retries.
     let late = send(&url, Some("\"same\""), Some("alice"), "{}", &[]).await;
     assert_eq!(late.body, fresh[0].body);
+    tables.drop_all().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -621,11 +635,15 @@ impl<DB: Db> Tables<DB> {
             pool,
             store,
             effects: format!("http_effects_{name}"),
+            name: name.to_owned(),
         }
     }
 }
 
-async fn killed_after_commit<DB: Db>(tables: Tables<DB>, mode: &str, env: &[(&str, String)]) {
+async fn killed_after_commit<DB: Db>(tables: Tables<DB>, mode: &str, extra: &[(&str, String)]) {
+    let mut env = vec![(CHILD_NAME, tables.name.clone())];
+    env.extend_from_slice(extra);
+    let env = &env[..];
     let mut lines = Lines::new();
     let first = Worker::spawn(0, mode, env, lines.tx.clone());
     let (_, ready) = lines.expect("READY ", 120).await;
@@ -684,30 +702,26 @@ async fn killed_after_commit<DB: Db>(tables: Tables<DB>, mode: &str, env: &[(&st
     let mut second = second;
     second.stop().await;
     second.succeed().await;
+    tables.drop_all().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_server_killed_after_commit_the_retry_gets_the_stored_response() {
     let tables = Tables::new(postgres().await, "pg_killed").await;
-    let env = [(CHILD_NAME, "pg_killed".to_owned())];
-    killed_after_commit(tables, "postgres", &env).await;
+    killed_after_commit(tables, "postgres", &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_server_killed_after_commit_the_retry_gets_the_stored_response() {
     let tables = Tables::new(mariadb().await, "my_killed").await;
-    let env = [(CHILD_NAME, "my_killed".to_owned())];
-    killed_after_commit(tables, "mariadb", &env).await;
+    killed_after_commit(tables, "mariadb", &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_server_killed_after_commit_the_retry_gets_the_stored_response() {
     let path = temp_db("killed");
     let tables = Tables::new(sqlite(&path).await, "killed").await;
-    let env = [
-        (CHILD_NAME, "killed".to_owned()),
-        (CHILD_SQLITE, path.display().to_string()),
-    ];
+    let env = [(CHILD_SQLITE, path.display().to_string())];
     killed_after_commit(tables, "sqlite", &env).await;
 }
 
