@@ -5,7 +5,6 @@
 
 mod support;
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -18,150 +17,18 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{Next, from_fn};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use idem::Store;
 use idem::http::{ClaimedTx, IdempotencyLayer};
-use sqlx::{AssertSqlSafe, MySql, Pool, Postgres, Sqlite};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::Notify;
 
 use support::{CHILD_MODE, Lines, Worker, child_env, stop_signal, within};
 
-type BoxFuture<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+#[path = "http_layer/db.rs"]
+mod db;
+#[path = "http_layer/lease.rs"]
+mod lease;
 
-/// What the tests need of a database besides idem's store: an effects table to write in the
-/// claimed transaction, and counts.
-trait Db: idem::Backend + sqlx::Database {
-    fn create<'a>(pool: &'a Pool<Self>, table: &'a str) -> BoxFuture<'a, ()>;
-    fn write<'a>(
-        conn: &'a mut Self::Connection,
-        table: &'a str,
-        body: String,
-    ) -> BoxFuture<'a, sqlx::Result<i64>>;
-    fn run<'a>(pool: &'a Pool<Self>, sql: String) -> BoxFuture<'a, ()>;
-    fn scalar<'a>(pool: &'a Pool<Self>, sql: String) -> BoxFuture<'a, i64>;
-    fn count<'a>(pool: &'a Pool<Self>, table: &'a str) -> BoxFuture<'a, i64> {
-        Self::scalar(pool, format!("SELECT COUNT(*) FROM {table}"))
-    }
-}
-
-macro_rules! db {
-    ($db:ty, $conn:ty, $id:literal, $ph:literal) => {
-        impl Db for $db {
-            fn create<'a>(pool: &'a Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
-                Box::pin(async move {
-                    for sql in [
-                        format!("DROP TABLE IF EXISTS {table}"),
-                        format!("CREATE TABLE {table} (id {}, body TEXT NOT NULL)", $id),
-                    ] {
-                        sqlx::query(AssertSqlSafe(sql)).execute(pool).await.unwrap();
-                    }
-                })
-            }
-            fn write<'a>(
-                conn: &'a mut $conn,
-                table: &'a str,
-                body: String,
-            ) -> BoxFuture<'a, sqlx::Result<i64>> {
-                let sql = format!("INSERT INTO {table} (body) VALUES ({}) RETURNING id", $ph);
-                Box::pin(async move {
-                    sqlx::query_scalar(AssertSqlSafe(sql))
-                        .bind(body)
-                        .fetch_one(conn)
-                        .await
-                })
-            }
-            fn run<'a>(pool: &'a Pool<Self>, sql: String) -> BoxFuture<'a, ()> {
-                Box::pin(async move {
-                    sqlx::query(AssertSqlSafe(sql)).execute(pool).await.unwrap();
-                })
-            }
-            fn scalar<'a>(pool: &'a Pool<Self>, sql: String) -> BoxFuture<'a, i64> {
-                Box::pin(async move {
-                    sqlx::query_scalar(AssertSqlSafe(sql))
-                        .fetch_one(pool)
-                        .await
-                        .unwrap()
-                })
-            }
-        }
-    };
-}
-
-db!(Postgres, sqlx::PgConnection, "BIGSERIAL PRIMARY KEY", "$1");
-db!(Sqlite, sqlx::SqliteConnection, "INTEGER PRIMARY KEY", "?");
-db!(
-    MySql,
-    sqlx::MySqlConnection,
-    "BIGINT AUTO_INCREMENT PRIMARY KEY",
-    "?"
-);
-
-fn mysql_url() -> String {
-    std::env::var("IDEM_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
-}
-
-async fn postgres() -> Pool<Postgres> {
-    support::postgres(40).await
-}
-
-async fn mariadb() -> Pool<MySql> {
-    let url = mysql_url();
-    sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(40)
-        .connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach MariaDB at {url} (IDEM_MYSQL_URL): {e}"))
-}
-
-async fn sqlite(path: &std::path::Path) -> Pool<Sqlite> {
-    let options = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(path)
-        .create_if_missing(true)
-        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
-    sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(8)
-        .connect_with(options)
-        .await
-        .unwrap()
-}
-
-fn temp_db(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("idem-test-http-{name}-{}", std::process::id()));
-    drop(std::fs::remove_dir_all(&dir));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("app.db")
-}
-
-/// The test's own tables: markers and effects.
-struct Tables<DB: Db> {
-    pool: Pool<DB>,
-    store: Store<DB>,
-    effects: String,
-}
-
-impl<DB: Db> Tables<DB> {
-    async fn new(pool: Pool<DB>, name: &str) -> Self {
-        let markers = format!("http_markers_{name}");
-        let effects = format!("http_effects_{name}");
-        DB::run(&pool, format!("DROP TABLE IF EXISTS {markers}")).await;
-        let store = Store::new(pool.clone()).with_table(&markers).unwrap();
-        store.migrate().await.unwrap();
-        DB::create(&pool, &effects).await;
-        Tables {
-            pool,
-            store,
-            effects,
-        }
-    }
-
-    /// (markers, effects)
-    async fn counts(&self) -> (i64, i64) {
-        (
-            DB::count(&self.pool, self.store.table()).await,
-            DB::count(&self.pool, &self.effects).await,
-        )
-    }
-}
+use db::{Db, Tables, mariadb, postgres, sqlite, temp_db};
 
 /// Holds a request inside its handler, after its write, until the test lets it go.
 #[derive(Default)]
@@ -489,6 +356,7 @@ async fn status_paths<DB: Db>(tables: Tables<DB>) {
     assert!(restream.body.is_empty());
     assert_eq!(restream.headers.get(CONTENT_TYPE), None);
     assert_eq!(tables.counts().await, (6, 6));
+    tables.drop_all().await;
 }
 
 /// 32 requests with one key at once: one effect; every other answer is 409 or the replay of
@@ -526,6 +394,7 @@ async fn concurrent<DB: Db>(tables: Tables<DB>) {
     // Once it completed, the key replays to everyone who retries.
     let late = send(&url, Some("\"same\""), Some("alice"), "{}", &[]).await;
     assert_eq!(late.body, fresh[0].body);
+    tables.drop_all().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -611,21 +480,10 @@ async fn child_process() {
     }
 }
 
-impl<DB: Db> Tables<DB> {
-    /// The tables the parent test made.
-    fn open(pool: Pool<DB>, name: &str) -> Self {
-        let store = Store::new(pool.clone())
-            .with_table(&format!("http_markers_{name}"))
-            .unwrap();
-        Tables {
-            pool,
-            store,
-            effects: format!("http_effects_{name}"),
-        }
-    }
-}
-
-async fn killed_after_commit<DB: Db>(tables: Tables<DB>, mode: &str, env: &[(&str, String)]) {
+async fn killed_after_commit<DB: Db>(tables: Tables<DB>, mode: &str, extra: &[(&str, String)]) {
+    let mut env = vec![(CHILD_NAME, tables.name.clone())];
+    env.extend_from_slice(extra);
+    let env = &env[..];
     let mut lines = Lines::new();
     let first = Worker::spawn(0, mode, env, lines.tx.clone());
     let (_, ready) = lines.expect("READY ", 120).await;
@@ -684,186 +542,25 @@ async fn killed_after_commit<DB: Db>(tables: Tables<DB>, mode: &str, env: &[(&st
     let mut second = second;
     second.stop().await;
     second.succeed().await;
+    tables.drop_all().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_server_killed_after_commit_the_retry_gets_the_stored_response() {
     let tables = Tables::new(postgres().await, "pg_killed").await;
-    let env = [(CHILD_NAME, "pg_killed".to_owned())];
-    killed_after_commit(tables, "postgres", &env).await;
+    killed_after_commit(tables, "postgres", &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_server_killed_after_commit_the_retry_gets_the_stored_response() {
     let tables = Tables::new(mariadb().await, "my_killed").await;
-    let env = [(CHILD_NAME, "my_killed".to_owned())];
-    killed_after_commit(tables, "mariadb", &env).await;
+    killed_after_commit(tables, "mariadb", &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_server_killed_after_commit_the_retry_gets_the_stored_response() {
     let path = temp_db("killed");
     let tables = Tables::new(sqlite(&path).await, "killed").await;
-    let env = [
-        (CHILD_NAME, "killed".to_owned()),
-        (CHILD_SQLITE, path.display().to_string()),
-    ];
+    let env = [(CHILD_SQLITE, path.display().to_string())];
     killed_after_commit(tables, "sqlite", &env).await;
-}
-
-// Lease mode: the effect lives in another system (here a counter standing for a payments API
-// that deduplicates on the key it is given).
-
-#[derive(Default)]
-struct Payments {
-    calls: std::sync::Mutex<Vec<String>>,
-    hold: Hold,
-}
-
-/// `POST /charges`: "charges" by calling the outside system with the lease's idempotency key.
-async fn charge<DB: Db>(
-    State(payments): State<Arc<Payments>>,
-    lease: idem::http::ClaimedLease<DB>,
-    headers: HeaderMap,
-) -> Response {
-    payments
-        .calls
-        .lock()
-        .unwrap()
-        .push(lease.idempotency_key().to_owned());
-    if headers.contains_key("x-hold") {
-        payments.hold.entered.notify_one();
-        payments.hold.release.notified().await;
-    }
-    if headers.contains_key("x-hang") {
-        std::future::pending::<()>().await;
-    }
-    match headers.get("x-status").map(|v| v.as_bytes()) {
-        Some(b"502") => (StatusCode::BAD_GATEWAY, "the payments API failed").into_response(),
-        _ => {
-            let n = RUN.fetch_add(1, Ordering::Relaxed);
-            (
-                StatusCode::CREATED,
-                format!("charge {n}, attempt {}", lease.attempt()),
-            )
-                .into_response()
-        }
-    }
-}
-
-/// A transaction-mode extractor behind a lease-mode layer.
-async fn wrong(_tx: ClaimedTx<DB0>) -> StatusCode {
-    StatusCode::OK
-}
-type DB0 = Sqlite;
-
-async fn lease_paths<DB: Db>(tables: Tables<DB>) {
-    let payments = Arc::new(Payments::default());
-    let lease = idem::LeaseOptions::new(Duration::from_secs(5)).timeout(Duration::from_millis(300));
-    let layer = IdempotencyLayer::new(tables.store.clone(), "tests.http.lease")
-        .principal(|parts| {
-            parts
-                .headers
-                .get("x-api-key")?
-                .to_str()
-                .ok()
-                .map(str::to_owned)
-        })
-        .lease(lease);
-    let app = Router::new()
-        .route("/charges", post(charge::<DB>))
-        .layer(layer)
-        .with_state(payments.clone());
-    let server = serve(app).await;
-    let url = format!("{}/charges", server.url);
-    let alice = Some("alice");
-
-    let first = send(&url, Some("\"c1\""), alice, "{}", &[]).await;
-    assert_eq!(
-        (first.status, first.replayed()),
-        (201, false),
-        "{}",
-        first.text()
-    );
-    let again = send(&url, Some("\"c1\""), alice, "{}", &[]).await;
-    assert_eq!((again.status, again.replayed()), (201, true));
-    assert_eq!(again.body, first.body);
-    assert_eq!(
-        send(&url, Some("\"c1\""), alice, "{\"x\":1}", &[])
-            .await
-            .status,
-        422
-    );
-    assert_eq!(payments.calls.lock().unwrap().len(), 1);
-
-    // A request while the lease is held: 409 at once.
-    let held = tokio::spawn({
-        let url = url.clone();
-        async move { send(&url, Some("\"c2\""), alice, "{}", &[("x-hold", "1")]).await }
-    });
-    payments.hold.entered.notified().await;
-    assert_problem(
-        &send(&url, Some("\"c2\""), alice, "{}", &[]).await,
-        409,
-        "still being processed",
-    );
-    payments.hold.release.notify_one();
-    let held = held.await.unwrap();
-    assert_eq!(held.status, 201);
-    assert_eq!(
-        send(&url, Some("\"c2\""), alice, "{}", &[]).await.body,
-        held.body
-    );
-
-    // A 5xx releases the lease: the retry runs again, with the same idempotency key to pass on.
-    assert_eq!(
-        send(&url, Some("\"c3\""), alice, "{}", &[("x-status", "502")])
-            .await
-            .status,
-        502
-    );
-    let retried = send(&url, Some("\"c3\""), alice, "{}", &[]).await;
-    assert_eq!((retried.status, retried.replayed()), (201, false));
-    // Over the timeout: 504, and the key is free for the retry.
-    let hung = send(&url, Some("\"c4\""), alice, "{}", &[("x-hang", "1")]).await;
-    assert_problem(&hung, 504, "did not finish within 300 ms");
-    assert_eq!(
-        send(&url, Some("\"c4\""), alice, "{}", &[]).await.status,
-        201
-    );
-    let calls = payments.calls.lock().unwrap().clone();
-    assert_eq!(calls.len(), 6, "{calls:?}");
-    assert_eq!(
-        calls[2], calls[3],
-        "a retry passed on another idempotency key"
-    );
-    assert_eq!(
-        calls[4], calls[5],
-        "a retry passed on another idempotency key"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_lease_mode() {
-    lease_paths(Tables::new(postgres().await, "pg_lease").await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_lease_mode_and_the_wrong_extractor() {
-    let tables = Tables::new(sqlite(&temp_db("lease")).await, "lease").await;
-    let lease = idem::LeaseOptions::new(Duration::from_secs(5));
-    let layer = IdempotencyLayer::new(tables.store.clone(), "tests.http.wrong")
-        .single_tenant()
-        .lease(lease);
-    let server = serve(Router::new().route("/wrong", post(wrong)).layer(layer)).await;
-    let r = send(
-        &format!("{}/wrong", server.url),
-        Some("\"w\""),
-        None,
-        "",
-        &[],
-    )
-    .await;
-    assert_problem(&r, 500, "extract `ClaimedLease`");
-    lease_paths(tables).await;
 }
