@@ -19,12 +19,13 @@ mod macros {
     pub(crate) mod duration;
     pub(crate) mod expand;
     pub(crate) mod mode;
+    pub(crate) mod outbox;
     pub(crate) mod signature;
     pub(crate) mod validate;
 }
 
 // Their `crate::args`, `crate::diag`... paths resolve through these.
-use macros::{args, diag, duration, expand, mode, signature, validate};
+use macros::{args, diag, duration, expand, mode, outbox, signature, validate};
 
 use libfuzzer_sys::fuzz_target;
 use proc_macro2::TokenStream;
