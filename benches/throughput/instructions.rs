@@ -35,15 +35,18 @@ const WARMUP: u64 = 20;
 /// The gate: (database, what, bound). `macro / hand` is the macro's fresh job against the
 /// claim written by hand with sqlx (the same transaction, without the verified commit), and
 /// `duplicate / hand` a duplicate's against the hand-written fresh job. The bounds are the
-/// largest ratio of four runs on the commit that set them (`docs/BENCHMARKS.md`) plus about
-/// 12 %; those runs spread by up to 6 %.
+/// largest ratio of five runs (`docs/BENCHMARKS.md`) plus 15 to 20 %: the servers' ratios
+/// spread by up to 6 % between runs, SQLite's by up to 12 % (its engine runs on sqlx's worker
+/// thread, which is not counted, and how often the counted thread polls while it waits
+/// varies). A regression the gate is for (a statement, an allocation per call, a copy of the
+/// key) costs more than that.
 const BOUNDS: [(Kind, &str, f64); 6] = [
-    (Kind::Postgres, "macro / hand", 1.95),
-    (Kind::Postgres, "duplicate / hand", 1.30),
-    (Kind::MySql, "macro / hand", 2.45),
-    (Kind::MySql, "duplicate / hand", 1.95),
-    (Kind::Sqlite, "macro / hand", 1.65),
-    (Kind::Sqlite, "duplicate / hand", 1.30),
+    (Kind::Postgres, "macro / hand", 2.05),
+    (Kind::Postgres, "duplicate / hand", 1.40),
+    (Kind::MySql, "macro / hand", 2.60),
+    (Kind::MySql, "duplicate / hand", 2.10),
+    (Kind::Sqlite, "macro / hand", 1.80),
+    (Kind::Sqlite, "duplicate / hand", 1.60),
 ];
 
 const VARIANTS: [Variant; 3] = [Variant::Handwritten, Variant::Macro, Variant::Duplicate];
