@@ -339,13 +339,7 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
     std::fs::create_dir_all(&dir)?;
     let lite = sqlx::sqlite::SqlitePoolOptions::new()
         .max_connections(WORKERS as u32 + 1)
-        .connect_with(
-            sqlx::sqlite::SqliteConnectOptions::new()
-                .filename(dir.join("bench.db"))
-                .create_if_missing(true)
-                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-                .synchronous(sqlx::sqlite::SqliteSynchronous::Normal),
-        )
+        .connect_with(crate::measure::sqlite_options(&dir.join("bench.db")))
         .await?;
     for sql in [
         format!(
