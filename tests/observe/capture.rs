@@ -1,6 +1,7 @@
 //! A `tracing` subscriber and a `metrics` recorder written for the tests: they keep everything
 //! they are given, so that the tests can compare span fields, events and metric values.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +13,7 @@ use metrics::{
 };
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
+use tracing::subscriber::Interest;
 use tracing::{Event, Level, Subscriber};
 
 pub type Fields = BTreeMap<String, String>;
@@ -47,7 +49,6 @@ pub struct EventRec {
 /// entered spans is enough.
 #[derive(Default)]
 pub struct Seen {
-    next: AtomicU64,
     spans: Mutex<BTreeMap<u64, SpanRec>>,
     events: Mutex<Vec<EventRec>>,
     stack: Mutex<Vec<u64>>,
@@ -79,64 +80,109 @@ impl Seen {
     }
 }
 
-/// Installs a subscriber for the current thread; drop the guard to remove it.
-pub fn subscribe() -> (Arc<Seen>, tracing::subscriber::DefaultGuard) {
-    let seen = Arc::new(Seen::default());
-    let guard = tracing::subscriber::set_default(Sub(seen.clone()));
-    (seen, guard)
+thread_local! {
+    /// The test of this thread's `Seen`: each test runs on its own thread.
+    static SEEN: RefCell<Option<Arc<Seen>>> = const { RefCell::new(None) };
 }
 
-struct Sub(Arc<Seen>);
+/// Keeps what this thread's spans and events do in a fresh `Seen` until dropped.
+///
+/// One global subscriber sends each thread's spans to that thread's test. With a scoped
+/// subscriber per test (`tracing::subscriber::set_default`) spans went missing now and then
+/// (a batch test saw one of its three in about one run of three) while other threads' tests
+/// installed and dropped theirs: tracing caches each callsite's interest over every live
+/// dispatcher, and one global subscriber that asks at every call leaves nothing to cache.
+pub fn subscribe() -> (Arc<Seen>, Watching) {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        tracing::subscriber::set_global_default(Sub).expect("no other global subscriber");
+    });
+    let seen = Arc::new(Seen::default());
+    SEEN.with(|s| *s.borrow_mut() = Some(seen.clone()));
+    (seen, Watching(()))
+}
+
+/// Returned by [`subscribe`]: the thread's spans go nowhere once it is dropped.
+pub struct Watching(());
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        SEEN.with(|s| *s.borrow_mut() = None);
+    }
+}
+
+fn with_seen(f: impl FnOnce(&Seen)) {
+    if let Some(seen) = SEEN.with(|s| s.borrow().clone()) {
+        f(&seen);
+    }
+}
+
+/// Span ids are unique in the process, whichever test opened the span.
+static NEXT_SPAN: AtomicU64 = AtomicU64::new(1);
+
+struct Sub;
 
 impl Subscriber for Sub {
+    // Asked again at every span and event: a thread whose test watches nothing sees idem's
+    // spans disabled, as with no subscriber at all.
+    fn register_callsite(&self, _: &'static tracing::Metadata<'static>) -> Interest {
+        Interest::sometimes()
+    }
     fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
+        SEEN.with(|s| s.borrow().is_some())
     }
     fn new_span(&self, span: &Attributes<'_>) -> Id {
-        let id = self.0.next.fetch_add(1, Ordering::Relaxed) + 1;
-        let parent = match span.parent() {
-            Some(p) => Some(p.into_u64()),
-            None if span.is_contextual() => self.0.current(),
-            None => None,
-        };
-        let mut fields = Fields::new();
-        span.record(&mut Text(&mut fields));
-        let rec = SpanRec {
-            name: span.metadata().name(),
-            parent,
-            fields,
-        };
-        self.0.spans.lock().unwrap().insert(id, rec);
+        let id = NEXT_SPAN.fetch_add(1, Ordering::Relaxed);
+        with_seen(|seen| {
+            let parent = match span.parent() {
+                Some(p) => Some(p.into_u64()),
+                None if span.is_contextual() => seen.current(),
+                None => None,
+            };
+            let mut fields = Fields::new();
+            span.record(&mut Text(&mut fields));
+            let rec = SpanRec {
+                name: span.metadata().name(),
+                parent,
+                fields,
+            };
+            seen.spans.lock().unwrap().insert(id, rec);
+        });
         Id::from_u64(id)
     }
     fn record(&self, id: &Id, values: &Record<'_>) {
-        let mut spans = self.0.spans.lock().unwrap();
-        let rec = spans.get_mut(&id.into_u64()).expect("a span of ours");
-        values.record(&mut Text(&mut rec.fields));
+        with_seen(|seen| {
+            if let Some(rec) = seen.spans.lock().unwrap().get_mut(&id.into_u64()) {
+                values.record(&mut Text(&mut rec.fields));
+            }
+        });
     }
     fn record_follows_from(&self, _: &Id, _: &Id) {}
     fn event(&self, event: &Event<'_>) {
-        let span = match event.parent() {
-            Some(p) => Some(p.into_u64()),
-            None if event.is_contextual() => self.0.current(),
-            None => None,
-        };
-        let mut fields = Fields::new();
-        event.record(&mut Text(&mut fields));
-        self.0.events.lock().unwrap().push(EventRec {
-            level: *event.metadata().level(),
-            target: event.metadata().target().to_owned(),
-            span,
-            fields,
+        with_seen(|seen| {
+            let span = match event.parent() {
+                Some(p) => Some(p.into_u64()),
+                None if event.is_contextual() => seen.current(),
+                None => None,
+            };
+            let mut fields = Fields::new();
+            event.record(&mut Text(&mut fields));
+            seen.events.lock().unwrap().push(EventRec {
+                level: *event.metadata().level(),
+                target: event.metadata().target().to_owned(),
+                span,
+                fields,
+            });
         });
     }
     fn enter(&self, id: &Id) {
-        self.0.stack.lock().unwrap().push(id.into_u64());
+        with_seen(|seen| seen.stack.lock().unwrap().push(id.into_u64()));
     }
     fn exit(&self, id: &Id) {
-        let mut stack = self.0.stack.lock().unwrap();
-        let top = stack.pop();
-        assert_eq!(top, Some(id.into_u64()), "spans exit in the order entered");
+        with_seen(|seen| {
+            let top = seen.stack.lock().unwrap().pop();
+            assert_eq!(top, Some(id.into_u64()), "spans exit in the order entered");
+        });
     }
 }
 
