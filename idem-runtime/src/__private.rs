@@ -48,6 +48,52 @@ pub mod db {
     pub type Placeholder = MySql;
 }
 
+/// `if_postgres! { { handler } { stand-in } }` gives the handler when this build has the
+/// database, else the stand-in: a handler on a database whose feature is off is one error
+/// naming the feature, and its callers compile around it. The feature is the runtime's, so
+/// the choice is made here rather than in the macro crate.
+#[cfg(feature = "postgres")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_if_postgres {
+    ({ $($handler:tt)* } { $($stand_in:tt)* }) => { $($handler)* };
+}
+#[cfg(not(feature = "postgres"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_if_postgres {
+    ({ $($handler:tt)* } { $($stand_in:tt)* }) => { $($stand_in)* };
+}
+pub use __idem_if_postgres as if_postgres;
+
+#[cfg(feature = "sqlite")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_if_sqlite {
+    ({ $($handler:tt)* } { $($stand_in:tt)* }) => { $($handler)* };
+}
+#[cfg(not(feature = "sqlite"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_if_sqlite {
+    ({ $($handler:tt)* } { $($stand_in:tt)* }) => { $($stand_in)* };
+}
+pub use __idem_if_sqlite as if_sqlite;
+
+#[cfg(feature = "mysql")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_if_mysql {
+    ({ $($handler:tt)* } { $($stand_in:tt)* }) => { $($handler)* };
+}
+#[cfg(not(feature = "mysql"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_if_mysql {
+    ({ $($handler:tt)* } { $($stand_in:tt)* }) => { $($stand_in)* };
+}
+pub use __idem_if_mysql as if_mysql;
+
 /// `T` and `E` of a handler's return type, read through the type rather than its name, so
 /// that any alias of `Result` works (`type Fallible<T> = Result<T, MyError>`).
 #[diagnostic::on_unimplemented(

@@ -4,6 +4,7 @@
 //! claim-run-commit of a whole batch.
 
 mod batch;
+mod gate;
 mod lease;
 mod observe;
 mod transaction;
@@ -56,10 +57,12 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     }
     match (diag.finish(), handler) {
         (Ok(()), Some(handler)) if mode != Mode::Batch => {
-            expand(&args, &item, &handler, outbox.as_ref())
+            let expanded = expand(&args, &item, &handler, outbox.as_ref());
+            gate::by_feature(&item, &handler, expanded, &private_path(&args))
         }
         (Ok(()), Some(handler)) if batch.is_some() => {
-            batch::expand(&args, &item, &handler, batch.as_ref().expect("checked"))
+            let expanded = batch::expand(&args, &item, &handler, batch.as_ref().expect("checked"));
+            gate::by_feature(&item, &handler, expanded, &private_path(&args))
         }
         (result, _) => {
             // Give rustc the function as written, so one mistake is one error and the IDE

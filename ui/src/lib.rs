@@ -1,0 +1,1 @@
+//! Compile-error cases for idem built with SQLite and the HTTP layer only: see `tests/ui.rs`.
