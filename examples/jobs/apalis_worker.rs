@@ -105,7 +105,7 @@ impl std::error::Error for JobError {}
 /// as two rows), committed with the marker.
 #[idem::idempotent(key = "job.id", scope = "apalis.top_up", wait = "5s")]
 pub async fn apply_top_up(tx: &mut Transaction<'_, Postgres>, job: &TopUp) -> Result<(), JobError> {
-    sqlx::query("INSERT INTO top_ups (job, account, credits) VALUES ($1, $2, $3)")
+    sqlx::query("INSERT INTO apalis_top_ups (job, account, credits) VALUES ($1, $2, $3)")
         .bind(&job.id)
         .bind(job.account)
         .bind(job.credits)
@@ -117,7 +117,7 @@ pub async fn apply_top_up(tx: &mut Transaction<'_, Postgres>, job: &TopUp) -> Re
 /// Creates the effect table and idem's marker table (apalis's own tables: [`setup`]).
 pub async fn create_tables(pool: &PgPool) -> Result<(), idem::Error> {
     sqlx::query(
-        "CREATE TABLE IF NOT EXISTS top_ups \
+        "CREATE TABLE IF NOT EXISTS apalis_top_ups \
          (job text NOT NULL, account bigint NOT NULL, credits bigint NOT NULL)",
     )
     .execute(pool)
@@ -222,7 +222,7 @@ pub struct Report {
     pub refused: usize,
     /// `(status, last_result)` of each of the run's apalis jobs, by job id.
     pub jobs: Vec<(String, String, String)>,
-    /// Rows in `top_ups` per job id of the run.
+    /// Rows in `apalis_top_ups` per job id of the run.
     pub effects: Vec<(String, i64)>,
 }
 
@@ -295,7 +295,7 @@ pub async fn run(url: &str, out: &mut impl Write) -> Result<Report, BoxDynError>
     .fetch_all(&pool)
     .await?;
     let effects: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT job, count(*) FROM top_ups WHERE job LIKE $1 GROUP BY job ORDER BY job",
+        "SELECT job, count(*) FROM apalis_top_ups WHERE job LIKE $1 GROUP BY job ORDER BY job",
     )
     .bind(format!("top-up-{run}-%"))
     .fetch_all(&pool)

@@ -1,6 +1,6 @@
 //! The `apalis_worker` example against apalis-postgres on the real PostgreSQL, with worker
 //! processes SIGKILLed at a chosen point. Each test has a database of its own, with apalis's
-//! migrations, idem's markers and the effect table `top_ups` (no unique index, so an effect
+//! migrations, idem's markers and the effect table `apalis_top_ups` (no unique index, so an effect
 //! applied twice shows as two rows).
 
 #[allow(dead_code)]
@@ -50,10 +50,10 @@ async fn apalis_job(pool: &PgPool, id: &str) -> (String, i32, Option<String>, Op
     .unwrap()
 }
 
-/// (rows in `top_ups`, idem markers of the handler's scope).
+/// (rows in `apalis_top_ups`, idem markers of the handler's scope).
 async fn counts(pool: &PgPool) -> (i64, i64) {
     sqlx::query_as(
-        "SELECT (SELECT count(*) FROM top_ups), \
+        "SELECT (SELECT count(*) FROM apalis_top_ups), \
          (SELECT count(*) FROM idem_processed WHERE scope = 'apalis.top_up')",
     )
     .fetch_one(pool)
@@ -136,7 +136,7 @@ async fn example_applies_each_job_once() {
 
 /// A worker SIGKILLed after idem's commit and before apalis recorded the job `Done`: its
 /// heartbeat stops, a second worker process's heartbeat re-enqueues the job, and the re-run
-/// is a `Duplicate` that apalis records `Done`. One row in `top_ups`.
+/// is a `Duplicate` that apalis records `Done`. One row in `apalis_top_ups`.
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_between_commit_and_done_the_rerun_is_a_duplicate() {
     let db = TestDb::create("apalis_commit_done").await;
