@@ -17,10 +17,13 @@
 //! apalis is the same row run again, which only the handler's claim recognises.
 //!
 //! ```text
-//! cargo run --example apalis_worker
+//! cargo run -p idem-example-jobs --example apalis_worker
 //! ```
-//! The database is `DATABASE_URL` if set, else `IDEM_POSTGRES_URL` (the variable the tests
-//! read), else the local server `postgres://postgres@127.0.0.1:5432/test`.
+//! The database is `IDEM_POSTGRES_URL` (the variable the tests read), else the local server
+//! `postgres://postgres@127.0.0.1:5432/test`.
+//! Not `DATABASE_URL`: set while building, it makes apalis-postgres's compile-time query
+//! macros check against that database instead of their bundled data, and fail unless
+//! apalis's schema is already there (build with `SQLX_OFFLINE=true` then).
 
 use std::future::Future;
 use std::io::Write;
@@ -40,14 +43,13 @@ use sqlx::{PgPool, Postgres, Transaction};
 /// `Done`. Unset in production.
 pub const PAUSE_AFTER_COMMIT: &str = "IDEM_EXAMPLE_PAUSE_AFTER_COMMIT";
 
-/// `DATABASE_URL`, else `IDEM_POSTGRES_URL`, else the local server.
+/// `IDEM_POSTGRES_URL`, else the local server.
 pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .or_else(|_| std::env::var("IDEM_POSTGRES_URL"))
+    std::env::var("IDEM_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-/// Connects to PostgreSQL; the error names the URL and the variables that override it.
+/// Connects to PostgreSQL; the error names the URL and the variable that overrides it.
 pub async fn connect(url: &str, max: u32) -> Result<PgPool, String> {
     PgPoolOptions::new()
         // A dead connection fails the claim (the job is retried) rather than being replaced
@@ -56,9 +58,7 @@ pub async fn connect(url: &str, max: u32) -> Result<PgPool, String> {
         .max_connections(max)
         .connect(url)
         .await
-        .map_err(|e| {
-            format!("cannot reach PostgreSQL at {url} (set DATABASE_URL or IDEM_POSTGRES_URL): {e}")
-        })
+        .map_err(|e| format!("cannot reach PostgreSQL at {url} (set IDEM_POSTGRES_URL): {e}"))
 }
 
 /// A top-up job as the producer pushes it (JSON in `apalis.jobs.job`). `id` is the

@@ -18,10 +18,10 @@
 //! producer-side merge, not a guard against re-runs (see `docs/brokers.md`).
 //!
 //! ```text
-//! cargo run --example graphile_worker
+//! cargo run -p idem-example-jobs --example graphile_worker
 //! ```
-//! The database is `DATABASE_URL` if set, else `IDEM_POSTGRES_URL` (the variable the tests
-//! read), else the local server `postgres://postgres@127.0.0.1:5432/test`.
+//! The database is `IDEM_POSTGRES_URL` (the variable the tests read), else the local server
+//! `postgres://postgres@127.0.0.1:5432/test`.
 
 use std::future::Future;
 use std::io::Write;
@@ -42,14 +42,13 @@ use sqlx::{PgPool, Postgres, Transaction};
 /// graphile_worker's completion. Unset in production.
 pub const PAUSE_AFTER_COMMIT: &str = "IDEM_EXAMPLE_PAUSE_AFTER_COMMIT";
 
-/// `DATABASE_URL`, else `IDEM_POSTGRES_URL`, else the local server.
+/// `IDEM_POSTGRES_URL`, else the local server.
 pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .or_else(|_| std::env::var("IDEM_POSTGRES_URL"))
+    std::env::var("IDEM_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-/// Connects to PostgreSQL; the error names the URL and the variables that override it.
+/// Connects to PostgreSQL; the error names the URL and the variable that overrides it.
 pub async fn connect(url: &str, max: u32) -> Result<PgPool, String> {
     PgPoolOptions::new()
         // A dead connection fails the claim (the job is retried) rather than being replaced
@@ -58,9 +57,7 @@ pub async fn connect(url: &str, max: u32) -> Result<PgPool, String> {
         .max_connections(max)
         .connect(url)
         .await
-        .map_err(|e| {
-            format!("cannot reach PostgreSQL at {url} (set DATABASE_URL or IDEM_POSTGRES_URL): {e}")
-        })
+        .map_err(|e| format!("cannot reach PostgreSQL at {url} (set IDEM_POSTGRES_URL): {e}"))
 }
 
 /// A top-up job: the task's payload (JSON in the job row). `id` is the producer's, stable
