@@ -9,7 +9,7 @@ use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 
-use crate::faults::Applied;
+use crate::faults::Ran;
 use crate::harness::{CONSUMER, Env, QUEUE, STREAM};
 use crate::jobs::{CHARGE_SCOPE, Db, EFFECT_SCOPE, Job, Mode};
 use crate::servers::{Res, until};
@@ -141,7 +141,8 @@ pub struct Report {
     pub violations: Vec<String>,
 }
 
-pub async fn check(env: &Env, jobs: &[Job], faults: &[Applied], published: u64) -> Res<Report> {
+pub async fn check(env: &Env, jobs: &[Job], ran: &Ran, published: u64, print: bool) -> Res<Report> {
+    let faults = &ran.applied;
     let (pg, my) = (read_pg(env).await?, read_my(env).await?);
     let ledger = env.payments.ledger();
     let tally = env.fleet.tally.lock().unwrap_or_else(|e| e.into_inner());
@@ -187,7 +188,9 @@ pub async fn check(env: &Env, jobs: &[Job], faults: &[Applied], published: u64) 
                 "{name}: {effects} effect rows for {tx_jobs} transaction-mode markers"
             ));
         }
-        println!("  {name}: {completed} markers completed, {effects} effect rows");
+        if print {
+            println!("  {name}: {completed} markers completed, {effects} effect rows");
+        }
     }
     let lease_jobs = jobs.iter().filter(|j| j.mode == Mode::Lease).count();
     if ledger.by_key.len() != lease_jobs {
@@ -211,6 +214,9 @@ pub async fn check(env: &Env, jobs: &[Job], faults: &[Applied], published: u64) 
             entry.1 = entry.1.max(gap);
             longest = longest.max(gap);
         }
+    }
+    if !print {
+        return Ok(Report { violations: v });
     }
     let count = |db: Db, mode: Mode| jobs.iter().filter(|j| j.db == db && j.mode == mode).count();
     println!("| what | count |");
@@ -245,7 +251,12 @@ pub async fn check(env: &Env, jobs: &[Job], faults: &[Applied], published: u64) 
         ledger.replayed
     );
     println!("| worker starts | {} |", tally.starts);
-    println!("| faults applied | {} |", faults.len());
+    println!(
+        "| faults applied (skipped: nothing to act on; failed) | {} ({}; {}) |",
+        faults.len(),
+        ran.skipped,
+        ran.failed
+    );
     for (kind, (n, gap)) in &by_kind {
         println!(
             "| - {kind} (longest to the next applied job) | {n} ({:.2} s) |",
@@ -258,4 +269,64 @@ pub async fn check(env: &Env, jobs: &[Job], faults: &[Applied], published: u64) 
     );
     println!("| violations | {} |", v.len());
     Ok(Report { violations: v })
+}
+
+/// The checker checked: after a passing run, one violation of each kind is planted (an effect
+/// row written twice, a lease marker set back to `in_progress` past its expiry, a second
+/// charge at the payments API, a second `Applied` reported for a job), and the checker must
+/// report each of them. Returns what it missed.
+pub async fn self_check(env: &Env, jobs: &[Job], ran: &Ran, published: u64) -> Res<Vec<String>> {
+    let pick = |db: Db, mode: Mode| {
+        jobs.iter()
+            .find(|j| j.db == db && j.mode == mode)
+            .map(|j| j.id.clone())
+            .ok_or("too few jobs for the checker's own check")
+    };
+    let (twice, stuck, charged, reported) = (
+        pick(Db::Pg, Mode::Tx)?,
+        pick(Db::My, Mode::Lease)?,
+        pick(Db::Pg, Mode::Lease)?,
+        pick(Db::My, Mode::Tx)?,
+    );
+    sqlx::query("INSERT INTO chaos_effects (job, via) VALUES ($1, 'planted')")
+        .bind(&twice)
+        .execute(&env.pg_admin)
+        .await
+        .map_err(|e| e.to_string())?;
+    sqlx::query(
+        "UPDATE idem_processed SET state = 'in_progress', \
+         locked_until = NOW(6) - INTERVAL 1 SECOND WHERE scope = ? AND `key` = ?",
+    )
+    .bind(CHARGE_SCOPE)
+    .bind(&stuck)
+    .execute(&env.my_admin)
+    .await
+    .map_err(|e| e.to_string())?;
+    env.payments.plant_charge(&charged);
+    *env.fleet
+        .tally
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .applied
+        .entry(reported.clone())
+        .or_default() += 1;
+    let found = check(env, jobs, ran, published, false).await?.violations;
+    let expected = [
+        format!("{twice}: 2 effects"),
+        format!("{stuck}: marker left in_progress, past its expiry"),
+        format!("{charged}: charged 2 times"),
+        format!("{reported}: Applied returned 2 times"),
+    ];
+    let missed: Vec<String> = expected
+        .into_iter()
+        .filter(|e| !found.contains(e))
+        .map(|e| format!("the checker missed a planted violation: {e}"))
+        .collect();
+    println!(
+        "checker's own check: {} planted violations, {} reported ({} missed)",
+        4,
+        found.len(),
+        missed.len()
+    );
+    Ok(missed)
 }

@@ -173,6 +173,15 @@ pub struct Applied {
     pub at: Instant,
 }
 
+/// What the schedule did: faults applied; skipped, with nothing to act on (no connection to
+/// reset, a server still restarting); failed (a server that refused the kill statement).
+#[derive(Default)]
+pub struct Ran {
+    pub applied: Vec<Applied>,
+    pub skipped: u64,
+    pub failed: u64,
+}
+
 /// Servers being restarted: a restart drawn while the last one of the same server is still
 /// under way is skipped (the schedule lists it; the table counts what ran).
 #[derive(Default)]
@@ -189,33 +198,40 @@ pub async fn run(
     faults: Vec<(Duration, Fault)>,
     start: tokio::time::Instant,
     repairs: &mut JoinSet<()>,
-) -> Vec<Applied> {
+) -> Ran {
     let busy = Arc::new(Busy::default());
-    let mut applied = Vec::new();
+    let mut ran = Ran::default();
     for (at, fault) in faults {
         tokio::time::sleep_until(start + at).await;
+        let now = Instant::now();
         match apply(&env, &busy, fault, repairs).await {
             Ok(true) => {
                 env.log(format_args!(
                     "fault at {:>6.1}s: {fault:?}",
                     at.as_secs_f64()
                 ));
-                applied.push(Applied {
+                ran.applied.push(Applied {
                     kind: fault.kind(),
-                    at: Instant::now(),
+                    at: now,
                 });
             }
-            Ok(false) => env.log(format_args!(
-                "fault at {:>6.1}s skipped: {fault:?}",
-                at.as_secs_f64()
-            )),
-            Err(e) => env.log(format_args!(
-                "fault at {:>6.1}s failed: {fault:?}: {e}",
-                at.as_secs_f64()
-            )),
+            Ok(false) => {
+                ran.skipped += 1;
+                env.log(format_args!(
+                    "fault at {:>6.1}s skipped: {fault:?}",
+                    at.as_secs_f64()
+                ));
+            }
+            Err(e) => {
+                ran.failed += 1;
+                env.log(format_args!(
+                    "fault at {:>6.1}s failed: {fault:?}: {e}",
+                    at.as_secs_f64()
+                ));
+            }
         }
     }
-    applied
+    ran
 }
 
 fn claim(flag: &AtomicBool) -> bool {
@@ -261,8 +277,8 @@ async fn apply(
             return Ok(n > 0);
         }
         Fault::KillMyConnections => {
-            let ids: Vec<u64> = sqlx::query_scalar(
-                "SELECT id FROM information_schema.processlist WHERE user = 'chaos'",
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "SELECT CAST(id AS SIGNED) FROM information_schema.processlist WHERE user = 'chaos'",
             )
             .fetch_all(&env.my_admin)
             .await

@@ -54,10 +54,10 @@ impl Fleet {
     /// Starts worker `i` unless it is running.
     pub async fn spawn(&self, i: usize) -> Result<(), String> {
         let mut slots = self.slots.lock().await;
-        if let Some(child) = slots[i].as_mut() {
-            if matches!(child.try_wait(), Ok(None)) {
-                return Ok(());
-            }
+        if let Some(child) = slots[i].as_mut()
+            && matches!(child.try_wait(), Ok(None))
+        {
+            return Ok(());
         }
         let log = std::fs::OpenOptions::new()
             .create(true)

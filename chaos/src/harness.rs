@@ -185,7 +185,7 @@ async fn soak(env: &Arc<Env>, args: &Args) -> Res<Vec<String>> {
         tokio::spawn(produce(env.clone(), split(Broker::Nats), args.duration)),
     ];
     let progress = tokio::spawn(progress(env.clone()));
-    let applied = faults::run(env.clone(), schedule, start, &mut repairs).await;
+    let ran = faults::run(env.clone(), schedule, start, &mut repairs).await;
     let mut published = 0;
     for producer in producers {
         published += producer.await.map_err(|e| e.to_string())??;
@@ -202,13 +202,16 @@ async fn soak(env: &Arc<Env>, args: &Args) -> Res<Vec<String>> {
     progress.abort();
     env.fleet.kill_all().await;
     let acked = crate::check::all_acked(env).await;
-    let report = crate::check::check(env, &jobs, &applied, published).await?;
+    let report = crate::check::check(env, &jobs, &ran, published, true).await?;
     let mut violations = report.violations;
     if let Err(e) = drained_in {
         violations.push(e);
     }
     if let Err(e) = acked {
         violations.push(e);
+    }
+    if violations.is_empty() {
+        violations = crate::check::self_check(env, &jobs, &ran, published).await?;
     }
     Ok(violations)
 }

@@ -52,14 +52,18 @@ impl Job {
         Job {
             id: format!("job-{n:06}"),
             n,
-            db: if n % 2 == 0 { Db::Pg } else { Db::My },
-            mode: if n % 3 == 0 { Mode::Lease } else { Mode::Tx },
+            db: if n.is_multiple_of(2) { Db::Pg } else { Db::My },
+            mode: if n.is_multiple_of(3) {
+                Mode::Lease
+            } else {
+                Mode::Tx
+            },
             amount: 100 + (n % 97) as i64,
         }
     }
 
     pub fn broker(&self) -> Broker {
-        if (self.n / 2) % 2 == 0 {
+        if (self.n / 2).is_multiple_of(2) {
             Broker::Rabbit
         } else {
             Broker::Nats

@@ -87,7 +87,7 @@ impl Proxy {
         let frozen: Vec<u64> = ids
             .into_iter()
             .enumerate()
-            .filter(|(i, _)| (i + offset) % nth.max(1) == 0)
+            .filter(|(i, _)| (i + offset).is_multiple_of(nth.max(1)))
             .map(|(_, id)| id)
             .collect();
         for id in &frozen {

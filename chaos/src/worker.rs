@@ -169,6 +169,9 @@ async fn rabbit_session(ctx: &Ctx, config: &Config) -> Result<(), lapin::Error> 
             let sent = if result.is_ok() {
                 delivery.acker.ack(BasicAckOptions::default()).await
             } else {
+                // A short backoff, as a real worker has: a database that is down would
+                // otherwise see the same messages again at once, thousands of times.
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 let requeue = BasicNackOptions {
                     requeue: true,
                     ..Default::default()
