@@ -96,7 +96,7 @@ pub fn schedule(seed: u64, duration: Duration, workers: usize) -> Vec<(Duration,
     let end = duration.saturating_sub(Duration::from_secs(3));
     let mut at = Duration::from_secs(2);
     let mut faults = Vec::new();
-    // The servers' restarts, at least once each per run, at drawn times in the first 80 %:
+    // The servers' restarts and half-open connections, at least once each per run, at drawn times in the first 80 %:
     // the random faults below make the rest.
     let span = duration.as_millis() as u64 * 8 / 10;
     for fault in [
@@ -111,6 +111,18 @@ pub fn schedule(seed: u64, duration: Duration, workers: usize) -> Vec<(Duration,
         },
         Fault::KillNatsLeader {
             down: rng.millis(1000, 5000),
+        },
+        // The workers' database connections are there most of the time (the AMQP ones are
+        // not while the node restarts), so that a short run leaves some half-open too.
+        Fault::HalfOpen {
+            target: Target::Pg,
+            nth: 2,
+            hold: rng.millis(1000, 12_000),
+        },
+        Fault::HalfOpen {
+            target: Target::My,
+            nth: 2,
+            hold: rng.millis(1000, 12_000),
         },
     ] {
         faults.push((
