@@ -77,6 +77,8 @@ pub enum JobError {
     Idem(idem::Error),
     Database(sqlx::Error),
     Http(String),
+    /// The worker's own bound on a delivery ran out (a connection left half-open, say).
+    Deadline,
 }
 
 impl From<idem::Error> for JobError {
@@ -109,6 +111,7 @@ impl JobError {
             JobError::Idem(_) => "idem_other",
             JobError::Database(_) => "database",
             JobError::Http(_) => "http",
+            JobError::Deadline => "deadline",
         }
     }
 }
@@ -119,6 +122,7 @@ impl std::fmt::Display for JobError {
             JobError::Idem(e) => write!(f, "{e}"),
             JobError::Database(e) => write!(f, "{e}"),
             JobError::Http(e) => write!(f, "payments API: {e}"),
+            JobError::Deadline => write!(f, "the delivery ran out of time"),
         }
     }
 }

@@ -122,7 +122,7 @@ fn report(job: &Job, via: &str, result: &Result<bool, JobError>) {
 async fn bounded(f: impl Future<Output = Result<bool, JobError>>) -> Result<bool, JobError> {
     tokio::time::timeout(JOB_TIMEOUT, f)
         .await
-        .unwrap_or_else(|_| Err(JobError::Http("the delivery ran out of time".into())))
+        .unwrap_or(Err(JobError::Deadline))
 }
 
 async fn rabbit_session(ctx: &Ctx, config: &Config) -> Result<(), lapin::Error> {
@@ -261,7 +261,7 @@ async fn bounded_batch(
     match tokio::time::timeout(JOB_TIMEOUT, f).await {
         Ok(Ok(batch)) => Ok(batch.outcomes().iter().map(Outcome::is_applied).collect()),
         Ok(Err(e)) => Err(e),
-        Err(_) => Err(JobError::Http("the batch ran out of time".into())),
+        Err(_) => Err(JobError::Deadline),
     }
 }
 
