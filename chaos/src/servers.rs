@@ -77,7 +77,7 @@ async fn tcp_open(port: u16) -> bool {
         .is_ok()
 }
 
-/// PostgreSQL's binaries: Debian keeps them in /usr/lib/postgresql/<version>/bin.
+/// PostgreSQL's binaries: Debian keeps them in `/usr/lib/postgresql/<version>/bin`.
 fn pg_bin() -> Res<PathBuf> {
     let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .map_err(|e| format!("no PostgreSQL server binaries in /usr/lib/postgresql: {e}"))?
