@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -27,11 +28,15 @@ pub struct Tally {
     pub starts: u64,
 }
 
+/// A running worker and the number of its deliveries under way.
+type Slot = Option<(Child, Arc<AtomicI64>)>;
+
 pub struct Fleet {
     exe: PathBuf,
     logs: PathBuf,
     configs: Vec<Config>,
-    slots: tokio::sync::Mutex<Vec<Option<Child>>>,
+    /// Each running worker and its deliveries under way (started, not yet acked or nacked).
+    slots: tokio::sync::Mutex<Vec<Slot>>,
     pub tally: Arc<Mutex<Tally>>,
 }
 
@@ -54,7 +59,7 @@ impl Fleet {
     /// Starts worker `i` unless it is running.
     pub async fn spawn(&self, i: usize) -> Result<(), String> {
         let mut slots = self.slots.lock().await;
-        if let Some(child) = slots[i].as_mut()
+        if let Some((child, _)) = slots[i].as_mut()
             && matches!(child.try_wait(), Ok(None))
         {
             return Ok(());
@@ -76,13 +81,15 @@ impl Fleet {
             .map_err(|e| format!("cannot start worker {i}: {e}"))?;
         let stdout = child.stdout.take().expect("piped stdout");
         let tally = self.tally.clone();
+        let in_flight = Arc::new(AtomicI64::new(0));
+        let counter = in_flight.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                note(&tally, &line);
+                note(&tally, &counter, &line);
             }
         });
-        slots[i] = Some(child);
+        slots[i] = Some((child, in_flight));
         Ok(())
     }
 
@@ -93,7 +100,7 @@ impl Fleet {
     /// SIGKILL of worker `i`; returns whether one was running.
     pub async fn kill(&self, i: usize) -> bool {
         let mut slots = self.slots.lock().await;
-        let Some(mut child) = slots[i].take() else {
+        let Some((mut child, _)) = slots[i].take() else {
             return false;
         };
         if let Some(pid) = Self::pid(&child) {
@@ -106,11 +113,22 @@ impl Fleet {
     /// SIGSTOP (`stop`) or SIGCONT of worker `i`.
     pub async fn pause(&self, i: usize, stop: bool) -> bool {
         let slots = self.slots.lock().await;
-        let Some(pid) = slots[i].as_ref().and_then(Self::pid) else {
+        let Some(pid) = slots[i].as_ref().and_then(|(c, _)| Self::pid(c)) else {
             return false;
         };
         signal(if stop { "STOP" } else { "CONT" }, &pid).await;
         true
+    }
+
+    /// Deliveries the running workers have started and not yet acked or nacked (a killed
+    /// worker's are the broker's again).
+    pub async fn in_flight(&self) -> i64 {
+        let slots = self.slots.lock().await;
+        slots
+            .iter()
+            .flatten()
+            .map(|(_, n)| n.load(Ordering::SeqCst))
+            .sum()
     }
 
     pub async fn kill_all(&self) {
@@ -120,7 +138,7 @@ impl Fleet {
     }
 }
 
-fn note(tally: &Mutex<Tally>, line: &str) {
+fn note(tally: &Mutex<Tally>, in_flight: &AtomicI64, line: &str) {
     let mut words = line.split(' ');
     if words.next() != Some("EV") {
         return;
@@ -129,17 +147,23 @@ fn note(tally: &Mutex<Tally>, line: &str) {
     match (words.next(), words.next()) {
         (Some("STARTED"), _) => t.starts += 1,
         (Some("DELIVERED"), Some(_)) => {
+            in_flight.fetch_add(1, Ordering::SeqCst);
             t.deliveries += 1;
             if words.nth(1) == Some("true") {
                 t.redeliveries += 1;
             }
         }
         (Some("APPLIED"), Some(job)) => {
+            in_flight.fetch_sub(1, Ordering::SeqCst);
             *t.applied.entry(job.to_owned()).or_default() += 1;
             t.applied_at.push(Instant::now());
         }
-        (Some("DUPLICATE"), Some(_)) => t.duplicates += 1,
+        (Some("DUPLICATE"), Some(_)) => {
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            t.duplicates += 1;
+        }
         (Some("NACK"), Some(_)) => {
+            in_flight.fetch_sub(1, Ordering::SeqCst);
             let kind = words.next().unwrap_or("unknown").to_owned();
             *t.nacks.entry(kind).or_default() += 1;
         }

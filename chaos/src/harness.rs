@@ -437,12 +437,23 @@ async fn publish_nats(js: &jetstream::Context, payload: &[u8]) -> Res<()> {
         .map_err(|e| e.to_string())
 }
 
-/// Polls until every job's marker is completed, the queue is empty and the consumer has
-/// nothing pending, or `limit` passed.
+/// Polls until every job's marker is completed, the queue is empty, the consumer has nothing
+/// pending and the workers are quiet, or `limit` passed.
 async fn drain(env: &Env, jobs: &[Job], limit: Duration) -> Res<()> {
     let started = Instant::now();
+    // Quiet: nothing under way at any worker, and no delivery since the last look (a message
+    // the broker has just pushed is unacked before its worker tells of it).
+    let last = std::sync::atomic::AtomicU64::new(u64::MAX);
     let result = until(limit, "the drain", || async {
-        crate::check::drained(env, jobs).await.unwrap_or(false)
+        let deliveries = env
+            .fleet
+            .tally
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .deliveries;
+        let quiet = last.swap(deliveries, std::sync::atomic::Ordering::SeqCst) == deliveries
+            && env.fleet.in_flight().await == 0;
+        quiet && crate::check::drained(env, jobs).await.unwrap_or(false)
     })
     .await;
     env.log(format_args!(

@@ -163,7 +163,6 @@ async fn rabbit_session(ctx: &Ctx, config: &Config) -> Result<(), lapin::Error> 
                 job.id, delivery.redelivered
             ));
             let result = bounded(handle(ctx, &job, "rabbit")).await;
-            report(&job, "rabbit", &result);
             // A lost ack or nack: the broker redelivers once the channel is gone, and the
             // redelivery is a duplicate.
             let sent = if result.is_ok() {
@@ -178,6 +177,9 @@ async fn rabbit_session(ctx: &Ctx, config: &Config) -> Result<(), lapin::Error> 
                 };
                 delivery.acker.nack(requeue).await
             };
+            // Told once the ack or nack is written: a delivery the harness saw end is no
+            // longer unacked at the broker (the harness's drain counts on it).
+            report(&job, "rabbit", &result);
             if let Err(e) = sent {
                 failed
                     .lock()
@@ -249,8 +251,8 @@ async fn handle_fetch(ctx: &Ctx, batch: Vec<(Job, jetstream::Message)>) {
     };
     let leases = futures_util::future::join_all(lease.iter().map(|(job, message)| async move {
         let result = bounded(handle(ctx, job, "nats")).await;
-        report(job, "nats", &result);
         settle(message, result.is_ok()).await;
+        report(job, "nats", &result);
     }));
     tokio::join!(pg_batch, my_batch, leases);
 }
@@ -272,14 +274,14 @@ async fn settle_batch(items: &[(Job, jetstream::Message)], outcomes: Result<Vec<
     match outcomes {
         Ok(applied) => {
             for ((job, message), applied) in items.iter().zip(applied) {
-                report(job, "batch", &Ok(applied));
                 settle(message, true).await;
+                report(job, "batch", &Ok(applied));
             }
         }
         Err(e) => {
             for (job, message) in items {
-                event(format_args!("NACK {} {} {e}", job.id, e.kind()));
                 settle(message, false).await;
+                event(format_args!("NACK {} {} {e}", job.id, e.kind()));
             }
         }
     }
