@@ -10,8 +10,9 @@ use crate::{KeyError, MAX_KEY_LEN};
 /// A job's stable id, made by [`job_id`] from a scope and the job's data.
 ///
 /// At most [`MAX_KEY_LEN`] (255) bytes, never empty, no NUL byte: it can be a broker's
-/// deduplication id (`Nats-Msg-Id`, SQS `MessageDeduplicationId`, a Kafka record key) and an
-/// idem key alike.
+/// deduplication id (`Nats-Msg-Id`, a Kafka record key) and an idem key alike. SQS's
+/// `MessageDeduplicationId` is stricter: at most 128 characters of printable ASCII, so an id
+/// of a long or non-ASCII key does not fit there as it is (the SQS example refuses it).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct JobId(String);
 
