@@ -14,9 +14,9 @@ mod db;
 
 use std::time::{Duration, Instant};
 
-use apalis_worker::{PAUSE_AFTER_COMMIT, TopUp};
 use db::{CHILD_DB, TestDb};
 use idem::Store;
+use idem_example_jobs::{PAUSE_AFTER_COMMIT, TopUp};
 use sqlx::PgPool;
 use support::{CHILD_MODE, Lines, Worker, child_env, stop_signal, within};
 

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use ::graphile_worker::WorkerUtils;
 use db::{CHILD_DB, TestDb};
-use graphile_worker::{PAUSE_AFTER_COMMIT, Recovery, TopUp};
+use graphile_worker::Recovery;
+use idem_example_jobs::{PAUSE_AFTER_COMMIT, TopUp};
 use sqlx::PgPool;
 use support::{CHILD_MODE, Lines, Worker, child_env, stop_signal, within};
 
