@@ -24,6 +24,10 @@
 //! Not `DATABASE_URL`: set while building, it makes apalis-postgres's compile-time query
 //! macros check against that database instead of their bundled data, and fail unless
 //! apalis's schema is already there (build with `SQLX_OFFLINE=true` then).
+//!
+//! The parts both job-framework examples share (the database URL and pool, the `TopUp` job,
+//! `JobError`, the `PAUSE_AFTER_COMMIT` hook) are in this package's library,
+//! `examples/jobs/src/lib.rs`.
 
 use std::future::Future;
 use std::io::Write;
@@ -33,97 +37,26 @@ use apalis::prelude::{
     AbortError, Attempt, BoxDynError, Data, TaskBuilder, TaskSink, WorkerBuilder, WorkerError,
 };
 use apalis_postgres::{Config, PostgresStorage};
-use idem::{Outcome, Store};
-use serde::{Deserialize, Serialize};
-use sqlx::postgres::PgPoolOptions;
+use idem::Store;
+use idem_example_jobs::{
+    JobError, TopUp, connect, database_url, effects, insert_top_up, outcome_word,
+    pause_after_commit, top_ups,
+};
 use sqlx::{PgPool, Postgres, Transaction};
 
-/// The variable that makes the job print `COMMITTED <id>` once its effect committed and then
-/// never return, so that a crash test can kill the worker between idem's commit and apalis's
-/// `Done`. Unset in production.
-pub const PAUSE_AFTER_COMMIT: &str = "IDEM_EXAMPLE_PAUSE_AFTER_COMMIT";
+/// The table of the effect: one row per application, committed with the marker.
+pub const TOP_UPS: &str = "apalis_top_ups";
 
-/// `IDEM_POSTGRES_URL`, else the local server.
-pub fn database_url() -> String {
-    std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// Connects to PostgreSQL; the error names the URL and the variable that overrides it.
-pub async fn connect(url: &str, max: u32) -> Result<PgPool, String> {
-    PgPoolOptions::new()
-        // A dead connection fails the claim (the job is retried) rather than being replaced
-        // before it; see `Store`'s docs.
-        .test_before_acquire(false)
-        .max_connections(max)
-        .connect(url)
-        .await
-        .map_err(|e| format!("cannot reach PostgreSQL at {url} (set IDEM_POSTGRES_URL): {e}"))
-}
-
-/// A top-up job as the producer pushes it (JSON in `apalis.jobs.job`). `id` is the
-/// producer's, stable across apalis's re-runs of the job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TopUp {
-    pub id: String,
-    pub account: i64,
-    pub credits: i64,
-}
-
-/// The handler's error: idem's own, or the database's.
-#[derive(Debug)]
-pub enum JobError {
-    Database(sqlx::Error),
-    Idem(idem::Error),
-}
-
-impl From<sqlx::Error> for JobError {
-    fn from(e: sqlx::Error) -> Self {
-        JobError::Database(e)
-    }
-}
-
-impl From<idem::Error> for JobError {
-    fn from(e: idem::Error) -> Self {
-        JobError::Idem(e)
-    }
-}
-
-impl std::fmt::Display for JobError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            JobError::Database(e) => write!(f, "{e}"),
-            JobError::Idem(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-// apalis boxes the job function's error (`BoxDynError`) and downcasts it for `AbortError`.
-impl std::error::Error for JobError {}
-
-/// The effect: one row per application (no unique index, so that a job applied twice shows
-/// as two rows), committed with the marker.
+/// The handler: `apalis.top_up` is its scope in idem's marker table.
 #[idem::idempotent(key = "job.id", scope = "apalis.top_up", wait = "5s")]
 pub async fn apply_top_up(tx: &mut Transaction<'_, Postgres>, job: &TopUp) -> Result<(), JobError> {
-    sqlx::query("INSERT INTO apalis_top_ups (job, account, credits) VALUES ($1, $2, $3)")
-        .bind(&job.id)
-        .bind(job.account)
-        .bind(job.credits)
-        .execute(&mut **tx)
-        .await?;
+    insert_top_up(tx, TOP_UPS, job).await?;
     Ok(())
 }
 
 /// Creates the effect table and idem's marker table (apalis's own tables: [`setup`]).
 pub async fn create_tables(pool: &PgPool) -> Result<(), idem::Error> {
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS apalis_top_ups \
-         (job text NOT NULL, account bigint NOT NULL, credits bigint NOT NULL)",
-    )
-    .execute(pool)
-    .await
-    .map_err(idem::Error::from)?;
-    Store::new(pool.clone()).migrate().await
+    idem_example_jobs::create_tables(pool, TOP_UPS).await
 }
 
 /// apalis's migrations: the `apalis` schema (`jobs`, `workers`, its functions).
@@ -140,15 +73,9 @@ pub async fn top_up(
     let attempt = attempt.current();
     match apply_top_up(&*store, &job).await {
         Ok(outcome) => {
-            let outcome = match outcome {
-                Outcome::Applied(()) => "applied",
-                Outcome::Duplicate | Outcome::Replayed(()) => "duplicate",
-            };
+            let outcome = outcome_word(&outcome);
             println!("{outcome} {} attempt={attempt}", job.id);
-            if outcome == "applied" && std::env::var_os(PAUSE_AFTER_COMMIT).is_some() {
-                println!("COMMITTED {}", job.id);
-                std::future::pending::<()>().await;
-            }
+            pause_after_commit(outcome, &job.id).await;
             Ok(outcome.to_owned())
         }
         // The same key with another payload: no re-run can fix it.
@@ -240,13 +167,7 @@ pub async fn run(url: &str, out: &mut impl Write) -> Result<Report, BoxDynError>
     );
     let queue = format!("idem-example-top-ups-{run}");
     let mut storage = storage(&pool, &queue, Duration::from_secs(1), 3);
-    let jobs: Vec<TopUp> = (1..=5)
-        .map(|n| TopUp {
-            id: format!("top-up-{run}-{n}"),
-            account: 1 + n % 2,
-            credits: 10 * n,
-        })
-        .collect();
+    let jobs = top_ups(&run);
     let mut refused = 0;
     for job in jobs.iter().chain(&jobs) {
         if !push(&mut storage, job).await? {
@@ -294,12 +215,7 @@ pub async fn run(url: &str, out: &mut impl Write) -> Result<Report, BoxDynError>
     .bind(&queue)
     .fetch_all(&pool)
     .await?;
-    let effects: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT job, count(*) FROM apalis_top_ups WHERE job LIKE $1 GROUP BY job ORDER BY job",
-    )
-    .bind(format!("top-up-{run}-%"))
-    .fetch_all(&pool)
-    .await?;
+    let effects = effects(&pool, TOP_UPS, &run).await?;
     for (id, status, result) in &jobs {
         writeln!(out, "apalis job {id}: {status}, {result}")?;
     }

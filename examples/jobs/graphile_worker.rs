@@ -22,6 +22,10 @@
 //! ```
 //! The database is `IDEM_POSTGRES_URL` (the variable the tests read), else the local server
 //! `postgres://postgres@127.0.0.1:5432/test`.
+//!
+//! The parts both job-framework examples share (the database URL and pool, the `TopUp` job,
+//! `JobError`, the `PAUSE_AFTER_COMMIT` hook) are in this package's library,
+//! `examples/jobs/src/lib.rs`.
 
 use std::future::Future;
 use std::io::Write;
@@ -32,94 +36,27 @@ use graphile_worker::{
     IntoTaskHandlerResult, JobSpec, TaskHandler, Worker, WorkerBuildError, WorkerContext,
     WorkerOptions, WorkerRecoveryConfig, WorkerUtils,
 };
-use idem::{Outcome, Store};
+use idem::Store;
+use idem_example_jobs::{
+    JobError, TopUp, connect, database_url, effects, insert_top_up, outcome_word,
+    pause_after_commit, top_ups,
+};
 use serde::{Deserialize, Serialize};
-use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres, Transaction};
 
-/// The variable that makes the task print `COMMITTED <id>` once its effect committed and then
-/// never return, so that a crash test can kill the worker between idem's commit and
-/// graphile_worker's completion. Unset in production.
-pub const PAUSE_AFTER_COMMIT: &str = "IDEM_EXAMPLE_PAUSE_AFTER_COMMIT";
+/// The table of the effect: one row per application, committed with the marker.
+pub const TOP_UPS: &str = "graphile_top_ups";
 
-/// `IDEM_POSTGRES_URL`, else the local server.
-pub fn database_url() -> String {
-    std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// Connects to PostgreSQL; the error names the URL and the variable that overrides it.
-pub async fn connect(url: &str, max: u32) -> Result<PgPool, String> {
-    PgPoolOptions::new()
-        // A dead connection fails the claim (the job is retried) rather than being replaced
-        // before it; see `Store`'s docs.
-        .test_before_acquire(false)
-        .max_connections(max)
-        .connect(url)
-        .await
-        .map_err(|e| format!("cannot reach PostgreSQL at {url} (set IDEM_POSTGRES_URL): {e}"))
-}
-
-/// A top-up job: the task's payload (JSON in the job row). `id` is the producer's, stable
-/// across graphile_worker's re-runs of the job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TopUp {
-    pub id: String,
-    pub account: i64,
-    pub credits: i64,
-}
-
-/// The handler's error: idem's own, or the database's.
-#[derive(Debug)]
-pub enum JobError {
-    Database(sqlx::Error),
-    Idem(idem::Error),
-}
-
-impl From<sqlx::Error> for JobError {
-    fn from(e: sqlx::Error) -> Self {
-        JobError::Database(e)
-    }
-}
-
-impl From<idem::Error> for JobError {
-    fn from(e: idem::Error) -> Self {
-        JobError::Idem(e)
-    }
-}
-
-impl std::fmt::Display for JobError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            JobError::Database(e) => write!(f, "{e}"),
-            JobError::Idem(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-/// The effect: one row per application (no unique index, so that a job applied twice shows
-/// as two rows), committed with the marker.
+/// The handler: `graphile.top_up` is its scope in idem's marker table.
 #[idem::idempotent(key = "job.id", scope = "graphile.top_up", wait = "5s")]
 pub async fn apply_top_up(tx: &mut Transaction<'_, Postgres>, job: &TopUp) -> Result<(), JobError> {
-    sqlx::query("INSERT INTO graphile_top_ups (job, account, credits) VALUES ($1, $2, $3)")
-        .bind(&job.id)
-        .bind(job.account)
-        .bind(job.credits)
-        .execute(&mut **tx)
-        .await?;
+    insert_top_up(tx, TOP_UPS, job).await?;
     Ok(())
 }
 
 /// Creates the effect table and idem's marker table (graphile_worker's: [`setup`]).
 pub async fn create_tables(pool: &PgPool) -> Result<(), idem::Error> {
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS graphile_top_ups \
-         (job text NOT NULL, account bigint NOT NULL, credits bigint NOT NULL)",
-    )
-    .execute(pool)
-    .await
-    .map_err(idem::Error::from)?;
-    Store::new(pool.clone()).migrate().await
+    idem_example_jobs::create_tables(pool, TOP_UPS).await
 }
 
 /// graphile_worker's migrations, into `schema`.
@@ -130,7 +67,14 @@ pub async fn setup(pool: &PgPool, schema: &str) -> Result<(), BoxError> {
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-impl TaskHandler for TopUp {
+/// The graphile_worker task of a [`TopUp`] job: a type of this example's own, since the
+/// orphan rule keeps graphile_worker's trait off the library's `TopUp`. Transparent, so the
+/// job row's payload is the `TopUp`'s JSON.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TopUpTask(pub TopUp);
+
+impl TaskHandler for TopUpTask {
     const IDENTIFIER: &'static str = "top_up";
 
     async fn run(self, ctx: WorkerContext) -> impl IntoTaskHandlerResult {
@@ -145,25 +89,20 @@ impl TaskHandler for TopUp {
             .as_deref()
             .unwrap_or("none")
             .to_owned();
-        match apply_top_up(store, &self).await {
+        let job = self.0;
+        match apply_top_up(store, &job).await {
             Ok(outcome) => {
-                let outcome = match outcome {
-                    Outcome::Applied(()) => "applied",
-                    Outcome::Duplicate | Outcome::Replayed(()) => "duplicate",
-                };
+                let outcome = outcome_word(&outcome);
                 println!(
                     "{outcome} {} attempts={attempts} last_error={recovered}",
-                    self.id
+                    job.id
                 );
-                if outcome == "applied" && std::env::var_os(PAUSE_AFTER_COMMIT).is_some() {
-                    println!("COMMITTED {}", self.id);
-                    std::future::pending::<()>().await;
-                }
+                pause_after_commit(outcome, &job.id).await;
                 Ok(())
             }
             // Nothing was kept; graphile_worker runs the job again after its back-off.
             Err(e) => {
-                println!("failed {} attempts={attempts}: {e}", self.id);
+                println!("failed {} attempts={attempts}: {e}", job.id);
                 Err(e.to_string())
             }
         }
@@ -179,7 +118,7 @@ pub struct Recovery {
     pub threshold: Duration,
 }
 
-/// A worker on `schema` running [`TopUp`] jobs, `concurrency` at a time, until `stop`
+/// A worker on `schema` running [`TopUpTask`] jobs, `concurrency` at a time, until `stop`
 /// resolves.
 pub async fn worker(
     pool: &PgPool,
@@ -192,7 +131,7 @@ pub async fn worker(
         .pg_pool(pool.clone())
         .schema(schema)
         .concurrency(concurrency)
-        .define_job::<TopUp>()
+        .define_job::<TopUpTask>()
         .add_extension(Store::new(pool.clone()))
         .worker_recovery(
             WorkerRecoveryConfig::default()
@@ -211,7 +150,7 @@ pub async fn worker(
 /// waiting is replaced (`JobKeyMode::Replace`), not doubled.
 pub async fn add(utils: &WorkerUtils, job: &TopUp) -> Result<(), GraphileWorkerError> {
     let spec = JobSpec::builder().job_key(job.id.as_str()).build();
-    utils.add_job(job.clone(), spec).await.map(drop)
+    utils.add_job(TopUpTask(job.clone()), spec).await.map(drop)
 }
 
 /// What [`run`] found at the end.
@@ -233,17 +172,13 @@ pub async fn run(url: &str, out: &mut impl Write) -> Result<Report, BoxError> {
     setup(&pool, &schema).await?;
     create_tables(&pool).await?;
     let utils = WorkerUtils::new(pool.clone(), schema.as_str());
-    let jobs: Vec<TopUp> = (1..=5)
-        .map(|n| TopUp {
-            id: format!("top-up-{run}-{n}"),
-            account: 1 + n % 2,
-            credits: 10 * n,
-        })
-        .collect();
+    let jobs = top_ups(&run);
     for job in jobs.iter().chain(&jobs) {
         add(&utils, job).await?;
     }
-    utils.add_job(jobs[2].clone(), JobSpec::default()).await?;
+    utils
+        .add_job(TopUpTask(jobs[2].clone()), JobSpec::default())
+        .await?;
     let jobs_table = format!("{schema}._private_jobs");
     let queued: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM {jobs_table}"
@@ -283,12 +218,7 @@ pub async fn run(url: &str, out: &mut impl Write) -> Result<Report, BoxError> {
     let _ = stop_tx.send(());
     running.await??;
 
-    let effects: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT job, count(*) FROM graphile_top_ups WHERE job LIKE $1 GROUP BY job ORDER BY job",
-    )
-    .bind(format!("top-up-{run}-%"))
-    .fetch_all(&pool)
-    .await?;
+    let effects = effects(&pool, TOP_UPS, &run).await?;
     for (id, rows) in &effects {
         writeln!(out, "{id}: applied {rows} time(s)")?;
     }

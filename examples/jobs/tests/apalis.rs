@@ -10,15 +10,19 @@ mod apalis_worker;
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod common;
 mod db;
 
 use std::time::{Duration, Instant};
 
-use apalis_worker::{PAUSE_AFTER_COMMIT, TopUp};
+use common::{
+    assert_child_process, assert_each_applied_once, child_vars, example_report, job, poll_until,
+    rerun_outcome, stop_cleanly,
+};
 use db::{CHILD_DB, TestDb};
 use idem::Store;
 use sqlx::PgPool;
-use support::{CHILD_MODE, Lines, Worker, child_env, stop_signal, within};
+use support::{Lines, Worker, child_env, stop_signal, within};
 
 const CHILD_QUEUE: &str = "IDEM_APALIS_QUEUE";
 const CHILD_NAME: &str = "IDEM_APALIS_WORKER";
@@ -29,14 +33,6 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 const MISSED: usize = 2;
 
 const QUEUE: &str = "top-ups";
-
-fn job(n: i64) -> TopUp {
-    TopUp {
-        id: format!("top-up-{n}"),
-        account: n,
-        credits: 10 * n,
-    }
-}
 
 /// (status, attempts, last_result, lock_by) of the apalis job whose payload has `id`.
 async fn apalis_job(pool: &PgPool, id: &str) -> (String, i32, Option<String>, Option<String>) {
@@ -52,24 +48,13 @@ async fn apalis_job(pool: &PgPool, id: &str) -> (String, i32, Option<String>, Op
 
 /// (rows in `apalis_top_ups`, idem markers of the handler's scope).
 async fn counts(pool: &PgPool) -> (i64, i64) {
-    sqlx::query_as(
-        "SELECT (SELECT count(*) FROM apalis_top_ups), \
-         (SELECT count(*) FROM idem_processed WHERE scope = 'apalis.top_up')",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap()
+    db::counts(pool, apalis_worker::TOP_UPS, "apalis.top_up").await
 }
 
 fn env(db: &TestDb, name: &str, pause: bool) -> Vec<(&'static str, String)> {
-    let mut env = vec![
-        (CHILD_DB, db.name.clone()),
-        (CHILD_QUEUE, QUEUE.to_owned()),
-        (CHILD_NAME, name.to_owned()),
-    ];
-    if pause {
-        env.push((PAUSE_AFTER_COMMIT, "1".to_owned()));
-    }
+    let mut env = child_vars(db, pause);
+    env.push((CHILD_QUEUE, QUEUE.to_owned()));
+    env.push((CHILD_NAME, name.to_owned()));
     env
 }
 
@@ -79,9 +64,7 @@ fn env(db: &TestDb, name: &str, pause: bool) -> Vec<(&'static str, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a worker process that the tests start themselves"]
 async fn child_process() {
-    if std::env::var(CHILD_MODE).is_err() {
-        panic!("child_process is a worker process that the tests start with {CHILD_MODE} set")
-    }
+    assert_child_process();
     let pool = db::pool(&child_env(CHILD_DB), 4).await;
     let storage = apalis_worker::storage(&pool, &child_env(CHILD_QUEUE), HEARTBEAT, MISSED);
     println!("READY");
@@ -107,8 +90,7 @@ async fn example_applies_each_job_once() {
         apalis_worker::run(&db.url(), &mut out),
     )
     .await;
-    let text = String::from_utf8(out).unwrap();
-    let report = report.unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let (report, text) = example_report(report, out);
     // Five retried pushes refused at insert; job 3 pushed a third time without a key ran
     // twice, the second time as a duplicate.
     assert_eq!(report.refused, 5, "{text}");
@@ -130,8 +112,7 @@ async fn example_applies_each_job_once() {
         ],
         "{text}"
     );
-    assert_eq!(report.effects.len(), 5, "{text}");
-    assert!(report.effects.iter().all(|(_, n)| *n == 1), "{text}");
+    assert_each_applied_once(&report.effects, &text);
 }
 
 /// A worker SIGKILLed after idem's commit and before apalis recorded the job `Done`: its
@@ -163,31 +144,19 @@ async fn killed_between_commit_and_done_the_rerun_is_a_duplicate() {
     assert!(!first.kill().await.success());
     let killed = Instant::now();
 
-    let mut second = Worker::spawn(1, "work", &env(&db, "worker-1", false), lines.tx.clone());
+    let second = Worker::spawn(1, "work", &env(&db, "worker-1", false), lines.tx.clone());
     // The first outcome the second worker reports. Nothing holds the key any more (the first
     // transaction committed), so it cannot be `InProgress`.
-    let outcome = within(60, "the re-run", async {
-        loop {
-            let (index, line) = lines.next(60).await;
-            if index == 1 && line.contains(" top-up-1 attempt=") {
-                return line;
-            }
-        }
-    })
-    .await;
+    let outcome = rerun_outcome(&mut lines, " top-up-1 attempt=").await;
     let rerun = killed.elapsed();
     assert_eq!(outcome, "duplicate top-up-1 attempt=2", "{}", lines.dump());
 
     // apalis writes the result after the job function returned: poll for it, bounded.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut poll = tokio::time::interval(Duration::from_millis(50));
-    let row = loop {
-        poll.tick().await;
-        let row = apalis_job(&pool, "top-up-1").await;
-        if !matches!(row.0.as_str(), "Queued" | "Running") || Instant::now() > deadline {
-            break row;
-        }
-    };
+    let row = poll_until(
+        || apalis_job(&pool, "top-up-1"),
+        |row| !matches!(row.0.as_str(), "Queued" | "Running"),
+    )
+    .await;
     assert_eq!(
         (row.0.as_str(), row.1, row.2.as_deref(), row.3.as_deref()),
         ("Done", 2, Some(r#"{"Ok": "duplicate"}"#), Some("worker-1")),
@@ -200,8 +169,6 @@ async fn killed_between_commit_and_done_the_rerun_is_a_duplicate() {
         rerun.as_secs_f64()
     );
 
-    second.stop().await;
-    lines.expect("STOPPED", 60).await;
-    second.succeed().await;
+    stop_cleanly(second, &mut lines).await;
     pool.close().await;
 }

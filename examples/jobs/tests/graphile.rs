@@ -10,15 +10,20 @@ mod graphile_worker;
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod common;
 mod db;
 
 use std::time::{Duration, Instant};
 
 use ::graphile_worker::WorkerUtils;
+use common::{
+    assert_child_process, assert_each_applied_once, child_vars, example_report, job, poll_until,
+    rerun_outcome, stop_cleanly,
+};
 use db::{CHILD_DB, TestDb};
-use graphile_worker::{PAUSE_AFTER_COMMIT, Recovery, TopUp};
+use graphile_worker::Recovery;
 use sqlx::PgPool;
-use support::{CHILD_MODE, Lines, Worker, child_env, stop_signal, within};
+use support::{Lines, Worker, child_env, stop_signal, within};
 
 const SCHEMA: &str = "graphile_worker";
 
@@ -28,14 +33,6 @@ const RECOVERY: Recovery = Recovery {
     sweep: Duration::from_millis(500),
     threshold: Duration::from_secs(2),
 };
-
-fn job(n: i64) -> TopUp {
-    TopUp {
-        id: format!("top-up-{n}"),
-        account: n,
-        credits: 10 * n,
-    }
-}
 
 /// (attempts, locked_by, last_error) of every job in graphile_worker's table.
 async fn graphile_jobs(pool: &PgPool) -> Vec<(i16, Option<String>, Option<String>)> {
@@ -49,21 +46,7 @@ async fn graphile_jobs(pool: &PgPool) -> Vec<(i16, Option<String>, Option<String
 
 /// (rows in `graphile_top_ups`, idem markers of the handler's scope).
 async fn counts(pool: &PgPool) -> (i64, i64) {
-    sqlx::query_as(
-        "SELECT (SELECT count(*) FROM graphile_top_ups), \
-         (SELECT count(*) FROM idem_processed WHERE scope = 'graphile.top_up')",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
-fn env(db: &TestDb, pause: bool) -> Vec<(&'static str, String)> {
-    let mut env = vec![(CHILD_DB, db.name.clone())];
-    if pause {
-        env.push((PAUSE_AFTER_COMMIT, "1".to_owned()));
-    }
-    env
+    db::counts(pool, graphile_worker::TOP_UPS, "graphile.top_up").await
 }
 
 /// The worker process: one graphile_worker worker of the example on the test's database,
@@ -72,9 +55,7 @@ fn env(db: &TestDb, pause: bool) -> Vec<(&'static str, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a worker process that the tests start themselves"]
 async fn child_process() {
-    if std::env::var(CHILD_MODE).is_err() {
-        panic!("child_process is a worker process that the tests start with {CHILD_MODE} set")
-    }
+    assert_child_process();
     let pool = db::pool(&child_env(CHILD_DB), 6).await;
     let worker = graphile_worker::worker(&pool, SCHEMA, 2, RECOVERY, stop_signal())
         .await
@@ -95,13 +76,11 @@ async fn example_applies_each_job_once() {
         graphile_worker::run(&db.url(), &mut out),
     )
     .await;
-    let text = String::from_utf8(out).unwrap();
-    let report = report.unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let (report, text) = example_report(report, out);
     // The five keyed re-adds replaced the waiting jobs; the unkeyed add of job 3 is a sixth
     // job, whose run was a duplicate.
     assert_eq!(report.queued, 6, "{text}");
-    assert_eq!(report.effects.len(), 5, "{text}");
-    assert!(report.effects.iter().all(|(_, n)| *n == 1), "{text}");
+    assert_each_applied_once(&report.effects, &text);
 }
 
 /// A worker SIGKILLed after idem's commit and before graphile_worker completed the job: its
@@ -117,7 +96,7 @@ async fn killed_between_commit_and_completion_the_rerun_is_a_duplicate() {
     graphile_worker::add(&utils, &job(1)).await.unwrap();
 
     let mut lines = Lines::new();
-    let first = Worker::spawn(0, "work", &env(&db, true), lines.tx.clone());
+    let first = Worker::spawn(0, "work", &child_vars(&db, true), lines.tx.clone());
     let (_, ready) = lines.expect("READY", 60).await;
     let first_id = ready.trim_start_matches("READY ").to_owned();
     lines.expect("COMMITTED top-up-1", 60).await;
@@ -132,18 +111,10 @@ async fn killed_between_commit_and_completion_the_rerun_is_a_duplicate() {
     assert!(!first.kill().await.success());
     let killed = Instant::now();
 
-    let mut second = Worker::spawn(1, "work", &env(&db, false), lines.tx.clone());
+    let second = Worker::spawn(1, "work", &child_vars(&db, false), lines.tx.clone());
     // The first outcome the second worker reports. Nothing holds the key any more (the first
     // transaction committed), so it cannot be `InProgress`.
-    let outcome = within(60, "the re-run", async {
-        loop {
-            let (index, line) = lines.next(60).await;
-            if index == 1 && line.contains(" top-up-1 attempts=") {
-                return line;
-            }
-        }
-    })
-    .await;
+    let outcome = rerun_outcome(&mut lines, " top-up-1 attempts=").await;
     let rerun = killed.elapsed();
     assert_eq!(
         outcome,
@@ -153,15 +124,7 @@ async fn killed_between_commit_and_completion_the_rerun_is_a_duplicate() {
     );
 
     // graphile_worker deletes a completed job after the task returned: poll for it, bounded.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut poll = tokio::time::interval(Duration::from_millis(50));
-    let left = loop {
-        poll.tick().await;
-        let left = graphile_jobs(&pool).await;
-        if left.is_empty() || Instant::now() > deadline {
-            break left;
-        }
-    };
+    let left = poll_until(|| graphile_jobs(&pool), Vec::is_empty).await;
     assert_eq!(left, [], "{}", lines.dump());
     assert_eq!(counts(&pool).await, (1, 1), "{}", lines.dump());
     println!(
@@ -170,8 +133,6 @@ async fn killed_between_commit_and_completion_the_rerun_is_a_duplicate() {
         RECOVERY.threshold
     );
 
-    second.stop().await;
-    lines.expect("STOPPED", 60).await;
-    second.succeed().await;
+    stop_cleanly(second, &mut lines).await;
     pool.close().await;
 }

@@ -95,3 +95,15 @@ impl Drop for TestDb {
         drop(done.join());
     }
 }
+
+/// (rows in the effect table `table`, idem markers of `scope`).
+pub async fn counts(pool: &PgPool, table: &str, scope: &str) -> (i64, i64) {
+    sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT (SELECT count(*) FROM {table}), \
+         (SELECT count(*) FROM idem_processed WHERE scope = $1)"
+    )))
+    .bind(scope)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
