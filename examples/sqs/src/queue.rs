@@ -2,6 +2,7 @@
 //! the producer's sends.
 
 use aws_sdk_sqs::Client;
+use aws_sdk_sqs::operation::create_queue::builders::CreateQueueFluentBuilder;
 use aws_sdk_sqs::types::QueueAttributeName;
 
 use crate::{MAX_MESSAGES, SqsError, TopUp, sqs_error};
@@ -28,16 +29,8 @@ pub async fn create_queue(
         Some(stem) => format!("{stem}-dlq.fifo"),
         None => format!("{name}-dlq"),
     };
-    let mut dlq = client.create_queue().queue_name(&dlq_name);
-    if fifo {
-        dlq = dlq.attributes(QueueAttributeName::FifoQueue, "true");
-    }
-    let dead_letters = dlq
-        .send()
-        .await
-        .map_err(|e| sqs_error("CreateQueue (dead letters)", e))?
-        .queue_url
-        .unwrap_or_default();
+    let dlq = client.create_queue().queue_name(&dlq_name);
+    let dead_letters = send_create(dlq, fifo, "CreateQueue (dead letters)").await?;
     let arn = client
         .get_queue_attributes()
         .queue_url(&dead_letters)
@@ -52,7 +45,7 @@ pub async fn create_queue(
         "deadLetterTargetArn": arn,
         "maxReceiveCount": max_receive_count.to_string(),
     });
-    let mut main = client
+    let main = client
         .create_queue()
         .queue_name(name)
         .attributes(
@@ -60,16 +53,26 @@ pub async fn create_queue(
             visibility.to_string(),
         )
         .attributes(QueueAttributeName::RedrivePolicy, redrive.to_string());
+    let url = send_create(main, fifo, "CreateQueue").await?;
+    Ok(Queue { url, dead_letters })
+}
+
+/// Sends `create` (a FIFO queue's if `fifo`: a queue is FIFO from its creation on); the new
+/// queue's URL. `what` names the call in the error.
+async fn send_create(
+    mut create: CreateQueueFluentBuilder,
+    fifo: bool,
+    what: &str,
+) -> Result<String, SqsError> {
     if fifo {
-        main = main.attributes(QueueAttributeName::FifoQueue, "true");
+        create = create.attributes(QueueAttributeName::FifoQueue, "true");
     }
-    let url = main
+    Ok(create
         .send()
         .await
-        .map_err(|e| sqs_error("CreateQueue", e))?
+        .map_err(|e| sqs_error(what, e))?
         .queue_url
-        .unwrap_or_default();
-    Ok(Queue { url, dead_letters })
+        .unwrap_or_default())
 }
 
 /// Deletes the queue and its dead-letter queue.

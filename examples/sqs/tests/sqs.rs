@@ -9,6 +9,8 @@ mod sqs_worker;
 
 mod common;
 
+use std::path::PathBuf;
+
 use common::support::{Line, Lines, Worker, within};
 use common::{Names, job, lease_env, sqs};
 use idem_example_sqs::{dedup_id, messages_left, send_jobs};
@@ -140,10 +142,12 @@ async fn killed_between_commit_and_delete_the_redelivery_is_a_duplicate() {
     assert_eq!(names.effects().await, (3, 3, 6), "{}", lines.dump());
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_lease_handler_slower_than_the_visibility_timeout_is_handed_out_again_and_applies_once() {
-    let names = Names::create("lease_no_beat", 2, 10).await;
-    let gate = std::env::temp_dir().join(format!("idem-sqs-gate-nobeat-{}", std::process::id()));
+/// Starts a lease test: job 1 sent to a fresh queue (visibility timeout 2 s), worker 0 in
+/// `mode` inside the handler's body, held there until the test writes the gate file, then
+/// worker 1 in `mode`. The queue's names, the gate, the lines, worker 0, worker 1.
+async fn start_lease_test(test: &str, mode: &str) -> (Names, PathBuf, Lines, Worker, Worker) {
+    let names = Names::create(test, 2, 10).await;
+    let gate = std::env::temp_dir().join(format!("idem-sqs-gate-{test}-{}", std::process::id()));
     drop(std::fs::remove_file(&gate));
     send_jobs(&sqs().await, &names.queue.url, [&job(1)])
         .await
@@ -151,9 +155,16 @@ async fn a_lease_handler_slower_than_the_visibility_timeout_is_handed_out_again_
 
     let mut lines = Lines::new();
     let env = lease_env(&names, &gate);
-    let first = Worker::spawn(0, "lease_renew_only", &env, lines.tx.clone());
+    let first = Worker::spawn(0, mode, &env, lines.tx.clone());
     expect_from(&mut lines, 0, "IN BODY top-up-1", 60).await;
-    let second = Worker::spawn(1, "lease_renew_only", &env, lines.tx.clone());
+    let second = Worker::spawn(1, mode, &env, lines.tx.clone());
+    (names, gate, lines, first, second)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_handler_slower_than_the_visibility_timeout_is_handed_out_again_and_applies_once() {
+    let (names, gate, mut lines, first, second) =
+        start_lease_test("lease_no_beat", "lease_renew_only").await;
     // The first still runs (it waits for the gate) and renews its lease, but nothing extends
     // the message's visibility: SQS hands it to the second, which finds the lease live.
     let (_, retried) = expect_from(&mut lines, 1, "RETRY top-up-1", 60).await;
@@ -180,18 +191,8 @@ async fn a_lease_handler_slower_than_the_visibility_timeout_is_handed_out_again_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn with_the_heartbeat_a_slow_lease_handler_keeps_its_message() {
-    let names = Names::create("lease_beat", 2, 10).await;
-    let gate = std::env::temp_dir().join(format!("idem-sqs-gate-beat-{}", std::process::id()));
-    drop(std::fs::remove_file(&gate));
-    send_jobs(&sqs().await, &names.queue.url, [&job(1)])
-        .await
-        .unwrap();
-
-    let mut lines = Lines::new();
-    let env = lease_env(&names, &gate);
-    let first = Worker::spawn(0, "lease_heartbeat", &env, lines.tx.clone());
-    expect_from(&mut lines, 0, "IN BODY top-up-1", 60).await;
-    let second = Worker::spawn(1, "lease_heartbeat", &env, lines.tx.clone());
+    let (names, gate, mut lines, first, second) =
+        start_lease_test("lease_beat", "lease_heartbeat").await;
     expect_from(&mut lines, 1, "READY", 60).await;
     // Six heartbeats 0.7 s apart: past twice the visibility timeout (2 s) and past the lease
     // (3 s), which only the renewals kept. The second worker polls all along.
