@@ -112,10 +112,16 @@ where
         Ok(read) => read,
         Err(early) => return Ok(early),
     };
-    // From the claim to the commit in a task of its own: a client that hangs up (a sender
+    // A replay, a conflict or a refusal is answered here. A client that hangs up during the
+    // claim drops it, which rolls it back: nothing ran yet, and the retry claims again.
+    let hold = match claim(&config, &key, &fingerprint).await {
+        Ok(hold) => hold,
+        Err(early) => return Ok(early),
+    };
+    // From the handler to the commit in a task of its own: a client that hangs up (a sender
     // whose timeout ran out, a browser whose second click cancelled the first) does not stop
     // the handler halfway, and its retry gets the stored response instead of running again.
-    let run = tokio::spawn(claim_and_run(config, inner, parts, body, key, fingerprint));
+    let run = tokio::spawn(run_fresh(config, inner, parts, body, hold));
     match run.await {
         Ok(answer) => answer,
         Err(_) => Ok(problem(
@@ -125,15 +131,48 @@ where
     }
 }
 
-/// Claims the key, runs the handler on a fresh claim and stores its response in the commit;
-/// or answers from the marker.
-async fn claim_and_run<S, DB, ResB>(
+/// Claims the key: the claim to run the handler under, or the answer without it (the stored
+/// response of a completed key, a conflict, a reused key, an error).
+async fn claim<DB: Backend>(
+    config: &Config<DB>,
+    key: &Key,
+    fingerprint: &crate::Fingerprint,
+) -> Result<Hold<DB>, Early> {
+    let (store, scope) = (&config.store, config.scope.as_str());
+    let claim = match config.lease {
+        None => store
+            .claim_checked(scope, key, config.options, Some(fingerprint))
+            .await
+            .map(|c| c.map(Hold::Tx)),
+        Some(lease) => store
+            .lease_checked(scope, key, lease.replay(), Some(fingerprint))
+            .await
+            .map(|c| c.map(Hold::Lease)),
+    };
+    let header = config.header.as_str();
+    match claim {
+        Ok(Claimed::Fresh(hold)) => Ok(hold),
+        Ok(Claimed::Replayed(recorded)) => {
+            let replayed = recorded
+                .result_json()
+                .and_then(Stored::decode)
+                .and_then(Stored::replay);
+            Err(replayed.unwrap_or_else(|| not_kept(header)))
+        }
+        Ok(Claimed::Duplicate) => Err(not_kept(header)),
+        Err(Error::InProgress { .. }) => Err(problem::in_progress(header, config.retry_after)),
+        Err(Error::KeyReused { .. }) => Err(problem::key_reused(header)),
+        Err(e) => Err(failed(&e, "the key could not be claimed")),
+    }
+}
+
+/// Runs the handler on a fresh claim and stores its response in the commit.
+async fn run_fresh<S, DB, ResB>(
     config: Arc<Config<DB>>,
     mut inner: S,
     mut parts: ::http::request::Parts,
     body: Bytes,
-    key: Key,
-    fingerprint: crate::Fingerprint,
+    hold: Hold<DB>,
 ) -> Result<Response<Body>, S::Error>
 where
     S: Service<Request<Body>, Response = Response<ResB>> + Send + 'static,
@@ -143,35 +182,6 @@ where
     ResB::Error: Into<BoxError>,
     DB: Backend,
 {
-    let (store, scope) = (&config.store, config.scope.as_str());
-    let claim = match config.lease {
-        None => store
-            .claim_checked(scope, &key, config.options, Some(&fingerprint))
-            .await
-            .map(|c| c.map(Hold::Tx)),
-        Some(lease) => store
-            .lease_checked(scope, &key, lease.replay(), Some(&fingerprint))
-            .await
-            .map(|c| c.map(Hold::Lease)),
-    };
-    let header = config.header.as_str();
-    let hold = match claim {
-        Ok(Claimed::Fresh(hold)) => hold,
-        Ok(Claimed::Replayed(recorded)) => {
-            let replayed = recorded
-                .result_json()
-                .and_then(Stored::decode)
-                .and_then(Stored::replay);
-            return Ok(replayed.unwrap_or_else(|| not_kept(header)));
-        }
-        Ok(Claimed::Duplicate) => return Ok(not_kept(header)),
-        Err(Error::InProgress { .. }) => {
-            return Ok(problem::in_progress(header, config.retry_after));
-        }
-        Err(Error::KeyReused { .. }) => return Ok(problem::key_reused(header)),
-        Err(e) => return Ok(failed(&e, "the key could not be claimed")),
-    };
-
     let slot = Slot::new(hold);
     parts.extensions.insert(slot.clone());
     let call = inner.call(Request::from_parts(parts, Body::from(body)));
