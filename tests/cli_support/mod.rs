@@ -1,6 +1,7 @@
 //! One case's database, table and markers, and the runs of the binary against them.
 
 pub(crate) mod cases;
+pub(crate) mod outbox;
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
