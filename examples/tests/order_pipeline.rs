@@ -310,3 +310,26 @@ async fn relay_killed_after_the_ack_jetstream_drops_the_copy() {
     js.delete_stream(&stream_name).await.unwrap();
     p.drop().await;
 }
+
+/// The example as `cargo run --example order_pipeline` runs it: 20 orders published twice,
+/// one order row, one outbox message and one email each.
+#[tokio::test(flavor = "multi_thread")]
+async fn example_turns_twenty_orders_published_twice_into_twenty_emails() {
+    let counted = order_pipeline::run(
+        &order_pipeline::amqp_url(),
+        &order_pipeline::postgres_url(),
+        20,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        counted,
+        Counts {
+            orders: 20,
+            messages: 20,
+            sent: 20,
+            emails: 20,
+            distinct_emails: 20,
+        }
+    );
+}
