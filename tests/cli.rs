@@ -190,13 +190,13 @@ impl Db for My {
 macro_rules! every_backend {
     ($($case:ident),* $(,)?) => {
         mod sqlite {
-            $(#[tokio::test] async fn $case() { crate::cli_support::cases::$case::<crate::Lite>().await })*
+            $(#[tokio::test] async fn $case() { crate::cli_support::$case::<crate::Lite>().await })*
         }
         mod postgres {
-            $(#[tokio::test] async fn $case() { crate::cli_support::cases::$case::<crate::Pg>().await })*
+            $(#[tokio::test] async fn $case() { crate::cli_support::$case::<crate::Pg>().await })*
         }
         mod mysql {
-            $(#[tokio::test] async fn $case() { crate::cli_support::cases::$case::<crate::My>().await })*
+            $(#[tokio::test] async fn $case() { crate::cli_support::$case::<crate::My>().await })*
         }
     };
 }

@@ -6,7 +6,6 @@ use idem::{Key, Marker, MarkerState};
 use serde_json::json;
 
 use crate::Db;
-pub(crate) use crate::cli_support::outbox::outbox_lists_and_requeues_parked_messages;
 use crate::cli_support::{Fixture, as_fields, run, unique};
 
 /// `fields` (readable or JSON) show `m`, which the store read just before the binary ran:

@@ -3,6 +3,10 @@
 pub(crate) mod cases;
 pub(crate) mod outbox;
 
+// The cases of both files, under one path for `every_backend!`.
+pub(crate) use cases::*;
+pub(crate) use outbox::*;
+
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
