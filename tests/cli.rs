@@ -27,6 +27,13 @@ pub(crate) trait Db: 'static {
     const KEY: &'static str;
     /// The time two hours ago, in the marker table's format.
     const TWO_HOURS_AGO: &'static str;
+    /// Runs a real handler for job `order` that sends `n` messages to `mail` with its
+    /// effect; returns their ids.
+    fn place(
+        store: &idem::Store<Self::D>,
+        order: &str,
+        n: u32,
+    ) -> impl Future<Output = Vec<String>>;
     /// Removes what [`url`](Db::url) made outside the database.
     fn remove(_url: &str) {}
 }
@@ -45,6 +52,31 @@ macro_rules! statements {
                 .fetch_one(pool)
                 .await
                 .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        }
+    };
+}
+
+macro_rules! place {
+    ($db:ty) => {
+        async fn place(store: &idem::Store<$db>, order: &str, n: u32) -> Vec<String> {
+            #[idem::idempotent(key = "order", scope = "orders.place")]
+            async fn send(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                order: &str,
+                n: u32,
+                outbox: &mut idem::Outbox,
+            ) -> Result<Vec<String>, idem::Error> {
+                sqlx::query("SELECT 1").execute(&mut **tx).await?;
+                let mut ids = Vec::new();
+                for i in 0..n {
+                    ids.push(outbox.send("mail", &format!("{order} #{i}"))?.to_owned());
+                }
+                Ok(ids)
+            }
+            match send(store, order, n).await {
+                Ok(idem::Outcome::Applied(ids)) => ids,
+                other => panic!("{order} was not applied: {other:?}"),
+            }
         }
     };
 }
@@ -87,6 +119,7 @@ impl Db for Lite {
     }
 
     statements!(Sqlite);
+    place!(Sqlite);
 
     fn remove(url: &str) {
         let path = url.trim_start_matches("sqlite:");
@@ -124,6 +157,7 @@ impl Db for Pg {
     }
 
     statements!(Postgres);
+    place!(Postgres);
 }
 
 pub(crate) struct My;
@@ -150,18 +184,19 @@ impl Db for My {
     }
 
     statements!(MySql);
+    place!(MySql);
 }
 
 macro_rules! every_backend {
     ($($case:ident),* $(,)?) => {
         mod sqlite {
-            $(#[tokio::test] async fn $case() { crate::cli_support::cases::$case::<crate::Lite>().await })*
+            $(#[tokio::test] async fn $case() { crate::cli_support::$case::<crate::Lite>().await })*
         }
         mod postgres {
-            $(#[tokio::test] async fn $case() { crate::cli_support::cases::$case::<crate::Pg>().await })*
+            $(#[tokio::test] async fn $case() { crate::cli_support::$case::<crate::Pg>().await })*
         }
         mod mysql {
-            $(#[tokio::test] async fn $case() { crate::cli_support::cases::$case::<crate::My>().await })*
+            $(#[tokio::test] async fn $case() { crate::cli_support::$case::<crate::My>().await })*
         }
     };
 }
@@ -174,4 +209,5 @@ every_backend!(
     bad_input_exits_2_and_writes_nothing,
     unreachable_database_exits_1_naming_the_url,
     idem_table_names_the_table,
+    outbox_lists_and_requeues_parked_messages,
 );

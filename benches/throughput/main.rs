@@ -5,6 +5,7 @@
 //! cargo bench --bench throughput -- --quick      # < 60 s
 //! cargo bench --bench throughput -- --instructions  # client instructions per job, gated
 //! cargo bench --bench throughput -- --http       # idem::http's layer against a hand-written claim
+//! cargo bench --bench throughput -- --outbox     # the outbox: handler cost, relay vs direct
 //! ```
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
 //! sqlite|mysql`, `--rounds N`, `--run-ms N`, `--pool lean|sqlx` (the pool settings the docs
@@ -43,6 +44,7 @@ mod http;
 mod instructions;
 mod measure;
 mod observe;
+mod outbox;
 mod pgbench;
 mod plot;
 mod report;
@@ -163,6 +165,13 @@ fn main() -> Res<()> {
             .enable_all()
             .build()?
             .block_on(http::run(quick));
+    }
+    if argv.iter().any(|a| a == "--outbox") {
+        let quick = argv.iter().any(|a| a == "--quick");
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(outbox::run(quick));
     }
     if argv.iter().any(|a| a == "--instructions") {
         std::fs::create_dir_all(&dir)?;

@@ -5,7 +5,8 @@
 //! are `OsString`s). Checked: `Cli::try_parse_from` gives a command or an error, never a
 //! panic, and the error renders; a parsed `inspect` or `forget` gives its key (plain, or the
 //! tuple its `--part`s make) or an input error as `Key::new` would; a parsed `purge` holds the
-//! age its text says, a parsed `stuck` a valid scope.
+//! age its text says, a parsed `stuck` a valid scope, a parsed `outbox list` at most one of
+//! `--parked` and `--pending`, a parsed `outbox requeue` an id of 1 to 255 bytes without NUL.
 #![no_main]
 #![allow(dead_code)]
 
@@ -15,7 +16,7 @@ mod args;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt as _;
 
-use args::{Cli, Command, Target};
+use args::{Cli, Command, OutboxCommand, Target};
 use clap::Parser as _;
 use idem::{Key, MAX_KEY_LEN};
 use libfuzzer_sys::fuzz_target;
@@ -121,6 +122,16 @@ fuzz_target!(|data: &[u8]| {
                     assert!(scope_ok(scope));
                 }
             }
+            Command::Outbox(OutboxCommand::List {
+                parked,
+                pending,
+                limit,
+            }) => {
+                assert!(*limit >= 1);
+                assert!(!(*parked && *pending), "--parked and --pending conflict");
+            }
+            // A message id is a `job_id`: what a scope may be.
+            Command::Outbox(OutboxCommand::Requeue { id }) => assert!(scope_ok(id), "{id:?}"),
         },
         Err(e) => {
             let _ = e.to_string();

@@ -70,7 +70,7 @@ pub mod outbox {
     pub use crate::relay::JetStream;
     #[cfg(feature = "outbox-rabbitmq")]
     pub use crate::relay::RabbitMq;
-    pub use crate::relay::{PublishError, Publisher, Relay, Relayed};
+    pub use crate::relay::{OutboxEntry, OutboxState, PublishError, Publisher, Relay, Relayed};
 }
 
 /// The transaction an `#[idempotent]` handler's body runs on (an alias of

@@ -1,6 +1,11 @@
 //! One case's database, table and markers, and the runs of the binary against them.
 
 pub(crate) mod cases;
+pub(crate) mod outbox;
+
+// The cases of both files, under one path for `every_backend!`.
+pub(crate) use cases::*;
+pub(crate) use outbox::*;
 
 use std::collections::BTreeMap;
 use std::process::Stdio;

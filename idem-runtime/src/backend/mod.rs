@@ -23,7 +23,7 @@ mod shared;
 mod sqlite;
 mod statements;
 
-pub(crate) use rows::{Found, Hold, LeaseState, MarkerRow};
+pub(crate) use rows::{Found, Hold, LeaseState, MarkerRow, OutboxRow};
 pub use statements::MAX_TABLE_LEN;
 pub(crate) use statements::{Statements, Table, Templates};
 
@@ -254,6 +254,31 @@ pub(crate) mod sealed {
             age_ms: i64,
             limit: i64,
         ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'p;
+
+        /// Unsent messages for operators: parked ones if `parked`, pending ones if `pending`,
+        /// parked first, then oldest first.
+        fn outbox_list<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+            parked: bool,
+            pending: bool,
+            limit: i64,
+        ) -> impl Future<Output = Result<Vec<OutboxRow>, sqlx::Error>> + Send + 'p;
+
+        /// One message by id, sent or not.
+        fn outbox_find<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+            id: &'p str,
+        ) -> impl Future<Output = Result<Option<OutboxRow>, sqlx::Error>> + Send + 'p;
+
+        /// Makes a parked message due again with no failed attempts; `Ok(false)` if no
+        /// unsent message of that id is parked.
+        fn outbox_requeue<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+            id: &'p str,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
 
         fn migrate<'p>(
             pool: &'p Pool<Self>,

@@ -71,6 +71,14 @@ const OUTBOX: [&str; 5] = [
      WHERE sent_at < now() - $1 * interval '1 millisecond' LIMIT $2))",
 ];
 
+/// The outbox's operator statements: list (parked, pending, limit), find (id), requeue (id).
+const OUTBOX_COLUMNS: &str = "id, destination, scope, key, seq::int8, attempts::int8, \
+    last_error, (CASE WHEN parked THEN 1 ELSE 0 END)::int8, \
+    (CASE WHEN sent_at IS NULL THEN 0 ELSE 1 END)::int8, \
+    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+    (EXTRACT(EPOCH FROM (now() - created_at)) * 1000)::int8, \
+    (EXTRACT(EPOCH FROM (next_attempt_at - now())) * 1000)::int8";
+
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text, and the lease's time left on the
 /// database's clock.
 const MARKER_COLUMNS: &str = "scope, key, state, attempts::bigint, token, \
@@ -183,6 +191,16 @@ impl Dialect for Postgres {
                               WHERE scope = $1 AND key = $2 AND token = $3 \
                               AND state = 'in_progress'",
             outbox: OUTBOX,
+            outbox_ops: [
+                &format!(
+                    "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
+                     AND ((parked AND $1) OR (NOT parked AND $2)) \
+                     ORDER BY parked DESC, created_at, seq LIMIT $3"
+                ),
+                &format!("SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE id = $1"),
+                "UPDATE {t}_outbox SET parked = false, attempts = 0, next_attempt_at = now() \
+                 WHERE id = $1 AND parked AND sent_at IS NULL",
+            ],
             ddl: DDL,
         }
         .fill(table)

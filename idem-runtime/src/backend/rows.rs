@@ -70,3 +70,21 @@ pub(crate) type MarkerRow = (
     Option<String>,
     Option<i64>,
 );
+
+/// The columns of the outbox's operator statements: id, destination, scope, key, seq,
+/// attempts, last error, parked (0 or 1), sent (0 or 1), created (ISO-8601 UTC), age ms, ms
+/// until due (negative once due).
+pub(crate) type OutboxRow = (
+    String,
+    String,
+    String,
+    String,
+    i64,
+    i64,
+    Option<String>,
+    i64,
+    i64,
+    String,
+    i64,
+    i64,
+);

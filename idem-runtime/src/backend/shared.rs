@@ -321,6 +321,44 @@ macro_rules! outbox_numbered {
                 .await?;
             Ok(done.rows_affected())
         }
+
+        async fn outbox_list<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+            parked: bool,
+            pending: bool,
+            limit: i64,
+        ) -> Result<Vec<super::OutboxRow>, sqlx::Error> {
+            sqlx::query_as(st.outbox.list.clone())
+                .bind(parked)
+                .bind(pending)
+                .bind(limit)
+                .fetch_all(pool)
+                .await
+        }
+
+        async fn outbox_find<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+            id: &'p str,
+        ) -> Result<Option<super::OutboxRow>, sqlx::Error> {
+            sqlx::query_as(st.outbox.find.clone())
+                .bind(id)
+                .fetch_optional(pool)
+                .await
+        }
+
+        async fn outbox_requeue<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+            id: &'p str,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(st.outbox.requeue.clone())
+                .bind(id)
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
     };
 }
 pub(super) use outbox_numbered;

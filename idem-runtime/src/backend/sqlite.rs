@@ -69,6 +69,12 @@ const OUTBOX: [&str; 5] = [
      strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds') LIMIT ?2)",
 ];
 
+/// The outbox's operator statements: list (parked, pending, limit), find (id), requeue (id).
+const OUTBOX_COLUMNS: &str = "id, destination, scope, key, seq, attempts, last_error, \
+    parked <> 0, sent_at IS NOT NULL, created_at, \
+    CAST((julianday('now') - julianday(created_at)) * 86400000.0 AS INTEGER), \
+    CAST((julianday(next_attempt_at) - julianday('now')) * 86400000.0 AS INTEGER)";
+
 /// The columns of `Store::inspect`: times are already ISO-8601 UTC text here; the lease's time
 /// left on the database's clock.
 const MARKER_COLUMNS: &str = "scope, key, state, attempts, token, created_at, completed_at, \
@@ -173,6 +179,17 @@ impl Dialect for Sqlite {
                               WHERE scope = ?1 AND key = ?2 AND token = ?3 \
                               AND state = 'in_progress'",
             outbox: OUTBOX,
+            outbox_ops: [
+                &format!(
+                    "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
+                     AND ((parked <> 0 AND ?1) OR (parked = 0 AND ?2)) \
+                     ORDER BY parked DESC, created_at, seq LIMIT ?3"
+                ),
+                &format!("SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE id = ?1"),
+                "UPDATE {t}_outbox SET parked = 0, attempts = 0, \
+                 next_attempt_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                 WHERE id = ?1 AND parked <> 0 AND sent_at IS NULL",
+            ],
             ddl: DDL,
         }
         .fill(table)

@@ -80,6 +80,10 @@ pub(crate) struct OutboxStatements {
     pub(crate) sent: SqlStr,
     pub(crate) failed: SqlStr,
     pub(crate) purge: SqlStr,
+    /// Operators' list of unsent messages, one message by id, and a parked one requeued.
+    pub(crate) list: SqlStr,
+    pub(crate) find: SqlStr,
+    pub(crate) requeue: SqlStr,
 }
 
 /// The text of a backend's statements, `{t}` standing for the table.
@@ -105,6 +109,8 @@ pub(crate) struct Templates<'a> {
     pub(crate) lease_release: &'a str,
     pub(crate) lease_renew: &'a str,
     pub(crate) outbox: [&'a str; 5],
+    /// list, find, requeue.
+    pub(crate) outbox_ops: [&'a str; 3],
     pub(crate) ddl: &'a [&'a str],
 }
 
@@ -137,12 +143,16 @@ impl Templates<'_> {
             lease_renew: fill(self.lease_renew),
             outbox: {
                 let [write, due, sent, failed, purge] = self.outbox.map(fill);
+                let [list, find, requeue] = self.outbox_ops.map(fill);
                 OutboxStatements {
                     write,
                     due,
                     sent,
                     failed,
                     purge,
+                    list,
+                    find,
+                    requeue,
                 }
             },
             ddl: self.ddl.iter().map(|s| fill(s)).collect(),

@@ -3,6 +3,7 @@
 
 #[cfg(feature = "outbox-nats")]
 mod nats;
+mod operators;
 #[cfg(feature = "outbox-rabbitmq")]
 mod rabbitmq;
 
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 #[cfg(feature = "outbox-nats")]
 pub use nats::JetStream;
+pub use operators::{OutboxEntry, OutboxState};
 #[cfg(feature = "outbox-rabbitmq")]
 pub use rabbitmq::RabbitMq;
 

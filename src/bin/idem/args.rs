@@ -11,7 +11,8 @@ use crate::Failure;
 /// Look at and tidy the markers that idem's idempotent handlers keep.
 ///
 /// Exit codes: 0 done; 1 the database could not be reached or refused a statement; 2 bad
-/// input (nothing was sent to the database); 3 `inspect` found no marker.
+/// input (nothing was sent to the database); 3 `inspect` found no marker, or `outbox requeue`
+/// no message of that id; 4 `outbox requeue` of a message that is not parked.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version)]
 pub(crate) struct Cli {
@@ -52,6 +53,34 @@ pub(crate) enum Command {
         /// At most this many markers.
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
+    },
+    /// The outbox's unsent messages: list the parked and pending ones, requeue a parked one.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum OutboxCommand {
+    /// List unsent messages, parked ones first, then oldest first: id, destination, state,
+    /// attempts, age, last error.
+    List {
+        /// Only the parked messages (those the relay gave up on).
+        #[arg(long, conflicts_with = "pending")]
+        parked: bool,
+        /// Only the pending messages (waiting for the relay, or for a retry).
+        #[arg(long)]
+        pending: bool,
+        /// At most this many messages.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+    },
+    /// Make a parked message pending again, due at once with no failed attempts: the relay
+    /// publishes it at its next round (exit 3 if there is no such message, 4 if it is not
+    /// parked).
+    Requeue {
+        /// The message's id, as `outbox list` prints it.
+        #[arg(value_parser = parse_message_id, allow_hyphen_values = true)]
+        id: String,
     },
 }
 
@@ -156,6 +185,18 @@ fn parse_age(text: &str) -> Result<Age, String> {
         text: text.to_owned(),
         duration: Duration::from_secs(secs),
     })
+}
+
+/// An outbox message's id is a `job_id`: 1 to 255 bytes without NUL.
+fn parse_message_id(id: &str) -> Result<String, String> {
+    if id.is_empty() || id.len() > idem::MAX_KEY_LEN || id.contains('\0') {
+        return Err(format!(
+            "not an outbox message id: an id is 1 to {} bytes without NUL, as `idem outbox \
+             list` prints it",
+            idem::MAX_KEY_LEN
+        ));
+    }
+    Ok(id.to_owned())
 }
 
 /// The runtime's rule for scopes, checked here so that a bad one never reaches a connection.

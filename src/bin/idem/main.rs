@@ -5,6 +5,7 @@
 //! finds no marker with code 3. See `docs/cli.md`.
 
 mod args;
+mod outbox;
 mod render;
 mod run;
 mod target;
@@ -25,6 +26,14 @@ impl Failure {
     pub(crate) fn input(message: impl Into<String>) -> Failure {
         Failure {
             code: 2,
+            message: message.into(),
+        }
+    }
+
+    /// The command ran but could not do what it was asked (exit codes 3 and up).
+    pub(crate) fn refused(code: u8, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
             message: message.into(),
         }
     }

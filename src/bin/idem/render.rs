@@ -218,7 +218,7 @@ fn document(value: &Value) -> String {
 }
 
 /// `ms` as people read a lease: `29s`, `4m 10s`, `2h 0m`, `3d 1h`.
-fn human(ms: i64) -> String {
+pub(crate) fn human(ms: i64) -> String {
     let s = ms.max(0) / 1000;
     match s {
         0..60 => format!("{s}s"),

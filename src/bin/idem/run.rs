@@ -10,15 +10,19 @@ use sqlx::pool::PoolOptions;
 use sqlx::{ConnectOptions as _, Connection as _};
 
 use crate::Failure;
-use crate::args::{Age, Cli, Command};
+use crate::args::{Age, Cli, Command, OutboxCommand};
+use crate::outbox::{self, Filter};
 use crate::render;
 use crate::target::{DatabaseUrl, Scheme};
 
 /// How long the tool waits for the database to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Exit code of an `inspect` that found no marker.
+/// Exit code of an `inspect` that found no marker, or an `outbox requeue` no message.
 const NOT_FOUND: u8 = 3;
+
+/// Exit code of an `outbox requeue` of a message that is pending or sent.
+const NOT_PARKED: u8 = 4;
 
 /// A command whose input has been checked.
 enum Request {
@@ -26,6 +30,8 @@ enum Request {
     Forget { scope: String, key: Key },
     Purge(Age),
     Stuck { scope: Option<String>, limit: u32 },
+    OutboxList { filter: Filter, limit: u32 },
+    Requeue { id: String },
 }
 
 /// Where the command runs and how it prints.
@@ -47,6 +53,15 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         },
         Command::Purge { older_than } => Request::Purge(older_than),
         Command::Stuck { scope, limit } => Request::Stuck { scope, limit },
+        Command::Outbox(OutboxCommand::List {
+            parked,
+            pending,
+            limit,
+        }) => Request::OutboxList {
+            filter: Filter::of(parked, pending),
+            limit,
+        },
+        Command::Outbox(OutboxCommand::Requeue { id }) => Request::Requeue { id },
     };
     let cx = Context {
         db: DatabaseUrl::parse(cli.database_url)?,
@@ -145,6 +160,48 @@ async fn execute<DB: Backend>(
             let markers = markers.map_err(refused)?;
             let text = render::stuck(store.table(), scope.as_deref(), limit, &markers, cx.json);
             (text, 0)
+        }
+        Request::OutboxList { filter, limit } => {
+            let (parked, pending) = filter.shows();
+            let messages = store
+                .list_outbox(parked, pending, limit)
+                .await
+                .map_err(refused)?;
+            let table = format!("{}_outbox", store.table());
+            (outbox::list(&table, filter, limit, &messages, cx.json), 0)
+        }
+        Request::Requeue { id } => {
+            let table = format!("{}_outbox", store.table());
+            let done = store.requeue_outbox(&id).await.map_err(refused)?;
+            let message = store.outbox_message(&id).await.map_err(refused)?;
+            store.pool().close().await;
+            return match (done, message) {
+                (true, Some(m)) => {
+                    print!("{}", outbox::requeued(&table, &m, cx.json));
+                    Ok(ExitCode::SUCCESS)
+                }
+                (_, None) => Err(Failure::refused(
+                    NOT_FOUND,
+                    format!(
+                        "no outbox message with id {id:?} in table {table}: check the id \
+                         (`idem outbox list` prints them) and --table; a sent message may \
+                         have been purged"
+                    ),
+                )),
+                (false, Some(m)) => Err(Failure::refused(
+                    NOT_PARKED,
+                    format!(
+                        "message {id:?} in table {table} is {}, not parked: nothing to \
+                         requeue{}",
+                        outbox::state_name(m.state),
+                        if m.state == idem::outbox::OutboxState::Sent {
+                            " (the broker confirmed it)"
+                        } else {
+                            " (the relay publishes it when it is due)"
+                        }
+                    ),
+                )),
+            };
         }
     };
     store.pool().close().await;

@@ -95,6 +95,14 @@ const OUTBOX: [&str; 5] = [
      MICROSECOND ORDER BY sent_at LIMIT ?",
 ];
 
+/// The outbox's operator statements: list (parked, pending, limit), find (id), requeue (id).
+const OUTBOX_COLUMNS: &str = "CONVERT(id USING utf8mb4), CONVERT(destination USING utf8mb4), \
+    CONVERT(scope USING utf8mb4), CONVERT(`key` USING utf8mb4), CAST(seq AS SIGNED), \
+    CAST(attempts AS SIGNED), last_error, CAST(parked AS SIGNED), \
+    CAST(sent_at IS NOT NULL AS SIGNED), DATE_FORMAT(created_at, '%Y-%m-%dT%H:%i:%s.%fZ'), \
+    CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED), \
+    CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), next_attempt_at) DIV 1000 AS SIGNED)";
+
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text (idem writes them in UTC), and
 /// the lease's time left on the database's clock.
 const MARKER_COLUMNS: &str = "CONVERT(scope USING utf8mb4), CONVERT(`key` USING utf8mb4), state, \
@@ -217,6 +225,17 @@ impl Dialect for MySql {
                               WHERE scope = ? AND `key` = ? AND token = ? \
                               AND state = 'in_progress'",
             outbox: OUTBOX,
+            outbox_ops: [
+                &format!(
+                    "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
+                     AND ((parked AND ?) OR (NOT parked AND ?)) \
+                     ORDER BY parked DESC, created_at, seq LIMIT ?"
+                ),
+                &format!("SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE id = ?"),
+                "UPDATE {t}_outbox SET parked = FALSE, attempts = 0, \
+                 next_attempt_at = UTC_TIMESTAMP(6) \
+                 WHERE id = ? AND parked AND sent_at IS NULL",
+            ],
             ddl: DDL,
         }
         .fill(table)

@@ -1,0 +1,368 @@
+//! `--outbox`: what the transactional outbox costs, on PostgreSQL and RabbitMQ, in one run.
+//!
+//! - **The handler.** The top-up job under `#[idem::idempotent]` without an outbox, and with
+//!   one sending 0, 1 and 10 messages (each message one more `INSERT` in the claim's
+//!   transaction): jobs/s at `WORKERS` workers. Each run checks its effects and its messages
+//!   (one per job and message), then empties the outbox, so that every run starts alike.
+//! - **The relay.** `Relay::relay_once` until `MESSAGES` committed messages are sent, by batch
+//!   size, against the same `RabbitMq` publisher publishing them directly (no database): both
+//!   wait for each publisher confirm. Messages are persistent, to a durable queue purged after
+//!   each run.
+//!
+//! Each round runs every variant once, every other round in reverse order; the report gives
+//! the medians.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use idem::outbox::{Publisher as _, RabbitMq, Relay};
+use idem::{Message, Outbox, Store};
+use lapin::options::{
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
+};
+use lapin::types::FieldTable;
+use sqlx::{AssertSqlSafe, PgPool, Postgres, Transaction};
+
+use crate::Res;
+use crate::config::config;
+
+const WORKERS: usize = 8;
+const ACCOUNTS: i64 = 1_000;
+const BATCHES: [u32; 3] = [1, 10, 100];
+
+/// The bench's tables and queue, this process's own.
+struct Names {
+    accounts: String,
+    markers: String,
+    queue: String,
+}
+
+/// The job as the handlers take it.
+struct Job {
+    id: u64,
+    account: i64,
+}
+
+async fn effect(
+    tx: &mut Transaction<'_, Postgres>,
+    accounts: &str,
+    job: &Job,
+) -> Result<(), sqlx::Error> {
+    let sql = format!("UPDATE {accounts} SET credits = credits + 1 WHERE id = $1");
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(job.account)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// The baseline: the same handler without an outbox.
+#[idem::idempotent(key = "job.id", scope = "bench.outbox")]
+async fn top_up(
+    tx: &mut Transaction<'_, Postgres>,
+    job: &Job,
+    accounts: &str,
+) -> Result<(), idem::Error> {
+    effect(tx, accounts, job).await?;
+    Ok(())
+}
+
+/// The handler sending `messages` messages with its effect.
+#[idem::idempotent(key = "job.id", scope = "bench.outbox")]
+async fn top_up_sending(
+    tx: &mut Transaction<'_, Postgres>,
+    job: &Job,
+    accounts: &str,
+    messages: usize,
+    outbox: &mut Outbox,
+) -> Result<(), idem::Error> {
+    effect(tx, accounts, job).await?;
+    for n in 0..messages {
+        outbox.send("bench.receipts", &(job.account, n))?;
+    }
+    Ok(())
+}
+
+/// Jobs/s of one variant (`None`: no outbox; `Some(n)`: `n` messages a job) over `run`.
+async fn handler_run(
+    store: &Store<Postgres>,
+    names: &Names,
+    next: &Arc<AtomicU64>,
+    messages: Option<usize>,
+    run: Duration,
+) -> Res<f64> {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..WORKERS {
+        let (store, next, accounts) = (store.clone(), next.clone(), names.accounts.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0_u64;
+            while started.elapsed() < run {
+                let id = next.fetch_add(1, Ordering::Relaxed);
+                let job = Job {
+                    id,
+                    account: (id as i64) % ACCOUNTS + 1,
+                };
+                let outcome = match messages {
+                    None => top_up(&store, &job, &accounts).await,
+                    Some(n) => top_up_sending(&store, &job, &accounts, n).await,
+                }?;
+                assert!(outcome.is_applied(), "job {id} was fresh");
+                done += 1;
+            }
+            Ok::<u64, idem::Error>(done)
+        }));
+    }
+    let mut jobs = 0;
+    for task in tasks {
+        jobs += task.await??;
+    }
+    let rate = jobs as f64 / started.elapsed().as_secs_f64();
+    // Every job's messages, and no other: then a clean outbox for the next run.
+    let outbox = format!("{}_outbox", names.markers);
+    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT COUNT(*) FROM {outbox}")))
+        .fetch_one(store.pool())
+        .await?;
+    let want = jobs * messages.unwrap_or(0) as u64;
+    if rows as u64 != want {
+        return Err(
+            format!("{rows} outbox rows after {jobs} jobs of {messages:?} messages").into(),
+        );
+    }
+    sqlx::query(AssertSqlSafe(format!("TRUNCATE {outbox}")))
+        .execute(store.pool())
+        .await?;
+    Ok(rate)
+}
+
+/// `count` committed messages to `queue`, as a handler's outbox leaves them.
+async fn fill(pool: &PgPool, names: &Names, count: usize, round: usize) -> Res<()> {
+    let sql = format!(
+        "INSERT INTO {}_outbox (id, destination, payload, scope, key, seq) \
+         SELECT 'r{round}-' || g, $1, '{{}}'::bytea, 'bench.outbox', 'r{round}-' || g, 0 \
+         FROM generate_series(1, $2) g",
+        names.markers
+    );
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(&names.queue)
+        .bind(count as i64)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Messages/s of the relay at `batch` (`Some`), or of publishing directly (`None`).
+async fn relay_run(
+    store: &Store<Postgres>,
+    publisher: &RabbitMq,
+    channel: &lapin::Channel,
+    names: &Names,
+    batch: Option<u32>,
+    count: usize,
+    round: usize,
+) -> Res<f64> {
+    let started;
+    match batch {
+        Some(batch) => {
+            fill(store.pool(), names, count, round).await?;
+            let relay = Relay::new(store.clone(), publisher.clone()).batch(batch);
+            started = Instant::now();
+            let mut sent = 0;
+            while sent < count {
+                let round = relay.relay_once().await?;
+                if round.sent == 0 {
+                    return Err(format!("the relay stopped at {sent} of {count}").into());
+                }
+                sent += round.sent;
+            }
+        }
+        None => {
+            let messages: Vec<Message> = (0..count)
+                .map(|n| Message {
+                    id: format!("direct-{round}-{n}"),
+                    destination: names.queue.clone(),
+                    payload: b"{}".to_vec(),
+                    seq: 0,
+                    attempts: 0,
+                })
+                .collect();
+            started = Instant::now();
+            for message in &messages {
+                publisher.publish(message).await?;
+            }
+        }
+    }
+    let rate = count as f64 / started.elapsed().as_secs_f64();
+    let purged = channel
+        .queue_purge(names.queue.as_str().into(), QueuePurgeOptions::default())
+        .await?;
+    if purged as usize != count {
+        return Err(format!("{purged} messages in the queue after publishing {count}").into());
+    }
+    sqlx::query(AssertSqlSafe(format!("TRUNCATE {}_outbox", names.markers)))
+        .execute(store.pool())
+        .await?;
+    Ok(rate)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// `--outbox [--quick]`: the report on stdout.
+pub(crate) async fn run(quick: bool) -> Res<()> {
+    let cfg = config();
+    let (rounds, run, messages) = if quick {
+        (3, Duration::from_millis(300), 300)
+    } else {
+        (7, Duration::from_secs(2), 1_000)
+    };
+    let pid = std::process::id();
+    let names = Names {
+        accounts: format!("idem_bench_ob_accounts_p{pid}"),
+        markers: format!("idem_bench_ob_markers_p{pid}"),
+        queue: format!("idem.bench.outbox.p{pid}"),
+    };
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(WORKERS as u32 + 1)
+        .test_before_acquire(false)
+        .connect(&cfg.pg_url)
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot reach PostgreSQL at {} (IDEM_POSTGRES_URL): {e}",
+                cfg.pg_url
+            )
+        })?;
+    let drop_tables = format!(
+        "DROP TABLE IF EXISTS {a}, {m}, {m}_outbox",
+        a = names.accounts,
+        m = names.markers
+    );
+    for sql in [
+        drop_tables.clone(),
+        format!(
+            "CREATE TABLE {} (id BIGINT PRIMARY KEY, credits BIGINT NOT NULL)",
+            names.accounts
+        ),
+        format!(
+            "INSERT INTO {} SELECT g, 0 FROM generate_series(1, {ACCOUNTS}) g",
+            names.accounts
+        ),
+    ] {
+        sqlx::query(AssertSqlSafe(sql)).execute(&pool).await?;
+    }
+    let store = Store::new(pool.clone()).with_table(&names.markers)?;
+    store.migrate().await?;
+
+    eprintln!("outbox: the handler with 0, 1 and 10 messages");
+    let next = Arc::new(AtomicU64::new(1));
+    let variants = [None, Some(0), Some(1), Some(10)];
+    handler_run(&store, &names, &next, Some(1), run / 2).await?;
+    let mut handler: [Vec<f64>; 4] = Default::default();
+    for round in 0..rounds {
+        let mut order = [0, 1, 2, 3];
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for v in order {
+            handler[v].push(handler_run(&store, &names, &next, variants[v], run).await?);
+        }
+    }
+    let handler = handler.map(median);
+    let applied: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT SUM(credits)::int8 FROM {}",
+        names.accounts
+    )))
+    .fetch_one(&pool)
+    .await?;
+    let claimed = next.load(Ordering::Relaxed) as i64 - 1;
+    if applied != claimed {
+        return Err(format!("{applied} credits for {claimed} jobs").into());
+    }
+
+    eprintln!("outbox: relaying to RabbitMQ by batch size, and publishing directly");
+    let url = std::env::var("IDEM_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let amqp = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+        .await
+        .map_err(|e| format!("cannot reach RabbitMQ at {url} (IDEM_AMQP_URL): {e}"))?;
+    let channel = amqp.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    channel
+        .queue_declare(
+            names.queue.as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await?;
+    let publisher = RabbitMq::new(channel.clone());
+    let relay_variants: Vec<Option<u32>> =
+        BATCHES.iter().copied().map(Some).chain([None]).collect();
+    let mut relayed: Vec<Vec<f64>> = vec![Vec::new(); relay_variants.len()];
+    // Each confirm of a persistent message waits for the broker's disk: a few rounds only.
+    let rounds = rounds.min(3);
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..relay_variants.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for v in order {
+            let at = round * relay_variants.len() + v;
+            let rate = relay_run(
+                &store,
+                &publisher,
+                &channel,
+                &names,
+                relay_variants[v],
+                messages,
+                at,
+            )
+            .await?;
+            relayed[v].push(rate);
+        }
+    }
+    let relayed: Vec<f64> = relayed.into_iter().map(median).collect();
+    channel
+        .queue_delete(names.queue.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+    amqp.close(200, "done".into()).await?;
+    sqlx::query(AssertSqlSafe(drop_tables))
+        .execute(&pool)
+        .await?;
+
+    println!("## Outbox: the handler's cost by messages sent (PostgreSQL, {WORKERS} workers)\n");
+    println!("| handler | jobs/s | vs no outbox |");
+    println!("|---|---|---|");
+    let base = handler[0];
+    for (name, rate) in [
+        "no outbox",
+        "outbox, 0 messages",
+        "outbox, 1 message",
+        "outbox, 10 messages",
+    ]
+    .iter()
+    .zip(handler)
+    {
+        println!("| {name} | {rate:.0} | {:.2} |", rate / base);
+    }
+    println!(
+        "\n## Outbox: messages/s to RabbitMQ, relayed by batch size against publishing \
+         directly ({messages} messages, a confirm each)\n"
+    );
+    println!("| publisher | messages/s | vs direct |");
+    println!("|---|---|---|");
+    let direct = relayed[relayed.len() - 1];
+    for (variant, rate) in relay_variants.iter().zip(&relayed) {
+        let name = match variant {
+            Some(batch) => format!("relay, batch {batch}"),
+            None => "direct".to_owned(),
+        };
+        println!("| {name} | {rate:.0} | {:.2} |", rate / direct);
+    }
+    Ok(())
+}

@@ -1,0 +1,121 @@
+//! What operators read and change of the outbox: its unsent messages, one message by id, and
+//! a parked message made pending again.
+
+use crate::backend::{Backend, OutboxRow};
+use crate::{Error, Store};
+
+/// Where an outbox message stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OutboxState {
+    /// Not sent yet: the relay publishes it once it is due.
+    Pending,
+    /// It failed [`Relay::max_attempts`](crate::outbox::Relay::max_attempts) times: the relay
+    /// leaves it until an operator requeues it ([`Store::requeue_outbox`]).
+    Parked,
+    /// The broker confirmed it.
+    Sent,
+}
+
+/// One outbox message as operators see it (its payload left out). Times are ISO-8601 UTC text
+/// as the database formats them; ages are on the database's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboxEntry {
+    /// The message's id: the broker's message id, the next consumer's key.
+    pub id: String,
+    /// The queue, routing key or subject it goes to.
+    pub destination: String,
+    /// The scope of the handler whose job sent it.
+    pub scope: String,
+    /// That job's key, as stored.
+    pub key: String,
+    /// Its position among that job's messages, from 0.
+    pub seq: i64,
+    /// Failed attempts to publish it since it was written or last requeued.
+    pub attempts: i64,
+    /// The broker's or the network's error at the last failed attempt.
+    pub last_error: Option<String>,
+    /// Pending, parked or sent.
+    pub state: OutboxState,
+    /// When its job's transaction wrote it.
+    pub created_at: String,
+    /// Milliseconds since `created_at`.
+    pub age_ms: i64,
+    /// Milliseconds until the relay may take it (negative: it is due; for a parked or sent
+    /// message, the time of its last attempt's retry, which no relay uses).
+    pub due_in_ms: i64,
+}
+
+impl OutboxEntry {
+    fn from_row(row: OutboxRow) -> OutboxEntry {
+        let (
+            id,
+            destination,
+            scope,
+            key,
+            seq,
+            attempts,
+            last_error,
+            parked,
+            sent,
+            created_at,
+            age_ms,
+            due_in_ms,
+        ) = row;
+        let state = match (sent != 0, parked != 0) {
+            (true, _) => OutboxState::Sent,
+            (false, true) => OutboxState::Parked,
+            (false, false) => OutboxState::Pending,
+        };
+        OutboxEntry {
+            id,
+            destination,
+            scope,
+            key,
+            seq,
+            attempts,
+            last_error,
+            state,
+            created_at,
+            age_ms,
+            due_in_ms,
+        }
+    }
+}
+
+impl<DB: Backend> Store<DB> {
+    /// At most `limit` unsent messages of the outbox: the parked ones if `parked`, the
+    /// pending ones if `pending`; parked first, then oldest first (a job's in its order).
+    pub async fn list_outbox(
+        &self,
+        parked: bool,
+        pending: bool,
+        limit: u32,
+    ) -> Result<Vec<OutboxEntry>, Error> {
+        let rows = DB::outbox_list(
+            self.pool(),
+            self.statements(),
+            parked,
+            pending,
+            limit.into(),
+        )
+        .await?;
+        Ok(rows.into_iter().map(OutboxEntry::from_row).collect())
+    }
+
+    /// The outbox message `id`, sent or not; `None` if there is none (never written, or
+    /// purged after it was sent).
+    pub async fn outbox_message(&self, id: &str) -> Result<Option<OutboxEntry>, Error> {
+        let row = DB::outbox_find(self.pool(), self.statements(), id).await?;
+        Ok(row.map(OutboxEntry::from_row))
+    }
+
+    /// Makes the parked message `id` pending again, due at once, with no failed attempts (so
+    /// that it gets every attempt again before it is parked anew; its last error stays until
+    /// the next attempt). `Ok(false)` if no unsent message of that id is parked: see
+    /// [`outbox_message`](Store::outbox_message) for where it stands.
+    pub async fn requeue_outbox(&self, id: &str) -> Result<bool, Error> {
+        Ok(DB::outbox_requeue(self.pool(), self.statements(), id).await?)
+    }
+}

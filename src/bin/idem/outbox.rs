@@ -1,0 +1,146 @@
+//! `idem outbox`: what `list` and `requeue` print, as text for people or one JSON document.
+
+use std::fmt::Write as _;
+
+use idem::outbox::{OutboxEntry, OutboxState};
+use serde_json::{Value, json};
+
+/// Which unsent messages `list` shows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Filter {
+    All,
+    Parked,
+    Pending,
+}
+
+impl Filter {
+    pub(crate) fn of(parked: bool, pending: bool) -> Filter {
+        match (parked, pending) {
+            (true, _) => Filter::Parked,
+            (false, true) => Filter::Pending,
+            (false, false) => Filter::All,
+        }
+    }
+
+    /// Whether parked and pending messages are shown.
+    pub(crate) fn shows(self) -> (bool, bool) {
+        match self {
+            Filter::All => (true, true),
+            Filter::Parked => (true, false),
+            Filter::Pending => (false, true),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Filter::All => "all",
+            Filter::Parked => "parked",
+            Filter::Pending => "pending",
+        }
+    }
+}
+
+pub(crate) fn state_name(state: OutboxState) -> &'static str {
+    match state {
+        OutboxState::Parked => "parked",
+        OutboxState::Sent => "sent",
+        _ => "pending",
+    }
+}
+
+fn entry_json(m: &OutboxEntry) -> Value {
+    json!({
+        "id": m.id,
+        "destination": m.destination,
+        "scope": m.scope,
+        "key": m.key,
+        "seq": m.seq,
+        "state": state_name(m.state),
+        "attempts": m.attempts,
+        "last_error": m.last_error,
+        "created_at": m.created_at,
+        "age_ms": m.age_ms,
+        "due_in_ms": m.due_in_ms,
+    })
+}
+
+pub(crate) fn list(
+    table: &str,
+    filter: Filter,
+    limit: u32,
+    messages: &[OutboxEntry],
+    json: bool,
+) -> String {
+    if json {
+        let list: Vec<Value> = messages.iter().map(entry_json).collect();
+        return format!(
+            "{:#}\n",
+            json!({ "table": table, "filter": filter.name(), "limit": limit, "messages": list })
+        );
+    }
+    if messages.is_empty() {
+        return match filter {
+            Filter::All => {
+                format!("no unsent message in table {table}: every committed message was sent\n")
+            }
+            Filter::Parked => format!("no parked message in table {table}\n"),
+            Filter::Pending => format!("no pending message in table {table}\n"),
+        };
+    }
+    let head = [
+        "ID",
+        "DESTINATION",
+        "STATE",
+        "ATTEMPTS",
+        "AGE",
+        "LAST_ERROR",
+    ];
+    let mut rows = vec![head.map(str::to_owned)];
+    for m in messages {
+        rows.push([
+            m.id.clone(),
+            m.destination.clone(),
+            state_name(m.state).to_owned(),
+            m.attempts.to_string(),
+            crate::render::human(m.age_ms),
+            // One line per message, whatever the broker's error said.
+            m.last_error.as_deref().map_or_else(
+                || "-".to_owned(),
+                |e| e.split_whitespace().collect::<Vec<_>>().join(" "),
+            ),
+        ]);
+    }
+    let mut widths = [0; 6];
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in &rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            let _ = write!(line, "{cell:<width$}  ", width = widths[i]);
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    if messages.len() == limit as usize {
+        let _ = writeln!(out, "(the first {limit}: raise --limit for more)");
+    }
+    out
+}
+
+pub(crate) fn requeued(table: &str, m: &OutboxEntry, json: bool) -> String {
+    if json {
+        let mut doc = entry_json(m);
+        doc["table"] = Value::String(table.to_owned());
+        doc["requeued"] = Value::Bool(true);
+        return format!("{doc:#}\n");
+    }
+    format!(
+        "requeued message {} to {}: pending, with no failed attempts; the relay publishes it \
+         at its next round\n",
+        m.id, m.destination
+    )
+}
