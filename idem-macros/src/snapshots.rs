@@ -64,7 +64,32 @@ fn expand_file(source: &str) -> String {
     };
     let out = crate::expand::idempotent(args, item.into_token_stream());
     let expanded: syn::File = syn::parse2(out).expect("the expansion parses");
-    prettyplease::unparse(&expanded)
+    match ungated(&expanded) {
+        Some((gate, handler, stand_in)) => format!(
+            "// {gate}: the handler when the database's feature is on\n{}\n\
+             // {gate}: the stand-in when it is off\n{}",
+            prettyplease::unparse(&handler),
+            prettyplease::unparse(&stand_in)
+        ),
+        None => prettyplease::unparse(&expanded),
+    }
+}
+
+/// The two sides of a feature gate (`__private::if_postgres! { {handler} {stand-in} }`), so
+/// that each prints as code rather than as one macro's tokens.
+fn ungated(file: &syn::File) -> Option<(String, syn::File, syn::File)> {
+    let [syn::Item::Macro(gate)] = file.items.as_slice() else {
+        return None;
+    };
+    let name = gate.mac.path.segments.last()?.ident.to_string();
+    if !name.starts_with("if_") {
+        return None;
+    }
+    let mut sides = gate.mac.tokens.clone().into_iter().map(|side| match side {
+        proc_macro2::TokenTree::Group(g) => syn::parse2::<syn::File>(g.stream()).ok(),
+        _ => None,
+    });
+    Some((name, sides.next()??, sides.next()??))
 }
 
 /// The messages of an expansion that failed, in order; empty if it succeeded.

@@ -1,3 +1,4 @@
+// if_postgres: the handler when the database's feature is on
 pub async fn refund(
     store: impl ::idem::__private::Target<::idem::__private::db::Postgres>,
     job: &Refund,
@@ -76,4 +77,24 @@ pub async fn refund(
         )
         .await;
     ::idem::__private::settle(__idem_outcome)
+}
+
+// if_postgres: the stand-in when it is off
+::core::compile_error!(
+    "this build of idem cannot keep markers in this database: enable idem's `postgres` feature, e.g. `idem = { version = \"..\", features = [\"postgres\"] }`"
+);
+#[allow(unused_variables)]
+pub fn refund(
+    store: impl ::core::marker::Sized,
+    job: &Refund,
+) -> ::core::future::Pending<
+    ::core::result::Result<
+        ::idem::__private::Outcome<
+            <Fallible<u64> as ::idem::__private::HandlerResult>::Ok,
+        >,
+        <Fallible<u64> as ::idem::__private::HandlerResult>::Err,
+    >,
+> {
+    let _: ::core::option::Option<&mut sqlx::postgres::PgTransaction<'_>> = ::core::option::Option::None;
+    ::core::future::pending()
 }

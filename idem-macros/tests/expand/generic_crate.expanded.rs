@@ -1,3 +1,4 @@
+// if_mysql: the handler when the database's feature is on
 pub(crate) async fn handle<J: Job + Sync>(
     job: &J,
     store: impl ::my_app::idem::__private::Target<MySql>,
@@ -65,4 +66,22 @@ where
         )
         .await;
     ::my_app::idem::__private::settle(__idem_outcome)
+}
+
+// if_mysql: the stand-in when it is off
+::core::compile_error!(
+    "this build of idem cannot keep markers in this database: enable idem's `mysql` feature, e.g. `idem = { version = \"..\", features = [\"mysql\"] }`"
+);
+#[allow(unused_variables)]
+pub(crate) fn handle<J: Job + Sync>(
+    job: &J,
+    store: impl ::core::marker::Sized,
+) -> ::core::future::Pending<
+    Result<::my_app::idem::__private::Outcome<J::Output>, sqlx::Error>,
+>
+where
+    J::Output: Send,
+{
+    let _: ::core::option::Option<&mut sqlx::Transaction<'_, MySql>> = ::core::option::Option::None;
+    ::core::future::pending()
 }

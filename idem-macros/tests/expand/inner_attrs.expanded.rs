@@ -1,3 +1,4 @@
+// if_sqlite: the handler when the database's feature is on
 #[allow(clippy::too_many_lines)]
 async fn apply(
     store: impl ::idem::__private::Target<Sqlite>,
@@ -65,4 +66,19 @@ async fn apply(
         )
         .await;
     ::idem::__private::settle(__idem_outcome)
+}
+
+// if_sqlite: the stand-in when it is off
+::core::compile_error!(
+    "this build of idem cannot keep markers in this database: enable idem's `sqlite` feature, e.g. `idem = { version = \"..\", features = [\"sqlite\"] }`"
+);
+#[allow(clippy::too_many_lines)]
+#[allow(unused_variables)]
+fn apply(
+    store: impl ::core::marker::Sized,
+    job: &Job,
+) -> ::core::future::Pending<Result<::idem::__private::Outcome<()>, sqlx::Error>> {
+    #![allow(unused_variables)]
+    let _: ::core::option::Option<&mut sqlx::Transaction<'_, Sqlite>> = ::core::option::Option::None;
+    ::core::future::pending()
 }

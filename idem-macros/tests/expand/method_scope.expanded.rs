@@ -1,3 +1,4 @@
+// if_sqlite: the handler when the database's feature is on
 /// Sends the receipt of one order.
 /**
 
@@ -70,4 +71,22 @@ async fn send_receipt(
         )
         .await;
     ::idem::__private::settle(__idem_outcome)
+}
+
+// if_sqlite: the stand-in when it is off
+::core::compile_error!(
+    "this build of idem cannot keep markers in this database: enable idem's `sqlite` feature, e.g. `idem = { version = \"..\", features = [\"sqlite\"] }`"
+);
+/// Sends the receipt of one order.
+/**
+
+*Idempotent* (scope `billing.receipt`): the effect commits once per key; a later delivery of the same key returns `Outcome::Duplicate` without running.*/
+#[allow(unused_variables)]
+fn send_receipt(
+    &self,
+    order: Order,
+    store: impl ::core::marker::Sized,
+) -> ::core::future::Pending<anyhow::Result<::idem::__private::Outcome<u64>>> {
+    let _: ::core::option::Option<&mut idem::Tx<'_, Sqlite>> = ::core::option::Option::None;
+    ::core::future::pending()
 }

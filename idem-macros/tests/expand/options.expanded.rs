@@ -1,3 +1,4 @@
+// if_postgres: the handler when the database's feature is on
 async fn settle_invoice(
     store: impl ::idem::__private::Target<Postgres>,
     job: &Invoice,
@@ -64,4 +65,17 @@ async fn settle_invoice(
         )
         .await;
     ::idem::__private::settle(__idem_outcome)
+}
+
+// if_postgres: the stand-in when it is off
+::core::compile_error!(
+    "this build of idem cannot keep markers in this database: enable idem's `postgres` feature, e.g. `idem = { version = \"..\", features = [\"postgres\"] }`"
+);
+#[allow(unused_variables)]
+fn settle_invoice(
+    store: impl ::core::marker::Sized,
+    job: &Invoice,
+) -> ::core::future::Pending<Result<::idem::__private::Outcome<()>, sqlx::Error>> {
+    let _: ::core::option::Option<&mut sqlx::Transaction<'_, Postgres>> = ::core::option::Option::None;
+    ::core::future::pending()
 }

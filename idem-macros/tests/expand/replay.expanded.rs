@@ -1,3 +1,4 @@
+// if_sqlite: the handler when the database's feature is on
 async fn record_payment(
     store: impl ::idem::__private::Target<Sqlite>,
     event: &PaymentEvent,
@@ -81,4 +82,17 @@ async fn record_payment(
         )
         .await;
     ::idem::__private::settle(__idem_outcome)
+}
+
+// if_sqlite: the stand-in when it is off
+::core::compile_error!(
+    "this build of idem cannot keep markers in this database: enable idem's `sqlite` feature, e.g. `idem = { version = \"..\", features = [\"sqlite\"] }`"
+);
+#[allow(unused_variables)]
+fn record_payment(
+    store: impl ::core::marker::Sized,
+    event: &PaymentEvent,
+) -> ::core::future::Pending<Result<::idem::__private::Outcome<Receipt>, AppError>> {
+    let _: ::core::option::Option<&mut Transaction<'_, Sqlite>> = ::core::option::Option::None;
+    ::core::future::pending()
 }

@@ -1,3 +1,4 @@
+// if_mysql: the handler when the database's feature is on
 async fn post(
     store: impl ::idem::__private::Target<MySql>,
     job: &Entry,
@@ -64,4 +65,17 @@ async fn post(
         )
         .await;
     ::idem::__private::settle(__idem_outcome)
+}
+
+// if_mysql: the stand-in when it is off
+::core::compile_error!(
+    "this build of idem cannot keep markers in this database: enable idem's `mysql` feature, e.g. `idem = { version = \"..\", features = [\"mysql\"] }`"
+);
+#[allow(unused_variables)]
+fn post(
+    store: impl ::core::marker::Sized,
+    job: &Entry,
+) -> ::core::future::Pending<Result<::idem::__private::Outcome<()>, sqlx::Error>> {
+    let _: ::core::option::Option<&mut sqlx::Transaction<'_, MySql>> = ::core::option::Option::None;
+    ::core::future::pending()
 }

@@ -1,3 +1,4 @@
+// if_postgres: the handler when the database's feature is on
 pub async fn apply_top_up(
     store: impl ::idem::__private::Target<Postgres>,
     job: &TopUp,
@@ -69,4 +70,17 @@ pub async fn apply_top_up(
         )
         .await;
     ::idem::__private::settle(__idem_outcome)
+}
+
+// if_postgres: the stand-in when it is off
+::core::compile_error!(
+    "this build of idem cannot keep markers in this database: enable idem's `postgres` feature, e.g. `idem = { version = \"..\", features = [\"postgres\"] }`"
+);
+#[allow(unused_variables)]
+pub fn apply_top_up(
+    store: impl ::core::marker::Sized,
+    job: &TopUp,
+) -> ::core::future::Pending<Result<::idem::__private::Outcome<()>, AppError>> {
+    let _: ::core::option::Option<&mut sqlx::Transaction<'_, Postgres>> = ::core::option::Option::None;
+    ::core::future::pending()
 }
