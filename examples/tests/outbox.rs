@@ -187,3 +187,65 @@ async fn jetstream_drops_a_message_published_twice() {
     js.delete_stream(&name).await.unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A message that no queue takes is returned by RabbitMQ (it is published `mandatory`), not
+/// confirmed as sent: it stays pending with the broker's reason, and goes out once its queue
+/// exists.
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_keeps_a_message_no_queue_takes_pending() {
+    let (store, pool, dir) = store("rmq-unrouted").await;
+    let url = rabbitmq_worker::amqp_url();
+    let connection = rabbitmq_worker::connect(&url).await.unwrap();
+    let channel = rabbitmq_worker::confirming_channel(&connection)
+        .await
+        .unwrap();
+    // Not declared yet: a destination mistyped, or a consumer deployed after the producer.
+    let queue = format!("idem-outbox-unrouted-{}", std::process::id());
+    assert!(place(&store, "o-1", &queue).await.unwrap().is_applied());
+
+    let relay = Relay::new(store.clone(), RabbitMq::new(channel.clone()));
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!((round.sent, round.failed), (0, 2));
+    let unsent = "SELECT COUNT(*) FROM idem_processed_outbox WHERE sent_at IS NULL";
+    assert_eq!(count(&pool, unsent).await, 2);
+    let reasons: Vec<String> =
+        sqlx::query_scalar("SELECT last_error FROM idem_processed_outbox ORDER BY seq")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    for reason in &reasons {
+        assert!(reason.contains("routed message"), "{reason}");
+        assert!(reason.contains(&queue), "{reason}");
+    }
+
+    rabbitmq_worker::declare_queue(&channel, &queue)
+        .await
+        .unwrap();
+    // Due again after the relay's backoff: made due now, as the next poll would find it.
+    sqlx::query(
+        "UPDATE idem_processed_outbox \
+         SET next_attempt_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(relay.relay_once().await.unwrap().sent, 2);
+    assert_eq!(count(&pool, unsent).await, 0);
+    let queued = channel
+        .queue_declare(
+            queue.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(queued.message_count(), 2);
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}

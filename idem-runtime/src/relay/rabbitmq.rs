@@ -1,9 +1,14 @@
 //! RabbitMQ: a persistent message per outbox message, its id as the AMQP `message_id`,
 //! published to the default exchange with the destination as routing key (a queue's name),
 //! confirmed by the broker before it counts as sent.
+//!
+//! Published `mandatory`: RabbitMQ confirms a message that no queue takes as readily as one
+//! that a queue keeps, and drops it. With `mandatory` it returns such a message before the
+//! confirm, and the relay keeps it pending (a mistyped destination, a queue not declared yet)
+//! instead of marking it sent.
 
 use lapin::options::BasicPublishOptions;
-use lapin::{BasicProperties, Channel};
+use lapin::{BasicProperties, Channel, Confirmation};
 
 use super::{PublishError, Publisher};
 use crate::Message;
@@ -40,7 +45,10 @@ impl Publisher for RabbitMq {
             .basic_publish(
                 self.exchange.as_str().into(),
                 message.destination.as_str().into(),
-                BasicPublishOptions::default(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
                 &message.payload,
                 // Persistent, so that a durable queue keeps it through a broker restart.
                 BasicProperties::default()
@@ -49,10 +57,19 @@ impl Publisher for RabbitMq {
             )
             .await?
             .await?;
-        if confirm.is_ack() {
-            Ok(())
-        } else {
-            Err(format!("RabbitMQ refused message {}: {confirm:?}", message.id).into())
+        match confirm {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) => Err(format!(
+                "RabbitMQ routed message {} to no queue (exchange {:?}, routing key {:?}): \
+                 {} {}; declare the queue or fix the destination",
+                message.id,
+                self.exchange,
+                message.destination,
+                returned.reply_code,
+                returned.reply_text
+            )
+            .into()),
+            other => Err(format!("RabbitMQ refused message {}: {other:?}", message.id).into()),
         }
     }
 }
