@@ -109,6 +109,7 @@ conformance::tests!(Pg;
     commit_never_delivered_is_an_error_and_redelivery_applies,
     connection_cut_after_the_claim_keeps_nothing_and_redelivery_applies,
     lease_is_live_for_a_session_in_another_time_zone,
+    waiting_relay_wakes_at_the_commit_of_a_message,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).

@@ -13,6 +13,7 @@ use sqlx::{Pool, SqlStr, Transaction};
 
 use crate::ClaimOptions;
 
+mod listen;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -23,6 +24,7 @@ mod shared;
 mod sqlite;
 mod statements;
 
+pub(crate) use listen::Listen;
 pub(crate) use rows::{Found, Hold, LeaseState, MarkerRow, OutboxRow};
 pub use statements::MAX_TABLE_LEN;
 pub(crate) use statements::{Statements, Table, Templates};
@@ -279,6 +281,16 @@ pub(crate) mod sealed {
             st: &'p Statements,
             id: &'p str,
         ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
+
+        /// What a relay waits on when a round found nothing to send: the commits of new
+        /// messages, where the database announces them (PostgreSQL); `None` polls.
+        fn outbox_listen<'p>(
+            pool: &'p Pool<Self>,
+            st: &'p Statements,
+        ) -> impl Future<Output = Result<Option<Listen>, sqlx::Error>> + Send + 'p {
+            let _ = (pool, st);
+            std::future::ready(Ok(None))
+        }
 
         fn migrate<'p>(
             pool: &'p Pool<Self>,

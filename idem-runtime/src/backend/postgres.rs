@@ -2,8 +2,8 @@ use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, SqlStr, Transaction};
 
 use super::sealed::Dialect;
 use super::{
-    Backend, Check, Claimant, Found, Hold, LeaseOp, LeaseState, MarkerRow, Statements, Table,
-    Templates,
+    Backend, Check, Claimant, Found, Hold, LeaseOp, LeaseState, Listen, MarkerRow, Statements,
+    Table, Templates,
 };
 use crate::{ClaimOptions, Message, Outbox};
 
@@ -57,8 +57,11 @@ const DDL: &[&str] = &[
 /// holds them for the lease; sent (id); failed (error, retry ms, park, id); purge (age ms,
 /// limit).
 const OUTBOX: [&str; 5] = [
-    "INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq) \
-     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+    // The notification goes out with the commit, and only with it; PostgreSQL sends one
+    // for all of a transaction's identical ones.
+    "WITH written AS (INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq) \
+     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING 1) \
+     SELECT pg_notify('{t}_outbox', '') FROM written",
     "UPDATE {t}_outbox SET next_attempt_at = now() + $2 * interval '1 millisecond' \
      WHERE id IN (SELECT id FROM {t}_outbox WHERE sent_at IS NULL AND NOT parked \
      AND next_attempt_at <= now() ORDER BY created_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED) \
@@ -283,6 +286,23 @@ impl Dialect for Postgres {
 
     super::shared::claim_on_conflict!();
     super::shared::outbox_numbered!();
+
+    async fn outbox_listen<'p>(
+        pool: &'p Pool<Self>,
+        st: &'p Statements,
+    ) -> Result<Option<Listen>, sqlx::Error> {
+        // A connection of its own, outside the application's pool: a listener holds its
+        // connection for as long as it lives, and a pool of one would have none left.
+        let own = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with((*pool.connect_options()).clone())
+            .await?;
+        let mut listener = sqlx::postgres::PgListener::connect_with(&own).await?;
+        listener
+            .listen(&format!("{}_outbox", st.table.as_str()))
+            .await?;
+        Ok(Some(Listen::Postgres(listener)))
+    }
 
     async fn outbox_take<'p>(
         pool: &'p Pool<Self>,

@@ -148,17 +148,31 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
 
     /// Relays until `stop` resolves: a round, then, when it found nothing to send, a wait of
     /// `poll` before the next one. A database error ends it (restart it from your supervisor).
+    ///
+    /// On PostgreSQL the wait ends early at the commit of a new message: each commit with
+    /// messages sends `NOTIFY` on the channel `{table}_outbox`, on which the relay listens
+    /// from a connection of its own (not one of the store's pool). Elsewhere it lasts `poll`.
     pub async fn run(&self, poll: Duration, stop: impl Future<Output = ()>) -> Result<(), Error> {
         let mut stop = std::pin::pin!(stop);
+        // Listening before the first round: a commit from then on is announced, even one
+        // that lands while a round runs (the notification waits in the listener).
+        let listen = DB::outbox_listen(self.store.pool(), self.store.statements());
+        let Some(listen) = unless(stop.as_mut(), listen).await else {
+            return Ok(());
+        };
+        let mut listen = listen?;
         loop {
             let Some(relayed) = unless(stop.as_mut(), self.relay_once()).await else {
                 return Ok(());
             };
-            if relayed?.sent == 0
-                && unless(stop.as_mut(), tokio::time::sleep(poll))
-                    .await
-                    .is_none()
-            {
+            if relayed?.sent > 0 {
+                continue;
+            }
+            let waited = match &mut listen {
+                Some(listen) => unless(stop.as_mut(), listen.wait(poll)).await,
+                None => unless(stop.as_mut(), tokio::time::sleep(poll)).await,
+            };
+            if waited.is_none() {
                 return Ok(());
             }
         }

@@ -20,7 +20,7 @@ use crate::conformance::{Support, TestDb};
 
 /// The effect, and `messages` messages to `shipping`, each the job's id and its position.
 #[idem::idempotent(key = "job.key", scope = "orders.ship")]
-async fn ship<DB: TestDb>(
+pub(super) async fn ship<DB: TestDb>(
     tx: &mut Transaction<'_, DB>,
     job: &Job,
     outbox: &mut Outbox,
@@ -39,7 +39,7 @@ async fn ship<DB: TestDb>(
 
 /// Publishes into the table `received (id, destination, payload)`, one autocommit insert per
 /// message; fails instead while `failures` is above zero.
-struct TablePublisher<DB: TestDb> {
+pub(super) struct TablePublisher<DB: TestDb> {
     pool: Pool<DB>,
     table: String,
     failures: AtomicUsize,
@@ -70,7 +70,7 @@ impl<DB: TestDb> Publisher for TablePublisher<DB> {
     }
 }
 
-async fn received_table<S: Support>(ctx: &mut Ctx<S>) -> String {
+pub(super) async fn received_table<S: Support>(ctx: &mut Ctx<S>) -> String {
     ctx.create_table(
         "r",
         "(id VARCHAR(255) NOT NULL, destination VARCHAR(255) NOT NULL, body VARCHAR(255) NOT NULL)",
@@ -78,11 +78,15 @@ async fn received_table<S: Support>(ctx: &mut Ctx<S>) -> String {
     .await
 }
 
-fn outbox_table<S: Support>(ctx: &Ctx<S>) -> String {
+pub(super) fn outbox_table<S: Support>(ctx: &Ctx<S>) -> String {
     format!("{}_outbox", ctx.store.table())
 }
 
-fn publisher<S: Support>(ctx: &Ctx<S>, table: &str, failures: usize) -> TablePublisher<S::Db> {
+pub(super) fn publisher<S: Support>(
+    ctx: &Ctx<S>,
+    table: &str,
+    failures: usize,
+) -> TablePublisher<S::Db> {
     TablePublisher {
         pool: ctx.pool.clone(),
         table: table.to_owned(),

@@ -1,0 +1,62 @@
+//! PostgreSQL only: a relay waiting between rounds wakes at the commit of a new message
+//! (`LISTEN`/`NOTIFY`), instead of sleeping out its poll.
+
+use std::time::Duration;
+
+use idem::outbox::Relay;
+
+use crate::conformance::Server;
+use crate::conformance::ctx::Ctx;
+use crate::conformance::handlers::*;
+use crate::conformance::util::{until, within};
+
+use super::outbox::{outbox_table, publisher, received_table, ship};
+
+/// The relay's poll is an hour, so only the commit's notification can end its wait within
+/// the test's bound. The message is committed once the relay has listened and finished its
+/// first round (both seen in `pg_stat_activity` from a session of the test's own), so no
+/// round that was already running can have taken it.
+pub(crate) async fn waiting_relay_wakes_at_the_commit_of_a_message<S: Server>() {
+    let mut ctx = Ctx::<S>::new("wake", 3).await;
+    let received = received_table(&mut ctx).await;
+    let outbox = outbox_table(&ctx);
+    let relay = Relay::new(ctx.store.clone(), publisher(&ctx, &received, 0));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        relay.run(Duration::from_secs(3600), stopped).await
+    });
+
+    // The relay's sessions are watched from another pool: a query of the store's own pool
+    // could run on the relay's connection and overwrite what it last ran.
+    let watch = Ctx::<S>::new("wakewatch", 1).await;
+    let waiting = format!(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE state = 'idle' \
+         AND (query = 'LISTEN \"{outbox}\"' \
+         OR query LIKE '%FROM {outbox} WHERE sent_at IS NULL%SKIP LOCKED%')"
+    );
+    until(60, "the relay listening, its first round done", || async {
+        watch.scalar(&waiting).await == 2
+    })
+    .await;
+
+    let job = ctx.job("order-1", 1, 10);
+    applied(ship(&ctx.store, &job, 1, Then::Commit).await);
+    let sent = format!("SELECT COUNT(*) FROM {received}");
+    until(
+        60,
+        "the message, published at the commit's notification",
+        || async { ctx.scalar(&sent).await == 1 },
+    )
+    .await;
+
+    stop.send(()).expect("the relay is running");
+    within(60, "the relay stopping", running)
+        .await
+        .expect("the relay's task")
+        .expect("the relay ran without error");
+    watch.cleanup().await;
+    ctx.cleanup().await;
+}
