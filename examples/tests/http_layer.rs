@@ -1,7 +1,7 @@
 //! `idem::http::IdempotencyLayer` over real HTTP on loopback, against PostgreSQL, MariaDB and
 //! SQLite: every status path, 32 concurrent requests with one key, principals kept apart, bad
-//! input that writes nothing, and a server process SIGKILLed between its commit and its
-//! response.
+//! input that writes nothing, a client that hangs up mid-handler, and a server process
+//! SIGKILLed between its commit and its response.
 
 mod support;
 
@@ -25,6 +25,8 @@ use support::{CHILD_MODE, Lines, Worker, child_env, stop_signal, within};
 
 #[path = "http_layer/db.rs"]
 mod db;
+#[path = "http_layer/hangup.rs"]
+mod hangup;
 #[path = "http_layer/lease.rs"]
 mod lease;
 
@@ -47,8 +49,8 @@ struct App<DB: Db> {
 static RUN: AtomicU64 = AtomicU64::new(1);
 
 /// `POST /effects`: writes one row in the claimed transaction and answers 201 with it. Test
-/// controls in headers (outside the fingerprint): `x-hold` holds it after the write, `x-status`
-/// answers 500 or 404 instead.
+/// controls in headers (outside the fingerprint): `x-hold` holds it after the write, `x-panic`
+/// panics there, `x-status` answers 500 or 404 instead.
 async fn effect<DB: Db>(
     State(app): State<Arc<App<DB>>>,
     mut tx: ClaimedTx<DB>,
@@ -62,6 +64,9 @@ async fn effect<DB: Db>(
     if headers.contains_key("x-hold") {
         app.hold.entered.notify_one();
         app.hold.release.notified().await;
+    }
+    if headers.contains_key("x-panic") {
+        panic!("the handler panics after its write, on purpose");
     }
     let run = RUN.fetch_add(1, Ordering::Relaxed);
     match headers.get("x-status").map(|v| v.as_bytes()) {

@@ -81,6 +81,7 @@
 //! oversized response leaves to the retry.
 
 mod extract;
+mod finish;
 mod header;
 mod problem;
 mod service;

@@ -12,6 +12,7 @@ use http_body_util::{BodyExt as _, LengthLimitError, Limited};
 use tower_service::Service;
 
 use super::extract::{Hold, Slot};
+use super::finish::{Finish, Panicked};
 use super::header;
 use super::problem::{self, problem};
 use super::stored::{Stored, kept};
@@ -118,13 +119,11 @@ where
         Ok(hold) => hold,
         Err(early) => return Ok(early),
     };
-    // From the handler to the commit in a task of its own: a client that hangs up (a sender
-    // whose timeout ran out, a browser whose second click cancelled the first) does not stop
-    // the handler halfway, and its retry gets the stored response instead of running again.
-    let run = tokio::spawn(run_fresh(config, inner, parts, body, hold));
-    match run.await {
+    // The handler and the commit are finished even if the client hangs up (`Finish`), in
+    // this task unless it does.
+    match Finish::new(run_fresh(config, inner, parts, body, hold)).await {
         Ok(answer) => answer,
-        Err(_) => Ok(problem(
+        Err(Panicked) => Ok(problem(
             StatusCode::INTERNAL_SERVER_ERROR,
             "the handler panicked; its writes were rolled back and nothing was kept",
         )),
