@@ -7,7 +7,7 @@ use axum_core::body::Body;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::MAX_REPLAY_LEN;
 
@@ -70,12 +70,7 @@ impl Stored {
 
     /// The JSON stored with the marker, if it fits in [`MAX_REPLAY_LEN`].
     pub(crate) fn encode(&self) -> Option<String> {
-        let json = json!({
-            "status": self.status,
-            "headers": self.headers,
-            "body": self.body,
-        })
-        .to_string();
+        let json = serde_json::to_string(self).expect("strings and numbers serialise");
         (json.len() <= MAX_REPLAY_LEN).then_some(json)
     }
 
@@ -116,6 +111,19 @@ impl Stored {
         }
         headers.insert(REPLAYED, HeaderValue::from_static("true"));
         Some(response)
+    }
+}
+
+// Written straight into the string, without a `serde_json::Value` first: this runs while the
+// claimed transaction (on SQLite, the database's one write lock) is held.
+impl serde::Serialize for Stored {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let mut json = serializer.serialize_struct("Stored", 3)?;
+        json.serialize_field("status", &self.status)?;
+        json.serialize_field("headers", &self.headers)?;
+        json.serialize_field("body", &self.body)?;
+        json.end()
     }
 }
 
