@@ -110,21 +110,7 @@ pub(crate) fn list(
             ),
         ]);
     }
-    let mut widths = [0; 6];
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in &rows {
-        let mut line = String::new();
-        for (i, cell) in row.iter().enumerate() {
-            let _ = write!(line, "{cell:<width$}  ", width = widths[i]);
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
+    let mut out = crate::render::columns(&rows);
     if messages.len() == limit as usize {
         let _ = writeln!(out, "(the first {limit}: raise --limit for more)");
     }

@@ -120,21 +120,7 @@ pub(crate) fn stuck(
             m.locked_until.clone().unwrap_or_else(|| "-".to_owned()),
         ]);
     }
-    let mut widths = [0; 6];
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in &rows {
-        let mut line = String::new();
-        for (i, cell) in row.iter().enumerate() {
-            let _ = write!(line, "{cell:<width$}  ", width = widths[i]);
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
+    let mut out = columns(&rows);
     if markers.len() == limit as usize {
         let _ = writeln!(out, "(the first {limit}: raise --limit for more)");
     }
@@ -142,6 +128,26 @@ pub(crate) fn stuck(
 }
 
 /// Where a marker's lease stands: what decides whether the next delivery runs.
+/// Rows as columns, each as wide as its widest cell, two spaces apart.
+pub(crate) fn columns<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0; N];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (cell, width) in row.iter().zip(widths) {
+            let _ = write!(line, "{cell:<width$}  ");
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 fn lease_state(m: &Marker) -> Option<&'static str> {
     match (m.state, m.lease_ms_left) {
         (MarkerState::InProgress, None) => Some("released"),
