@@ -24,7 +24,8 @@ pub(super) fn by_feature(
         return expanded;
     };
     let Some((feature, span)) = named(db) else {
-        // An alias of the user's own: the runtime's `Backend` bound says it, as before.
+        // An alias of the user's own hides the name: the runtime's `Backend` bound reports
+        // a missing feature instead, once per use.
         return expanded;
     };
     let Ok(item) = syn::parse2::<ItemFn>(expanded.clone()) else {
