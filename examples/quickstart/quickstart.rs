@@ -5,7 +5,7 @@
 //! applies the job exactly once.
 //!
 //! ```text
-//! cargo run --example quickstart
+//! cargo run -p idem-quickstart --example quickstart
 //! ```
 
 use std::io::Write;
