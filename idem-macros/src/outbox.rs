@@ -1,5 +1,6 @@
-//! The handler's outbox parameter (`outbox: &mut idem::Outbox`): found by its type, removed
-//! from the generated signature, bound inside the body to the claim's outbox.
+//! The handler's outbox parameter (`outbox: &mut idem::Outbox`, a batch's `&mut
+//! idem::BatchOutbox`): found by its type, removed from the generated signature, bound inside
+//! the body to the claim's outbox.
 
 use syn::{FnArg, Pat, Signature, Type};
 
@@ -14,36 +15,54 @@ pub(crate) struct OutboxParam {
     pub(crate) ty: Type,
 }
 
-fn is_outbox(ty: &Type) -> bool {
-    let Type::Reference(r) = ty else { return false };
+/// Which outbox a parameter's type names: `&mut Outbox` (one job's) or `&mut BatchOutbox` (a
+/// batch's), by the last segment of its path.
+fn outbox_kind(ty: &Type) -> Option<Kind> {
+    let Type::Reference(r) = ty else { return None };
     let Type::Path(p) = &*r.elem else {
-        return false;
+        return None;
     };
-    r.mutability.is_some()
-        && p.qself.is_none()
-        && p.path.segments.last().is_some_and(|s| s.ident == "Outbox")
+    if r.mutability.is_none() || p.qself.is_some() {
+        return None;
+    }
+    match p.path.segments.last()?.ident.to_string().as_str() {
+        "Outbox" => Some(Kind::Job),
+        "BatchOutbox" => Some(Kind::Batch),
+        _ => None,
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Job,
+    Batch,
 }
 
 /// The outbox parameter, if the handler takes one; reports one where the mode has no
-/// transaction to write it in (lease mode), or where a batch would need one per job.
+/// transaction to write it in (lease mode), or whose kind is the other mode's (a batch's
+/// outbox names the job of each message, one job's does not).
 pub(crate) fn find(sig: &Signature, mode: Mode, diag: &mut Diag) -> Option<OutboxParam> {
-    let (index, pt) = sig
+    let (index, pt, kind) = sig
         .inputs
         .iter()
         .enumerate()
         .find_map(|(i, arg)| match arg {
-            FnArg::Typed(pt) if is_outbox(&pt.ty) => Some((i, pt)),
-            _ => None,
+            FnArg::Typed(pt) => outbox_kind(&pt.ty).map(|kind| (i, pt, kind)),
+            FnArg::Receiver(_) => None,
         })?;
-    let refused = match mode {
-        Mode::Transaction => None,
-        Mode::Lease => Some(
+    let refused = match (mode, kind) {
+        (Mode::Transaction, Kind::Job) | (Mode::Batch, Kind::Batch) => None,
+        (Mode::Lease, _) => Some(
             "the outbox writes its messages in the claim's transaction, and lease mode has \
              none: take a transaction (transaction mode), or send from the outside call",
         ),
-        Mode::Batch => Some(
-            "a batch handler has no outbox yet: its messages would need one job's key each; \
-             send from a single-job handler",
+        (Mode::Batch, Kind::Job) => Some(
+            "a batch handler's outbox names the job of each message: take `outbox: &mut \
+             idem::BatchOutbox` and send with `outbox.send(&job_key, destination, &payload)`",
+        ),
+        (Mode::Transaction, Kind::Batch) => Some(
+            "`BatchOutbox` is a batch handler's outbox: a handler of one job takes `outbox: \
+             &mut idem::Outbox`",
         ),
     };
     if let Some(message) = refused {

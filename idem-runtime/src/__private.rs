@@ -342,7 +342,7 @@ pub async fn finish_sending<DB: Backend, T, E>(
     outbox: Outbox,
 ) -> Result<Outcome<T>, Failed<E>> {
     guard
-        .finish_sending(result, |_| Ok(None), Some(outbox))
+        .finish_sending(result, |_| Ok(None), Some(outbox.into_pending()))
         .await
 }
 
@@ -358,7 +358,7 @@ pub async fn finish_replay_sending<DB: Backend, T, E>(
         .finish_sending(
             result,
             |value| (codec.encode)(value).map(Some),
-            Some(outbox),
+            Some(outbox.into_pending()),
         )
         .await
 }

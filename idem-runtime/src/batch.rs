@@ -10,6 +10,7 @@ use sqlx::Transaction;
 use crate::backend::Backend;
 use crate::claim::{Held, Request, nested, run};
 use crate::key::check_scope;
+use crate::outgoing::Pending;
 use crate::{Batch, ClaimOptions, Error, Failed, IntoKey, Key, KeyError, Store};
 
 /// The most jobs one batch claim takes.
@@ -231,15 +232,22 @@ impl<DB: Backend> BatchClaim<DB> {
     /// dropped ([`Batch::value`] is `None`); an `Err` is returned as it is. `RolledBack` names
     /// the batch's first fresh key: the whole transaction was lost, every fresh job with it.
     pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Batch<T>, E> {
-        expansion::settle_batch(self.finish_failed(result).await)
+        expansion::settle_batch(self.finish_failed(result, None).await)
     }
 
-    async fn finish_failed<T, E>(self, result: Result<T, E>) -> Result<Batch<T>, Failed<E>> {
+    async fn finish_failed<T, E>(
+        self,
+        result: Result<T, E>,
+        outbox: Option<Pending>,
+    ) -> Result<Batch<T>, Failed<E>> {
         let Some(held) = self.held else {
             result.map_err(Failed::Handler)?;
             return Ok(Batch::new(&vec![false; self.fresh.len()], None));
         };
-        let value = held.finish(result, |_| Ok(None)).await?.into_value();
+        let value = held
+            .finish_sending(result, |_| Ok(None), outbox)
+            .await?
+            .into_value();
         Ok(Batch::new(&self.fresh, value))
     }
 }
@@ -251,7 +259,7 @@ pub(crate) mod expansion {
     use super::{BatchClaim, collect_keys};
     use crate::backend::Backend;
     use crate::claim::nested;
-    use crate::{Batch, ClaimOptions, Error, Failed, Key, KeyError, Store};
+    use crate::{Batch, BatchOutbox, ClaimOptions, Error, Failed, Key, KeyError, Store};
 
     /// The key of one job, encoded and checked (the position is added by [`batch_keys`]).
     #[inline]
@@ -346,7 +354,38 @@ pub(crate) mod expansion {
         claim: BatchClaim<DB>,
         result: Result<T, E>,
     ) -> Result<Batch<T>, Failed<E>> {
-        claim.finish_failed(result).await
+        claim.finish_failed(result, None).await
+    }
+
+    /// [`claim_batch`] of a handler with an outbox: the outbox of the fresh jobs beside the
+    /// claim (their keys move into it; the claim keeps none).
+    pub async fn claim_batch_sending<DB: Backend>(
+        store: &Store<DB>,
+        scope: &'static str,
+        options: ClaimOptions,
+        keys: Result<Vec<Key>, Error>,
+    ) -> Result<(BatchClaim<DB>, BatchOutbox), Error> {
+        let keys = keys?;
+        let claim = store
+            .claim_batch_owned(Cow::Borrowed(scope), &keys, options)
+            .await?;
+        let fresh = keys
+            .into_iter()
+            .zip(claim.fresh())
+            .filter_map(|(key, fresh)| fresh.then_some(key))
+            .collect();
+        Ok((claim, BatchOutbox::new(Cow::Borrowed(scope), fresh)))
+    }
+
+    /// [`finish_batch`] that also writes the outbox's messages in the batch's transaction.
+    pub async fn finish_batch_sending<DB: Backend, T, E: From<Error>>(
+        claim: BatchClaim<DB>,
+        result: Result<T, E>,
+        outbox: BatchOutbox,
+    ) -> Result<Batch<T>, Failed<E>> {
+        claim
+            .finish_failed(result, Some(outbox.into_pending()))
+            .await
     }
 
     /// The one place where an [`Error`] of a batch becomes the handler's error type.

@@ -57,7 +57,7 @@ pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
 pub(crate) use outcome::Failed;
 pub(crate) use outcome::HandlerError;
 pub use outcome::{Batch, Outcome};
-pub use outgoing::{Message, Outbox};
+pub use outgoing::{BatchOutbox, Message, Outbox};
 pub use record::{Fingerprint, MAX_REPLAY_LEN, Recorded};
 pub use store::{DEFAULT_TABLE, MAX_TABLE_LEN, PURGE_BATCH, Store};
 pub use transaction::{Claim, Guard};
@@ -65,7 +65,7 @@ pub use transaction::{Claim, Guard};
 /// The transactional outbox: the messages a handler sends with its effect
 /// ([`Outbox`]), and the relay that publishes them after the commit.
 pub mod outbox {
-    pub use crate::outgoing::{MAX_DESTINATION_LEN, MAX_PAYLOAD, Message, Outbox};
+    pub use crate::outgoing::{BatchOutbox, MAX_DESTINATION_LEN, MAX_PAYLOAD, Message, Outbox};
     #[cfg(feature = "outbox-nats")]
     pub use crate::relay::JetStream;
     #[cfg(feature = "outbox-rabbitmq")]

@@ -269,6 +269,9 @@ pub(crate) async fn child_process<S: Support>() {
             let r = apply(&store, &job, Then::Hang).await;
             panic!("the handler returned {r:?}; it should have hung in its body");
         }
+        "batch_outbox_hang" => {
+            super::cases::batch_outbox_child::<S>(&url, &markers, &effects).await;
+        }
         "batch_hang" | "batch_work" => {
             super::cases::batch_child::<S>(&mode, &url, &markers, &effects).await;
         }

@@ -15,8 +15,11 @@ use syn::spanned::Spanned as _;
 use syn::{FnArg, ItemFn};
 
 use super::transaction::claim_options;
-use super::{by_reference, local, located_at, pinned_body, private_path, unsuggested_fields};
+use super::{
+    by_reference, local, located_at, pinned_body, private_path, unsuggested_fields, without_outbox,
+};
 use crate::args::Args;
+use crate::outbox::OutboxParam;
 use crate::signature::{Handler, Kind};
 use crate::validate::BatchParam;
 
@@ -25,6 +28,7 @@ pub(super) fn expand(
     item: &ItemFn,
     handler: &Handler,
     batch: &BatchParam,
+    outbox: Option<&OutboxParam>,
 ) -> TokenStream {
     let ident = &item.sig.ident;
     let private = private_path(args);
@@ -56,6 +60,7 @@ pub(super) fn expand(
         .iter_mut()
         .nth(handler.index)
         .expect("index from analyse") = store_arg;
+    without_outbox(&mut sig, outbox);
     let ret = &handler.ret;
     super::rewrite_output(
         &mut sig,
@@ -86,12 +91,35 @@ pub(super) fn expand(
     let fresh_jobs = located_at(quote!(#private::fresh_jobs(#jobs, &#claim)), jobs_ty.span());
     let options = claim_options(args, &private);
     let tx_pat = &handler.pat;
+    let outbox_var = local("__idem_outbox");
+    let outbox_ref = local("__idem_outbox_ref");
+    // As in transaction mode: the body binds a reference made outside its `async move`.
+    let (claim_fn, claimed, open_outbox, bind_outbox, finish) = match outbox {
+        Some(o) => {
+            let (pat, ty) = (&o.pat, &o.ty);
+            (
+                quote!(claim_batch_sending),
+                quote!((mut #claim, mut #outbox_var)),
+                quote!(let #outbox_ref = &mut #outbox_var;),
+                quote!(let #pat: #ty = #outbox_ref;),
+                quote!(#private::finish_batch_sending(#claim, #result, #outbox_var)),
+            )
+        }
+        None => (
+            quote!(claim_batch),
+            quote!(mut #claim),
+            TokenStream::new(),
+            TokenStream::new(),
+            quote!(#private::finish_batch(#claim, #result)),
+        ),
+    };
     let body = pinned_body(
         &handler.ret,
         &result,
         quote! {
             let #tx_pat: #tx_ty = #tx_var;
             let #jobs: &[#elem] = &*#fresh;
+            #bind_outbox
         },
         &item.block.stmts,
     );
@@ -122,7 +150,7 @@ pub(super) fn expand(
             #observe
             let #count = <[_]>::len(#jobs);
             let #outcome = #private::Call::run_batch(#call, #count, #private::in_body(#name, async move {
-                let mut #claim = match #private::claim_batch(#store, #scope, #options, #keys).await {
+                let #claimed = match #private::#claim_fn(#store, #scope, #options, #keys).await {
                     ::core::result::Result::Ok(#claim) => #claim,
                     ::core::result::Result::Err(#err) => {
                         return ::core::result::Result::Err(#private::Failed::Idem(#err));
@@ -132,9 +160,10 @@ pub(super) fn expand(
                     return ::core::result::Result::Ok(#private::all_duplicates(&#claim));
                 }
                 let #fresh = #fresh_jobs;
+                #open_outbox
                 let #tx_var = #private::batch_tx(&mut #claim);
                 #body
-                #private::finish_batch(#claim, #result).await
+                #finish.await
             }))
             .await;
             #settle

@@ -61,7 +61,8 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             gate::by_feature(&item, &handler, expanded, &private_path(&args))
         }
         (Ok(()), Some(handler)) if batch.is_some() => {
-            let expanded = batch::expand(&args, &item, &handler, batch.as_ref().expect("checked"));
+            let batch = batch.as_ref().expect("checked");
+            let expanded = batch::expand(&args, &item, &handler, batch, outbox.as_ref());
             gate::by_feature(&item, &handler, expanded, &private_path(&args))
         }
         (result, _) => {
@@ -158,6 +159,19 @@ struct Shared<'a> {
     outbox: Option<&'a crate::outbox::OutboxParam>,
 }
 
+/// The signature without the outbox parameter: the outbox is the claim's, the caller passes
+/// none.
+fn without_outbox(sig: &mut syn::Signature, outbox: Option<&crate::outbox::OutboxParam>) {
+    if let Some(outbox) = outbox {
+        sig.inputs = std::mem::take(&mut sig.inputs)
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| *i != outbox.index)
+            .map(|(_, arg)| arg)
+            .collect();
+    }
+}
+
 /// A local of the generated code: invisible to the body's names, and they to it.
 fn local(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
@@ -226,15 +240,7 @@ fn expand(
         .iter_mut()
         .nth(handler.index)
         .expect("index from analyse") = store_arg;
-    // The outbox is the claim's: the caller passes none.
-    if let Some(outbox) = outbox {
-        sig.inputs = std::mem::take(&mut sig.inputs)
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| *i != outbox.index)
-            .map(|(_, arg)| arg)
-            .collect();
-    }
+    without_outbox(&mut sig, outbox);
     let ret = &handler.ret;
     let ok = rewrite_output(
         &mut sig,

@@ -219,7 +219,7 @@ pub(crate) mod sealed {
         fn outbox_write<'t>(
             conn: &'t mut Self::Connection,
             st: &'t Statements,
-            outbox: &'t crate::Outbox,
+            outbox: &'t crate::outgoing::Pending,
         ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
 
         /// The relay's take: at most `limit` due messages, oldest first (a job's in their

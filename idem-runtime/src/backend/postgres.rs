@@ -5,7 +5,8 @@ use super::{
     Backend, Check, Claimant, Found, Hold, LeaseOp, LeaseState, Listen, MarkerRow, Statements,
     Table, Templates,
 };
-use crate::{ClaimOptions, Message, Outbox};
+use crate::outgoing::Pending;
+use crate::{ClaimOptions, Message};
 
 /// `in_failed_sql_transaction`: a statement after one that failed.
 const IN_FAILED_TRANSACTION: &str = "25P02";

@@ -262,15 +262,15 @@ macro_rules! outbox_numbered {
         async fn outbox_write<'t>(
             conn: &'t mut Self::Connection,
             st: &'t Statements,
-            outbox: &'t Outbox,
+            outbox: &'t Pending,
         ) -> Result<(), sqlx::Error> {
-            for m in outbox.messages() {
+            for (key, m) in outbox.rows() {
                 sqlx::query(st.outbox.write.clone())
                     .bind(m.id.as_str())
                     .bind(m.destination.as_str())
                     .bind(m.payload.as_slice())
                     .bind(outbox.scope())
-                    .bind(outbox.key())
+                    .bind(key)
                     .bind(i64::from(m.seq))
                     .execute(&mut *conn)
                     .await?;

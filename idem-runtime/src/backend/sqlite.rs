@@ -5,7 +5,8 @@ use super::{
     Backend, Check, Claimant, Found, Hold, LeaseOp, LeaseState, MarkerRow, Statements, Table,
     Templates,
 };
-use crate::{ClaimOptions, Message, Outbox};
+use crate::outgoing::Pending;
+use crate::{ClaimOptions, Message};
 
 /// `SQLITE_BUSY`: the busy timeout ran out waiting for the write lock.
 const SQLITE_BUSY: &str = "5";

@@ -7,6 +7,7 @@ use sqlx::Transaction;
 
 use super::Request;
 use crate::backend::{Backend, Check, Statements};
+use crate::outgoing::Pending;
 use crate::record::NotStorable;
 use crate::{Error, Failed, Outbox, Outcome};
 
@@ -55,7 +56,7 @@ impl<'c, DB: Backend> Held<'c, DB> {
 
     /// The outbox of this claim's job: its messages get ids from this scope and key.
     pub fn outbox(&self) -> Outbox {
-        Outbox::new(self.request.scope.clone(), self.request.key.as_str())
+        Outbox::new(self.request.scope.clone(), self.request.key.clone())
     }
 
     /// [`finish_sending`](Held::finish_sending) without an outbox.
@@ -78,7 +79,7 @@ impl<'c, DB: Backend> Held<'c, DB> {
         mut self,
         result: Result<T, E>,
         encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
-        outbox: Option<Outbox>,
+        outbox: Option<Pending>,
     ) -> Result<Outcome<T>, Failed<E>> {
         let value = match result {
             Ok(value) => value,
@@ -103,7 +104,7 @@ impl<'c, DB: Backend> Held<'c, DB> {
             ))),
         };
         let written = match (recorded, &outbox) {
-            (Ok(()), Some(outbox)) if !outbox.messages().is_empty() => {
+            (Ok(()), Some(outbox)) if !outbox.is_empty() => {
                 DB::outbox_write(&mut self.tx, &self.st, outbox)
                     .await
                     .map_err(Error::from)

@@ -15,7 +15,8 @@ use super::{
     Backend, Check, Claimant, Found, Hold, LeaseOp, LeaseState, MarkerRow, Statements, Table,
     Templates,
 };
-use crate::{ClaimOptions, Message, Outbox};
+use crate::outgoing::Pending;
+use crate::{ClaimOptions, Message};
 use batch::hex;
 
 impl Backend for MySql {}

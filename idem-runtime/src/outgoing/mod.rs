@@ -6,7 +6,11 @@ use std::borrow::Cow;
 
 use serde::Serialize;
 
-use crate::{Error, job_id};
+use crate::{Error, Key, job_id};
+
+mod batch;
+
+pub use batch::BatchOutbox;
 
 /// The largest payload one message carries: NATS's default `max_payload` (1 MB), the smallest
 /// limit of the brokers idem's relay publishes to (RabbitMQ's default is 128 MB).
@@ -30,9 +34,23 @@ pub const MAX_DESTINATION_LEN: usize = 255;
 /// that id as its key.
 #[derive(Debug)]
 pub struct Outbox {
+    pending: Pending,
+}
+
+/// What both outboxes collect: the messages of one scope's jobs, each with the job it is of,
+/// written by the backend's `outbox_write` in the claim's transaction.
+///
+/// Public only in name, for the sealed `Dialect` trait's signature: no path outside the crate
+/// reaches it.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Pending {
     scope: Cow<'static, str>,
-    key: String,
+    /// The jobs' keys, and how many messages each has sent (the next one's position).
+    jobs: Vec<(Key, u32)>,
     messages: Vec<Message>,
+    /// The job of each message: an index into `jobs`.
+    owners: Vec<usize>,
 }
 
 /// One message of an outbox: its id, where it goes, and its bytes.
@@ -51,11 +69,9 @@ pub struct Message {
 }
 
 impl Outbox {
-    pub(crate) fn new(scope: Cow<'static, str>, key: &str) -> Outbox {
+    pub(crate) fn new(scope: Cow<'static, str>, key: Key) -> Outbox {
         Outbox {
-            scope,
-            key: key.to_owned(),
-            messages: Vec::new(),
+            pending: Pending::new(scope, vec![key]),
         }
     }
 
@@ -68,14 +84,48 @@ impl Outbox {
         destination: &str,
         payload: &T,
     ) -> Result<&str, Error> {
-        let bytes = serde_json::to_vec(payload).map_err(|e| Error::InvalidMessage {
-            reason: format!("its payload cannot be serialised as JSON: {e}"),
-        })?;
-        self.send_bytes(destination, bytes)
+        let bytes = json(payload)?;
+        self.pending.push(0, destination, bytes)
     }
 
     /// [`send`](Outbox::send) of bytes as they are.
     pub fn send_bytes(&mut self, destination: &str, payload: Vec<u8>) -> Result<&str, Error> {
+        self.pending.push(0, destination, payload)
+    }
+
+    /// The messages sent so far, in the order they were sent.
+    pub fn messages(&self) -> &[Message] {
+        &self.pending.messages
+    }
+
+    pub(crate) fn into_pending(self) -> Pending {
+        self.pending
+    }
+}
+
+impl Pending {
+    pub(crate) fn new(scope: Cow<'static, str>, keys: Vec<Key>) -> Pending {
+        Pending {
+            scope,
+            jobs: keys.into_iter().map(|key| (key, 0)).collect(),
+            messages: Vec::new(),
+            owners: Vec::new(),
+        }
+    }
+
+    /// The jobs' keys, in the order they were given.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &str> {
+        self.jobs.iter().map(|(key, _)| key.as_str())
+    }
+
+    /// Adds the next message of the job at `job`, checked first: nothing is kept of a message
+    /// that is refused, and the job's numbering does not move.
+    pub(crate) fn push(
+        &mut self,
+        job: usize,
+        destination: &str,
+        payload: Vec<u8>,
+    ) -> Result<&str, Error> {
         check_destination(destination)?;
         if payload.len() > MAX_PAYLOAD {
             return Err(Error::InvalidMessage {
@@ -86,10 +136,15 @@ impl Outbox {
                 ),
             });
         }
-        let seq = u32::try_from(self.messages.len()).map_err(|_| Error::InvalidMessage {
+        let (key, sent) = &mut self.jobs[job];
+        let seq = *sent;
+        let next = seq.checked_add(1).ok_or_else(|| Error::InvalidMessage {
             reason: "a job sends at most 4294967295 messages".to_owned(),
         })?;
-        let id = job_id(&self.scope, &(self.key.as_str(), seq))?.into_string();
+        // The same formula in every mode: a job's messages have the same ids whether it ran
+        // alone or in a batch.
+        let id = job_id(&self.scope, &(key.as_str(), seq))?.into_string();
+        *sent = next;
         self.messages.push(Message {
             id,
             destination: destination.to_owned(),
@@ -97,21 +152,31 @@ impl Outbox {
             seq,
             attempts: 0,
         });
+        self.owners.push(job);
         Ok(&self.messages.last().expect("just pushed").id)
     }
 
-    /// The messages sent so far, in the order they were sent.
-    pub fn messages(&self) -> &[Message] {
-        &self.messages
+    pub(crate) fn is_empty(&self) -> bool {
+        self.messages.is_empty()
     }
 
     pub(crate) fn scope(&self) -> &str {
         &self.scope
     }
 
-    pub(crate) fn key(&self) -> &str {
-        &self.key
+    /// Each message with the key of the job that sent it, in the order they were sent.
+    pub(crate) fn rows(&self) -> impl Iterator<Item = (&str, &Message)> {
+        self.owners
+            .iter()
+            .zip(&self.messages)
+            .map(|(job, message)| (self.jobs[*job].0.as_str(), message))
     }
+}
+
+fn json<T: Serialize + ?Sized>(payload: &T) -> Result<Vec<u8>, Error> {
+    serde_json::to_vec(payload).map_err(|e| Error::InvalidMessage {
+        reason: format!("its payload cannot be serialised as JSON: {e}"),
+    })
 }
 
 fn check_destination(destination: &str) -> Result<(), Error> {
@@ -133,9 +198,13 @@ fn check_destination(destination: &str) -> Result<(), Error> {
 mod tests {
     use super::*;
 
+    pub(super) fn key(k: &str) -> Key {
+        Key::new(k).unwrap()
+    }
+
     #[test]
     fn ids_follow_scope_key_and_position() {
-        let mut a = Outbox::new("orders.ship".into(), "order-7");
+        let mut a = Outbox::new("orders.ship".into(), key("order-7"));
         let first = a.send("shipping", &1).unwrap().to_owned();
         let second = a.send("shipping", &2).unwrap().to_owned();
         assert_eq!(
@@ -144,18 +213,18 @@ mod tests {
         );
         assert_ne!(first, second);
         // The same body run again sends the same ids.
-        let mut again = Outbox::new("orders.ship".into(), "order-7");
+        let mut again = Outbox::new("orders.ship".into(), key("order-7"));
         assert_eq!(again.send("shipping", &9).unwrap(), first);
         // Another job, or another scope, never shares one.
-        let mut other = Outbox::new("orders.ship".into(), "order-8");
+        let mut other = Outbox::new("orders.ship".into(), key("order-8"));
         assert_ne!(other.send("shipping", &1).unwrap(), first);
-        let mut elsewhere = Outbox::new("orders.bill".into(), "order-7");
+        let mut elsewhere = Outbox::new("orders.bill".into(), key("order-7"));
         assert_ne!(elsewhere.send("shipping", &1).unwrap(), first);
     }
 
     #[test]
     fn bad_messages_are_refused_at_send() {
-        let mut outbox = Outbox::new("s".into(), "k");
+        let mut outbox = Outbox::new("s".into(), key("k"));
         for (destination, payload) in [
             ("", vec![]),
             ("q\0", vec![]),

@@ -1,0 +1,17 @@
+use sqlx::{Sqlite, Transaction};
+
+struct Job {
+    id: u64,
+}
+
+#[idem::idempotent(key = "job.id", scope = "jobs.handle")]
+async fn handle(
+    tx: &mut Transaction<'_, Sqlite>,
+    job: &Job,
+    outbox: &mut idem::BatchOutbox,
+) -> Result<(), sqlx::Error> {
+    let _ = (tx, job, outbox);
+    Ok(())
+}
+
+fn main() {}
