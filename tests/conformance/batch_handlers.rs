@@ -6,7 +6,7 @@ use sqlx::{Pool, Transaction};
 
 use super::Support;
 use super::db::TestDb;
-use super::handlers::{Hold, Job, TestError, Then, insert_effect};
+use super::handlers::{Hold, Job, TestError, Then, hang_in_body, insert_effect};
 
 /// What a batch body does after its effects.
 #[derive(Clone, Copy, Debug)]
@@ -40,15 +40,7 @@ async fn body<DB: TestDb>(
             hold.expect("a hold to park on").park_first().await;
             return Err(TestError::Refused);
         }
-        BatchThen::Hang => {
-            {
-                use std::io::Write as _;
-                let mut out = std::io::stdout().lock();
-                writeln!(out, "IN_BODY").expect("stdout");
-                out.flush().expect("stdout");
-            }
-            std::future::pending::<()>().await;
-        }
+        BatchThen::Hang => match hang_in_body().await {},
     }
     Ok(jobs.len())
 }

@@ -108,17 +108,19 @@ pub(crate) async fn apply<DB: TestDb>(
         Then::Commit => Ok(job.amount),
         Then::Fail => Err(TestError::Refused),
         Then::Panic => panic!("handler panics on purpose (conformance test)"),
-        Then::Hang => {
-            {
-                use std::io::Write as _;
-                let mut out = std::io::stdout().lock();
-                writeln!(out, "IN_BODY").expect("stdout");
-                out.flush().expect("stdout");
-            }
-            let never: std::convert::Infallible = std::future::pending().await;
-            match never {}
-        }
+        Then::Hang => match hang_in_body().await {},
     }
+}
+
+/// Prints `IN_BODY` and waits forever: a body for the worker process a test kills there.
+pub(crate) async fn hang_in_body() -> std::convert::Infallible {
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "IN_BODY").expect("stdout");
+        out.flush().expect("stdout");
+    }
+    std::future::pending().await
 }
 
 /// `apply`, whose first body parks on `hold`.

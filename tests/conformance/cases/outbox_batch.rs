@@ -38,16 +38,7 @@ async fn ship_batch<DB: TestDb>(
     match then {
         Then::Commit => Ok(jobs.len()),
         Then::Panic => panic!("the batch's body panics after its sends"),
-        Then::Hang => {
-            {
-                use std::io::Write as _;
-                let mut out = std::io::stdout().lock();
-                writeln!(out, "IN_BODY").expect("stdout");
-                out.flush().expect("stdout");
-            }
-            let never: std::convert::Infallible = std::future::pending().await;
-            match never {}
-        }
+        Then::Hang => match hang_in_body().await {},
         Then::Fail => Err(TestError::Refused),
     }
 }
