@@ -4,6 +4,8 @@
 //!   one sending 0, 1 and 10 messages (each message one more `INSERT` in the claim's
 //!   transaction): jobs/s at `WORKERS` workers. Each run checks its effects and its messages
 //!   (one per job and message), then empties the outbox, so that every run starts alike.
+//! - **Batches** (`outbox/batch.rs`): a batch handler of 100 jobs without an outbox and with
+//!   one message a job, in jobs/s.
 //! - **The relay.** `Relay::relay_once` until `MESSAGES` committed messages are sent, by batch
 //!   size, against the same `RabbitMq` publisher publishing them directly (no database): both
 //!   wait for each publisher confirm. Messages are persistent, to a durable queue purged after
@@ -26,6 +28,8 @@ use sqlx::{AssertSqlSafe, PgPool, Postgres, Transaction};
 
 use crate::Res;
 use crate::config::config;
+
+mod batch;
 
 const WORKERS: usize = 8;
 const ACCOUNTS: i64 = 1_000;
@@ -283,6 +287,19 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
         return Err(format!("{applied} credits for {claimed} jobs").into());
     }
 
+    eprintln!(
+        "outbox: batches of {} without and with a message a job",
+        batch::BATCH
+    );
+    let mut batches: [Vec<f64>; 2] = Default::default();
+    for round in 0..rounds {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for v in order {
+            batches[v].push(batch::run(&store, &names, &next, v == 1, run).await?);
+        }
+    }
+    let batches = batches.map(median);
+
     eprintln!("outbox: relaying to RabbitMQ by batch size, and publishing directly");
     let url = std::env::var("IDEM_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
@@ -349,6 +366,15 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
     .zip(handler)
     {
         println!("| {name} | {rate:.0} | {:.2} |", rate / base);
+    }
+    println!(
+        "\n## Outbox in batches of {} (PostgreSQL, {WORKERS} workers, jobs/s)\n",
+        batch::BATCH
+    );
+    println!("| batch handler | jobs/s | vs no outbox |");
+    println!("|---|---|---|");
+    for (name, rate) in ["no outbox", "outbox, 1 message a job"].iter().zip(batches) {
+        println!("| {name} | {rate:.0} | {:.2} |", rate / batches[0]);
     }
     println!(
         "\n## Outbox: messages/s to RabbitMQ, relayed by batch size against publishing \
