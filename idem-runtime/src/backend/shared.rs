@@ -254,10 +254,10 @@ macro_rules! lease_on_conflict {
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(super) use lease_on_conflict;
 
-/// The outbox's statements that bind alike on every backend (write: id, destination,
-/// payload, scope, key, seq; sent: id; failed: error, retry ms, park, id; purge: age ms,
-/// limit).
-macro_rules! outbox_numbered {
+/// The outbox's write as one statement a message (id, destination, payload, scope, key, seq):
+/// SQLite's statements cost no round trip, and MySQL has no array to bind.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+macro_rules! outbox_write_each {
     () => {
         async fn outbox_write<'t>(
             conn: &'t mut Self::Connection,
@@ -277,7 +277,15 @@ macro_rules! outbox_numbered {
             }
             Ok(())
         }
+    };
+}
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(super) use outbox_write_each;
 
+/// The outbox's statements that bind alike on every backend (sent: id; failed: error, retry
+/// ms, park, id; purge: age ms, limit).
+macro_rules! outbox_numbered {
+    () => {
         async fn outbox_sent<'p>(
             pool: &'p Pool<Self>,
             st: &'p Statements,

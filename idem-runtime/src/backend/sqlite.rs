@@ -180,6 +180,7 @@ impl Dialect for Sqlite {
                               WHERE scope = ?1 AND key = ?2 AND token = ?3 \
                               AND state = 'in_progress'",
             outbox: OUTBOX,
+            outbox_write_many: None,
             outbox_ops: [
                 &format!(
                     "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
@@ -237,6 +238,7 @@ impl Dialect for Sqlite {
     }
 
     super::shared::claim_on_conflict!();
+    super::shared::outbox_write_each!();
     super::shared::outbox_numbered!();
 
     async fn outbox_take<'p>(

@@ -164,6 +164,15 @@ impl Pending {
         &self.scope
     }
 
+    /// The one message and its job's key, if there is exactly one.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn single(&self) -> Option<(&str, &Message)> {
+        match self.messages.as_slice() {
+            [message] => Some((self.jobs[self.owners[0]].0.as_str(), message)),
+            _ => None,
+        }
+    }
+
     /// Each message with the key of the job that sent it, in the order they were sent.
     pub(crate) fn rows(&self) -> impl Iterator<Item = (&str, &Message)> {
         self.owners

@@ -226,6 +226,7 @@ impl Dialect for MySql {
                               WHERE scope = ? AND `key` = ? AND token = ? \
                               AND state = 'in_progress'",
             outbox: OUTBOX,
+            outbox_write_many: None,
             outbox_ops: [
                 &format!(
                     "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
@@ -409,6 +410,7 @@ impl Dialect for MySql {
         batch::take_over(conn, st, c, keys).await
     }
 
+    super::shared::outbox_write_each!();
     super::shared::outbox_numbered!();
 
     async fn outbox_take<'p>(
