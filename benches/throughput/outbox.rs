@@ -118,21 +118,30 @@ async fn handler_run(
             Ok::<u64, idem::Error>(done)
         }));
     }
+    finish_run(store, names, started, tasks, messages.unwrap_or(0) as u64).await
+}
+
+/// Waits for the workers' job counts; checks that the outbox holds `per_job` messages for
+/// each job and no other, then empties it, so that every run starts alike. Returns jobs/s
+/// since `started`.
+async fn finish_run(
+    store: &Store<Postgres>,
+    names: &Names,
+    started: Instant,
+    tasks: Vec<tokio::task::JoinHandle<Result<u64, idem::Error>>>,
+    per_job: u64,
+) -> Res<f64> {
     let mut jobs = 0;
     for task in tasks {
         jobs += task.await??;
     }
     let rate = jobs as f64 / started.elapsed().as_secs_f64();
-    // Every job's messages, and no other: then a clean outbox for the next run.
     let outbox = format!("{}_outbox", names.markers);
     let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT COUNT(*) FROM {outbox}")))
         .fetch_one(store.pool())
         .await?;
-    let want = jobs * messages.unwrap_or(0) as u64;
-    if rows as u64 != want {
-        return Err(
-            format!("{rows} outbox rows after {jobs} jobs of {messages:?} messages").into(),
-        );
+    if rows as u64 != jobs * per_job {
+        return Err(format!("{rows} outbox rows after {jobs} jobs of {per_job} messages").into());
     }
     sqlx::query(AssertSqlSafe(format!("TRUNCATE {outbox}")))
         .execute(store.pool())

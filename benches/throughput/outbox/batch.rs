@@ -63,8 +63,8 @@ async fn top_up_all_sending(
     Ok(())
 }
 
-/// Jobs/s (not batches/s) of batches of `BATCH`, sending one message a job or none; then the
-/// outbox is checked (a message for every job, or none) and emptied.
+/// Jobs/s (not batches/s) of batches of `BATCH`, sending one message a job or none; the
+/// outbox is then checked (a message for every job, or none) and emptied.
 pub(super) async fn run(
     store: &Store<Postgres>,
     names: &Names,
@@ -97,23 +97,5 @@ pub(super) async fn run(
             Ok::<u64, idem::Error>(done)
         }));
     }
-    let mut jobs = 0;
-    for task in tasks {
-        jobs += task.await??;
-    }
-    let rate = jobs as f64 / started.elapsed().as_secs_f64();
-    let outbox = format!("{}_outbox", names.markers);
-    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT COUNT(*) FROM {outbox}")))
-        .fetch_one(store.pool())
-        .await?;
-    let want = if sending { jobs } else { 0 };
-    if rows as u64 != want {
-        return Err(
-            format!("{rows} outbox rows after {jobs} batch jobs (sending: {sending})").into(),
-        );
-    }
-    sqlx::query(AssertSqlSafe(format!("TRUNCATE {outbox}")))
-        .execute(store.pool())
-        .await?;
-    Ok(rate)
+    super::finish_run(store, names, started, tasks, u64::from(sending)).await
 }

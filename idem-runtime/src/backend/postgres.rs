@@ -308,13 +308,7 @@ impl Dialect for Postgres {
         outbox: &'t Pending,
     ) -> Result<(), sqlx::Error> {
         if let Some((key, m)) = outbox.single() {
-            sqlx::query(st.outbox.write.clone())
-                .bind(m.id.as_str())
-                .bind(m.destination.as_str())
-                .bind(m.payload.as_slice())
-                .bind(outbox.scope())
-                .bind(key)
-                .bind(i64::from(m.seq))
+            super::shared::bind_message!(st, outbox, key, m)
                 .execute(&mut *conn)
                 .await?;
             return Ok(());
