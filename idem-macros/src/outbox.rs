@@ -32,7 +32,7 @@ fn outbox_kind(ty: &Type) -> Option<Kind> {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 enum Kind {
     Job,
     Batch,

@@ -53,16 +53,22 @@ const DDL: &[&str] = &[
      WHERE sent_at IS NOT NULL",
 ];
 
-/// The outbox's statements: write (id, destination, payload, scope, key, seq); due (limit,
+/// The outbox's statements: write (ids, destinations, payloads, scope, keys, seqs: all of a
+/// claim's messages in one statement, the arrays in the messages' order); due (limit,
 /// lease ms): takes the due messages, oldest first, skipping those another relay holds, and
 /// holds them for the lease; sent (id); failed (error, retry ms, park, id); purge (age ms,
 /// limit).
 const OUTBOX: [&str; 5] = [
     // The notification goes out with the commit, and only with it; PostgreSQL sends one
     // for all of a transaction's identical ones.
+    // A data-modifying `WITH` runs to completion whatever its reader takes, so `LIMIT 1`
+    // only spares the calls of `pg_notify` after the first.
     "WITH written AS (INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq) \
-     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING 1) \
-     SELECT pg_notify('{t}_outbox', '') FROM written",
+     SELECT m.id, m.destination, m.payload, $4, m.key, m.seq \
+     FROM unnest($1::text[], $2::text[], $3::bytea[], $5::text[], $6::int8[]) \
+     AS m (id, destination, payload, key, seq) \
+     ON CONFLICT DO NOTHING RETURNING 1) \
+     SELECT pg_notify('{t}_outbox', '') FROM written LIMIT 1",
     "UPDATE {t}_outbox SET next_attempt_at = now() + $2 * interval '1 millisecond' \
      WHERE id IN (SELECT id FROM {t}_outbox WHERE sent_at IS NULL AND NOT parked \
      AND next_attempt_at <= now() ORDER BY created_at, seq LIMIT $1 FOR UPDATE SKIP LOCKED) \
@@ -74,17 +80,6 @@ const OUTBOX: [&str; 5] = [
     "DELETE FROM {t}_outbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t}_outbox \
      WHERE sent_at < now() - $1 * interval '1 millisecond' LIMIT $2))",
 ];
-
-/// The outbox's write of several messages in one statement (ids, destinations, payloads,
-/// scope, keys, seqs; the arrays in the messages' order). A data-modifying `WITH` runs to
-/// completion whatever its reader takes, so `LIMIT 1` only spares the calls of `pg_notify`
-/// after the first.
-const OUTBOX_WRITE_MANY: &str = "WITH written AS (INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq) \
-     SELECT m.id, m.destination, m.payload, $4, m.key, m.seq \
-     FROM unnest($1::text[], $2::text[], $3::bytea[], $5::text[], $6::int8[]) \
-     AS m (id, destination, payload, key, seq) \
-     ON CONFLICT DO NOTHING RETURNING 1) \
-     SELECT pg_notify('{t}_outbox', '') FROM written LIMIT 1";
 
 /// The outbox's operator statements: list (parked, pending, limit), find (id), requeue (id).
 const OUTBOX_COLUMNS: &str = "id, destination, scope, key, seq::int8, attempts::int8, \
@@ -206,7 +201,6 @@ impl Dialect for Postgres {
                               WHERE scope = $1 AND key = $2 AND token = $3 \
                               AND state = 'in_progress'",
             outbox: OUTBOX,
-            outbox_write_many: Some(OUTBOX_WRITE_MANY),
             outbox_ops: [
                 &format!(
                     "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
@@ -300,19 +294,12 @@ impl Dialect for Postgres {
     super::shared::claim_on_conflict!();
     super::shared::outbox_numbered!();
 
-    /// One statement for all of the claim's messages, one round trip whatever their number;
-    /// a single message binds plain values, which costs the server less than arrays.
+    /// One statement for all of the claim's messages: one round trip whatever their number.
     async fn outbox_write<'t>(
         conn: &'t mut Self::Connection,
         st: &'t Statements,
         outbox: &'t Pending,
     ) -> Result<(), sqlx::Error> {
-        if let Some((key, m)) = outbox.single() {
-            super::shared::bind_message!(st, outbox, key, m)
-                .execute(&mut *conn)
-                .await?;
-            return Ok(());
-        }
         let (mut ids, mut destinations, mut payloads, mut keys, mut seqs) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (key, m) in outbox.rows() {
@@ -322,8 +309,7 @@ impl Dialect for Postgres {
             keys.push(key);
             seqs.push(i64::from(m.seq));
         }
-        let many = st.outbox.write_many.clone();
-        sqlx::query(many.expect("PostgreSQL's statements write many messages at once"))
+        sqlx::query(st.outbox.write.clone())
             .bind(ids)
             .bind(destinations)
             .bind(payloads)

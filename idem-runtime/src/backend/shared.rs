@@ -254,20 +254,6 @@ macro_rules! lease_on_conflict {
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(super) use lease_on_conflict;
 
-/// The statement that writes one message, bound (id, destination, payload, scope, key, seq).
-macro_rules! bind_message {
-    ($st:expr, $outbox:expr, $key:expr, $m:expr) => {
-        sqlx::query($st.outbox.write.clone())
-            .bind($m.id.as_str())
-            .bind($m.destination.as_str())
-            .bind($m.payload.as_slice())
-            .bind($outbox.scope())
-            .bind($key)
-            .bind(i64::from($m.seq))
-    };
-}
-pub(super) use bind_message;
-
 /// The outbox's write as one statement a message (id, destination, payload, scope, key, seq):
 /// SQLite's statements cost no round trip, and MySQL has no array to bind.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
@@ -279,7 +265,13 @@ macro_rules! outbox_write_each {
             outbox: &'t Pending,
         ) -> Result<(), sqlx::Error> {
             for (key, m) in outbox.rows() {
-                super::shared::bind_message!(st, outbox, key, m)
+                sqlx::query(st.outbox.write.clone())
+                    .bind(m.id.as_str())
+                    .bind(m.destination.as_str())
+                    .bind(m.payload.as_slice())
+                    .bind(outbox.scope())
+                    .bind(key)
+                    .bind(i64::from(m.seq))
                     .execute(&mut *conn)
                     .await?;
             }

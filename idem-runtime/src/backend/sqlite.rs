@@ -180,7 +180,6 @@ impl Dialect for Sqlite {
                               WHERE scope = ?1 AND key = ?2 AND token = ?3 \
                               AND state = 'in_progress'",
             outbox: OUTBOX,
-            outbox_write_many: None,
             outbox_ops: [
                 &format!(
                     "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \

@@ -73,11 +73,9 @@ pub struct Statements {
 /// The outbox table's statements (`{t}_outbox`; see each backend for their binds).
 #[derive(Debug)]
 pub(crate) struct OutboxStatements {
-    /// One message, in the claim's transaction; an id already there is left as it is.
+    /// The claim's messages, in its transaction: one a statement, or all of them in one on
+    /// PostgreSQL; an id already there is left as it is.
     pub(crate) write: SqlStr,
-    /// Several messages in one statement, where the backend binds arrays (PostgreSQL).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) write_many: Option<SqlStr>,
     /// The relay's take: due messages, oldest first, locked or skipped.
     pub(crate) due: SqlStr,
     pub(crate) sent: SqlStr,
@@ -112,7 +110,6 @@ pub(crate) struct Templates<'a> {
     pub(crate) lease_release: &'a str,
     pub(crate) lease_renew: &'a str,
     pub(crate) outbox: [&'a str; 5],
-    pub(crate) outbox_write_many: Option<&'a str>,
     /// list, find, requeue.
     pub(crate) outbox_ops: [&'a str; 3],
     pub(crate) ddl: &'a [&'a str],
@@ -150,7 +147,6 @@ impl Templates<'_> {
                 let [list, find, requeue] = self.outbox_ops.map(fill);
                 OutboxStatements {
                     write,
-                    write_many: self.outbox_write_many.map(fill),
                     due,
                     sent,
                     failed,

@@ -34,9 +34,8 @@ impl BatchOutbox {
     /// The outbox of a batch's fresh jobs (their keys, in the batch's order).
     pub(crate) fn new(scope: Cow<'static, str>, fresh: Vec<Key>) -> BatchOutbox {
         let pending = Pending::new(scope, fresh);
-        let keys: Vec<&str> = pending.keys().collect();
-        let mut by_key: Vec<usize> = (0..keys.len()).collect();
-        by_key.sort_unstable_by_key(|i| keys[*i]);
+        let mut by_key: Vec<usize> = (0..pending.jobs.len()).collect();
+        by_key.sort_unstable_by_key(|i| pending.jobs[*i].0.as_str());
         BatchOutbox { pending, by_key }
     }
 

@@ -113,11 +113,6 @@ impl Pending {
         }
     }
 
-    /// The jobs' keys, in the order they were given.
-    pub(crate) fn keys(&self) -> impl Iterator<Item = &str> {
-        self.jobs.iter().map(|(key, _)| key.as_str())
-    }
-
     /// Adds the next message of the job at `job`, checked first: nothing is kept of a message
     /// that is refused, and the job's numbering does not move.
     pub(crate) fn push(
@@ -162,15 +157,6 @@ impl Pending {
 
     pub(crate) fn scope(&self) -> &str {
         &self.scope
-    }
-
-    /// The one message and its job's key, if there is exactly one.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn single(&self) -> Option<(&str, &Message)> {
-        match self.messages.as_slice() {
-            [message] => Some((self.jobs[self.owners[0]].0.as_str(), message)),
-            _ => None,
-        }
     }
 
     /// Each message with the key of the job that sent it, in the order they were sent.

@@ -226,7 +226,6 @@ impl Dialect for MySql {
                               WHERE scope = ? AND `key` = ? AND token = ? \
                               AND state = 'in_progress'",
             outbox: OUTBOX,
-            outbox_write_many: None,
             outbox_ops: [
                 &format!(
                     "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
