@@ -11,9 +11,10 @@ use sqlx::{Connection as _, MySql, MySqlConnection};
 struct My;
 
 /// Sessions in the middle of a claim `INSERT` (a batch's is `INSERT IGNORE`) into the marker
-/// table named `?`.
+/// table named `?`. A statement bounded by `SET STATEMENT .. FOR` shows that prefix (in its
+/// executable comment) before the `INSERT`.
 const CLAIMS_RUNNING: &str = "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-     WHERE INFO LIKE CONCAT('INSERT %INTO ', $1, ' %')";
+     WHERE INFO LIKE CONCAT('%INSERT %INTO ', $1, ' %')";
 
 const URL_VAR: &str = "IDEM_MYSQL_URL";
 
@@ -56,6 +57,13 @@ impl conformance::Support for My {
     // listed 24 of 31 waiters for minutes while the process list showed all 31 in the INSERT.
     const LOCK_WAITERS: Option<&'static str> = Some(CLAIMS_RUNNING);
     const STATEMENT_AFTER_ROLLBACK_KEPT: bool = true;
+    const LOCK_WAIT_MS: &'static str =
+        "SELECT CAST(@@SESSION.innodb_lock_wait_timeout * 1000 AS SIGNED)";
+    // MariaDB's `TIME_MS`: how long the session's running statement has run.
+    const UPDATES_RUNNING_LONGER_THAN: Option<&'static str> = Some(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+         WHERE INFO LIKE CONCAT('UPDATE ', $1, ' %') AND TIME_MS > $2",
+    );
     const WAIT_RESTORED: Option<(&'static str, &'static str)> = Some((
         "SELECT CAST(CONNECTION_ID() AS SIGNED)",
         "SELECT CAST(@@SESSION.innodb_lock_wait_timeout = @@GLOBAL.innodb_lock_wait_timeout \

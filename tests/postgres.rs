@@ -23,6 +23,14 @@ impl conformance::Support for Pg {
          AND query LIKE '%INSERT INTO ' || $1 || ' %'",
     );
     const STATEMENT_AFTER_ROLLBACK_KEPT: bool = false;
+    const LOCK_WAIT_MS: &'static str = "SELECT CAST(EXTRACT(EPOCH FROM \
+         current_setting('lock_timeout')::interval) * 1000 AS BIGINT)";
+    // `query_start` is when the session's running statement began; a `Lock` wait is a row lock.
+    const UPDATES_RUNNING_LONGER_THAN: Option<&'static str> = Some(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE 'UPDATE ' || $1 || ' %' \
+         AND now() - query_start > $2 * interval '1 millisecond'",
+    );
 
     async fn swallow_a_rollback(conn: &mut PgConnection, _: &PgPool, _: &str) {
         // The error aborts the transaction: every later statement fails with 25P02, and

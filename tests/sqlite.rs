@@ -21,6 +21,7 @@ impl conformance::Support for Lite {
     // Writers queue in the busy handler of `BEGIN IMMEDIATE`, which no other connection sees.
     const LOCK_WAITERS: Option<&'static str> = None;
     const STATEMENT_AFTER_ROLLBACK_KEPT: bool = true;
+    const LOCK_WAIT_MS: &'static str = "PRAGMA busy_timeout";
 
     async fn swallow_a_rollback(conn: &mut SqliteConnection, _: &SqlitePool, rows: &str) {
         // Id 1 exists: the conflict resolution `ROLLBACK` ends the whole transaction, and the
@@ -41,19 +42,12 @@ impl conformance::Support for Lite {
     }
 
     async fn connect(url: &str, max: u32) -> SqlitePool {
-        let opts = SqliteConnectOptions::from_str(url)
-            .unwrap_or_else(|e| panic!("bad SQLite URL {url}: {e}"))
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            // Writers wait for each other (BEGIN IMMEDIATE) up to this long.
-            .busy_timeout(Duration::from_secs(60));
-        SqlitePoolOptions::new()
-            .max_connections(max)
-            .acquire_timeout(Duration::from_secs(60))
-            .connect_with(opts)
-            .await
-            .unwrap_or_else(|e| panic!("cannot open the SQLite database {url}: {e}"))
+        // Writers wait for each other (BEGIN IMMEDIATE) up to this long.
+        open(url, max, options(url).busy_timeout(Duration::from_secs(60))).await
+    }
+
+    async fn connect_default_wait(url: &str, max: u32) -> SqlitePool {
+        open(url, max, options(url)).await
     }
 
     fn remove(url: &str) {
@@ -62,6 +56,23 @@ impl conformance::Support for Lite {
             drop(std::fs::remove_file(format!("{path}{suffix}")));
         }
     }
+}
+
+fn options(url: &str) -> SqliteConnectOptions {
+    SqliteConnectOptions::from_str(url)
+        .unwrap_or_else(|e| panic!("bad SQLite URL {url}: {e}"))
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+}
+
+async fn open(url: &str, max: u32, opts: SqliteConnectOptions) -> SqlitePool {
+    SqlitePoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(60))
+        .connect_with(opts)
+        .await
+        .unwrap_or_else(|e| panic!("cannot open the SQLite database {url}: {e}"))
 }
 
 conformance::every_backend_tests!(Lite);

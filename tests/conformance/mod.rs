@@ -96,6 +96,21 @@ pub(crate) trait Support: Send + Sync + 'static {
     /// (SQLite's busy timeout).
     const WAIT_RESTORED: Option<(&'static str, &'static str)> = None;
 
+    /// A query for the session's lock wait in milliseconds: PostgreSQL's `lock_timeout`,
+    /// MySQL's `innodb_lock_wait_timeout`, SQLite's busy timeout.
+    const LOCK_WAIT_MS: &'static str;
+
+    /// A query counting the sessions that have been running an `UPDATE` of the table named `$1`
+    /// for more than `$2` milliseconds (a statement queued behind another session's row lock),
+    /// or `None` where other sessions' statements cannot be seen (SQLite).
+    const UPDATES_RUNNING_LONGER_THAN: Option<&'static str> = None;
+
+    /// [`connect`](Support::connect) with the database's own lock wait: SQLite's connections
+    /// keep sqlx's busy timeout (5 s) instead of `connect`'s minute.
+    fn connect_default_wait(url: &str, max: u32) -> impl Future<Output = Pool<Self::Db>> + Send {
+        Self::connect(url, max)
+    }
+
     /// Removes what [`url`](Support::url) created outside the database (files), if anything.
     fn remove(_url: &str) {}
 }
