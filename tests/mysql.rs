@@ -121,6 +121,7 @@ conformance::tests!(My;
     connection_cut_after_the_claim_keeps_nothing_and_redelivery_applies,
     cancelled_migration_does_not_leak_its_named_lock,
     lease_is_live_for_a_session_in_another_time_zone,
+    body_statement_waits_longer_than_the_claims_wait,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).

@@ -260,6 +260,14 @@ macro_rules! every_backend_tests {
             batch_that_stops_waiting_is_in_progress_and_claims_nothing,
             worker_killed_inside_a_batch_keeps_nothing,
             four_processes_in_overlapping_batches_apply_every_job_once,
+            forgotten_lease_taken_again_gets_a_larger_token_and_fences_the_old_holder,
+            fenced_holder_of_a_forgotten_lease_cannot_release_the_new_one,
+            lease_claims_behind_a_rolled_back_transaction_claim_are_fresh_at_most_once,
+            lease_claim_behind_an_open_transaction_claim_is_in_progress,
+            lease_handler_inside_a_transaction_body_is_refused_as_nested,
+            wait_does_not_reach_the_body,
+            wait_does_not_outlive_the_call_on_the_pooled_connection,
+            outbox_message_of_a_body_that_swallows_a_rollback_is_not_kept,
         );
     };
 }
