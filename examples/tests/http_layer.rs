@@ -29,6 +29,8 @@ mod db;
 mod hangup;
 #[path = "http_layer/lease.rs"]
 mod lease;
+#[path = "http_layer/seams.rs"]
+mod seams;
 
 use db::{Db, Tables, mariadb, postgres, sqlite, temp_db};
 
