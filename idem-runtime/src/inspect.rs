@@ -1,8 +1,10 @@
 //! What operators read of the markers: one marker by key, and the jobs still in progress.
 
 use crate::backend::{Backend, MarkerRow};
-use crate::key::check_scope;
-use crate::{Error, IntoKey, Key, Store};
+use crate::error::Error;
+use crate::key::{IntoKey, Key};
+use crate::scope::check_scope;
+use crate::store::Store;
 
 /// Whether a marker's job is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,7 +55,7 @@ impl Marker {
                 MarkerState::InProgress
             },
             attempts,
-            // A negative token is a transaction claim's nonce (MySQL), not a lease's.
+            // A negative token is a transaction claim's nonce, not a lease's.
             token: token.filter(|t| *t > 0),
             created_at,
             completed_at,
@@ -73,7 +75,7 @@ impl<DB: Backend> Store<DB> {
     ) -> Result<Option<Marker>, Error> {
         check_scope(scope)?;
         let key = Key::new(key)?;
-        let row = DB::inspect(self.pool(), self.statements(), scope, key.as_str()).await?;
+        let row = DB::inspect(self.pool(), self.sql(), scope, key.as_str()).await?;
         Ok(row.map(Marker::from_row))
     }
 
@@ -81,14 +83,15 @@ impl<DB: Backend> Store<DB> {
     /// out or was released first: the jobs to look at when a queue seems stuck.
     pub async fn list_in_progress(&self, scope: &str, limit: u32) -> Result<Vec<Marker>, Error> {
         check_scope(scope)?;
-        let rows = DB::in_progress(self.pool(), self.statements(), scope, i64::from(limit)).await?;
+        let limit = i64::from(limit);
+        let rows = DB::in_progress(self.pool(), self.sql(), Some(scope), limit).await?;
         Ok(rows.into_iter().map(Marker::from_row).collect())
     }
 
     /// [`list_in_progress`](Store::list_in_progress) across every scope: at most `limit`
     /// markers still in progress, those whose lease ran out or was released first.
     pub async fn list_all_in_progress(&self, limit: u32) -> Result<Vec<Marker>, Error> {
-        let rows = DB::in_progress_all(self.pool(), self.statements(), i64::from(limit)).await?;
+        let rows = DB::in_progress(self.pool(), self.sql(), None, i64::from(limit)).await?;
         Ok(rows.into_iter().map(Marker::from_row).collect())
     }
 }

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use crate::backend::{Backend, Statements, Table};
-use crate::key::check_scope;
-use crate::{Error, Key};
+use crate::backend::{Backend, Status, Table};
+use crate::error::Error;
+use crate::key::{IntoKey, Key};
+use crate::scope::check_scope;
 
 /// The table of markers that [`Store::new`] uses.
 pub const DEFAULT_TABLE: &str = "idem_processed";
@@ -38,48 +39,67 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 /// # Ok(()) }
 /// ```
 ///
+/// # Its methods, by concern
+///
+/// Each mode's claim lives with the mode; every one of them returns a
+/// [`Claimed`](crate::Claimed) whose fresh holder ends with `finish` (or gives up with
+/// `release`), with the same span, metrics, nested-call check and outbox as the attribute:
+///
+/// | concern | methods |
+/// |---|---|
+/// | the table | [`new`](Store::new), [`with_table`](Store::with_table), [`migrate`](Store::migrate), [`ddl`](Store::ddl), [`pool`](Store::pool), [`table`](Store::table) |
+/// | transaction mode | [`claim`](Store::claim), [`claim_with`](Store::claim_with) |
+/// | joined to a transaction you hold | [`join`](Store::join) |
+/// | lease mode | [`lease`](Store::lease) |
+/// | batches | [`claim_batch`](Store::claim_batch), [`claim_batch_with`](Store::claim_batch_with) |
+/// | operators | [`inspect`](Store::inspect), [`list_in_progress`](Store::list_in_progress), [`list_all_in_progress`](Store::list_all_in_progress), [`forget`](Store::forget), [`forget_forced`](Store::forget_forced), [`purge`](Store::purge) |
+/// | the outbox's operators | [`list_outbox`](Store::list_outbox), [`outbox_message`](Store::outbox_message), [`requeue_outbox`](Store::requeue_outbox), [`purge_outbox`](Store::purge_outbox) |
+///
 /// # Backends
 ///
 /// - **PostgreSQL**: the claim is `INSERT ... ON CONFLICT DO NOTHING`; a concurrent delivery of
 ///   the same key waits on the primary key until the first one commits (then it is a
 ///   duplicate) or rolls back (then it claims). Under `REPEATABLE READ` or `SERIALIZABLE` a
 ///   lost race (`40001`, `40P01`) is retried, a few times at most. `wait` is `SET LOCAL
-///   lock_timeout` in the begin statement, so it bounds every lock wait of the transaction.
+///   lock_timeout` in the begin statement, put back to the session's value by the claim's
+///   last statement, so it bounds the claim and not the body.
 /// - **MySQL / MariaDB**: the claim is a plain `INSERT`; duplicate-key error 1062 is the
 ///   duplicate signal, and a deadlock victim (1213) among waiters retries its claim. Keys are
 ///   stored as bytes, so `"Job-A"`, `"job-a"` and `"job-a "` are three keys. On MariaDB,
 ///   `wait` bounds each claim statement with `SET STATEMENT innodb_lock_wait_timeout = N FOR`
-///   (whole seconds), so nothing of it reaches the pooled connection, whatever happens to the
-///   call; the body's own statements keep the session's wait. MySQL 8 has no per-statement
-///   form for this variable: there `wait` sets the session's for the transaction and every
-///   end of the call puts the server's default back, except a call dropped mid-transaction (a
-///   panic, a cancelled future), whose connection keeps it. (MySQL 8 was not tested: no
-///   server can be installed where idem is built; MariaDB 10.11 is.)
+///   (whole seconds), so nothing of it reaches the body or the pooled connection, whatever
+///   happens to the call. MySQL 8 has no per-statement form for this variable: there `wait`
+///   sets the session's for the transaction (the body's statements included) and every end of
+///   the call puts the server's default back, except a call dropped mid-transaction (a panic,
+///   a cancelled future), whose connection keeps it. (MySQL 8 was not tested: no server can be
+///   installed where idem is built; MariaDB 10.11 is.)
 /// - **SQLite**: every call begins with `BEGIN IMMEDIATE`, taking the write lock up front (a
 ///   deferred transaction could deadlock on the lock upgrade). Another writer waits for it up to
 ///   the connection's busy timeout (sqlx's default is 5 s; set it with
-///   `SqliteConnectOptions::busy_timeout`, or per handler with `wait`, which sets it on the
-///   pooled connection) and then gets [`Error::InProgress`]: nothing was written, the job can
-///   be redelivered. SQLite has one writer at a time, so on SQLite that wait is for any
-///   writer, not only a delivery of the same key. Use WAL (`journal_mode(Wal)`) so readers do
-///   not wait on writers.
+///   `SqliteConnectOptions::busy_timeout`, or per handler with `wait`, which sets it for the
+///   `BEGIN` and puts the connection's own back) and then gets [`Error::InProgress`]: nothing
+///   was written, the job can be redelivered. SQLite has one writer at a time, so on SQLite
+///   that wait is for any writer, not only a delivery of the same key. Use WAL
+///   (`journal_mode(Wal)`) so readers do not wait on writers.
 ///
 /// # Applied means committed
 ///
-/// [`Outcome::Applied`](crate::Outcome::Applied) is returned only when the database confirmed the commit. A body that
-/// ignores a failed statement and returns `Ok` gets [`Error::RolledBack`] where the database
-/// threw the transaction away: PostgreSQL aborts the transaction at the first failed statement
-/// (and answers `COMMIT` with a rollback), MySQL rolls the whole transaction back on a
-/// deadlock (1213) and runs later statements in autocommit, SQLite on `INSERT OR ROLLBACK`
-/// and I/O errors. The check rides in the commit's own message (PostgreSQL `SELECT 1;
-/// COMMIT`; MySQL and MariaDB count the marker holding the claim's own nonce, which exists only
-/// while the claim's transaction does), at no extra round trip. Statements a MySQL or SQLite
-/// body ran in autocommit after such a rollback are kept, marker or not: a body must return
-/// database errors (with `?`), never ignore or retry them. (On MySQL and SQLite most failed
-/// statements, a constraint violation say, undo only themselves: a body that ignores one and
-/// returns `Ok` commits the rest of its work with the marker, which is then what it chose to
-/// keep.) A MySQL body whose DDL commits implicitly commits marker and effect there; that is
-/// `Applied`, and whatever it ran after the DDL ran in autocommit.
+/// [`Outcome::Applied`](crate::Outcome::Applied) is returned only when the database confirmed
+/// the commit. A body that ignores a failed statement and returns `Ok` gets
+/// [`Error::RolledBack`] where the database threw the transaction away: PostgreSQL aborts the
+/// transaction at the first failed statement (and answers `COMMIT` with a rollback), MySQL
+/// rolls the whole transaction back on a deadlock (1213) and runs later statements in
+/// autocommit, SQLite on `INSERT OR ROLLBACK` and I/O errors. The check rides in the commit's
+/// own message (PostgreSQL `SELECT 1; COMMIT`; MySQL and MariaDB find the marker holding the
+/// claim's own nonce, which exists only while the claim's transaction does), at no extra round
+/// trip. The outbox's messages are written only while that marker is there, so none outlives
+/// such a rollback. Statements a MySQL or SQLite body ran in autocommit after such a rollback
+/// are kept, marker or not: a body must return database errors (with `?`), never ignore or
+/// retry them. (On MySQL and SQLite most failed statements, a constraint violation say, undo
+/// only themselves: a body that ignores one and returns `Ok` commits the rest of its work with
+/// the marker, which is then what it chose to keep.) A MySQL body whose DDL commits implicitly
+/// commits marker and effect there; that is `Applied`, and whatever it ran after the DDL ran in
+/// autocommit.
 ///
 /// # Modes meet on a scope
 ///
@@ -120,14 +140,14 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 /// same transaction instead of 0.85×) and 2.5× the duplicates.
 pub struct Store<DB: Backend> {
     pool: Pool<DB>,
-    st: Arc<Statements>,
+    sql: Arc<DB::Sql>,
 }
 
 impl<DB: Backend> Clone for Store<DB> {
     fn clone(&self) -> Self {
         Store {
             pool: self.pool.clone(),
-            st: self.st.clone(),
+            sql: self.sql.clone(),
         }
     }
 }
@@ -147,7 +167,7 @@ impl<DB: Backend> Store<DB> {
         let table = Table::new(DEFAULT_TABLE).expect("the default table is a plain identifier");
         Store {
             pool,
-            st: Arc::new(DB::statements(&table)),
+            sql: Arc::new(DB::statements(&table)),
         }
     }
 
@@ -160,7 +180,7 @@ impl<DB: Backend> Store<DB> {
         let table = Table::new(table)?;
         Ok(Store {
             pool: self.pool,
-            st: Arc::new(DB::statements(&table)),
+            sql: Arc::new(DB::statements(&table)),
         })
     }
 
@@ -169,18 +189,27 @@ impl<DB: Backend> Store<DB> {
         &self.pool
     }
 
-    pub(crate) fn statements(&self) -> &Arc<Statements> {
-        &self.st
+    pub(crate) fn sql(&self) -> &DB::Sql {
+        &self.sql
+    }
+
+    /// The statements shared by the store's clones, for a holder that outlives a borrow of
+    /// the store.
+    pub(crate) fn shared_sql(&self) -> &Arc<DB::Sql> {
+        &self.sql
     }
 
     /// The name of the marker table.
     pub fn table(&self) -> &str {
-        self.st.table.as_str()
+        DB::table(&self.sql).as_str()
     }
 
     /// The statements [`migrate`](Store::migrate) runs, for migration tools of your own.
     pub fn ddl(&self) -> Vec<String> {
-        self.st.ddl.iter().map(|s| s.as_str().to_owned()).collect()
+        DB::ddl(&self.sql)
+            .iter()
+            .map(|s| s.as_str().to_owned())
+            .collect()
     }
 
     /// Creates the marker table and its index if they are missing.
@@ -188,23 +217,66 @@ impl<DB: Backend> Store<DB> {
     /// Safe to call from every worker at start-up at the same time: the backends serialise it
     /// (an advisory lock on PostgreSQL, a named lock on MySQL, the write lock on SQLite).
     pub async fn migrate(&self) -> Result<(), Error> {
-        DB::migrate(&self.pool, &self.st).await?;
+        DB::migrate(&self.pool, &self.sql).await?;
         Ok(())
     }
 
-    /// Deletes the marker of `(scope, key)`, so that the next delivery of that job runs again.
+    /// Lets the next delivery of `(scope, key)` run the job again; returns whether a marker
+    /// was there.
     ///
-    /// For operators: a job whose effect was undone by hand can be let through once more.
-    /// Returns whether a marker was there.
-    pub async fn forget<K: crate::IntoKey + ?Sized>(
+    /// For operators: a job whose effect was undone by hand can be let through once more. A
+    /// completed marker is deleted. A marker in progress (a lease that ran out, or was let
+    /// go) is not deleted but let go of: its fencing token goes up, so its old holder can
+    /// neither complete, renew nor release it, and the next delivery takes it over with a
+    /// larger token still (and as its next [`attempt`](crate::Lease::attempt)). A marker whose
+    /// lease a delivery still holds is refused with [`Error::LeaseHeld`]: that delivery may
+    /// still be calling the outside system, and a redelivery would call it again beside it.
+    /// Wait for it to complete or run out, or use [`forget_forced`](Store::forget_forced).
+    pub async fn forget<K: IntoKey + ?Sized>(&self, scope: &str, key: &K) -> Result<bool, Error> {
+        self.forget_as(scope, key, false).await
+    }
+
+    /// [`forget`](Store::forget), even of a marker whose lease a delivery still holds.
+    ///
+    /// What that risks: the holder may still be calling the outside system; the next delivery
+    /// takes the key over and calls it too (with the same idempotency key, which a provider
+    /// that honours it deduplicates). The old holder is fenced out at once: it gets
+    /// [`Error::LeaseLost`] and cannot complete, renew or release the lease. Use it when the
+    /// holder is known to be gone (its worker was killed) and its lease is too long to wait
+    /// out.
+    pub async fn forget_forced<K: IntoKey + ?Sized>(
         &self,
         scope: &str,
         key: &K,
     ) -> Result<bool, Error> {
+        self.forget_as(scope, key, true).await
+    }
+
+    async fn forget_as<K: IntoKey + ?Sized>(
+        &self,
+        scope: &str,
+        key: &K,
+        force: bool,
+    ) -> Result<bool, Error> {
         check_scope(scope)?;
         let key = Key::new(key)?;
-        let done = DB::forget(&self.pool, &self.st, scope, key.as_str()).await?;
-        Ok(done)
+        let (pool, sql) = (&self.pool, &*self.sql);
+        // A marker completed between the statements and the read is deleted on the second
+        // round.
+        for _ in 0..2 {
+            if DB::forget(pool, sql, scope, key.as_str(), force).await? {
+                return Ok(true);
+            }
+            match DB::status(pool, sql, scope, key.as_str()).await? {
+                None => return Ok(false),
+                Some(Status::Leased) => break,
+                Some(_) => {}
+            }
+        }
+        Err(Error::LeaseHeld {
+            scope: scope.to_owned(),
+            key: key.as_str().to_owned(),
+        })
     }
 
     /// Deletes the markers of jobs completed more than `older_than` ago, in batches of at most
@@ -224,7 +296,7 @@ impl<DB: Backend> Store<DB> {
         let age_ms = i64::try_from(older_than.as_millis()).expect("below MAX_RETENTION");
         let mut total = 0;
         loop {
-            let n = DB::purge_batch(&self.pool, &self.st, age_ms, PURGE_BATCH).await?;
+            let n = DB::purge_batch(&self.pool, &self.sql, age_ms, PURGE_BATCH).await?;
             total += n;
             if n < PURGE_BATCH as u64 {
                 return Ok(total);

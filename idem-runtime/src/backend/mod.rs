@@ -1,17 +1,23 @@
 //! What each database does differently: its SQL and the rows it returns. Nothing here knows a
 //! mode; the claim core (`claim`) decides what the rows mean.
 //!
-//! [`Backend`] is the public, sealed name of a database idem supports. Its statements sit on
-//! the supertrait [`Dialect`], which no other crate can name, and take the table as
-//! [`Statements`], which only a [`Store`](crate::Store) builds from a validated [`Table`]: no
-//! caller outside idem can get a statement run, let alone one on a table name of its own.
+//! [`Backend`] is the public, sealed name of a database idem supports. What a backend does is
+//! split by concern into four traits that no other crate can name: [`Claims`](sealed::Claims)
+//! (a claim in a transaction, its verified commit), [`Leases`](sealed::Leases) (lease mode's
+//! statements), [`Outboxes`](sealed::Outboxes) (the outbox's writes and the relay's) and
+//! [`Operators`](sealed::Operators) (migrate, forget, inspect, purge). Every statement takes
+//! the backend's own [`Dialect::Sql`](sealed::Dialect::Sql), which only a
+//! [`Store`](crate::store::Store) builds from a validated [`Table`]: no caller outside idem
+//! can get a statement run, let alone one on a table name of its own. Each backend writes each
+//! of its statements once, with its binds in the order of their placeholders (`sql.rs`).
 
 use std::future::Future;
 use std::time::Duration;
 
-use sqlx::{Pool, SqlStr, Transaction};
+use sqlx::{Pool, Transaction};
 
-use crate::ClaimOptions;
+use crate::options::ClaimOptions;
+use crate::outgoing::Pending;
 
 mod listen;
 #[cfg(feature = "mysql")]
@@ -19,15 +25,14 @@ mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rows;
-mod shared;
+mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-mod statements;
 
 pub(crate) use listen::Listen;
-pub(crate) use rows::{Found, Hold, LeaseState, MarkerRow, OutboxRow};
-pub use statements::MAX_TABLE_LEN;
-pub(crate) use statements::{Statements, Table, Templates};
+pub(crate) use rows::{Found, LeaseState, MarkerRow, OutboxRow, Status};
+pub use sql::MAX_TABLE_LEN;
+pub(crate) use sql::Table;
 
 /// A database idem can keep markers in: `sqlx::Postgres`, `sqlx::Sqlite` or `sqlx::MySql`,
 /// each behind the cargo feature of the same name.
@@ -38,7 +43,7 @@ pub(crate) use statements::{Statements, Table, Templates};
     label = "a store or handler on `{Self}`",
     note = "enable idem's cargo feature for it: `postgres`, `mysql` or `sqlite` (the default), e.g. `idem = {{ version = \"..\", features = [\"postgres\"] }}`"
 )]
-pub trait Backend: sealed::Dialect {}
+pub trait Backend: sealed::Claims + sealed::Leases + sealed::Outboxes + sealed::Operators {}
 
 /// One claim's identity in the statements that write its marker.
 #[derive(Debug, Clone, Copy)]
@@ -46,50 +51,70 @@ pub struct Claimant<'a> {
     pub(crate) scope: &'a str,
     pub(crate) key: &'a str,
     pub(crate) fingerprint: Option<&'a [u8]>,
-    /// This claim's own id (negative): MySQL writes it as the marker's `token`, so that the
-    /// commit can tell whether the transaction holding it is still the one that claimed.
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    /// This claim's own id (negative): a transaction-mode marker holds it as its `token`, so
+    /// that the commit (MySQL) and the outbox's write (MySQL, SQLite) can tell whether the
+    /// transaction holding it is still the one that claimed.
     pub(crate) nonce: i64,
-    /// MariaDB bounds the claim's lock waits per statement.
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    /// How long the claim may wait for another holder of the key.
     pub(crate) wait: Option<Duration>,
 }
 
 /// What a commit checks to tell a commit from a transaction the database threw away.
 #[derive(Debug, Clone, Copy)]
 pub enum Check<'a> {
-    /// The marker a claim of this transaction wrote (MySQL counts it by its nonce).
-    Marker(&'a Statements, Claimant<'a>),
+    /// The marker a claim of this transaction wrote in `table` (MySQL finds it by its
+    /// nonce).
+    Marker(&'a Table, Claimant<'a>),
     /// No marker of ours: a caller's transaction (`idem::commit`).
     Session,
 }
 
-/// What a lease holder does with its marker after the claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseOp {
-    /// `Ok`: `completed`, if the token still matches.
-    Complete,
-    /// `Err`, timeout, panic: expire the lease now (attempts are kept).
-    Release,
-    /// Extend the lease by its length from the database's now.
-    Renew,
+/// A lease holder's identity in the statements that end or extend its lease.
+#[derive(Debug, Clone, Copy)]
+pub struct Holder<'a> {
+    pub(crate) scope: &'a str,
+    pub(crate) key: &'a str,
+    pub(crate) token: i64,
 }
 
 pub(crate) mod sealed {
     use super::*;
 
-    /// The statements of one database. Every method takes [`Statements`], which only a
-    /// [`Store`](crate::Store) can build.
+    /// What every backend is: its name, its statements for one table, how its errors read.
     pub trait Dialect: sqlx::Database {
         /// The backend's name in `Debug` output and the CLI.
         const BACKEND: &'static str;
 
-        /// The statements of this backend for `table`.
-        fn statements(table: &Table) -> Statements;
+        /// The statements of this backend for one table: only those it runs.
+        type Sql: Send + Sync + std::fmt::Debug + 'static;
 
-        /// The statement that begins a claim's transaction: `BEGIN` with the options'
-        /// isolation level and lock wait, in one round trip.
-        fn begin_sql(st: &Statements, options: &ClaimOptions) -> SqlStr;
+        /// The statements of this backend for `table`.
+        fn statements(table: &Table) -> Self::Sql;
+
+        /// The table the statements were filled with.
+        fn table(sql: &Self::Sql) -> &Table;
+
+        /// The claim waited longer than the `wait` it was given.
+        fn is_lock_timeout(err: &sqlx::Error) -> bool;
+
+        /// A race lost to another claimer (serialization failure, deadlock victim): worth
+        /// retrying the claim.
+        fn is_transient(err: &sqlx::Error) -> bool;
+
+        /// The statement failed only because the transaction was aborted by an earlier one
+        /// (PostgreSQL's `25P02`): the body swallowed a failed statement.
+        fn is_aborted(err: &sqlx::Error) -> bool;
+    }
+
+    /// Claims in a transaction: transaction mode, joined calls and batches.
+    pub trait Claims: Dialect {
+        /// Begins a claim's transaction with the options' isolation level and lock wait, in
+        /// as few round trips as the backend allows.
+        fn begin<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            options: &'p ClaimOptions,
+        ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + 'p;
 
         /// Commits `tx`, in one round trip; `Ok(false)` means the database rolled the
         /// transaction back instead (a failed statement aborted it, or a deadlock undid it),
@@ -100,126 +125,151 @@ pub(crate) mod sealed {
             options: &'a ClaimOptions,
         ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 
-        /// Rolls `tx` back (and undoes what [`begin_sql`](Dialect::begin_sql) set on the
-        /// session).
+        /// Rolls `tx` back, and undoes what [`begin`](Claims::begin) set on the session.
         fn rollback<'a>(
             tx: Transaction<'a, Self>,
             options: &'a ClaimOptions,
-        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
-            let _ = options;
-            tx.rollback()
-        }
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
         /// Ends a transaction that wrote nothing (the claim found an earlier delivery's
-        /// marker) without waiting for the database's answer: sqlx queues the `ROLLBACK` when
-        /// the transaction is dropped and sends it as the connection goes back to the pool,
-        /// so a duplicate costs one round trip less. A connection whose rollback fails is
-        /// closed by the pool, not reused. Backends that set session state in
-        /// [`begin_sql`](Dialect::begin_sql) restore it and wait.
-        fn abandon<'a>(
+        /// marker), without waiting for the database's answer where the backend allows it:
+        /// sqlx queues the `ROLLBACK` when the transaction is dropped and sends it as the
+        /// connection goes back to the pool. A connection whose rollback fails is closed by
+        /// the pool, not reused.
+        fn discard<'a>(
             tx: Transaction<'a, Self>,
             options: &'a ClaimOptions,
-        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
-            let _ = options;
-            drop(tx);
-            std::future::ready(Ok(()))
-        }
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
-        /// The claim waited longer than the `wait` it was given.
-        fn is_lock_timeout(err: &sqlx::Error) -> bool;
-
-        /// A race lost to another claimer (serialization failure, deadlock victim): worth
-        /// retrying.
-        fn is_transient(err: &sqlx::Error) -> bool;
-
-        /// Inserts the marker (`completed`, with the payload's fingerprint, if any) in the
-        /// transaction; `Ok(false)` means a marker is there already (or being written).
-        fn try_claim<'t>(
-            conn: &'t mut Self::Connection,
-            st: &'t Statements,
-            claimant: Claimant<'t>,
-        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
-
-        /// [`try_claim`](Dialect::try_claim), and when it inserted nothing, what
-        /// [`marker`](Dialect::marker) reads: `(inserted, the marker found)`. PostgreSQL does
-        /// both in one statement, so that a duplicate costs no round trip more than the
-        /// insert; there the marker can be missing from the answer although the insert found
-        /// one (a delivery that committed it while this claim waited), and the caller reads
-        /// it again. The stored value is read only with `replay`.
+        /// Inserts the marker (`completed`, holding the claim's nonce and fingerprint) and,
+        /// when a marker is there already, reads it: `(inserted, the marker found)`. The
+        /// marker can be missing from the answer although the insert found one (a delivery
+        /// that committed it while this claim waited): the caller reads it again. The stored
+        /// value is read only with `replay`. With a `wait`, the statement that makes the
+        /// claim fresh puts the session's lock wait back.
         fn claim_or_read<'t>(
             conn: &'t mut Self::Connection,
-            st: &'t Statements,
+            sql: &'t Self::Sql,
             claimant: Claimant<'t>,
             replay: bool,
-        ) -> impl Future<Output = Result<(bool, Option<Found>), sqlx::Error>> + Send + 't {
-            let _ = replay;
-            async move {
-                if Self::try_claim(&mut *conn, st, claimant).await? {
-                    return Ok((true, None));
-                }
-                let found = Self::marker(conn, st, claimant.scope, claimant.key).await?;
-                Ok((false, found))
-            }
-        }
+        ) -> impl Future<Output = Result<(bool, Option<Found>), sqlx::Error>> + Send + 't;
 
-        /// Reads the marker a claim found: its state on the database's clock, fingerprint
-        /// and stored value; `None` if it is gone.
+        /// Reads a marker: its state on the database's clock, fingerprint and stored value;
+        /// `None` if it is gone.
         fn marker<'t>(
             conn: &'t mut Self::Connection,
-            st: &'t Statements,
+            sql: &'t Self::Sql,
             scope: &'t str,
             key: &'t str,
         ) -> impl Future<Output = Result<Option<Found>, sqlx::Error>> + Send + 't;
 
         /// Takes a released or expired lease over in the transaction, as a completed marker
-        /// (fencing out its holder); `Ok(false)` if it is no longer free.
+        /// holding the claim's nonce (fencing out its holder); `Ok(false)` if it is no longer
+        /// free.
         fn take_over<'t>(
             conn: &'t mut Self::Connection,
-            st: &'t Statements,
+            sql: &'t Self::Sql,
             claimant: Claimant<'t>,
         ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
-
-        /// Batch claim: inserts the markers of `keys` (distinct, sorted, so that overlapping
-        /// batches lock rows in one order) with one statement; returns the keys this
-        /// transaction inserted.
-        fn try_claim_batch<'t>(
-            conn: &'t mut Self::Connection,
-            st: &'t Statements,
-            claimant: Claimant<'t>,
-            keys: &'t [&'t str],
-        ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 't;
-
-        /// The state of each marker of `keys` that exists (batch claims).
-        fn batch_markers<'t>(
-            conn: &'t mut Self::Connection,
-            st: &'t Statements,
-            scope: &'t str,
-            keys: &'t [&'t str],
-        ) -> impl Future<Output = Result<Vec<(String, Hold)>, sqlx::Error>> + Send + 't;
-
-        /// [`take_over`](Dialect::take_over) for the free markers among `keys`; returns the
-        /// keys taken.
-        fn take_over_batch<'t>(
-            conn: &'t mut Self::Connection,
-            st: &'t Statements,
-            claimant: Claimant<'t>,
-            keys: &'t [&'t str],
-        ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 't;
 
         /// Stores the handler's value (JSON) with the marker, in the claim's transaction.
         fn record<'t>(
             conn: &'t mut Self::Connection,
-            st: &'t Statements,
+            sql: &'t Self::Sql,
             scope: &'t str,
             key: &'t str,
             json: &'t str,
         ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
 
-        /// Writes the outbox's messages in the claim's transaction.
+        /// Batch claim: inserts the markers of `keys` (distinct, sorted, so that overlapping
+        /// batches lock rows in one order) with one statement; returns the keys this
+        /// transaction inserted.
+        fn claim_batch<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            claimant: Claimant<'t>,
+            keys: &'t [&'t str],
+        ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 't;
+
+        /// The status of each marker of `keys` that exists (batch claims).
+        fn batch_markers<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            scope: &'t str,
+            keys: &'t [&'t str],
+        ) -> impl Future<Output = Result<Vec<(String, Found)>, sqlx::Error>> + Send + 't;
+
+        /// [`take_over`](Claims::take_over) for the free markers among `keys`; returns the
+        /// keys taken.
+        fn take_over_batch<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            claimant: Claimant<'t>,
+            keys: &'t [&'t str],
+        ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 't;
+
+        /// After a batch claimed with a `wait`: the session's lock wait back where the batch's
+        /// statements left it bounded (PostgreSQL), so that the body's statements are not.
+        fn batch_claimed<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            options: &'t ClaimOptions,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
+    }
+
+    /// Lease mode: claims outside any transaction, on the database's clock, fenced by a token
+    /// that never repeats for a key (the database clock's microseconds at the claim, or one
+    /// more than the last holder's, `forget` included).
+    pub trait Leases: Dialect {
+        /// Claims `(scope, key)` for `lease_ms` of the database's clock, taking a free lease
+        /// over (token up, attempts + 1), in as few statements as the backend allows; waits
+        /// for another holder of the key at most `claimant.wait` (the backend's shortest
+        /// wait without one).
+        fn lease_claim<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            claimant: Claimant<'p>,
+            lease_ms: i64,
+        ) -> impl Future<Output = Result<LeaseState, sqlx::Error>> + Send + 'p;
+
+        /// Completes the lease of `holder`, storing `result` (if any), on `conn` (a
+        /// transaction when messages are written with it); `Ok(false)` if that holder no
+        /// longer had the key.
+        fn lease_complete<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            holder: Holder<'t>,
+            result: Option<&'t str>,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
+
+        /// Releases the lease of `holder` now (the marker stays, free for the next delivery);
+        /// `Ok(false)` if that holder no longer had the key.
+        fn lease_release<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            holder: Holder<'p>,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
+
+        /// Extends the lease of `holder` by `lease_ms` from the database's now; `Ok(false)`
+        /// if that holder no longer had the key.
+        fn lease_renew<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            holder: Holder<'p>,
+            lease_ms: i64,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
+    }
+
+    /// The outbox: the claim's writes, the relay's rounds, what operators read and change.
+    pub trait Outboxes: Dialect {
+        /// Writes the outbox's messages in the claim's transaction; where a statement could
+        /// run in autocommit after the database rolled the transaction back (MySQL, SQLite),
+        /// only while the marker holding `token` is there.
         fn outbox_write<'t>(
             conn: &'t mut Self::Connection,
-            st: &'t Statements,
-            outbox: &'t crate::outgoing::Pending,
+            sql: &'t Self::Sql,
+            outbox: &'t Pending,
+            token: i64,
         ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
 
         /// The relay's take: at most `limit` due messages, oldest first (a job's in their
@@ -227,22 +277,22 @@ pub(crate) mod sealed {
         /// died with them lets another take them again.
         fn outbox_take<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
+            sql: &'p Self::Sql,
             limit: i64,
             lease_ms: i64,
-        ) -> impl Future<Output = Result<Vec<crate::Message>, sqlx::Error>> + Send + 'p;
+        ) -> impl Future<Output = Result<Vec<crate::outgoing::Message>, sqlx::Error>> + Send + 'p;
 
         /// The broker confirmed the message.
         fn outbox_sent<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
+            sql: &'p Self::Sql,
             id: &'p str,
         ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'p;
 
         /// Publishing failed: try again in `retry_ms`, or never (`park`).
         fn outbox_failed<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
+            sql: &'p Self::Sql,
             id: &'p str,
             error: &'p str,
             retry_ms: i64,
@@ -252,7 +302,7 @@ pub(crate) mod sealed {
         /// Deletes at most `limit` messages sent more than `age_ms` ago; returns how many.
         fn outbox_purge<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
+            sql: &'p Self::Sql,
             age_ms: i64,
             limit: i64,
         ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'p;
@@ -261,7 +311,7 @@ pub(crate) mod sealed {
         /// parked first, then oldest first.
         fn outbox_list<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
+            sql: &'p Self::Sql,
             parked: bool,
             pending: bool,
             limit: i64,
@@ -270,7 +320,7 @@ pub(crate) mod sealed {
         /// One message by id, sent or not.
         fn outbox_find<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
+            sql: &'p Self::Sql,
             id: &'p str,
         ) -> impl Future<Output = Result<Option<OutboxRow>, sqlx::Error>> + Send + 'p;
 
@@ -278,90 +328,79 @@ pub(crate) mod sealed {
         /// unsent message of that id is parked.
         fn outbox_requeue<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
+            sql: &'p Self::Sql,
             id: &'p str,
         ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
 
         /// What a relay waits on when a round found nothing to send: the commits of new
-        /// messages, where the database announces them (PostgreSQL); `None` polls.
+        /// messages, where the database announces them (PostgreSQL); `None` where it does
+        /// not, and the relay polls.
         fn outbox_listen<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
-        ) -> impl Future<Output = Result<Option<Listen>, sqlx::Error>> + Send + 'p {
-            let _ = (pool, st);
-            std::future::ready(Ok(None))
-        }
+            sql: &'p Self::Sql,
+        ) -> impl Future<Output = Result<Option<Listen>, sqlx::Error>> + Send + 'p;
+    }
 
+    /// What operators do with the marker table.
+    pub trait Operators: Dialect {
+        /// The statements that create the tables, in order.
+        fn ddl(sql: &Self::Sql) -> &[sqlx::SqlStr];
+
+        /// Creates the marker and outbox tables if they are missing, the workers taking
+        /// turns.
         fn migrate<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
+            sql: &'p Self::Sql,
         ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'p;
 
+        /// Lets the next delivery of `(scope, key)` run: deletes a completed marker, or lets
+        /// go of one in progress (its token goes up, fencing its holder out) unless a
+        /// delivery holds a live lease on it and `force` is not set. `Ok(true)` if it did
+        /// either.
         fn forget<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
+            sql: &'p Self::Sql,
             scope: &'p str,
             key: &'p str,
+            force: bool,
         ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
 
-        /// Lease mode: claims `(scope, key)` for `lease_ms` of the database's clock, taking a
-        /// free lease over (token + 1, attempts + 1), in as few statements as the backend
-        /// allows; autocommit, outside any transaction.
-        fn lease_claim<'p>(
+        /// Who holds the marker of `(scope, key)`, if there is one.
+        fn status<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
-            claimant: Claimant<'p>,
-            lease_ms: i64,
-        ) -> impl Future<Output = Result<LeaseState, sqlx::Error>> + Send + 'p;
-
-        /// Lease mode: completes (storing `result`, if any), releases or renews the lease of
-        /// the holder of `token`; `Ok(true)` if that holder still had the key.
-        #[allow(clippy::too_many_arguments, reason = "one statement's binds")]
-        fn lease_update<'p>(
-            pool: &'p Pool<Self>,
-            st: &'p Statements,
-            op: LeaseOp,
+            sql: &'p Self::Sql,
             scope: &'p str,
             key: &'p str,
-            token: i64,
-            lease_ms: i64,
-            result: Option<&'p str>,
-        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
+        ) -> impl Future<Output = Result<Option<Status>, sqlx::Error>> + Send + 'p;
 
         /// One marker, for operators.
         fn inspect<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
+            sql: &'p Self::Sql,
             scope: &'p str,
             key: &'p str,
         ) -> impl Future<Output = Result<Option<MarkerRow>, sqlx::Error>> + Send + 'p;
 
-        /// At most `limit` in-progress markers of `scope`, expired or released leases first.
+        /// At most `limit` in-progress markers of `scope` (every scope: `None`), expired or
+        /// released leases first.
         fn in_progress<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
-            scope: &'p str,
-            limit: i64,
-        ) -> impl Future<Output = Result<Vec<MarkerRow>, sqlx::Error>> + Send + 'p;
-
-        /// [`in_progress`](Dialect::in_progress) in every scope.
-        fn in_progress_all<'p>(
-            pool: &'p Pool<Self>,
-            st: &'p Statements,
+            sql: &'p Self::Sql,
+            scope: Option<&'p str>,
             limit: i64,
         ) -> impl Future<Output = Result<Vec<MarkerRow>, sqlx::Error>> + Send + 'p;
 
         /// Deletes at most `limit` completed markers older than `age_ms`; returns how many.
         fn purge_batch<'p>(
             pool: &'p Pool<Self>,
-            st: &'p Statements,
+            sql: &'p Self::Sql,
             age_ms: i64,
             limit: i64,
         ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'p;
     }
 }
 
-/// `ms` rounded up to whole seconds (at least one), for databases that count lock waits in
+/// `wait` rounded up to whole seconds (at least one), for databases that count lock waits in
 /// seconds.
 #[cfg(feature = "mysql")]
 fn whole_seconds(wait: Duration) -> u64 {

@@ -1,47 +1,56 @@
 //! The rows the backends return, as the claim core reads them.
 
-use crate::Recorded;
+use crate::outgoing::Message;
+use crate::record::Recorded;
 
-/// What a marker that a claim could not insert says, on the database's clock.
+/// Who holds the key of a marker that a claim found, on the database's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hold {
+pub enum Status {
     /// The job's effect was committed (or its lease-mode call completed).
     Completed,
     /// Another delivery holds a lease that has not run out.
-    Live,
+    Leased,
     /// A lease that was released or ran out: the next delivery takes it over.
     Free,
 }
 
-impl Hold {
+impl Status {
     /// From the `state` column and whether the lease is over (`locked_until` passed or unset).
-    pub(crate) fn of(state: &str, lease_over: bool) -> Hold {
+    pub(crate) fn of(state: &str, lease_over: bool) -> Status {
         match (state, lease_over) {
-            ("completed", _) => Hold::Completed,
-            (_, true) => Hold::Free,
-            (_, false) => Hold::Live,
+            ("completed", _) => Status::Completed,
+            (_, true) => Status::Free,
+            (_, false) => Status::Leased,
         }
     }
 }
 
-/// A marker found in place: what it says, and what it recorded.
+/// A marker found in place: who holds it, and what it recorded.
 #[derive(Debug, Clone)]
 pub struct Found {
-    pub(crate) hold: Hold,
+    pub(crate) status: Status,
     pub(crate) recorded: Recorded,
 }
 
 impl Found {
-    /// From a row of the `marker` statement: `(state, lease over (0 or 1), fingerprint,
+    /// From a row of a `marker` statement: `(state, lease over (0 or 1), fingerprint,
     /// result)`.
     pub(crate) fn of_row(row: (String, i64, Option<Vec<u8>>, Option<String>)) -> Found {
         let (state, over, fingerprint, result) = row;
         Found {
-            hold: Hold::of(&state, over != 0),
+            status: Status::of(&state, over != 0),
             recorded: Recorded {
                 fingerprint,
                 result,
             },
+        }
+    }
+
+    /// A marker of which only the status was read (a batch's).
+    pub(crate) fn of_status(state: &str, over: i64) -> Found {
+        Found {
+            status: Status::of(state, over != 0),
+            recorded: Recorded::default(),
         }
     }
 }
@@ -49,7 +58,8 @@ impl Found {
 /// What a lease-mode claim statement found.
 #[derive(Debug, Clone)]
 pub enum LeaseState {
-    /// This delivery holds the key now: fresh, or taken over from an earlier holder.
+    /// This delivery holds the key now: fresh (`attempts` 1), or taken over from an earlier
+    /// holder.
     Taken { token: i64, attempts: i64 },
     /// A marker it could not take.
     Found(Found),
@@ -88,3 +98,20 @@ pub(crate) type OutboxRow = (
     i64,
     i64,
 );
+
+/// A taken message as the relay gets it.
+pub(crate) fn message(
+    id: String,
+    destination: String,
+    payload: Vec<u8>,
+    seq: impl TryInto<u32>,
+    attempts: impl TryInto<u32>,
+) -> Message {
+    Message {
+        id,
+        destination,
+        payload,
+        seq: seq.try_into().unwrap_or(u32::MAX),
+        attempts: attempts.try_into().unwrap_or(u32::MAX),
+    }
+}

@@ -17,7 +17,9 @@ pub use operators::{OutboxEntry, OutboxState};
 pub use rabbitmq::RabbitMq;
 
 use crate::backend::Backend;
-use crate::{Error, Message, Store};
+use crate::error::Error;
+use crate::outgoing::Message;
+use crate::store::{PURGE_BATCH, Store};
 
 /// A broker the relay publishes to: RabbitMQ ([`RabbitMq`], feature `outbox-rabbitmq`), NATS
 /// JetStream ([`JetStream`], feature `outbox-nats`), or one of your own.
@@ -114,7 +116,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
 
     /// One round: takes the due messages, publishes them, marks each.
     pub async fn relay_once(&self) -> Result<Relayed, Error> {
-        let st = self.store.statements();
+        let st = self.store.sql();
         let pool = self.store.pool();
         let lease_ms = millis(self.lease);
         let taken = DB::outbox_take(pool, st, i64::from(self.batch), lease_ms).await?;
@@ -156,7 +158,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         let mut stop = std::pin::pin!(stop);
         // Listening before the first round: a commit from then on is announced, even one
         // that lands while a round runs (the notification waits in the listener).
-        let listen = DB::outbox_listen(self.store.pool(), self.store.statements());
+        let listen = DB::outbox_listen(self.store.pool(), self.store.sql());
         let Some(listen) = unless(stop.as_mut(), listen).await else {
             return Ok(());
         };
@@ -188,10 +190,9 @@ impl<DB: Backend> Store<DB> {
         let age_ms = millis(older_than);
         let mut total = 0;
         loop {
-            let n = DB::outbox_purge(self.pool(), self.statements(), age_ms, crate::PURGE_BATCH)
-                .await?;
+            let n = DB::outbox_purge(self.pool(), self.sql(), age_ms, PURGE_BATCH).await?;
             total += n;
-            if n < crate::PURGE_BATCH as u64 {
+            if n < PURGE_BATCH as u64 {
                 return Ok(total);
             }
         }

@@ -5,7 +5,7 @@
 use async_nats::jetstream::{self, message::PublishMessage};
 
 use super::{PublishError, Publisher};
-use crate::Message;
+use crate::outgoing::Message;
 
 /// Publishes to NATS JetStream: `Ok` only once the stream acked the message (a duplicate
 /// JetStream dropped is acked too: it holds the first one).

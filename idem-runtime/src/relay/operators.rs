@@ -2,7 +2,8 @@
 //! a parked message made pending again.
 
 use crate::backend::{Backend, OutboxRow};
-use crate::{Error, Store};
+use crate::error::Error;
+use crate::store::Store;
 
 /// Where an outbox message stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -93,21 +94,14 @@ impl<DB: Backend> Store<DB> {
         pending: bool,
         limit: u32,
     ) -> Result<Vec<OutboxEntry>, Error> {
-        let rows = DB::outbox_list(
-            self.pool(),
-            self.statements(),
-            parked,
-            pending,
-            limit.into(),
-        )
-        .await?;
+        let rows = DB::outbox_list(self.pool(), self.sql(), parked, pending, limit.into()).await?;
         Ok(rows.into_iter().map(OutboxEntry::from_row).collect())
     }
 
     /// The outbox message `id`, sent or not; `None` if there is none (never written, or
     /// purged after it was sent).
     pub async fn outbox_message(&self, id: &str) -> Result<Option<OutboxEntry>, Error> {
-        let row = DB::outbox_find(self.pool(), self.statements(), id).await?;
+        let row = DB::outbox_find(self.pool(), self.sql(), id).await?;
         Ok(row.map(OutboxEntry::from_row))
     }
 
@@ -116,6 +110,6 @@ impl<DB: Backend> Store<DB> {
     /// the next attempt). `Ok(false)` if no unsent message of that id is parked: see
     /// [`outbox_message`](Store::outbox_message) for where it stands.
     pub async fn requeue_outbox(&self, id: &str) -> Result<bool, Error> {
-        Ok(DB::outbox_requeue(self.pool(), self.statements(), id).await?)
+        Ok(DB::outbox_requeue(self.pool(), self.sql(), id).await?)
     }
 }

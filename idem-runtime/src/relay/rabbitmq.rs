@@ -11,7 +11,7 @@ use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Channel, Confirmation};
 
 use super::{PublishError, Publisher};
-use crate::Message;
+use crate::outgoing::Message;
 
 /// Publishes to RabbitMQ on a channel in confirm mode (`confirm_select`): `Ok` only once the
 /// broker acked the message.

@@ -8,8 +8,8 @@
 
 use sqlx::{AssertSqlSafe, MySql, Row as _};
 
-use super::{LEASE_OVER, bounded};
-use crate::backend::{Claimant, Hold, Statements};
+use super::{LEASE_OVER, MySqlSql, bounded};
+use crate::backend::{Claimant, Found};
 
 type Conn = <MySql as sqlx::Database>::Connection;
 
@@ -18,16 +18,34 @@ pub(super) fn hex(value: &str) -> String {
     hex_bytes(value.as_bytes())
 }
 
-fn hex_bytes(value: &[u8]) -> String {
-    use std::fmt::Write as _;
+pub(super) fn hex_bytes(value: &[u8]) -> String {
     let mut out = String::with_capacity(3 + 2 * value.len());
-    out.push_str("X'");
-    for b in value {
-        let _ = write!(out, "{b:02x}");
-    }
-    out.push('\'');
+    push_hex(&mut out, value);
     out
 }
+
+/// Appends `value` as a hex literal to `out`. Every claim's commit probe writes its scope and
+/// key this way: a table lookup per nibble, where `write!` with `{:02x}` cost a formatter call
+/// per byte.
+pub(super) fn push_hex(out: &mut String, value: &[u8]) {
+    out.reserve(3 + 2 * value.len());
+    out.push_str("X'");
+    for &b in value {
+        let at = 2 * usize::from(b);
+        out.push_str(&HEX[at..at + 2]);
+    }
+    out.push('\'');
+}
+
+/// Every byte's two hex digits, at twice its value.
+const HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\
+    202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f\
+    404142434445464748494a4b4c4d4e4f505152535455565758595a5b5c5d5e5f\
+    606162636465666768696a6b6c6d6e6f707172737475767778797a7b7c7d7e7f\
+    808182838485868788898a8b8c8d8e8f909192939495969798999a9b9c9d9e9f\
+    a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7b8b9babbbcbdbebf\
+    c0c1c2c3c4c5c6c7c8c9cacbcccdcecfd0d1d2d3d4d5d6d7d8d9dadbdcdddedf\
+    e0e1e2e3e4e5e6e7e8e9eaebecedeeeff0f1f2f3f4f5f6f7f8f9fafbfcfdfeff";
 
 fn list(keys: &[&str]) -> String {
     keys.iter()
@@ -57,11 +75,11 @@ fn keys_of(rows: &[sqlx::mysql::MySqlRow]) -> Result<Vec<String>, sqlx::Error> {
 /// not downgraded.
 pub(super) async fn claim(
     conn: &mut Conn,
-    st: &Statements,
+    sql: &MySqlSql,
     c: Claimant<'_>,
     keys: &[&str],
 ) -> Result<Vec<String>, sqlx::Error> {
-    let t = st.table.as_str();
+    let t = sql.table.as_str();
     let scope = hex(c.scope);
     let nonce = c.nonce;
     let values: Vec<String> = keys
@@ -88,16 +106,16 @@ pub(super) async fn claim(
     keys_of(&rows)
 }
 
-/// The state of each marker of `keys` that exists.
+/// The status of each marker of `keys` that exists.
 pub(super) async fn markers(
     conn: &mut Conn,
-    st: &Statements,
+    sql: &MySqlSql,
     scope: &str,
     keys: &[&str],
-) -> Result<Vec<(String, Hold)>, sqlx::Error> {
+) -> Result<Vec<(String, Found)>, sqlx::Error> {
     let query = format!(
         "SELECT `key`, state, {LEASE_OVER} FROM {} WHERE scope = {} AND `key` IN ({})",
-        st.table.as_str(),
+        sql.table.as_str(),
         hex(scope),
         list(keys)
     );
@@ -110,7 +128,7 @@ pub(super) async fn markers(
         .map(|(key, row)| {
             let state: String = row.try_get(1)?;
             let over: i64 = row.try_get(2)?;
-            Ok((key, Hold::of(&state, over != 0)))
+            Ok((key, Found::of_status(&state, over)))
         })
         .collect()
 }
@@ -119,11 +137,11 @@ pub(super) async fn markers(
 /// holding its nonce, which then finds them.
 pub(super) async fn take_over(
     conn: &mut Conn,
-    st: &Statements,
+    sql: &MySqlSql,
     c: Claimant<'_>,
     keys: &[&str],
 ) -> Result<Vec<String>, sqlx::Error> {
-    let t = st.table.as_str();
+    let t = sql.table.as_str();
     let scope = hex(c.scope);
     let nonce = c.nonce;
     let keys = list(keys);
@@ -144,42 +162,17 @@ pub(super) async fn take_over(
     keys_of(&rows)
 }
 
-/// The relay's take: the due messages, locked (skipping those another relay has locked),
-/// then held for the lease, in one short transaction.
-pub(super) async fn outbox_take(
-    pool: &sqlx::Pool<MySql>,
-    st: &Statements,
-    limit: i64,
-    lease_ms: i64,
-) -> Result<Vec<crate::Message>, sqlx::Error> {
-    type Row = (Vec<u8>, Vec<u8>, Vec<u8>, i32, i32);
-    let mut tx = pool.begin().await?;
-    let rows: Vec<Row> = sqlx::query_as(st.outbox.due.clone())
-        .bind(limit)
-        .fetch_all(&mut *tx)
-        .await?;
-    if !rows.is_empty() {
-        let ids: Vec<String> = rows.iter().map(|r| hex_bytes(&r.0)).collect();
-        let hold = format!(
-            "UPDATE {}_outbox SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND \
-             WHERE id IN ({})",
-            st.table.as_str(),
-            lease_ms.saturating_mul(1000),
-            ids.join(",")
-        );
-        sqlx::raw_sql(AssertSqlSafe(hold)).execute(&mut *tx).await?;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_literals_spell_every_byte() {
+        assert_eq!(hex_bytes(&[0x00, 0x0f, 0xa5, 0xff]), "X'000fa5ff'");
+        assert_eq!(hex("job"), "X'6a6f62'");
+        assert_eq!(hex(""), "X''");
+        let every: Vec<u8> = (0..=255).collect();
+        let spelled: String = every.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex_bytes(&every), format!("X'{spelled}'"));
     }
-    tx.commit().await?;
-    let text = |b: Vec<u8>| String::from_utf8(b).map_err(|e| sqlx::Error::Decode(Box::new(e)));
-    rows.into_iter()
-        .map(|(id, destination, payload, seq, attempts)| {
-            Ok(crate::backend::shared::message(
-                text(id)?,
-                text(destination)?,
-                payload,
-                seq,
-                attempts,
-            ))
-        })
-        .collect()
 }

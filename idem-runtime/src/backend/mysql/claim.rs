@@ -1,0 +1,278 @@
+//! Claims in a transaction on MySQL and MariaDB: a plain `INSERT` (duplicate-key error 1062
+//! is the duplicate signal), each claim statement's lock wait bounded on MariaDB, and the
+//! verified commit, which counts the marker holding the claim's nonce.
+
+use sqlx::{AssertSqlSafe, MySql, Pool, Row as _, SqlSafeStr as _, Transaction};
+
+use super::batch::{self, push_hex};
+use super::{ER_DUP_ENTRY, LEASE_OVER, MySqlSql, bounded, number, seconds};
+use crate::backend::sealed::Claims;
+use crate::backend::sql::{Bound, statements};
+use crate::backend::{Check, Claimant, Found};
+use crate::options::ClaimOptions;
+
+/// MySQL 8 only (a no-op on MariaDB, which bounds each claim statement instead): puts the
+/// session's lock wait back to the server's default after a claim that set it.
+const RESTORE_WAIT: &str = "SET @@SESSION.innodb_lock_wait_timeout = IF(/*M! 1 OR */ 0, \
+    @@SESSION.innodb_lock_wait_timeout, @@GLOBAL.innodb_lock_wait_timeout)";
+
+statements! {
+    /// The statements of a claim in a transaction (a batch's are written per batch:
+    /// `batch.rs`).
+    pub(super) struct ClaimSql<MySql> {
+        // A plain INSERT: `INSERT IGNORE` would turn every error into a warning, and `ON
+        // DUPLICATE KEY UPDATE` reports a row under sqlx's CLIENT_FOUND_ROWS. Times are UTC
+        // whatever the session's time zone: `DATETIME` holds no zone, and workers in different
+        // zones must agree when a lease runs out.
+        claim(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64) =
+            "INSERT INTO {t} (scope, `key`, fingerprint, token, created_at, completed_at) \
+             VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))";
+        marker(scope: &str, key: &str) = format!(
+            "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR) FROM {{t}} \
+             WHERE scope = ? AND `key` = ?"
+        );
+        // A free lease becomes this transaction's completed marker, its token this claim's
+        // nonce, which fences the old holder out and lets the commit find the marker. Another
+        // payload never takes over.
+        take_over(nonce: i64, fingerprint: Option<&[u8]>, scope: &str, key: &str, same_fingerprint: Option<&[u8]>) =
+            "UPDATE {t} SET state = 'completed', completed_at = UTC_TIMESTAMP(6), \
+             locked_until = NULL, token = ?, attempts = attempts + 1, result = NULL, \
+             fingerprint = COALESCE(fingerprint, ?) \
+             WHERE scope = ? AND `key` = ? AND state = 'in_progress' \
+             AND (locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6)) \
+             AND (fingerprint IS NULL OR fingerprint = COALESCE(?, fingerprint))";
+        record(json: &str, scope: &str, key: &str) =
+            "UPDATE {t} SET result = ? WHERE scope = ? AND `key` = ?";
+    }
+}
+
+/// `statement` with its lock waits bounded by the claim's `wait`, if it has one.
+fn within(statement: Bound<MySql>, c: &Claimant<'_>) -> Bound<MySql> {
+    match c.wait {
+        None => statement,
+        Some(_) => {
+            let text = bounded(statement.text(), c.wait);
+            statement.on(text)
+        }
+    }
+}
+
+/// One text-protocol message. MySQL 8 has no per-statement lock wait, so there `wait` sets the
+/// session's for the transaction, and `commit` and `rollback` put it back; MariaDB keeps its
+/// session value (the comment turns the assignment into a no-op) and bounds the claim's
+/// statements instead.
+fn begin_sql(options: &ClaimOptions) -> String {
+    let mut begin = String::new();
+    if let Some(wait) = options.wait {
+        begin.push_str(&format!(
+            "SET @@SESSION.innodb_lock_wait_timeout = \
+             /*M! @@SESSION.innodb_lock_wait_timeout + 0 * */ {}; ",
+            seconds(wait)
+        ));
+    }
+    if let Some(level) = options.isolation {
+        // Without SESSION, for the next transaction only.
+        begin.push_str(&format!(
+            "SET TRANSACTION ISOLATION LEVEL {}; ",
+            level.sql()
+        ));
+    }
+    begin.push_str("BEGIN");
+    begin
+}
+
+impl Claims for MySql {
+    async fn begin<'p>(
+        pool: &'p Pool<Self>,
+        _: &'p MySqlSql,
+        options: &'p ClaimOptions,
+    ) -> Result<Transaction<'static, Self>, sqlx::Error> {
+        if options.is_default() {
+            return pool.begin().await;
+        }
+        pool.begin_with(AssertSqlSafe(begin_sql(options)).into_sql_str())
+            .await
+    }
+
+    async fn commit<'a>(
+        mut tx: Transaction<'a, Self>,
+        check: Check<'a>,
+        options: &'a ClaimOptions,
+    ) -> Result<bool, sqlx::Error> {
+        // A deadlock inside the body rolls the whole transaction back, marker included, and
+        // later statements run in autocommit; `COMMIT` then succeeds with nothing to commit.
+        // What the same message finds first tells the two apart: the marker holding this
+        // claim's nonce exists only while its transaction does (or once it committed: an
+        // implicit commit by DDL in the body kept marker and effect together, which is what
+        // `Applied` says). It is looked up by an `UPDATE` that changes nothing, whose count
+        // of matched rows (sqlx asks for found rows) comes back in its OK packet: no result
+        // set to decode. In its own transaction the row is locked by this claim already; a
+        // lock wait there means the transaction is gone and another delivery holds the key,
+        // so MariaDB gives up on it after a second. A transaction of the caller's has no
+        // marker of ours: there MariaDB reads `@@in_transaction` and MySQL 8, which lacks it,
+        // cannot check. sqlx still counts `tx` as open: dropping it queues a `ROLLBACK`, which
+        // the pool's ping on release flushes, and which MySQL runs as a no-op outside a
+        // transaction (PostgreSQL would warn, so there a `BEGIN` ends the message).
+        let mut message = String::with_capacity(200);
+        if let Check::Marker(table, c) = check {
+            message.push_str("/*M! SET STATEMENT innodb_lock_wait_timeout = 1 FOR */ UPDATE ");
+            message.push_str(table.as_str());
+            message.push_str(" SET token = token WHERE scope = ");
+            push_hex(&mut message, c.scope.as_bytes());
+            message.push_str(" AND `key` = ");
+            push_hex(&mut message, c.key.as_bytes());
+            message.push_str(" AND token = ");
+            message.push_str(&c.nonce.to_string());
+        } else {
+            message.push_str("SELECT CAST(1 /*M! * @@in_transaction */ AS SIGNED)");
+        }
+        message.push_str("; COMMIT");
+        if options.wait.is_some() {
+            message.push_str("; ");
+            message.push_str(RESTORE_WAIT);
+        }
+        let message = sqlx::raw_sql(AssertSqlSafe(message));
+        if matches!(check, Check::Session) {
+            let rows = message.fetch_all(&mut *tx).await?;
+            let open: i64 = match rows.first() {
+                Some(row) => row.try_get(0)?,
+                None => 0,
+            };
+            return Ok(open == 1);
+        }
+        match message.execute(&mut *tx).await {
+            Ok(done) => Ok(done.rows_affected() == 1),
+            Err(e) if <Self as crate::backend::sealed::Dialect>::is_lock_timeout(&e) => {
+                // The message stopped at the probe: put back what a `wait` changed.
+                if options.wait.is_some() {
+                    sqlx::raw_sql(RESTORE_WAIT).execute(&mut *tx).await?;
+                }
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn rollback<'a>(
+        mut tx: Transaction<'a, Self>,
+        options: &'a ClaimOptions,
+    ) -> Result<(), sqlx::Error> {
+        if options.wait.is_none() {
+            return tx.rollback().await;
+        }
+        let message = format!("ROLLBACK; {RESTORE_WAIT}; BEGIN");
+        sqlx::raw_sql(AssertSqlSafe(message))
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn discard<'a>(
+        tx: Transaction<'a, Self>,
+        options: &'a ClaimOptions,
+    ) -> Result<(), sqlx::Error> {
+        // MySQL 8: a `wait` changed the session's lock timeout, which only the rollback
+        // message restores.
+        if options.wait.is_some() {
+            return Self::rollback(tx, options).await;
+        }
+        drop(tx);
+        Ok(())
+    }
+
+    async fn claim_or_read<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t MySqlSql,
+        c: Claimant<'t>,
+        _replay: bool,
+    ) -> Result<(bool, Option<Found>), sqlx::Error> {
+        let claim = within(sql.claim.claim(c.scope, c.key, c.fingerprint, c.nonce), &c);
+        match claim.query().execute(&mut *conn).await {
+            Ok(_) => Ok((true, None)),
+            Err(e) if number(&e) == Some(ER_DUP_ENTRY) => {
+                let found = Self::marker(conn, sql, c.scope, c.key).await?;
+                Ok((false, found))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn marker<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t MySqlSql,
+        scope: &'t str,
+        key: &'t str,
+    ) -> Result<Option<Found>, sqlx::Error> {
+        let row: Option<(String, i64, Option<Vec<u8>>, Option<String>)> = sql
+            .claim
+            .marker(scope, key)
+            .rows()
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(row.map(Found::of_row))
+    }
+
+    async fn take_over<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t MySqlSql,
+        c: Claimant<'t>,
+    ) -> Result<bool, sqlx::Error> {
+        let fp = c.fingerprint;
+        let take = within(sql.claim.take_over(c.nonce, fp, c.scope, c.key, fp), &c);
+        // CLIENT_FOUND_ROWS counts the rows the WHERE matched, each of which this changed.
+        let done = take.query().execute(&mut *conn).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn record<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t MySqlSql,
+        scope: &'t str,
+        key: &'t str,
+        json: &'t str,
+    ) -> Result<(), sqlx::Error> {
+        sql.claim
+            .record(json, scope, key)
+            .query()
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn claim_batch<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t MySqlSql,
+        c: Claimant<'t>,
+        keys: &'t [&'t str],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        batch::claim(conn, sql, c, keys).await
+    }
+
+    async fn batch_markers<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t MySqlSql,
+        scope: &'t str,
+        keys: &'t [&'t str],
+    ) -> Result<Vec<(String, Found)>, sqlx::Error> {
+        batch::markers(conn, sql, scope, keys).await
+    }
+
+    async fn take_over_batch<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t MySqlSql,
+        c: Claimant<'t>,
+        keys: &'t [&'t str],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        batch::take_over(conn, sql, c, keys).await
+    }
+
+    async fn batch_claimed<'t>(
+        _: &'t mut Self::Connection,
+        _: &'t MySqlSql,
+        _: &'t ClaimOptions,
+    ) -> Result<(), sqlx::Error> {
+        // MariaDB bounded each statement on its own; MySQL 8 keeps the session's wait set for
+        // the transaction (there is no per-statement form), and its end puts it back.
+        Ok(())
+    }
+}

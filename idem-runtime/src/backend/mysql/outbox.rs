@@ -1,0 +1,189 @@
+//! The outbox on MySQL and MariaDB: one statement a message (MySQL has no array to bind),
+//! written only while the claim's marker is there, and the relay's take with `SKIP LOCKED`.
+
+use sqlx::{AssertSqlSafe, MySql, Pool};
+
+use super::MySqlSql;
+use super::batch::hex_bytes;
+use crate::backend::sealed::Outboxes;
+use crate::backend::sql::statements;
+use crate::backend::{Listen, OutboxRow, rows};
+use crate::outgoing::{Message, Pending};
+
+/// The columns of the operators' statements (see `OutboxRow`).
+const OUTBOX_COLUMNS: &str = "CONVERT(id USING utf8mb4), CONVERT(destination USING utf8mb4), \
+    CONVERT(scope USING utf8mb4), CONVERT(`key` USING utf8mb4), CAST(seq AS SIGNED), \
+    CAST(attempts AS SIGNED), last_error, CAST(parked AS SIGNED), \
+    CAST(sent_at IS NOT NULL AS SIGNED), DATE_FORMAT(created_at, '%Y-%m-%dT%H:%i:%s.%fZ'), \
+    CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED), \
+    CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), next_attempt_at) DIV 1000 AS SIGNED)";
+
+statements! {
+    /// The outbox table's statements (`{t}_outbox`).
+    pub(super) struct OutboxSql<MySql> {
+        // A deadlock in the body rolls the transaction back and later statements run in
+        // autocommit: a message is written only while the marker holding the claim's token
+        // (its nonce, or a lease's token) is there, which it is only inside the claim's
+        // transaction. Times are UTC, written by the statements (as the markers' are).
+        write(id: &str, destination: &str, payload: &[u8], seq: i64, scope: &str, key: &str, token: i64) =
+            "INSERT INTO {t}_outbox (id, destination, payload, scope, `key`, seq, created_at, \
+             next_attempt_at) SELECT ?, ?, ?, m.scope, m.`key`, ?, UTC_TIMESTAMP(6), \
+             UTC_TIMESTAMP(6) FROM {t} AS m WHERE m.scope = ? AND m.`key` = ? AND m.token = ? \
+             ON DUPLICATE KEY UPDATE id = id";
+        // The due messages, locked with `SKIP LOCKED` (MariaDB 10.6, MySQL 8), then held by id
+        // in the same short transaction.
+        due(limit: i64) =
+            "SELECT id, destination, payload, seq, attempts FROM {t}_outbox WHERE sent_at IS NULL \
+             AND parked = FALSE AND next_attempt_at <= UTC_TIMESTAMP(6) \
+             ORDER BY created_at, seq LIMIT ? FOR UPDATE SKIP LOCKED";
+        sent(id: &str) = "UPDATE {t}_outbox SET sent_at = UTC_TIMESTAMP(6) WHERE id = ?";
+        failed(error: &str, retry_ms: i64, park: bool, id: &str) =
+            "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = ?, \
+             next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND, parked = ? \
+             WHERE id = ?";
+        purge(age_ms: i64, limit: i64) =
+            "DELETE FROM {t}_outbox WHERE sent_at < UTC_TIMESTAMP(6) - INTERVAL (? * 1000) \
+             MICROSECOND ORDER BY sent_at LIMIT ?";
+        list(parked: bool, pending: bool, limit: i64) = format!(
+            "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
+             AND ((parked AND ?) OR (NOT parked AND ?)) \
+             ORDER BY parked DESC, created_at, seq LIMIT ?"
+        );
+        find(id: &str) = format!("SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE id = ?");
+        requeue(id: &str) =
+            "UPDATE {t}_outbox SET parked = FALSE, attempts = 0, \
+             next_attempt_at = UTC_TIMESTAMP(6) WHERE id = ? AND parked AND sent_at IS NULL";
+    }
+}
+
+impl Outboxes for MySql {
+    async fn outbox_write<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t MySqlSql,
+        outbox: &'t Pending,
+        token: i64,
+    ) -> Result<(), sqlx::Error> {
+        for (key, m) in outbox.rows() {
+            let seq = i64::from(m.seq);
+            let write = sql.outbox.write(
+                &m.id,
+                &m.destination,
+                &m.payload,
+                seq,
+                outbox.scope(),
+                key,
+                token,
+            );
+            write.query().execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+
+    async fn outbox_take<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p MySqlSql,
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<Message>, sqlx::Error> {
+        type Row = (Vec<u8>, Vec<u8>, Vec<u8>, i32, i32);
+        let mut tx = pool.begin().await?;
+        let due: Vec<Row> = sql.outbox.due(limit).rows().fetch_all(&mut *tx).await?;
+        if !due.is_empty() {
+            let ids: Vec<String> = due.iter().map(|r| hex_bytes(&r.0)).collect();
+            let hold = format!(
+                "UPDATE {}_outbox SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL {} \
+                 MICROSECOND WHERE id IN ({})",
+                sql.table.as_str(),
+                lease_ms.saturating_mul(1000),
+                ids.join(",")
+            );
+            sqlx::raw_sql(AssertSqlSafe(hold)).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        let text = |b: Vec<u8>| String::from_utf8(b).map_err(|e| sqlx::Error::Decode(Box::new(e)));
+        due.into_iter()
+            .map(|(id, destination, payload, seq, attempts)| {
+                Ok(rows::message(
+                    text(id)?,
+                    text(destination)?,
+                    payload,
+                    seq,
+                    attempts,
+                ))
+            })
+            .collect()
+    }
+
+    async fn outbox_sent<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p MySqlSql,
+        id: &'p str,
+    ) -> Result<(), sqlx::Error> {
+        sql.outbox.sent(id).query().execute(pool).await?;
+        Ok(())
+    }
+
+    async fn outbox_failed<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p MySqlSql,
+        id: &'p str,
+        error: &'p str,
+        retry_ms: i64,
+        park: bool,
+    ) -> Result<(), sqlx::Error> {
+        let failed = sql.outbox.failed(error, retry_ms, park, id);
+        failed.query().execute(pool).await?;
+        Ok(())
+    }
+
+    async fn outbox_purge<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p MySqlSql,
+        age_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sql
+            .outbox
+            .purge(age_ms, limit)
+            .query()
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_list<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p MySqlSql,
+        parked: bool,
+        pending: bool,
+        limit: i64,
+    ) -> Result<Vec<OutboxRow>, sqlx::Error> {
+        let list = sql.outbox.list(parked, pending, limit);
+        list.rows().fetch_all(pool).await
+    }
+
+    async fn outbox_find<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p MySqlSql,
+        id: &'p str,
+    ) -> Result<Option<OutboxRow>, sqlx::Error> {
+        sql.outbox.find(id).rows().fetch_optional(pool).await
+    }
+
+    async fn outbox_requeue<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p MySqlSql,
+        id: &'p str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sql.outbox.requeue(id).query().execute(pool).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn outbox_listen<'p>(
+        _: &'p Pool<Self>,
+        _: &'p MySqlSql,
+    ) -> Result<Option<Listen>, sqlx::Error> {
+        // MySQL announces no commits: the relay polls.
+        Ok(None)
+    }
+}

@@ -1,0 +1,291 @@
+//! Claims in a transaction on PostgreSQL: `INSERT ... ON CONFLICT DO NOTHING`, the marker it
+//! meets read in the same statement, and the verified commit.
+
+use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, Transaction};
+
+use super::{IN_FAILED_TRANSACTION, LEASE_OVER, PgSql, UNBOUND, database_code};
+use crate::backend::sealed::Claims;
+use crate::backend::sql::statements;
+use crate::backend::{Check, Claimant, Found};
+use crate::options::ClaimOptions;
+
+// The claim and, when it inserts nothing, the marker it met, in one statement: the `LEFT JOIN`
+// reads with the statement's snapshot, which never holds this insert's own row (a fresh claim
+// reads no marker) but does hold one committed before the statement began. A marker committed
+// while the insert waited for it is not in that snapshot: the claim then reads it with a
+// statement of its own. The last column is where a claim with `wait` puts the session's lock
+// wait back, once the insert is done (the columns are evaluated in order): only when it
+// inserted, since a claim that goes on to take a lease over still waits on the row.
+fn claim_or_read(unbind: &str) -> String {
+    format!(
+        "WITH ins AS (INSERT INTO {{t}} (scope, key, fingerprint, token, completed_at) \
+         VALUES ($1, $2, $3, $4, now()) ON CONFLICT DO NOTHING RETURNING 1) \
+         SELECT (SELECT count(*) FROM ins), m.state, \
+         (m.locked_until IS NULL OR m.locked_until <= statement_timestamp())::int::int8, \
+         m.fingerprint, CASE WHEN $5 THEN m.result::text END, {unbind} \
+         FROM (SELECT 1) AS one LEFT JOIN {{t}} AS m ON m.scope = $1 AND m.key = $2"
+    )
+}
+
+// A free lease becomes this transaction's completed marker holding the claim's nonce; its old
+// holder's token no longer matches, so it can neither complete nor renew. Another payload
+// never takes over.
+fn take_over(returning: &str) -> String {
+    format!(
+        "UPDATE {{t}} SET state = 'completed', completed_at = now(), locked_until = NULL, \
+         token = $4, attempts = attempts + 1, result = NULL, \
+         fingerprint = COALESCE(fingerprint, $3) \
+         WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND {LEASE_OVER} \
+         AND (fingerprint IS NULL OR $3::bytea IS NULL OR fingerprint = $3){returning}"
+    )
+}
+
+statements! {
+    /// The statements of a claim in a transaction.
+    pub(super) struct ClaimSql<Postgres> {
+        claim_or_read(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64, replay: bool) =
+            claim_or_read("NULL::text");
+        /// With `wait`: puts the session's lock wait back once it inserted.
+        claim_or_read_bounded(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64, replay: bool) =
+            claim_or_read(&format!(
+                "CASE WHEN (SELECT count(*) FROM ins) = 1 THEN {UNBOUND} END"
+            ));
+        marker(scope: &str, key: &str) = format!(
+            "SELECT state, {LEASE_OVER}::int::int8, fingerprint, result::text FROM {{t}} \
+             WHERE scope = $1 AND key = $2"
+        );
+        take_over(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64) =
+            take_over("");
+        /// With `wait`: puts the session's lock wait back once it took the lease.
+        take_over_bounded(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64) =
+            take_over(&format!(" RETURNING {UNBOUND}"));
+        record(scope: &str, key: &str, json: &str) =
+            "UPDATE {t} SET result = $3::json WHERE scope = $1 AND key = $2";
+        // One statement for the whole batch: the keys travel as one array, so no bind limit
+        // applies, and `ORDER BY k` makes every batch take its row locks in the same order, so
+        // that two overlapping batches queue instead of deadlocking.
+        claim_batch(scope: &str, keys: &[&str], nonce: i64) =
+            "INSERT INTO {t} (scope, key, token, completed_at) \
+             SELECT $1, k, $3, now() FROM unnest($2::text[]) AS u(k) ORDER BY k \
+             ON CONFLICT DO NOTHING RETURNING key";
+        batch_markers(scope: &str, keys: &[&str]) = format!(
+            "SELECT key, state, {LEASE_OVER}::int::int8 FROM {{t}} \
+             WHERE scope = $1 AND key = ANY($2::text[])"
+        );
+        take_over_batch(scope: &str, keys: &[&str], nonce: i64) = format!(
+            "UPDATE {{t}} SET state = 'completed', completed_at = now(), locked_until = NULL, \
+             token = $3, attempts = attempts + 1, result = NULL \
+             WHERE scope = $1 AND key = ANY($2::text[]) AND state = 'in_progress' \
+             AND {LEASE_OVER} RETURNING key"
+        );
+        /// The session's lock wait back after a batch claimed with `wait`.
+        unbind() = format!("SELECT {UNBOUND}");
+    }
+}
+
+/// `BEGIN` with the options' isolation level and, for `wait`, the session's lock wait kept in
+/// `idem.lock_timeout` and bounded for the claim: one simple-query message. `SET LOCAL` lasts
+/// until the end of this transaction, so nothing leaks to the pooled connection's next user,
+/// and the claim's last statement puts the session's value back before the body runs.
+fn begin_sql(options: &ClaimOptions) -> String {
+    let mut begin = String::from("BEGIN");
+    if let Some(level) = options.isolation {
+        begin.push_str(" ISOLATION LEVEL ");
+        begin.push_str(level.sql());
+    }
+    if let Some(wait) = options.wait {
+        begin.push_str(&format!(
+            "; SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true); \
+             SET LOCAL lock_timeout = {}",
+            crate::backend::millis(wait)
+        ));
+    }
+    begin
+}
+
+impl Claims for Postgres {
+    async fn begin<'p>(
+        pool: &'p Pool<Self>,
+        _: &'p PgSql,
+        options: &'p ClaimOptions,
+    ) -> Result<Transaction<'static, Self>, sqlx::Error> {
+        if options.is_default() {
+            return pool.begin().await;
+        }
+        pool.begin_with(AssertSqlSafe(begin_sql(options)).into_sql_str())
+            .await
+    }
+
+    async fn commit<'a>(
+        mut tx: Transaction<'a, Self>,
+        _: Check<'a>,
+        _: &'a ClaimOptions,
+    ) -> Result<bool, sqlx::Error> {
+        // PostgreSQL answers `COMMIT` of an aborted transaction with a silent `ROLLBACK`, and
+        // sqlx reports that as success. Any other statement fails in an aborted transaction,
+        // so `SELECT 1` first tells the two apart, in the same message (one round trip): if it
+        // fails, the rest of the message is skipped. The trailing `BEGIN` leaves sqlx's
+        // bookkeeping (which still counts this transaction as open) something to roll back:
+        // dropping `tx` queues that `ROLLBACK`, and the pool sends it with the ping it makes
+        // when the connection comes back, so it costs no round trip of its own.
+        match sqlx::raw_sql("SELECT 1; COMMIT; BEGIN")
+            .execute(&mut *tx)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if database_code(&e).as_deref() == Some(IN_FAILED_TRANSACTION) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn rollback<'a>(
+        tx: Transaction<'a, Self>,
+        _: &'a ClaimOptions,
+    ) -> Result<(), sqlx::Error> {
+        tx.rollback().await
+    }
+
+    async fn discard<'a>(
+        tx: Transaction<'a, Self>,
+        _: &'a ClaimOptions,
+    ) -> Result<(), sqlx::Error> {
+        // `SET LOCAL` ends with the transaction: nothing to put back.
+        drop(tx);
+        Ok(())
+    }
+
+    async fn claim_or_read<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t PgSql,
+        c: Claimant<'t>,
+        replay: bool,
+    ) -> Result<(bool, Option<Found>), sqlx::Error> {
+        type Row = (
+            i64,
+            Option<String>,
+            Option<i64>,
+            Option<Vec<u8>>,
+            Option<String>,
+            Option<String>,
+        );
+        let statement = match c.wait {
+            None => sql
+                .claim
+                .claim_or_read(c.scope, c.key, c.fingerprint, c.nonce, replay),
+            Some(_) => {
+                let s = &sql.claim;
+                s.claim_or_read_bounded(c.scope, c.key, c.fingerprint, c.nonce, replay)
+            }
+        };
+        let (inserted, state, over, fingerprint, result, _): Row =
+            statement.rows().fetch_one(&mut *conn).await?;
+        if inserted == 1 {
+            return Ok((true, None));
+        }
+        let found =
+            state.map(|state| Found::of_row((state, over.unwrap_or(1), fingerprint, result)));
+        Ok((false, found))
+    }
+
+    async fn marker<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t PgSql,
+        scope: &'t str,
+        key: &'t str,
+    ) -> Result<Option<Found>, sqlx::Error> {
+        let row: Option<(String, i64, Option<Vec<u8>>, Option<String>)> = sql
+            .claim
+            .marker(scope, key)
+            .rows()
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(row.map(Found::of_row))
+    }
+
+    async fn take_over<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t PgSql,
+        c: Claimant<'t>,
+    ) -> Result<bool, sqlx::Error> {
+        let statement = match c.wait {
+            None => sql.claim.take_over(c.scope, c.key, c.fingerprint, c.nonce),
+            Some(_) => sql
+                .claim
+                .take_over_bounded(c.scope, c.key, c.fingerprint, c.nonce),
+        };
+        let done = statement.query().execute(&mut *conn).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn record<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t PgSql,
+        scope: &'t str,
+        key: &'t str,
+        json: &'t str,
+    ) -> Result<(), sqlx::Error> {
+        sql.claim
+            .record(scope, key, json)
+            .query()
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn claim_batch<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t PgSql,
+        c: Claimant<'t>,
+        keys: &'t [&'t str],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        sql.claim
+            .claim_batch(c.scope, keys, c.nonce)
+            .scalar()
+            .fetch_all(&mut *conn)
+            .await
+    }
+
+    async fn batch_markers<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t PgSql,
+        scope: &'t str,
+        keys: &'t [&'t str],
+    ) -> Result<Vec<(String, Found)>, sqlx::Error> {
+        let rows: Vec<(String, String, i64)> = sql
+            .claim
+            .batch_markers(scope, keys)
+            .rows()
+            .fetch_all(&mut *conn)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(key, state, over)| (key, Found::of_status(&state, over)))
+            .collect())
+    }
+
+    async fn take_over_batch<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t PgSql,
+        c: Claimant<'t>,
+        keys: &'t [&'t str],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        sql.claim
+            .take_over_batch(c.scope, keys, c.nonce)
+            .scalar()
+            .fetch_all(&mut *conn)
+            .await
+    }
+
+    async fn batch_claimed<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t PgSql,
+        options: &'t ClaimOptions,
+    ) -> Result<(), sqlx::Error> {
+        // A batch's statements leave the wait bounded (which of them is the last is known only
+        // from their answers): one statement more, for a whole batch, and only with `wait`.
+        if options.wait.is_some() {
+            sql.claim.unbind().query().execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,138 @@
+//! PostgreSQL: the marker table's DDL, how its errors read, and its statements, one file per
+//! concern (claims in a transaction, leases, the outbox, operators).
+
+mod claim;
+mod lease;
+mod operators;
+mod outbox;
+
+use sqlx::{Postgres, SqlStr};
+
+use super::sealed::Dialect;
+use super::{Backend, Table};
+
+/// `in_failed_sql_transaction`: a statement after one that failed.
+const IN_FAILED_TRANSACTION: &str = "25P02";
+/// `lock_not_available`: `lock_timeout` ran out.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// Whether a lease is over, on the clock of the statement (not of the transaction, which may be
+/// a caller's, begun long before).
+const LEASE_OVER: &str = "(locked_until IS NULL OR locked_until <= statement_timestamp())";
+
+/// A fencing token from the database's clock: its microseconds since 1970. A key forgotten
+/// and claimed again gets a token larger than any it had, as long as the clock moved on.
+const CLOCK_TOKEN: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::int8";
+
+/// The session's lock wait as it was before a claim with `wait` bounded it
+/// (`idem.lock_timeout`, set by the claim's begin): what the claim's last statement puts back.
+const UNBOUND: &str = "set_config('lock_timeout', current_setting('idem.lock_timeout'), true)";
+
+impl Backend for Postgres {}
+
+// `key` and `scope` are not reserved words in PostgreSQL. The partial index serves purges of
+// completed markers by age without touching in-flight ones.
+const DDL: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS {t} (
+        scope text NOT NULL,
+        key text NOT NULL,
+        state text NOT NULL DEFAULT 'completed' CHECK (state IN ('in_progress', 'completed')),
+        fingerprint bytea,
+        result json,
+        locked_until timestamptz,
+        token bigint,
+        attempts integer NOT NULL DEFAULT 1,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        completed_at timestamptz,
+        PRIMARY KEY (scope, key)
+    )",
+    "CREATE INDEX IF NOT EXISTS {t}_completed_at ON {t} (completed_at) WHERE state = 'completed'",
+    // Schema version 2: the outbox, written in the claim's transaction, read by the relay.
+    "CREATE TABLE IF NOT EXISTS {t}_outbox (
+        id text PRIMARY KEY,
+        destination text NOT NULL,
+        payload bytea NOT NULL,
+        scope text NOT NULL,
+        key text NOT NULL,
+        seq integer NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        attempts integer NOT NULL DEFAULT 0,
+        next_attempt_at timestamptz NOT NULL DEFAULT now(),
+        last_error text,
+        parked boolean NOT NULL DEFAULT false,
+        sent_at timestamptz
+    )",
+    "CREATE INDEX IF NOT EXISTS {t}_outbox_due ON {t}_outbox (next_attempt_at) \
+     WHERE sent_at IS NULL AND NOT parked",
+    "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
+     WHERE sent_at IS NOT NULL",
+];
+
+/// PostgreSQL's statements for one marker table.
+#[derive(Debug)]
+pub struct PgSql {
+    table: Table,
+    claim: claim::ClaimSql,
+    lease: lease::LeaseSql,
+    outbox: outbox::OutboxSql,
+    ops: operators::OperatorSql,
+    ddl: Vec<SqlStr>,
+}
+
+impl Dialect for Postgres {
+    const BACKEND: &'static str = "postgres";
+
+    type Sql = PgSql;
+
+    fn statements(table: &Table) -> PgSql {
+        PgSql {
+            table: table.clone(),
+            claim: claim::ClaimSql::new(table),
+            lease: lease::LeaseSql::new(table),
+            outbox: outbox::OutboxSql::new(table),
+            ops: operators::OperatorSql::new(table),
+            ddl: DDL.iter().map(|s| table.fill(s)).collect(),
+        }
+    }
+
+    fn table(sql: &PgSql) -> &Table {
+        &sql.table
+    }
+
+    fn is_lock_timeout(err: &sqlx::Error) -> bool {
+        database_code(err).as_deref() == Some(LOCK_NOT_AVAILABLE)
+    }
+
+    fn is_transient(err: &sqlx::Error) -> bool {
+        // serialization_failure (REPEATABLE READ / SERIALIZABLE) and deadlock_detected.
+        matches!(database_code(err).as_deref(), Some("40001" | "40P01"))
+    }
+
+    fn is_aborted(err: &sqlx::Error) -> bool {
+        database_code(err).as_deref() == Some(IN_FAILED_TRANSACTION)
+    }
+}
+
+fn database_code(err: &sqlx::Error) -> Option<String> {
+    err.as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sql::{Placeholders, check_binds};
+
+    #[test]
+    fn every_statement_has_as_many_placeholders_as_binds() {
+        for templates in [
+            claim::ClaimSql::templates(),
+            lease::LeaseSql::templates(),
+            outbox::OutboxSql::templates(),
+            operators::OperatorSql::templates(),
+        ] {
+            check_binds(&templates, Placeholders::Dollar);
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! The outbox on PostgreSQL: all of a claim's messages in one statement, the relay's take
+//! with `FOR UPDATE SKIP LOCKED`, and the commit's notification the relay listens for.
+
+use sqlx::{Pool, Postgres};
+
+use super::PgSql;
+use crate::backend::sealed::Outboxes;
+use crate::backend::sql::statements;
+use crate::backend::{Listen, OutboxRow, rows};
+use crate::outgoing::{Message, Pending};
+
+/// The columns of the operators' statements (see `OutboxRow`).
+const OUTBOX_COLUMNS: &str = "id, destination, scope, key, seq::int8, attempts::int8, \
+    last_error, (CASE WHEN parked THEN 1 ELSE 0 END)::int8, \
+    (CASE WHEN sent_at IS NULL THEN 0 ELSE 1 END)::int8, \
+    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+    (EXTRACT(EPOCH FROM (now() - created_at)) * 1000)::int8, \
+    (EXTRACT(EPOCH FROM (next_attempt_at - now())) * 1000)::int8";
+
+statements! {
+    /// The outbox table's statements (`{t}_outbox`).
+    pub(super) struct OutboxSql<Postgres> {
+        // The notification goes out with the commit, and only with it; PostgreSQL sends one
+        // for all of a transaction's identical ones. A data-modifying `WITH` runs to completion
+        // whatever its reader takes, so `LIMIT 1` only spares the calls of `pg_notify` after
+        // the first. No statement runs after a failed one in a PostgreSQL transaction, so the
+        // write needs no check that the claim's marker is still there.
+        write(ids: Vec<&str>, destinations: Vec<&str>, payloads: Vec<&[u8]>, scope: &str, keys: Vec<&str>, seqs: Vec<i64>) =
+            "WITH written AS (INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq) \
+             SELECT m.id, m.destination, m.payload, $4, m.key, m.seq \
+             FROM unnest($1::text[], $2::text[], $3::bytea[], $5::text[], $6::int8[]) \
+             AS m (id, destination, payload, key, seq) \
+             ON CONFLICT DO NOTHING RETURNING 1) \
+             SELECT pg_notify('{t}_outbox', '') FROM written LIMIT 1";
+        // Takes the due messages, oldest first, skipping those another relay holds, and holds
+        // them for the lease.
+        take(limit: i64, lease_ms: i64) =
+            "UPDATE {t}_outbox SET next_attempt_at = now() + $2 * interval '1 millisecond' \
+             WHERE id IN (SELECT id FROM {t}_outbox WHERE sent_at IS NULL AND NOT parked \
+             AND next_attempt_at <= now() ORDER BY created_at, seq LIMIT $1 \
+             FOR UPDATE SKIP LOCKED) \
+             RETURNING id, destination, payload, seq, attempts, \
+             (EXTRACT(EPOCH FROM created_at) * 1000000)::int8";
+        sent(id: &str) = "UPDATE {t}_outbox SET sent_at = now() WHERE id = $1";
+        failed(id: &str, error: &str, retry_ms: i64, park: bool) =
+            "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = $2, \
+             next_attempt_at = now() + $3 * interval '1 millisecond', parked = $4 WHERE id = $1";
+        purge(age_ms: i64, limit: i64) =
+            "DELETE FROM {t}_outbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t}_outbox \
+             WHERE sent_at < now() - $1 * interval '1 millisecond' LIMIT $2))";
+        list(parked: bool, pending: bool, limit: i64) = format!(
+            "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
+             AND ((parked AND $1) OR (NOT parked AND $2)) \
+             ORDER BY parked DESC, created_at, seq LIMIT $3"
+        );
+        find(id: &str) = format!("SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE id = $1");
+        requeue(id: &str) =
+            "UPDATE {t}_outbox SET parked = false, attempts = 0, next_attempt_at = now() \
+             WHERE id = $1 AND parked AND sent_at IS NULL";
+    }
+}
+
+impl Outboxes for Postgres {
+    async fn outbox_write<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t PgSql,
+        outbox: &'t Pending,
+        _token: i64,
+    ) -> Result<(), sqlx::Error> {
+        let (mut ids, mut destinations, mut payloads, mut keys, mut seqs) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (key, m) in outbox.rows() {
+            ids.push(m.id.as_str());
+            destinations.push(m.destination.as_str());
+            payloads.push(m.payload.as_slice());
+            keys.push(key);
+            seqs.push(i64::from(m.seq));
+        }
+        sql.outbox
+            .write(ids, destinations, payloads, outbox.scope(), keys, seqs)
+            .query()
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn outbox_take<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<Message>, sqlx::Error> {
+        type Row = (String, String, Vec<u8>, i32, i32, i64);
+        let mut taken: Vec<Row> = sql
+            .outbox
+            .take(limit, lease_ms)
+            .rows()
+            .fetch_all(pool)
+            .await?;
+        // `RETURNING` keeps no order: oldest first, and a job's messages in their order.
+        taken.sort_by_key(|r| (r.5, r.3));
+        Ok(taken
+            .into_iter()
+            .map(|(id, destination, payload, seq, attempts, _)| {
+                rows::message(id, destination, payload, seq, attempts)
+            })
+            .collect())
+    }
+
+    async fn outbox_sent<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+        id: &'p str,
+    ) -> Result<(), sqlx::Error> {
+        sql.outbox.sent(id).query().execute(pool).await?;
+        Ok(())
+    }
+
+    async fn outbox_failed<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+        id: &'p str,
+        error: &'p str,
+        retry_ms: i64,
+        park: bool,
+    ) -> Result<(), sqlx::Error> {
+        let failed = sql.outbox.failed(id, error, retry_ms, park);
+        failed.query().execute(pool).await?;
+        Ok(())
+    }
+
+    async fn outbox_purge<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+        age_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sql
+            .outbox
+            .purge(age_ms, limit)
+            .query()
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_list<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+        parked: bool,
+        pending: bool,
+        limit: i64,
+    ) -> Result<Vec<OutboxRow>, sqlx::Error> {
+        let list = sql.outbox.list(parked, pending, limit);
+        list.rows().fetch_all(pool).await
+    }
+
+    async fn outbox_find<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+        id: &'p str,
+    ) -> Result<Option<OutboxRow>, sqlx::Error> {
+        sql.outbox.find(id).rows().fetch_optional(pool).await
+    }
+
+    async fn outbox_requeue<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+        id: &'p str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sql.outbox.requeue(id).query().execute(pool).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn outbox_listen<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+    ) -> Result<Option<Listen>, sqlx::Error> {
+        // A connection of its own, outside the application's pool: a listener holds its
+        // connection for as long as it lives, and a pool of one would have none left.
+        let own = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with((*pool.connect_options()).clone())
+            .await?;
+        let mut listener = sqlx::postgres::PgListener::connect_with(&own).await?;
+        listener
+            .listen(&format!("{}_outbox", sql.table.as_str()))
+            .await?;
+        Ok(Some(Listen::Postgres(listener)))
+    }
+}

@@ -1,0 +1,175 @@
+//! SQLite: the marker table's DDL, how its errors read, and its statements, one file per
+//! concern (claims in a transaction, leases, the outbox, operators). Writers take turns on the
+//! database's one write lock, which every claim takes up front (`BEGIN IMMEDIATE`).
+
+mod claim;
+mod lease;
+mod operators;
+mod outbox;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{SqlStr, Sqlite};
+
+use super::sealed::Dialect;
+use super::{Backend, Table};
+
+/// `SQLITE_BUSY`: the busy timeout ran out waiting for the write lock.
+const SQLITE_BUSY: &str = "5";
+
+/// Whether a lease is over: ISO-8601 text compares in time order.
+const LEASE_OVER: &str =
+    "(locked_until IS NULL OR locked_until <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))";
+
+/// A fencing token from the database's clock: its microseconds since 1970. SQLite reads its
+/// clock to the millisecond, so the last three digits are random: two fresh claims in one
+/// millisecond (a completed marker deleted and claimed again) rarely share a token. A key
+/// claimed again gets a token larger than any it had, as long as the clock moved on.
+const CLOCK_TOKEN: &str = "(CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) \
+    * 1000 + abs(random() % 1000))";
+
+/// The begin of every writer: a deferred transaction that reads first and writes later can
+/// deadlock with another one on the lock upgrade; IMMEDIATE takes the write lock up front, and
+/// the connection's busy timeout decides how long a second writer waits.
+const BEGIN: &str = "BEGIN IMMEDIATE";
+
+impl Backend for Sqlite {}
+
+// Text compares with the BINARY collation, so keys differing in case or trailing spaces stay
+// distinct. Times are ISO-8601 UTC text, SQLite's own convention.
+const DDL: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS {t} (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'completed' CHECK (state IN ('in_progress', 'completed')),
+        fingerprint BLOB,
+        result TEXT,
+        locked_until TEXT,
+        token INTEGER,
+        attempts INTEGER NOT NULL DEFAULT 1,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        completed_at TEXT,
+        PRIMARY KEY (scope, key)
+    ) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS {t}_completed_at ON {t} (completed_at) WHERE state = 'completed'",
+    // Schema version 2: the outbox, written in the claim's transaction, read by the relay.
+    "CREATE TABLE IF NOT EXISTS {t}_outbox (
+        id TEXT PRIMARY KEY,
+        destination TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        last_error TEXT,
+        parked INTEGER NOT NULL DEFAULT 0,
+        sent_at TEXT
+    )",
+    "CREATE INDEX IF NOT EXISTS {t}_outbox_due ON {t}_outbox (next_attempt_at) \
+     WHERE sent_at IS NULL AND parked = 0",
+    "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
+     WHERE sent_at IS NOT NULL",
+];
+
+/// SQLite's statements for one marker table.
+#[derive(Debug)]
+pub struct SqliteSql {
+    table: Table,
+    claim: claim::ClaimSql,
+    lease: lease::LeaseSql,
+    outbox: outbox::OutboxSql,
+    ops: operators::OperatorSql,
+    ddl: Vec<SqlStr>,
+}
+
+impl Dialect for Sqlite {
+    const BACKEND: &'static str = "sqlite";
+
+    type Sql = SqliteSql;
+
+    fn statements(table: &Table) -> SqliteSql {
+        SqliteSql {
+            table: table.clone(),
+            claim: claim::ClaimSql::new(table),
+            lease: lease::LeaseSql::new(table),
+            outbox: outbox::OutboxSql::new(table),
+            ops: operators::OperatorSql::new(table),
+            ddl: DDL.iter().map(|s| table.fill(s)).collect(),
+        }
+    }
+
+    fn table(sql: &SqliteSql) -> &Table {
+        &sql.table
+    }
+
+    fn is_lock_timeout(err: &sqlx::Error) -> bool {
+        err.as_database_error()
+            .and_then(|e| e.code())
+            .is_some_and(|c| c == SQLITE_BUSY)
+    }
+
+    fn is_transient(_: &sqlx::Error) -> bool {
+        // Writers are serialised by the write lock taken at BEGIN IMMEDIATE; a busy timeout
+        // running out is the configured limit, not a race to retry.
+        false
+    }
+
+    fn is_aborted(_: &sqlx::Error) -> bool {
+        // A statement that rolls the transaction back ends it: later ones run in autocommit
+        // (the commit tells, and the outbox's write checks the marker).
+        false
+    }
+}
+
+/// A pooled connection whose session may hold what a claim set on it (a busy timeout, a
+/// transaction sqlx does not know of): dropped before [`disarm`](Armed::disarm) (a cancelled
+/// claim), it is closed rather than handed to the pool's next user.
+struct Armed(Option<PoolConnection<Sqlite>>);
+
+impl Armed {
+    fn new(conn: PoolConnection<Sqlite>) -> Self {
+        Armed(Some(conn))
+    }
+
+    fn get(&mut self) -> &mut sqlx::SqliteConnection {
+        self.0.as_mut().expect("armed until disarmed")
+    }
+
+    fn disarm(mut self) -> PoolConnection<Sqlite> {
+        self.0.take().expect("armed until disarmed")
+    }
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        if let Some(conn) = &mut self.0 {
+            conn.close_on_drop();
+        }
+    }
+}
+
+/// The connection's busy timeout, in milliseconds.
+async fn busy_timeout(conn: &mut sqlx::SqliteConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("PRAGMA busy_timeout")
+        .fetch_one(conn)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sql::{Placeholders, check_binds};
+
+    #[test]
+    fn every_statement_has_as_many_placeholders_as_binds() {
+        for templates in [
+            claim::ClaimSql::templates(),
+            lease::LeaseSql::templates(),
+            outbox::OutboxSql::templates(),
+            operators::OperatorSql::templates(),
+        ] {
+            check_binds(&templates, Placeholders::Numbered);
+        }
+    }
+}

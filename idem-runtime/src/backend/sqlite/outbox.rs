@@ -1,0 +1,180 @@
+//! The outbox on SQLite: one statement a message (they cost no round trip here), written only
+//! while the claim's marker is there; writers are serialised, so the relay's take needs no row
+//! locks.
+
+use sqlx::{Pool, Sqlite};
+
+use super::{BEGIN, SqliteSql};
+use crate::backend::sealed::Outboxes;
+use crate::backend::sql::statements;
+use crate::backend::{Listen, OutboxRow, rows};
+use crate::outgoing::{Message, Pending};
+
+/// The columns of the operators' statements (see `OutboxRow`).
+const OUTBOX_COLUMNS: &str = "id, destination, scope, key, seq, attempts, last_error, \
+    parked <> 0, sent_at IS NOT NULL, created_at, \
+    CAST((julianday('now') - julianday(created_at)) * 86400000.0 AS INTEGER), \
+    CAST((julianday(next_attempt_at) - julianday('now')) * 86400000.0 AS INTEGER)";
+
+statements! {
+    /// The outbox table's statements (`{t}_outbox`).
+    pub(super) struct OutboxSql<Sqlite> {
+        // A statement that rolls the transaction back (`INSERT OR ROLLBACK`, a full disk) ends
+        // it, and later statements run in autocommit: a message is written only while the
+        // marker holding the claim's token (its nonce, or a lease's token) is there.
+        write(id: &str, destination: &str, payload: &[u8], seq: i64, scope: &str, key: &str, token: i64) =
+            "INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq) \
+             SELECT ?1, ?2, ?3, m.scope, m.key, ?4 FROM {t} AS m \
+             WHERE m.scope = ?5 AND m.key = ?6 AND m.token = ?7 ON CONFLICT DO NOTHING";
+        take(limit: i64, lease_ms: i64) =
+            "UPDATE {t}_outbox SET next_attempt_at = \
+             strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+' || (?2 / 1000.0) || ' seconds') \
+             WHERE id IN (SELECT id FROM {t}_outbox WHERE sent_at IS NULL AND parked = 0 \
+             AND next_attempt_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+             ORDER BY created_at, seq LIMIT ?1) \
+             RETURNING id, destination, payload, seq, attempts, created_at";
+        sent(id: &str) =
+            "UPDATE {t}_outbox SET sent_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?1";
+        failed(id: &str, error: &str, retry_ms: i64, park: bool) =
+            "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = ?2, next_attempt_at = \
+             strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+' || (?3 / 1000.0) || ' seconds'), \
+             parked = ?4 WHERE id = ?1";
+        purge(age_ms: i64, limit: i64) =
+            "DELETE FROM {t}_outbox WHERE id IN (SELECT id FROM {t}_outbox WHERE sent_at < \
+             strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds') \
+             LIMIT ?2)";
+        list(parked: bool, pending: bool, limit: i64) = format!(
+            "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
+             AND ((parked <> 0 AND ?1) OR (parked = 0 AND ?2)) \
+             ORDER BY parked DESC, created_at, seq LIMIT ?3"
+        );
+        find(id: &str) = format!("SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE id = ?1");
+        requeue(id: &str) =
+            "UPDATE {t}_outbox SET parked = 0, attempts = 0, \
+             next_attempt_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+             WHERE id = ?1 AND parked <> 0 AND sent_at IS NULL";
+    }
+}
+
+impl Outboxes for Sqlite {
+    async fn outbox_write<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t SqliteSql,
+        outbox: &'t Pending,
+        token: i64,
+    ) -> Result<(), sqlx::Error> {
+        for (key, m) in outbox.rows() {
+            let seq = i64::from(m.seq);
+            let write = sql.outbox.write(
+                &m.id,
+                &m.destination,
+                &m.payload,
+                seq,
+                outbox.scope(),
+                key,
+                token,
+            );
+            write.query().execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+
+    async fn outbox_take<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<Message>, sqlx::Error> {
+        type Row = (String, String, Vec<u8>, i64, i64, String);
+        // `BEGIN IMMEDIATE`, as every writer here: the statement runs in a transaction of
+        // its own, waiting for the write lock like a claim.
+        let mut tx = pool.begin_with(BEGIN).await?;
+        let mut taken: Vec<Row> = sql
+            .outbox
+            .take(limit, lease_ms)
+            .rows()
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        taken.sort_by(|a, b| (&a.5, a.3).cmp(&(&b.5, b.3)));
+        Ok(taken
+            .into_iter()
+            .map(|(id, destination, payload, seq, attempts, _)| {
+                rows::message(id, destination, payload, seq, attempts)
+            })
+            .collect())
+    }
+
+    async fn outbox_sent<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+        id: &'p str,
+    ) -> Result<(), sqlx::Error> {
+        sql.outbox.sent(id).query().execute(pool).await?;
+        Ok(())
+    }
+
+    async fn outbox_failed<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+        id: &'p str,
+        error: &'p str,
+        retry_ms: i64,
+        park: bool,
+    ) -> Result<(), sqlx::Error> {
+        let failed = sql.outbox.failed(id, error, retry_ms, park);
+        failed.query().execute(pool).await?;
+        Ok(())
+    }
+
+    async fn outbox_purge<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+        age_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sql
+            .outbox
+            .purge(age_ms, limit)
+            .query()
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_list<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+        parked: bool,
+        pending: bool,
+        limit: i64,
+    ) -> Result<Vec<OutboxRow>, sqlx::Error> {
+        let list = sql.outbox.list(parked, pending, limit);
+        list.rows().fetch_all(pool).await
+    }
+
+    async fn outbox_find<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+        id: &'p str,
+    ) -> Result<Option<OutboxRow>, sqlx::Error> {
+        sql.outbox.find(id).rows().fetch_optional(pool).await
+    }
+
+    async fn outbox_requeue<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+        id: &'p str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sql.outbox.requeue(id).query().execute(pool).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn outbox_listen<'p>(
+        _: &'p Pool<Self>,
+        _: &'p SqliteSql,
+    ) -> Result<Option<Listen>, sqlx::Error> {
+        // SQLite announces no commits: the relay polls.
+        Ok(None)
+    }
+}
