@@ -12,19 +12,27 @@ use std::marker::PhantomData;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::Key;
-pub use crate::batch::expansion::*;
-pub use crate::claim::{Claimed, Held};
-use crate::claim::{Request, nested, run};
-pub use crate::join::Via;
-pub use crate::observe::{Call, Site};
-pub use crate::options::Mode;
-pub use crate::outcome::{Failed, HandlerError};
-use crate::record::NotStorable;
-pub use crate::{
-    Backend, Batch, Claim, ClaimOptions, Error, Fingerprint, Guard, IntoKey, Isolation, Joined,
-    Lease, LeaseOptions, Leased, Outbox, Outcome, Recorded, Store, Target,
-};
+use crate::batch::claim_batch as claim_keys;
+use crate::claim::{Request, run};
+use crate::key::collect_keys;
+use crate::lease::claim_lease;
+use crate::observe::Observed;
+use crate::record::{self, NotStorable};
+
+pub use crate::backend::Backend;
+pub use crate::batch::BatchGuard;
+pub use crate::claim::nested::Body;
+pub use crate::claim::{Claimed, TxHeld};
+pub use crate::error::Error;
+pub use crate::join::{Joined, Target, Via};
+pub use crate::key::{IntoKey, Key, KeyError};
+pub use crate::lease::Lease;
+pub use crate::observe::Site;
+pub use crate::options::{ClaimOptions, Isolation, LeaseOptions, Mode};
+pub use crate::outcome::{Batch, Failed, HandlerError, Outcome};
+pub use crate::outgoing::{BatchOutbox, Outbox};
+pub use crate::record::{Fingerprint, Recorded};
+pub use crate::store::Store;
 pub use core::time::Duration;
 
 /// The databases that sqlx's transaction aliases name (`PgTransaction<'_>` is
@@ -145,6 +153,71 @@ impl<R> NotAResult for &Returned<R> {
     }
 }
 
+/// What a handler's expansion claims with, built at compile time into a `static`: its scope
+/// and its metric labels, its name (for a refused nested call) and its options.
+pub struct Spec {
+    scope: &'static str,
+    handler: &'static str,
+    site: Site,
+    options: ClaimOptions,
+}
+
+impl Spec {
+    pub const fn new(scope: &'static str, handler: &'static str, options: ClaimOptions) -> Spec {
+        Spec {
+            scope,
+            handler,
+            site: Site::new(scope),
+            options,
+        }
+    }
+
+    fn request(&'static self, key: Key, options: ClaimOptions) -> Request {
+        Request::of(
+            Cow::Borrowed(self.scope),
+            key,
+            options,
+            &self.site,
+            Cow::Borrowed(self.handler),
+        )
+    }
+
+    /// The options, with the payload's fingerprint if the handler has one.
+    fn options(&self, print: Option<Fingerprint>) -> ClaimOptions {
+        match print {
+            Some(print) => self.options.fingerprint(print),
+            None => self.options,
+        }
+    }
+
+    /// A call refused before its claim (a bad key, a payload that cannot be fingerprinted):
+    /// observed as any other call.
+    fn refused(&'static self, mode: Mode, error: Error) -> Error {
+        Observed::start(&self.site, self.scope, mode, None).refused(&error);
+        error
+    }
+}
+
+/// [`Spec`] of a lease-mode handler.
+pub struct LeaseSpec {
+    spec: Spec,
+    lease: LeaseOptions,
+}
+
+impl LeaseSpec {
+    pub const fn new(scope: &'static str, handler: &'static str, lease: LeaseOptions) -> Self {
+        let options = ClaimOptions::new();
+        let options = match lease.replay {
+            true => options.replay(),
+            false => options,
+        };
+        LeaseSpec {
+            spec: Spec::new(scope, handler, options),
+            lease,
+        }
+    }
+}
+
 /// Encodes the key. Called with the `key` expression before any I/O, so that a type without
 /// [`IntoKey`] is reported on the expression itself.
 #[inline]
@@ -152,80 +225,63 @@ pub fn key<K: IntoKey + ?Sized>(value: &K) -> Result<Key, Error> {
     Ok(Key::new(value)?)
 }
 
-/// Where the call of `handler` claims. A store inside the body of another handler (in this
-/// task) is refused here, before any I/O: its transaction would not be the open one.
+/// The key and the fingerprint, checked before any I/O; a refusal is observed.
+fn checked(
+    spec: &'static Spec,
+    mode: Mode,
+    key: Result<Key, Error>,
+    print: Option<Result<Fingerprint, Error>>,
+) -> Result<(Key, Option<Fingerprint>), Error> {
+    match (key, print.transpose()) {
+        (Ok(key), Ok(print)) => Ok((key, print)),
+        (Err(e), _) | (_, Err(e)) => Err(spec.refused(mode, e)),
+    }
+}
+
+/// A transaction-mode handler's claim: in a transaction of its own (`&store`, refused inside
+/// another claim's open transaction of this task) or in the caller's (`store.join(tx)`).
 #[inline]
-pub fn via<'a, DB: Backend, S: Target<DB> + 'a>(
+pub async fn claim<'a, DB: Backend, S: Target<DB> + 'a>(
     store: S,
-    handler: &'static str,
-) -> Result<Via<'a, DB>, Error> {
+    spec: &'static Spec,
+    key: Result<Key, Error>,
+    print: Option<Result<Fingerprint, Error>>,
+) -> Result<Claimed<TxHeld<'a, DB>>, Error> {
     let via = store.via();
-    if let Via::Store(_) = via {
-        nested::refuse_nested(handler)?;
-    }
-    Ok(via)
-}
-
-/// Runs a handler's claim, body and end with `handler` marked as the one whose transaction is
-/// open in this task (a task-local, set and reset around each poll).
-#[inline]
-pub fn in_body<F: Future>(handler: &'static str, future: F) -> impl Future<Output = F::Output> {
-    nested::in_body(handler, future)
-}
-
-/// Opens the call's `idem.claim` span; [`Call::run`] then runs claim, body and end in it and
-/// records the outcome (span fields and metrics).
-#[inline]
-pub fn observe(site: &'static Site, mode: Mode, key: &Result<Key, Error>) -> Call {
-    Call::start(site, mode, key.as_ref().ok().map(Key::as_str))
-}
-
-/// A batch call's span and metrics. The span names no `key`: the batch has many.
-#[inline]
-pub fn observe_batch(site: &'static Site) -> Call {
-    Call::start(site, Mode::Batch, None)
-}
-
-/// The span's `mode` of a transaction-mode call: its own transaction, or the caller's.
-#[inline]
-pub fn mode<DB: Backend>(via: &Result<Via<'_, DB>, Error>) -> Mode {
-    match via {
-        Ok(Via::Joined(_)) => Mode::Joined,
-        _ => Mode::Transaction,
-    }
-}
-
-/// Claims an already-encoded key, passing a key error through without touching the database.
-#[inline]
-pub async fn claim<'a, DB: Backend>(
-    via: Result<Via<'a, DB>, Error>,
-    scope: &'static str,
-    options: ClaimOptions,
-    key: Result<Key, Error>,
-) -> Result<Claimed<Held<'a, DB>>, Error> {
-    claim_checked(via, scope, options, key, None).await
-}
-
-/// [`claim`] with the payload's fingerprint, computed before any I/O.
-#[inline]
-pub async fn claim_checked<'a, DB: Backend>(
-    via: Result<Via<'a, DB>, Error>,
-    scope: &'static str,
-    options: ClaimOptions,
-    key: Result<Key, Error>,
-    fingerprint: Option<Result<Fingerprint, Error>>,
-) -> Result<Claimed<Held<'a, DB>>, Error> {
-    let via = via?;
-    let request = Request::new(
-        Cow::Borrowed(scope),
-        key?,
-        options,
-        fingerprint.transpose()?,
-    );
+    let mode = match via {
+        Via::Store(_) => Mode::Transaction,
+        Via::Joined(_) => Mode::Joined,
+    };
+    let (key, print) = checked(spec, mode, key, print)?;
+    let request = spec.request(key, spec.options(print));
     match via {
         Via::Store(store) => run::own(store, request).await,
         Via::Joined(joined) => joined.claim_request(request).await,
     }
+}
+
+/// A lease-mode handler's claim.
+#[inline]
+pub async fn lease<DB: Backend>(
+    store: &Store<DB>,
+    spec: &'static LeaseSpec,
+    key: Result<Key, Error>,
+    print: Option<Result<Fingerprint, Error>>,
+) -> Result<Claimed<Lease>, Error> {
+    let (key, print) = checked(&spec.spec, Mode::Lease, key, print)?;
+    let request = spec.spec.request(key, spec.spec.options(print));
+    let lease = match print {
+        Some(print) => spec.lease.fingerprint(print),
+        None => spec.lease,
+    };
+    claim_lease(store, request, lease).await
+}
+
+/// Runs a handler's body as its claim's body (in its span, marked as inside its open
+/// transaction).
+#[inline]
+pub fn in_body<F: Future>(body: Body, future: F) -> impl Future<Output = F::Output> {
+    body.run(future)
 }
 
 /// The fingerprint of the `fingerprint` expression.
@@ -277,8 +333,8 @@ pub trait ReplayCodec<T> {
 impl<T: Serialize + DeserializeOwned> ReplayCodec<T> for Replay<T> {
     fn codec(&self) -> Codec<T> {
         Codec {
-            encode: |value| crate::record::encode(value),
-            decode: |json| crate::record::decode(json),
+            encode: |value| record::encode(value),
+            decode: |json| record::decode(json),
         }
     }
 }
@@ -322,72 +378,54 @@ pub fn replayed<T, E>(codec: Codec<T>, recorded: &Recorded) -> Result<Outcome<T>
     }
 }
 
+/// Ends a transaction-mode call with the body's `result`, without converting idem's errors
+/// yet (that is [`settle`]'s, once).
+#[inline]
+pub async fn finish<DB: Backend, T, E>(
+    held: TxHeld<'_, DB>,
+    result: Result<T, E>,
+) -> Result<Outcome<T>, Failed<E>> {
+    held.finish(result, |_| Ok(None)).await
+}
+
 /// [`finish`] storing the value for later deliveries (`replay`).
 #[inline]
 pub async fn finish_replay<DB: Backend, T, E>(
     codec: Codec<T>,
-    guard: Held<'_, DB>,
+    held: TxHeld<'_, DB>,
     result: Result<T, E>,
 ) -> Result<Outcome<T>, Failed<E>> {
-    guard
-        .finish(result, |value| (codec.encode)(value).map(Some))
+    held.finish(result, |value| (codec.encode)(value).map(Some))
         .await
 }
 
-/// [`finish`] that also writes the outbox's messages in the claim's transaction.
+/// The outbox a lease handler's body sends on (the body borrows the lease meanwhile).
 #[inline]
-pub async fn finish_sending<DB: Backend, T, E>(
-    guard: Held<'_, DB>,
-    result: Result<T, E>,
-    outbox: Outbox,
+pub fn lease_outbox(lease: &Lease) -> Outbox {
+    Outbox::new(Cow::Owned(lease.scope().to_owned()), key_of(lease))
+}
+
+fn key_of(lease: &Lease) -> Key {
+    Key::new(lease.key()).expect("a lease's key was checked at its claim")
+}
+
+/// Runs a lease handler's body under the lease's time limit.
+#[inline]
+pub async fn lease_run<F: Future>(lease: &Lease, body: F) -> Result<F::Output, Error> {
+    lease.run(body).await
+}
+
+/// Lease mode's end: `result` is the body's result, or the timeout that cut it short; the
+/// body's messages, if it took an outbox.
+#[inline]
+pub async fn lease_finish<T, E>(
+    lease: Lease,
+    result: Result<Result<T, E>, Error>,
+    outbox: Option<Outbox>,
 ) -> Result<Outcome<T>, Failed<E>> {
-    guard
-        .finish_sending(result, |_| Ok(None), Some(outbox.into_pending()))
-        .await
-}
-
-/// [`finish_replay`] that also writes the outbox's messages in the claim's transaction.
-#[inline]
-pub async fn finish_replay_sending<DB: Backend, T, E>(
-    codec: Codec<T>,
-    guard: Held<'_, DB>,
-    result: Result<T, E>,
-    outbox: Outbox,
-) -> Result<Outcome<T>, Failed<E>> {
-    guard
-        .finish_sending(
-            result,
-            |value| (codec.encode)(value).map(Some),
-            Some(outbox.into_pending()),
-        )
-        .await
-}
-
-/// Lease mode's claim of an already-encoded key.
-#[inline]
-pub async fn lease<DB: Backend>(
-    store: &Store<DB>,
-    scope: &'static str,
-    options: LeaseOptions,
-    key: Result<Key, Error>,
-) -> Result<Leased, Error> {
-    store
-        .lease_owned(Cow::Borrowed(scope), key?, options, None)
-        .await
-}
-
-/// [`lease`] with the payload's fingerprint, computed before any I/O.
-#[inline]
-pub async fn lease_checked<DB: Backend>(
-    store: &Store<DB>,
-    scope: &'static str,
-    options: LeaseOptions,
-    key: Result<Key, Error>,
-    fingerprint: Option<Result<Fingerprint, Error>>,
-) -> Result<Leased, Error> {
-    let fingerprint = fingerprint.transpose()?;
-    store
-        .lease_owned(Cow::Borrowed(scope), key?, options, fingerprint)
+    let pending = outbox.map(Outbox::into_pending);
+    lease
+        .finish_with(result, |_| Ok(None), pending.as_ref())
         .await
 }
 
@@ -397,44 +435,145 @@ pub async fn lease_finish_replay<T, E>(
     codec: Codec<T>,
     lease: Lease,
     result: Result<Result<T, E>, Error>,
+    outbox: Option<Outbox>,
 ) -> Result<Outcome<T>, Failed<E>> {
-    lease
-        .finish_with(result, |value| (codec.encode)(value).map(Some))
-        .await
-}
-
-/// Runs a lease handler's body under the lease's timeout.
-#[inline]
-pub async fn lease_run<F: Future>(lease: &Lease, body: F) -> Result<F::Output, Error> {
-    lease.run(body).await
-}
-
-/// Lease mode's end: `result` is the body's result, or the timeout that cut it short.
-#[inline]
-pub async fn lease_finish<T, E>(
-    lease: Lease,
-    result: Result<Result<T, E>, Error>,
-) -> Result<Outcome<T>, Failed<E>> {
-    lease.finish_with(result, |_| Ok(None)).await
-}
-
-/// [`Guard::finish`] without converting idem's errors yet.
-#[inline]
-pub async fn finish<DB: Backend, T, E>(
-    guard: Held<'_, DB>,
-    result: Result<T, E>,
-) -> Result<Outcome<T>, Failed<E>> {
-    guard.finish(result, |_| Ok(None)).await
+    let pending = outbox.map(Outbox::into_pending);
+    let encode = |value: &T| (codec.encode)(value).map(Some);
+    lease.finish_with(result, encode, pending.as_ref()).await
 }
 
 /// The one place where an [`Error`] becomes the handler's error type.
 #[inline]
 pub fn settle<T, E: HandlerError>(result: Result<Outcome<T>, Failed<E>>) -> Result<Outcome<T>, E> {
-    crate::claim::settle(result)
+    result.map_err(Failed::into_handler_error)
 }
 
 /// Claims retried after a lost race (serialization failure, deadlock victim) in this process
 /// so far; the race tests print it.
 pub fn claim_retries() -> u64 {
     crate::observe::claim_retries()
+}
+
+// Batch handlers.
+
+/// The key of one job, encoded and checked (the position is added by [`batch_keys`]).
+#[inline]
+pub fn batch_key<K: IntoKey + ?Sized>(value: &K) -> Result<Key, KeyError> {
+    Key::new(value)
+}
+
+/// Every key of a batch, checked before any I/O.
+pub fn batch_keys(keys: impl Iterator<Item = Result<Key, KeyError>>) -> Result<Vec<Key>, Error> {
+    Ok(collect_keys(keys)?)
+}
+
+/// A batch handler's claim of its `jobs` jobs, passing a key error through (observed) without
+/// touching the database.
+pub async fn claim_batch<DB: Backend>(
+    store: &Store<DB>,
+    spec: &'static Spec,
+    keys: Result<Vec<Key>, Error>,
+    jobs: usize,
+) -> Result<BatchGuard<DB>, Error> {
+    let keys = match keys {
+        Ok(keys) => keys,
+        Err(e) => {
+            Observed::batch(&spec.site, spec.scope, jobs).refused(&e);
+            return Err(e);
+        }
+    };
+    let scope = Cow::Borrowed(spec.scope);
+    let handler = Some((&spec.site, spec.handler));
+    claim_keys(store, scope, &keys, spec.options, handler).await
+}
+
+/// The jobs of a batch handler: the body gets clones of the fresh ones.
+#[diagnostic::on_unimplemented(
+    message = "the jobs of a batch handler must be `Clone`: `{Self}` is not",
+    label = "the body gets clones of the fresh jobs of this batch, in this type",
+    note = "derive `Clone` for `{Self}`, or claim by hand with `Store::claim_batch`"
+)]
+pub trait BatchJob: Clone {}
+
+impl<T: Clone> BatchJob for T {}
+
+/// The fresh jobs, as the body's batch parameter sees them (a slice).
+pub enum FreshJobs<'a, T> {
+    /// Every job of the batch was fresh.
+    All(&'a [T]),
+    /// Clones of the fresh ones, in the batch's order.
+    Some(Vec<T>),
+}
+
+impl<T> std::ops::Deref for FreshJobs<'_, T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            FreshJobs::All(jobs) => jobs,
+            FreshJobs::Some(jobs) => jobs,
+        }
+    }
+}
+
+/// The jobs the body gets: the batch itself when every job is fresh, else clones of the
+/// fresh ones, in the batch's order (the body's parameter keeps its declared type).
+pub fn fresh_jobs<'a, T: BatchJob, DB: Backend>(
+    jobs: &'a [T],
+    claim: &BatchGuard<DB>,
+) -> FreshJobs<'a, T> {
+    if claim.fresh().iter().all(|f| *f) {
+        return FreshJobs::All(jobs);
+    }
+    FreshJobs::Some(
+        jobs.iter()
+            .zip(claim.fresh())
+            .filter(|(_, fresh)| **fresh)
+            .map(|(job, _)| job.clone())
+            .collect(),
+    )
+}
+
+/// The transaction of a claim with a fresh job.
+pub fn batch_tx<DB: Backend>(claim: &mut BatchGuard<DB>) -> &mut sqlx::Transaction<'static, DB> {
+    claim
+        .tx()
+        .expect("the expansion runs the body only with a fresh job")
+}
+
+/// The transaction and the outbox of a claim with a fresh job.
+pub fn batch_parts<DB: Backend>(
+    claim: &mut BatchGuard<DB>,
+) -> (&mut sqlx::Transaction<'static, DB>, &mut BatchOutbox) {
+    claim
+        .parts()
+        .expect("the expansion runs the body only with a fresh job")
+}
+
+/// The body of a claim with a fresh job.
+pub fn batch_body<DB: Backend>(claim: &BatchGuard<DB>) -> Body {
+    claim
+        .body()
+        .expect("the expansion runs the body only with a fresh job")
+}
+
+/// The answer of a batch whose every job is a duplicate; the body did not run.
+pub fn all_duplicates<T, DB: Backend>(claim: &BatchGuard<DB>) -> Batch<T> {
+    Batch::new(claim.fresh(), None)
+}
+
+/// [`BatchGuard::finish`] without converting idem's errors yet.
+pub async fn finish_batch<DB: Backend, T, E>(
+    claim: BatchGuard<DB>,
+    result: Result<T, E>,
+) -> Result<Batch<T>, Failed<E>> {
+    claim.finish_failed(result.map_err(Failed::Handler)).await
+}
+
+/// The one place where an [`Error`] of a batch becomes the handler's error type.
+#[inline]
+pub fn settle_batch<T, E: HandlerError>(
+    result: Result<Batch<T>, Failed<E>>,
+) -> Result<Batch<T>, E> {
+    result.map_err(Failed::into_handler_error)
 }

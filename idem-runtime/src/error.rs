@@ -1,5 +1,7 @@
 use std::fmt;
 
+use crate::key::KeyError;
+
 /// Everything that can go wrong around an idempotent call.
 ///
 /// Each message says what happened and what to do about it. Handlers return their own error
@@ -146,18 +148,39 @@ pub enum Error {
     )]
     NotCommitted,
 
-    /// A transaction-mode handler (or [`Store::claim`](crate::Store::claim)) was called with a
-    /// store while the body of another idempotent handler ran in the same task. Its own
-    /// transaction would not be the outer one's: on SQLite it would wait for the outer
-    /// transaction's write lock (forever, on every redelivery), elsewhere it would commit on
-    /// its own, whatever the outer one does. Refused before any I/O: nothing was written by
-    /// this call. Pass `store.join(tx)` (the outer body's transaction) instead of the store.
+    /// A claim with a store (a transaction-mode, lease-mode or batch handler, or
+    /// [`Store::claim`](crate::Store::claim), [`Store::lease`](crate::Store::lease),
+    /// [`Store::claim_batch`](crate::Store::claim_batch)) was made while this task held the
+    /// open transaction of another claim (a handler's body, a hand-written guard, a request
+    /// behind the HTTP layer). Its own transaction (or lease) would not be the open one: on
+    /// SQLite it would wait for the open transaction's write lock (forever, on every
+    /// redelivery), elsewhere it would commit on its own, whatever the open one does. Refused
+    /// before any I/O: nothing was written by this call. Pass `store.join(tx)` (the open
+    /// transaction) instead of the store, or make the call before or after the other claim's
+    /// body.
     #[error("{}", NestedMessage { inner, outer })]
     Nested {
         /// The handler called with a store (`Store::claim` for a hand-written claim).
         inner: String,
         /// The handler whose body was running.
         outer: String,
+    },
+
+    /// [`Store::forget`](crate::Store::forget) of a marker whose lease a delivery still holds:
+    /// nothing was changed. That delivery may still be calling the outside system, and a
+    /// redelivery let through now would call it again beside it.
+    #[error(
+        "the marker of {scope:?} / {key:?} was not forgotten: a delivery still holds its lease \
+         and may still be calling the outside system. Wait until it completes or its lease runs \
+         out (`idem stuck` shows when), or force it (`Store::forget_forced`, `idem forget \
+         --force`) if that delivery is known to be gone: the next delivery then runs the job \
+         again, with the same idempotency key"
+    )]
+    LeaseHeld {
+        /// The scope of the marker.
+        scope: String,
+        /// The encoded key of the marker.
+        key: String,
     },
 
     /// Lease mode: the body finished, but its lease had run out and another delivery took the
@@ -222,83 +245,29 @@ struct NestedMessage<'a> {
 impl fmt::Display for NestedMessage<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let NestedMessage { inner, outer } = self;
-        // The advice names the call to write: a handler takes the joined store in place of
-        // the store, a hand-written claim is made on it.
-        let how = if *inner == "Store::claim" {
-            "claim with `store.join(tx).claim(scope, &key)`".to_owned()
-        } else {
-            format!("call `{inner}(store.join(tx), ...)`")
-        };
         write!(
             f,
             "`{inner}` was called with a store inside the body of `{outer}`, whose transaction \
-             is open: {how} to join it (nothing was written)"
-        )
-    }
-}
-
-/// Why a key was refused. Keys are checked before any I/O, so a refused key writes nothing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeyError {
-    /// The key (or one part of a tuple key) is the empty string.
-    Empty,
-    /// The encoded key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
-    TooLong {
-        /// Its length in bytes.
-        len: usize,
-    },
-    /// The key contains a NUL byte, which PostgreSQL cannot store in `text`.
-    Nul,
-    /// The key of one job of a batch was refused; the whole batch was refused with it, before
-    /// any I/O.
-    InBatch {
-        /// The job's position in the batch, from 0.
-        position: usize,
-        /// Why its key was refused.
-        error: Box<KeyError>,
-    },
-    /// The batch holds more jobs than one claim takes
-    /// ([`MAX_BATCH`](crate::MAX_BATCH)).
-    BatchTooLarge {
-        /// How many jobs it held.
-        len: usize,
-    },
-}
-
-impl fmt::Display for KeyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            KeyError::Empty => f.write_str(
-                "the key is empty: every job needs a stable, non-empty id \
-                 (check that the key expression reads the job's id)",
-            ),
-            KeyError::TooLong { len } => write!(
+             is open, and would not run in that transaction (nothing was written): "
+        )?;
+        // The advice names the call to write: a handler takes the joined store in place of
+        // the store, a hand-written claim is made on it; a lease has no transaction to join.
+        match *inner {
+            "Store::claim" | "Store::claim_batch" => {
+                f.write_str("claim with `store.join(tx).claim(scope, &key)` to join it")
+            }
+            "Store::lease" => write!(
                 f,
-                "the encoded key is {len} bytes, more than the {} allowed: use a shorter id, \
-                 or a digest of a long one (for example the hex SHA-256 of it)",
-                crate::MAX_KEY_LEN
+                "a lease has no transaction to join: take it before or after `{outer}`'s body"
             ),
-            KeyError::Nul => f.write_str(
-                "the key contains a NUL byte, which databases cannot store as text: \
-                 strip it, or encode the id (for example as hex)",
-            ),
-            KeyError::InBatch { position, error } => write!(
+            _ => write!(
                 f,
-                "job {position} of the batch (counting from 0): {error}; \
-                 nothing of the batch was claimed"
-            ),
-            KeyError::BatchTooLarge { len } => write!(
-                f,
-                "a batch of {len} jobs is more than the {} one claim takes: \
-                 split it into smaller batches",
-                crate::MAX_BATCH
+                "call `{inner}(store.join(tx), ...)` to join it; a lease-mode handler has no \
+                 transaction to join: call it before or after `{outer}`'s body"
             ),
         }
     }
 }
-
-impl std::error::Error for KeyError {}
 
 impl From<KeyError> for Error {
     fn from(err: KeyError) -> Self {

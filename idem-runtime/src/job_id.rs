@@ -5,7 +5,7 @@ use std::fmt;
 use sha2::{Digest as _, Sha256};
 
 use crate::key::{IntoKey, KeyWriter, encode};
-use crate::{KeyError, MAX_KEY_LEN};
+use crate::key::{KeyError, MAX_KEY_LEN};
 
 /// A job's stable id, made by [`job_id`] from a scope and the job's data.
 ///

@@ -8,13 +8,21 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
+use serde::Serialize;
 use sqlx::Transaction;
 use sqlx_core::transaction::TransactionManager as _;
 
 use crate::backend::{Backend, Check};
-use crate::claim::{self, Claimed, Held, Request, run};
-use crate::key::check_scope;
-use crate::{ClaimOptions, Error, Fingerprint, Key, Outcome, Store};
+use crate::claim::nested::Body;
+use crate::claim::{Claimed, Request, TxHeld, run};
+use crate::error::Error;
+use crate::key::Key;
+use crate::options::ClaimOptions;
+use crate::outcome::{Failed, Outcome};
+use crate::outgoing::Outbox;
+use crate::record;
+use crate::scope::check_scope;
+use crate::store::Store;
 
 /// A [`Store`] joined to a transaction the caller holds: made by [`Store::join`], passed to a
 /// handler in place of `&store`, or claimed on by hand with [`Joined::claim`].
@@ -59,27 +67,33 @@ impl<'a, DB: Backend> Joined<'a, DB> {
     ///
     /// On [`Claimed::Fresh`] run the effect on [`JoinedGuard::tx`] and end with
     /// [`JoinedGuard::finish`]. The scope is checked as [`Store::claim`] checks it, and the
-    /// marker it meets is decided as there.
-    pub async fn claim(self, scope: &str, key: &Key) -> Result<JoinedClaim<'a, DB>, Error> {
-        self.claim_with(scope, key, None, false).await
+    /// marker it meets is decided as there. Claiming on a joined store is how a claim inside
+    /// another claim's body is made: it is never refused as nested.
+    pub async fn claim(
+        self,
+        scope: &str,
+        key: &Key,
+    ) -> Result<Claimed<JoinedGuard<'a, DB>>, Error> {
+        self.claim_with(scope, key, ClaimOptions::new()).await
     }
 
-    /// [`claim`](Joined::claim) with the payload's fingerprint (see [`Store::claim_checked`])
-    /// and, with `replay`, the stored value of an earlier delivery read back.
+    /// [`claim`](Joined::claim) with the options' `replay` (an earlier delivery's stored value
+    /// read back) and fingerprint (see [`Store::claim_with`]). Their `wait` and isolation level
+    /// do not apply: they belong to the begin statement, which is the caller's here.
     pub async fn claim_with(
         self,
         scope: &str,
         key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        replay: bool,
-    ) -> Result<JoinedClaim<'a, DB>, Error> {
+        options: ClaimOptions,
+    ) -> Result<Claimed<JoinedGuard<'a, DB>>, Error> {
         check_scope(scope)?;
-        let mut options = ClaimOptions::new();
-        if replay {
-            options = options.replay();
-        }
+        let options = ClaimOptions {
+            wait: None,
+            isolation: None,
+            ..options
+        };
         let scope = Cow::Owned(scope.to_owned());
-        let request = Request::new(scope, key.clone(), options, fingerprint.copied());
+        let request = Request::new(scope, key.clone(), options, "Joined::claim");
         let claimed = self.claim_request(request).await?;
         Ok(claimed.map(|held| JoinedGuard { held }))
     }
@@ -87,24 +101,25 @@ impl<'a, DB: Backend> Joined<'a, DB> {
     pub(crate) async fn claim_request(
         self,
         request: Request,
-    ) -> Result<Claimed<Held<'a, DB>>, Error> {
+    ) -> Result<Claimed<TxHeld<'a, DB>>, Error> {
         run::joined(self.store, self.conn, request).await
     }
 }
 
-/// The answer to [`Joined::claim`]: on [`Claimed::Fresh`] the [`JoinedGuard`] holding the
-/// savepoint. A duplicate's savepoint has been rolled back, and the caller's transaction is as
-/// it was.
+/// The answer to [`Joined::claim`].
+#[deprecated(since = "0.2.0", note = "use `Claimed<JoinedGuard<'a, DB>>`")]
 pub type JoinedClaim<'a, DB> = Claimed<JoinedGuard<'a, DB>>;
 
 /// A fresh claim in a savepoint of the caller's transaction.
 ///
-/// [`finish`](JoinedGuard::finish) releases the savepoint on `Ok` (marker and effect are then
-/// part of the caller's transaction, kept only if it commits) or rolls back to it on `Err`;
-/// dropping the guard rolls back to it too.
+/// [`finish`](JoinedGuard::finish) releases the savepoint on `Ok` (marker, effect and
+/// [`outbox`](JoinedGuard::outbox) are then part of the caller's transaction, kept only if it
+/// commits) or rolls back to it on `Err`; [`release`](JoinedGuard::release), or dropping the
+/// guard, rolls back to it too. A duplicate's savepoint has been rolled back, and the caller's
+/// transaction is as it was.
 #[derive(Debug)]
 pub struct JoinedGuard<'a, DB: Backend> {
-    held: Held<'a, DB>,
+    held: TxHeld<'a, DB>,
 }
 
 impl<'a, DB: Backend> JoinedGuard<'a, DB> {
@@ -113,22 +128,43 @@ impl<'a, DB: Backend> JoinedGuard<'a, DB> {
         self.held.tx()
     }
 
+    /// The outbox of this claim's job: its messages are written in the savepoint when the
+    /// guard finishes with `Ok`, and kept if the caller's transaction commits.
+    pub fn outbox(&mut self) -> &mut Outbox {
+        self.held.outbox()
+    }
+
+    /// The call's `idem.claim` span.
+    pub fn span(&self) -> &tracing::Span {
+        self.held.span()
+    }
+
+    /// The claim's body, to run in its span and marked as inside the caller's transaction
+    /// (see [`Guard::body`](crate::Guard::body)).
+    pub fn body(&self) -> Body {
+        self.held.body()
+    }
+
     /// Ends the call: releases the savepoint on `Ok` ([`Outcome::Applied`]: applied in the
     /// caller's transaction, kept only if it commits), rolls back to it on `Err`.
     pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Outcome<T>, E> {
-        claim::settle(self.held.finish(result, |_| Ok(None)).await)
+        let end = self.held.finish(result, |_| Ok(None)).await;
+        end.map_err(Failed::into_handler_error)
     }
 
     /// [`finish`](JoinedGuard::finish) that also stores the `Ok` value with the marker
     /// (`replay`).
-    pub async fn finish_replay<T: serde::Serialize, E: From<Error>>(
+    pub async fn finish_replay<T: Serialize, E: From<Error>>(
         self,
         result: Result<T, E>,
     ) -> Result<Outcome<T>, E> {
-        let end = self
-            .held
-            .finish(result, |v| crate::record::encode(v).map(Some));
-        claim::settle(end.await)
+        let end = self.held.finish(result, |v| record::encode(v).map(Some));
+        end.await.map_err(Failed::into_handler_error)
+    }
+
+    /// Gives up: rolls back to the savepoint; the caller's transaction stays usable.
+    pub async fn release(self) {
+        self.held.release().await;
     }
 }
 

@@ -3,7 +3,68 @@ use std::fmt::{self, Write as _};
 use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::error::KeyError;
+/// Why a key was refused. Keys are checked before any I/O, so a refused key writes nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The key (or one part of a tuple key) is the empty string.
+    Empty,
+    /// The encoded key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The key contains a NUL byte, which PostgreSQL cannot store in `text`.
+    Nul,
+    /// The key of one job of a batch was refused; the whole batch was refused with it, before
+    /// any I/O.
+    InBatch {
+        /// The job's position in the batch, from 0.
+        position: usize,
+        /// Why its key was refused.
+        error: Box<KeyError>,
+    },
+    /// The batch holds more jobs than one claim takes
+    /// ([`MAX_BATCH`](crate::MAX_BATCH)).
+    BatchTooLarge {
+        /// How many jobs it held.
+        len: usize,
+    },
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyError::Empty => f.write_str(
+                "the key is empty: every job needs a stable, non-empty id \
+                 (check that the key expression reads the job's id)",
+            ),
+            KeyError::TooLong { len } => write!(
+                f,
+                "the encoded key is {len} bytes, more than the {} allowed: use a shorter id, \
+                 or a digest of a long one (for example the hex SHA-256 of it)",
+                MAX_KEY_LEN
+            ),
+            KeyError::Nul => f.write_str(
+                "the key contains a NUL byte, which databases cannot store as text: \
+                 strip it, or encode the id (for example as hex)",
+            ),
+            KeyError::InBatch { position, error } => write!(
+                f,
+                "job {position} of the batch (counting from 0): {error}; \
+                 nothing of the batch was claimed"
+            ),
+            KeyError::BatchTooLarge { len } => write!(
+                f,
+                "a batch of {len} jobs is more than the {} one claim takes: \
+                 split it into smaller batches",
+                MAX_BATCH
+            ),
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
 
 /// The longest key accepted, in bytes of UTF-8.
 ///
@@ -29,6 +90,11 @@ impl Key {
     /// assert!(Key::new("").is_err());
     /// ```
     pub fn new<K: IntoKey + ?Sized>(value: &K) -> Result<Key, KeyError> {
+        // A string is stored as it is: one check and one copy, the job of every call.
+        if let Some(plain) = value.as_plain() {
+            check(plain)?;
+            return Ok(Key(plain.to_owned()));
+        }
         let encoded = encode(value)?;
         check(&encoded)?;
         Ok(Key(encoded))
@@ -40,15 +106,60 @@ impl Key {
     }
 }
 
-/// Scopes are checked like keys: the attribute checks its literal at compile time, the store
-/// checks the scopes that hand-written code passes (1 to 255 bytes, no NUL).
-pub(crate) fn check_scope(scope: &str) -> Result<(), crate::Error> {
-    if scope.is_empty() || scope.len() > MAX_KEY_LEN || scope.contains('\0') {
-        return Err(crate::Error::InvalidScope {
-            scope: scope.to_owned(),
-        });
+/// The most jobs one batch claim takes.
+///
+/// The claim is one statement. PostgreSQL and SQLite receive the keys as one array bind, so
+/// no bind limit applies there; MySQL receives them as hex literals, twice in the claim's
+/// message (insert, read back) and once more for the fresh ones, which at 1,000 keys of up to
+/// 255 bytes stays near 1.6 MB in all, under the smallest default `max_allowed_packet` still
+/// in use (4 MB, MySQL 5.7). A batch also holds the row locks of all its keys until it
+/// commits, so a larger one would make overlapping deliveries wait longer. Brokers hand out
+/// fewer (SQS 10, typical Kafka and JetStream pulls a few hundred); split larger batches.
+pub const MAX_BATCH: usize = 1_000;
+
+impl Key {
+    /// Encodes and validates the key of every job of a batch, before any I/O.
+    ///
+    /// The first refused key refuses the batch with [`KeyError::InBatch`], naming its
+    /// position; more than [`MAX_BATCH`] keys are [`KeyError::BatchTooLarge`].
+    ///
+    /// ```
+    /// # use idem_runtime as idem;
+    /// use idem::{Key, KeyError};
+    /// let keys = Key::batch(["a", "b"]).unwrap();
+    /// assert_eq!(keys[1].as_str(), "b");
+    /// assert!(matches!(
+    ///     Key::batch(["a", ""]),
+    ///     Err(KeyError::InBatch { position: 1, .. })
+    /// ));
+    /// ```
+    pub fn batch<K: IntoKey>(values: impl IntoIterator<Item = K>) -> Result<Vec<Key>, KeyError> {
+        collect_keys(values.into_iter().map(|value| Key::new(&value)))
     }
-    Ok(())
+}
+
+/// The keys of a batch, the first refused one naming its position. Stops at the first key
+/// past [`MAX_BATCH`], so that an oversized batch is not encoded whole before it is refused.
+pub(crate) fn collect_keys(
+    keys: impl Iterator<Item = Result<Key, KeyError>>,
+) -> Result<Vec<Key>, KeyError> {
+    let mut out = Vec::new();
+    for (position, key) in keys.enumerate() {
+        if position == MAX_BATCH {
+            let len = MAX_BATCH + 1;
+            return Err(KeyError::BatchTooLarge { len });
+        }
+        match key {
+            Ok(key) => out.push(key),
+            Err(error) => {
+                return Err(KeyError::InBatch {
+                    position,
+                    error: Box::new(error),
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The encoding of `value` as [`Key::new`] makes it, without the length limit: what the
@@ -207,11 +318,22 @@ impl KeyWriter {
 pub trait IntoKey {
     /// Writes this value's parts into `key`.
     fn write_key(&self, key: &mut KeyWriter);
+
+    /// The key as it is stored, if this value is one string part (what `write_key` writing
+    /// that one part encodes to): lets [`Key::new`] skip the writer.
+    #[doc(hidden)]
+    fn as_plain(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl IntoKey for str {
     fn write_key(&self, key: &mut KeyWriter) {
         key.part(self);
+    }
+
+    fn as_plain(&self) -> Option<&str> {
+        Some(self)
     }
 }
 
@@ -219,17 +341,29 @@ impl IntoKey for String {
     fn write_key(&self, key: &mut KeyWriter) {
         key.part(self);
     }
+
+    fn as_plain(&self) -> Option<&str> {
+        Some(self)
+    }
 }
 
 impl IntoKey for Cow<'_, str> {
     fn write_key(&self, key: &mut KeyWriter) {
         key.part(self);
     }
+
+    fn as_plain(&self) -> Option<&str> {
+        Some(self)
+    }
 }
 
 impl IntoKey for Key {
     fn write_key(&self, key: &mut KeyWriter) {
         key.part(&self.0);
+    }
+
+    fn as_plain(&self) -> Option<&str> {
+        Some(&self.0)
     }
 }
 
@@ -249,6 +383,10 @@ macro_rules! pointer_keys {
         impl<T: IntoKey + ?Sized> IntoKey for $p {
             fn write_key(&self, key: &mut KeyWriter) {
                 (**self).write_key(key);
+            }
+
+            fn as_plain(&self) -> Option<&str> {
+                (**self).as_plain()
             }
         }
     )*};

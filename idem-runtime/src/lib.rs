@@ -12,8 +12,10 @@ compile_error!(
 );
 
 // The layers, each using only those above it: the vocabulary; observation and the test hooks;
-// the backends' SQL; the store; the claim core; the modes. `__private`, for generated code,
-// is a leaf that nothing here imports.
+// the backends' SQL; the store; the claim core; the modes (and, beside them, the outbox's
+// relay and the HTTP layer). Every module imports an item from the module that defines it;
+// the re-exports below are for users. `__private`, for generated code, is a leaf that nothing
+// here imports.
 mod error;
 mod job_id;
 mod key;
@@ -21,6 +23,7 @@ mod options;
 mod outcome;
 mod outgoing;
 mod record;
+mod scope;
 
 mod observe;
 #[cfg(feature = "testing")]
@@ -39,28 +42,35 @@ mod lease;
 mod relay;
 mod transaction;
 
-// Above the modes: the HTTP layer claims through transaction mode.
+// Above the modes: the HTTP layer claims through transaction and lease mode.
 #[cfg(feature = "axum")]
 pub mod http;
 
 pub use backend::Backend;
-pub use batch::{BatchClaim, MAX_BATCH};
+#[allow(deprecated)]
+pub use batch::BatchClaim;
+pub use batch::BatchGuard;
 pub use claim::Claimed;
-pub use error::{Error, KeyError};
+pub use claim::nested::Body;
+pub use error::Error;
 pub use inspect::{Marker, MarkerState};
 pub use job_id::{JobId, job_id};
-pub use join::{Joined, JoinedClaim, JoinedGuard, Target, commit};
-pub use key::{IntoKey, Key, KeyWriter, MAX_KEY_LEN};
-pub use lease::{Lease, Leased};
+#[allow(deprecated)]
+pub use join::JoinedClaim;
+pub use join::{Joined, JoinedGuard, Target, commit};
+pub use key::{IntoKey, Key, KeyError, KeyWriter, MAX_BATCH, MAX_KEY_LEN};
+pub use lease::Lease;
+#[allow(deprecated)]
+pub use lease::Leased;
 pub use observe::{CLAIM_SECONDS, KeyInSpans, OUTCOMES_TOTAL, describe_metrics, observe_keys};
 pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
-pub(crate) use outcome::Failed;
-pub(crate) use outcome::HandlerError;
 pub use outcome::{Batch, Outcome};
 pub use outgoing::{BatchOutbox, Message, Outbox};
 pub use record::{Fingerprint, MAX_REPLAY_LEN, Recorded};
 pub use store::{DEFAULT_TABLE, MAX_TABLE_LEN, PURGE_BATCH, Store};
-pub use transaction::{Claim, Guard};
+#[allow(deprecated)]
+pub use transaction::Claim;
+pub use transaction::Guard;
 
 /// The transactional outbox: the messages a handler sends with its effect
 /// ([`Outbox`]), and the relay that publishes them after the commit.

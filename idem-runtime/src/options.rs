@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
+use crate::record::Fingerprint;
 
 /// The shortest lease: below a second there is no margin left for the completing statement's
 /// round trip on a loaded machine, and every slow call would be taken over.
@@ -42,17 +43,19 @@ impl Isolation {
     }
 }
 
-/// Settings of one claim: what `wait` and `isolation` on the attribute set.
+/// Settings of one claim in a transaction (own, joined or batch): what `wait`, `isolation`,
+/// `replay` and `fingerprint` on the attribute set.
 ///
 /// ```
 /// # use idem_runtime as idem;
 /// use std::time::Duration;
 ///
-/// use idem::{ClaimOptions, Isolation};
+/// use idem::{ClaimOptions, Fingerprint, Isolation};
 ///
 /// let opts = ClaimOptions::new()
 ///     .wait(Duration::from_secs(5))
-///     .isolation(Isolation::Serializable);
+///     .isolation(Isolation::Serializable)
+///     .fingerprint(Fingerprint::of(&("order-7", 1250)).unwrap());
 /// # let _ = opts;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -60,6 +63,7 @@ pub struct ClaimOptions {
     pub(crate) wait: Option<Duration>,
     pub(crate) isolation: Option<Isolation>,
     pub(crate) replay: bool,
+    pub(crate) fingerprint: Option<Fingerprint>,
 }
 
 impl ClaimOptions {
@@ -69,7 +73,16 @@ impl ClaimOptions {
             wait: None,
             isolation: None,
             replay: false,
+            fingerprint: None,
         }
+    }
+
+    /// Stores the payload's fingerprint with the marker, and refuses a later delivery of the
+    /// key with another one ([`Error::KeyReused`](crate::Error::KeyReused)), whatever the
+    /// marker's state.
+    pub const fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
     }
 
     /// A delivery that finds the key committed reads the value the first delivery stored
@@ -80,11 +93,14 @@ impl ClaimOptions {
     }
 
     /// How long a delivery waits for another delivery that holds the same key before it
-    /// gives up with [`Error::InProgress`](crate::Error::InProgress).
+    /// gives up with [`Error::InProgress`](crate::Error::InProgress). It bounds the claim
+    /// only: the body's own statements wait as the connection's settings say.
     ///
     /// Without it the database's own limit applies: none on PostgreSQL (`lock_timeout` 0),
     /// `innodb_lock_wait_timeout` on MySQL (50 s by default), the connection's busy timeout
-    /// on SQLite (5 s in sqlx). See [`Store`](crate::Store) for how each backend sets it.
+    /// on SQLite (5 s in sqlx). See [`Store`](crate::Store) for how each backend sets it. A
+    /// joined claim ([`Store::join`](crate::Store::join)) waits as the caller's transaction
+    /// does: its begin is the caller's.
     pub const fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
@@ -137,12 +153,15 @@ impl Mode {
     }
 }
 
-/// How long a lease-mode delivery holds its key, and how long its body may run.
+/// How long a lease-mode delivery holds its key, how long its body may run, and what its
+/// claim stores and waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LeaseOptions {
     pub(crate) lease: Duration,
     pub(crate) timeout: Duration,
     pub(crate) replay: bool,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) fingerprint: Option<Fingerprint>,
 }
 
 impl LeaseOptions {
@@ -156,7 +175,27 @@ impl LeaseOptions {
             lease,
             timeout: Self::default_timeout(lease),
             replay: false,
+            wait: None,
+            fingerprint: None,
         }
+    }
+
+    /// How long the claim may wait behind a delivery in another mode that holds the key in
+    /// its transaction (a live lease is [`Error::InProgress`](crate::Error::InProgress) at
+    /// once). Without it: no wait on PostgreSQL, a second on MariaDB (it counts lock waits in
+    /// whole seconds), the connection's busy timeout on SQLite, whose write lock any writer
+    /// holds (answering at once would refuse most claims under load).
+    pub const fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Stores the payload's fingerprint with the marker, and refuses a delivery of the key
+    /// with another one ([`Error::KeyReused`](crate::Error::KeyReused)), whether the marker is
+    /// completed or still held.
+    pub const fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
     }
 
     /// A delivery that finds the key completed gets the first delivery's stored value back

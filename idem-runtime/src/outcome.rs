@@ -120,19 +120,19 @@ impl<T> Batch<T> {
     label = "idem returns its own errors (in progress, rolled back, lease lost) through this `Result`'s `E`",
     note = "use `sqlx::Error`, `anyhow::Error` or `Box<dyn std::error::Error + Send + Sync>`, or an error enum of your own with a variant for idem's errors: `#[error(transparent)] Idem(#[from] idem::Error)` (thiserror)"
 )]
-pub trait HandlerError: From<crate::Error> {}
+pub trait HandlerError: From<crate::error::Error> {}
 
-impl<E: From<crate::Error>> HandlerError for E {}
+impl<E: From<crate::error::Error>> HandlerError for E {}
 
 /// An error of a call, before it becomes the handler's `E`: idem's own (claim, commit) or the
 /// body's.
 #[doc(hidden)]
 pub enum Failed<E> {
-    Idem(crate::Error),
+    Idem(crate::error::Error),
     Handler(E),
 }
 
-impl<E: From<crate::Error>> Failed<E> {
+impl<E: From<crate::error::Error>> Failed<E> {
     /// The handler's error: the body's as it was, or idem's converted by `E: From<Error>`.
     pub(crate) fn into_handler_error(self) -> E {
         match self {

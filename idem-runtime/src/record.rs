@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use crate::Error;
+use crate::error::Error;
 
 /// A SHA-256 digest of a payload's canonical JSON: objects with their keys sorted, no
 /// whitespace, numbers and strings as `serde_json` writes them (but `-0.0`, written `0.0`, as

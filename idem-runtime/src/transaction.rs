@@ -3,17 +3,23 @@
 
 use std::borrow::Cow;
 
+use serde::Serialize;
 use sqlx::Transaction;
 
 use crate::backend::Backend;
-use crate::claim::{self, Claimed, Held, Request, nested, run};
-use crate::key::check_scope;
-use crate::{ClaimOptions, Error, Fingerprint, Key, Outcome, Store};
+use crate::claim::nested::Body;
+use crate::claim::{Claimed, Request, TxHeld, run};
+use crate::error::Error;
+use crate::key::Key;
+use crate::options::ClaimOptions;
+use crate::outcome::{Failed, Outcome};
+use crate::outgoing::Outbox;
+use crate::record::{self, Fingerprint};
+use crate::scope::check_scope;
+use crate::store::Store;
 
-/// The answer to [`Store::claim`]: on [`Claimed::Fresh`] the [`Guard`] holding the open
-/// transaction. A duplicate's transaction, which wrote nothing, is over: its `ROLLBACK` goes
-/// out with the connection's return to the pool (a connection whose rollback fails is closed,
-/// not reused), so a duplicate does not wait for it.
+/// The answer to [`Store::claim`].
+#[deprecated(since = "0.2.0", note = "use `Claimed<Guard<DB>>`")]
 pub type Claim<DB> = Claimed<Guard<DB>>;
 
 impl<DB: Backend> Store<DB> {
@@ -23,54 +29,112 @@ impl<DB: Backend> Store<DB> {
     /// not fit. On [`Claimed::Fresh`] run the effect on [`Guard::tx`] and end with
     /// [`Guard::finish`]; dropping the guard rolls everything back. The scope is checked like
     /// the attribute's (1 to 255 bytes, no NUL: else [`Error::InvalidScope`], before any I/O).
+    /// A duplicate's transaction, which wrote nothing, is over: its `ROLLBACK` goes out with
+    /// the connection's return to the pool (a connection whose rollback fails is closed, not
+    /// reused), so a duplicate does not wait for it.
     ///
     /// A completed marker is [`Claimed::Duplicate`]; a lease-mode delivery still holding the
     /// key is [`Error::InProgress`] (never a duplicate: its job may still fail); a lease that
     /// was released or ran out is taken over, and this transaction's commit completes it.
-    pub async fn claim(&self, scope: &str, key: &Key) -> Result<Claim<DB>, Error> {
+    /// Inside the open transaction of another claim of this task (a handler's body, another
+    /// guard) the claim is refused with [`Error::Nested`], before any I/O: claim on
+    /// [`Store::join`] there.
+    ///
+    /// ```no_run
+    /// # use idem_runtime as idem;
+    /// # #[cfg(feature = "sqlite")]
+    /// # async fn f(store: &idem::Store<sqlx::Sqlite>) -> Result<(), idem::Error> {
+    /// use idem::{Claimed, Key, Outcome};
+    ///
+    /// let key = Key::new("order-7")?;
+    /// let outcome = match store.claim("billing.top_up", &key).await? {
+    ///     Claimed::Fresh(mut guard) => {
+    ///         let done = sqlx::query("UPDATE accounts SET credits = credits + 50 WHERE id = 7")
+    ///             .execute(&mut **guard.tx())
+    ///             .await;
+    ///         // A message that commits with the effect, published by the relay.
+    ///         guard.outbox().send("receipts", &"order-7")?;
+    ///         guard.finish(done.map(drop).map_err(idem::Error::from)).await?
+    ///     }
+    ///     Claimed::Duplicate | Claimed::Replayed(_) => Outcome::Duplicate,
+    /// };
+    /// # let _ = outcome;
+    /// # Ok(()) }
+    /// ```
+    pub async fn claim(&self, scope: &str, key: &Key) -> Result<Claimed<Guard<DB>>, Error> {
         self.claim_with(scope, key, ClaimOptions::new()).await
     }
 
-    /// [`claim`](Store::claim) with a `wait` and an isolation level.
+    /// [`claim`](Store::claim) with the options' `wait`, isolation level, `replay` (a
+    /// duplicate with a stored value is [`Claimed::Replayed`]) and fingerprint (a delivery of
+    /// the key with another payload is [`Error::KeyReused`]).
     pub async fn claim_with(
         &self,
         scope: &str,
         key: &Key,
         options: ClaimOptions,
-    ) -> Result<Claim<DB>, Error> {
-        self.claim_checked(scope, key, options, None).await
+    ) -> Result<Claimed<Guard<DB>>, Error> {
+        check_scope(scope)?;
+        let scope = Cow::Owned(scope.to_owned());
+        let request = Request::new(scope, key.clone(), options, "Store::claim");
+        Ok(run::own(self, request).await?.map(|held| Guard { held }))
     }
 
-    /// [`claim_with`](Store::claim_with) that stores the payload's fingerprint with the marker,
-    /// and refuses a later delivery of the key with another one ([`Error::KeyReused`]).
+    /// [`claim_with`](Store::claim_with) with the fingerprint given apart.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `claim_with(scope, key, options.fingerprint(fingerprint))`"
+    )]
     pub async fn claim_checked(
         &self,
         scope: &str,
         key: &Key,
         options: ClaimOptions,
         fingerprint: Option<&Fingerprint>,
-    ) -> Result<Claim<DB>, Error> {
-        check_scope(scope)?;
-        nested::refuse_nested("Store::claim")?;
-        let scope = Cow::Owned(scope.to_owned());
-        let request = Request::new(scope, key.clone(), options, fingerprint.copied());
-        Ok(run::own(self, request).await?.map(|held| Guard { held }))
+    ) -> Result<Claimed<Guard<DB>>, Error> {
+        let options = match fingerprint {
+            Some(fingerprint) => options.fingerprint(*fingerprint),
+            None => options,
+        };
+        self.claim_with(scope, key, options).await
     }
 }
 
 /// An open transaction holding a fresh claim.
 ///
-/// [`finish`](Guard::finish) commits it (marker and effect together) or rolls it back; dropping
-/// it, by a panic or a cancelled future, rolls it back as well.
+/// [`finish`](Guard::finish) commits it (marker, effect and [`outbox`](Guard::outbox)
+/// together) or rolls it back; [`release`](Guard::release), or dropping it (a panic, a
+/// cancelled future), rolls it back as well. Its call has the `idem.claim` span and the
+/// `idem_outcomes_total` count of an `#[idempotent]` handler's, and a body run with
+/// [`body`](Guard::body) is marked as inside it, as a handler's is.
 #[derive(Debug)]
 pub struct Guard<DB: Backend> {
-    held: Held<'static, DB>,
+    held: TxHeld<'static, DB>,
 }
 
 impl<DB: Backend> Guard<DB> {
     /// The transaction the body must run its effect on.
     pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
         self.held.tx()
+    }
+
+    /// The outbox of this claim's job: the messages sent on it are written with the marker
+    /// when the guard finishes with `Ok`, and not at all otherwise.
+    pub fn outbox(&mut self) -> &mut Outbox {
+        self.held.outbox()
+    }
+
+    /// The call's `idem.claim` span.
+    pub fn span(&self) -> &tracing::Span {
+        self.held.span()
+    }
+
+    /// The claim's body: [`Body::run`] runs a future in the call's span, marked as inside this
+    /// claim's open transaction, so that a claim with a store in it is refused
+    /// ([`Error::Nested`]) rather than left to wait for this transaction's lock or commit
+    /// apart from it.
+    pub fn body(&self) -> Body {
+        self.held.body()
     }
 
     /// Ends the call: commits on `Ok`, rolls back on `Err`.
@@ -80,40 +144,23 @@ impl<DB: Backend> Guard<DB> {
     /// error is what the caller needs, and the database drops the transaction with the
     /// connection anyway.
     pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Outcome<T>, E> {
-        claim::settle(self.held.finish(result, |_| Ok(None)).await)
+        let end = self.held.finish(result, |_| Ok(None)).await;
+        end.map_err(Failed::into_handler_error)
     }
 
     /// [`finish`](Guard::finish) that also stores the `Ok` value with the marker, in the same
     /// transaction, so that later deliveries get it back (`replay`). A value that cannot be
     /// stored is [`Error::Serialize`], and nothing is committed.
-    pub async fn finish_replay<T: serde::Serialize, E: From<Error>>(
+    pub async fn finish_replay<T: Serialize, E: From<Error>>(
         self,
         result: Result<T, E>,
     ) -> Result<Outcome<T>, E> {
-        let end = self
-            .held
-            .finish(result, |v| crate::record::encode(v).map(Some));
-        claim::settle(end.await)
-    }
-}
-
-#[cfg(feature = "axum")]
-impl<DB: Backend> Guard<DB> {
-    /// Commits with `json`, already encoded and within [`MAX_REPLAY_LEN`](crate::MAX_REPLAY_LEN),
-    /// as the marker's stored value (the HTTP layer's recorded response).
-    pub(crate) async fn finish_json(self, json: String) -> Result<Outcome<()>, Error> {
-        claim::settle(
-            self.held
-                .finish(Ok::<(), Error>(()), |()| Ok(Some(json)))
-                .await,
-        )
+        let end = self.held.finish(result, |v| record::encode(v).map(Some));
+        end.await.map_err(Failed::into_handler_error)
     }
 
-    /// Rolls the transaction back: the marker and the body's statements are gone.
-    pub(crate) async fn roll_back(self) {
-        let end = self
-            .held
-            .finish(Err::<(), Error>(Error::NotCommitted), |()| Ok(None));
-        drop(end.await);
+    /// Gives up: rolls the transaction back, the marker and the body's statements with it.
+    pub async fn release(self) {
+        self.held.release().await;
     }
 }

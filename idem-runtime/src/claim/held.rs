@@ -1,153 +1,337 @@
-//! A fresh claim's open transaction (or savepoint), and how it ends: with the value recorded
-//! for `replay`, committed (verified) or released, or rolled back.
+//! A fresh claim, held, and its one end: what every holder carries ([`Ticket`]), what each
+//! mode's hold does at the end ([`Hold`]), and the finish every holder goes through.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use sqlx::Transaction;
 
 use super::Request;
-use crate::backend::{Backend, Check, Statements};
-use crate::outgoing::Pending;
+use super::nested::Body;
+use crate::backend::{Backend, Check};
+use crate::error::Error;
+use crate::key::Key;
+use crate::observe::Observed;
+use crate::outcome::{Failed, Outcome};
+use crate::outgoing::{Outbox, Pending};
 use crate::record::NotStorable;
-use crate::{Error, Failed, Outbox, Outcome};
 
-/// A fresh claim of either kind: a transaction of idem's own, or a savepoint of the caller's
-/// (`joined`), which ends with a `RELEASE` and leaves the commit to the caller. Dropping it (a
-/// panic, a cancelled future) rolls it back.
-#[doc(hidden)]
+/// What every fresh claim carries, whatever holds it: the request, the call's observation,
+/// and the messages its body sends.
 #[derive(Debug)]
-pub struct Held<'c, DB: Backend> {
+pub(crate) struct Ticket {
+    pub(crate) request: Request,
+    pub(crate) observed: Observed,
+    outbox: Option<Outbox>,
+}
+
+impl Ticket {
+    pub(crate) fn new(request: Request, observed: Observed) -> Ticket {
+        Ticket {
+            request,
+            observed,
+            outbox: None,
+        }
+    }
+
+    /// The claim's body, to run in its span and marked as inside its open transaction.
+    pub(crate) fn body(&self) -> Body {
+        let span = self.observed.span().clone();
+        Body::new(self.request.caller.clone(), span)
+    }
+
+    /// The outbox of this claim's job: its messages get ids from its scope and key.
+    pub(crate) fn outbox(&mut self) -> &mut Outbox {
+        let Request { scope, key, .. } = &self.request;
+        self.outbox
+            .get_or_insert_with(|| Outbox::new(scope.clone(), key.clone()))
+    }
+
+    fn pending(&self) -> Option<&Pending> {
+        self.outbox
+            .as_ref()
+            .map(Outbox::pending)
+            .filter(|p| !p.is_empty())
+    }
+}
+
+/// What holds a fresh claim in one mode, and how it ends. The finish calls `write`, then (the
+/// test kit's fault, if any) `commit`, or `release` instead.
+pub(crate) trait Hold: Send + Sized {
+    /// Where the test kit injects a failure "right before" this hold keeps the work.
+    #[cfg(feature = "testing")]
+    fn end(&self) -> &'static str;
+
+    /// Whether an outside effect happened before the end (lease mode): a value that cannot be
+    /// stored then still completes the marker, without it.
+    const OUTSIDE: bool;
+
+    /// Writes what is kept with the marker before it is kept: the value for `replay` and the
+    /// outbox's messages, in the claim's transaction (a lease writes both as it completes).
+    fn write(
+        &mut self,
+        request: &Request,
+        value: Option<&str>,
+        outbox: Option<&Pending>,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Keeps the work: commits (verified), releases the savepoint, or completes the lease if
+    /// its token still matches.
+    fn commit(
+        self,
+        request: &Request,
+        value: Option<&str>,
+        outbox: Option<&Pending>,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Keeps nothing: rolls back, or releases the lease for the next delivery.
+    fn release(self, request: &Request) -> impl Future<Output = ()> + Send;
+}
+
+/// Ends a fresh claim with the body's `result`, in every mode: on `Ok`, stores what `encode`
+/// makes of the value (`replay`) and the outbox's messages with the marker, and keeps the work
+/// ([`Outcome::Applied`] only once the database confirmed it); on `Err` (the body's, or idem's:
+/// a lease's timeout), keeps nothing. Then records the call's outcome on its span and
+/// metrics.
+pub(crate) async fn finish<H: Hold, T, E>(
+    hold: H,
+    ticket: Ticket,
+    outbox: Option<&Pending>,
+    result: Result<T, Failed<E>>,
+    encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
+) -> Result<Outcome<T>, Failed<E>> {
+    let ended = end(hold, &ticket, outbox, result, encode).await;
+    let Ticket { observed, .. } = ticket;
+    observed.ended(&ended);
+    ended
+}
+
+/// [`finish`] without the observation's end: a batch records one outcome per job.
+pub(crate) async fn end<H: Hold, T, E>(
+    mut hold: H,
+    ticket: &Ticket,
+    outbox: Option<&Pending>,
+    result: Result<T, Failed<E>>,
+    encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
+) -> Result<Outcome<T>, Failed<E>> {
+    let (request, outbox) = (&ticket.request, outbox.or(ticket.pending()));
+    let value = match result {
+        Ok(value) => value,
+        Err(failed) => {
+            hold.release(request).await;
+            return Err(failed);
+        }
+    };
+    let (json, not_stored) = match encode(&value) {
+        Ok(json) => (json, None),
+        Err(NotStorable(reason)) if H::OUTSIDE => (None, Some(reason)),
+        Err(NotStorable(reason)) => {
+            hold.release(request).await;
+            return Err(Failed::Idem(Error::Serialize(format!(
+                "the value of {:?} / {:?} cannot be stored for `replay`: {reason}; the \
+                 transaction was rolled back, nothing was kept (the redelivery runs again)",
+                request.scope,
+                request.key.as_str()
+            ))));
+        }
+    };
+    if let Err(e) = hold.write(request, json.as_deref(), outbox).await {
+        hold.release(request).await;
+        return Err(Failed::Idem(e));
+    }
+    #[cfg(feature = "testing")]
+    {
+        let (scope, key) = (&request.scope, request.key.as_str());
+        if let Some(e) = crate::testing::probe::before_commit(scope, key, hold.end()).await {
+            hold.release(request).await;
+            return Err(Failed::Idem(e));
+        }
+    }
+    hold.commit(request, json.as_deref(), outbox)
+        .await
+        .map_err(Failed::Idem)?;
+    match not_stored {
+        None => Ok(Outcome::Applied(value)),
+        Some(reason) => Err(Failed::Idem(Error::ValueNotStored {
+            scope: request.scope.to_string(),
+            key: request.key.as_str().to_owned(),
+            reason,
+        })),
+    }
+}
+
+/// A fresh claim's transaction: one of idem's own, or a savepoint of the caller's (`joined`),
+/// which ends with a `RELEASE` and leaves the commit to the caller. Dropping it (a panic, a
+/// cancelled future) rolls it back.
+#[derive(Debug)]
+pub(crate) struct TxHold<'c, DB: Backend> {
     tx: Transaction<'c, DB>,
-    st: Arc<Statements>,
-    request: Request,
+    sql: Arc<DB::Sql>,
     joined: bool,
 }
 
-impl<'c, DB: Backend> Held<'c, DB> {
+impl<DB: Backend> TxHold<'_, DB> {
+    /// What a statement of ours that failed means: the body swallowed an error that aborted
+    /// the transaction (PostgreSQL), which is a rollback, not a database failure.
+    fn failed(&self, e: sqlx::Error, request: &Request) -> Error {
+        if DB::is_aborted(&e) {
+            return rolled_back(request);
+        }
+        e.into()
+    }
+}
+
+fn rolled_back(request: &Request) -> Error {
+    Error::RolledBack {
+        scope: request.scope.to_string(),
+        key: request.key.as_str().to_owned(),
+    }
+}
+
+impl<DB: Backend> Hold for TxHold<'_, DB> {
+    const OUTSIDE: bool = false;
+
+    #[cfg(feature = "testing")]
+    fn end(&self) -> &'static str {
+        match self.joined {
+            true => "savepoint release",
+            false => "commit",
+        }
+    }
+
+    async fn write(
+        &mut self,
+        request: &Request,
+        value: Option<&str>,
+        outbox: Option<&Pending>,
+    ) -> Result<(), Error> {
+        let (scope, key) = (&request.scope, request.key.as_str());
+        if let Some(json) = value {
+            let recorded = DB::record(&mut self.tx, &self.sql, scope, key, json).await;
+            recorded.map_err(|e| self.failed(e, request))?;
+        }
+        if let Some(outbox) = outbox {
+            let written = DB::outbox_write(&mut self.tx, &self.sql, outbox, request.nonce).await;
+            written.map_err(|e| self.failed(e, request))?;
+        }
+        Ok(())
+    }
+
+    async fn commit(
+        self,
+        request: &Request,
+        _: Option<&str>,
+        _: Option<&Pending>,
+    ) -> Result<(), Error> {
+        if self.joined {
+            // `RELEASE SAVEPOINT`: applied in the caller's transaction, which is theirs to
+            // commit. A failed release (the body swallowed an error that aborted the
+            // transaction) drops the savepoint, whose drop rolls back to it.
+            return self
+                .tx
+                .commit()
+                .await
+                .map_err(|e| match DB::is_aborted(&e) {
+                    true => rolled_back(request),
+                    false => e.into(),
+                });
+        }
+        let check = Check::Marker(DB::table(&self.sql), request.claimant());
+        match DB::commit(self.tx, check, &request.options).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(rolled_back(request)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn release(self, request: &Request) {
+        // A failed rollback is not reported: the error that led here is what the caller
+        // needs, and the database drops the transaction with the connection anyway.
+        if self.joined {
+            drop(self.tx.rollback().await);
+        } else {
+            drop(DB::rollback(self.tx, &request.options).await);
+        }
+    }
+}
+
+/// A fresh claim in a transaction, held: the transaction (or savepoint) and the ticket. What
+/// [`Guard`](crate::Guard) and [`JoinedGuard`](crate::JoinedGuard) wrap, and what the
+/// attribute's expansion holds either as.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct TxHeld<'c, DB: Backend> {
+    hold: TxHold<'c, DB>,
+    ticket: Ticket,
+}
+
+impl<'c, DB: Backend> TxHeld<'c, DB> {
     pub(crate) fn new(
         tx: Transaction<'c, DB>,
-        st: Arc<Statements>,
-        request: Request,
+        sql: Arc<DB::Sql>,
         joined: bool,
+        ticket: Ticket,
     ) -> Self {
-        Held {
-            tx,
-            st,
-            request,
-            joined,
+        TxHeld {
+            hold: TxHold { tx, sql, joined },
+            ticket,
         }
     }
 
     /// The transaction (or savepoint) the body runs on.
     pub fn tx(&mut self) -> &mut Transaction<'c, DB> {
-        &mut self.tx
+        &mut self.hold.tx
     }
 
-    /// Rolls back the transaction, or to the savepoint. A failed rollback is not reported:
-    /// the error that led here is what the caller needs, and the database drops the
-    /// transaction with the connection anyway.
-    async fn roll_back(self) {
-        if self.joined {
-            drop(self.tx.rollback().await);
-        } else {
-            drop(DB::rollback(self.tx, &self.request.options).await);
-        }
+    /// The outbox of this claim's job, written with the marker when the claim is kept.
+    pub fn outbox(&mut self) -> &mut Outbox {
+        self.ticket.outbox()
     }
 
-    /// The outbox of this claim's job: its messages get ids from this scope and key.
-    pub fn outbox(&self) -> Outbox {
-        Outbox::new(self.request.scope.clone(), self.request.key.clone())
+    /// The transaction and the outbox at once, for a body that takes both.
+    pub fn parts(&mut self) -> (&mut Transaction<'c, DB>, &mut Outbox) {
+        (&mut self.hold.tx, self.ticket.outbox())
     }
 
-    /// [`finish_sending`](Held::finish_sending) without an outbox.
+    /// The call's `idem.claim` span.
+    pub fn span(&self) -> &tracing::Span {
+        self.ticket.observed.span()
+    }
+
+    /// The claim's body: runs in the call's span, marked as inside its open transaction.
+    pub fn body(&self) -> Body {
+        self.ticket.body()
+    }
+
+    /// The scope and key claimed.
+    pub(crate) fn request(&self) -> &Request {
+        &self.ticket.request
+    }
+
+    /// The key its errors (and MySQL's commit check, which looks for the claim's nonce on one of
+    /// its markers) name: a batch's first fresh job's.
+    pub(crate) fn rekey(&mut self, key: Key) {
+        self.ticket.request.key = key;
+    }
+
+    pub(crate) fn into_parts(self) -> (TxHold<'c, DB>, Ticket) {
+        (self.hold, self.ticket)
+    }
+
+    /// Ends the claim with `result`, storing what `encode` makes of an `Ok` value.
     pub(crate) async fn finish<T, E>(
         self,
         result: Result<T, E>,
         encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
     ) -> Result<Outcome<T>, Failed<E>> {
-        self.finish_sending(result, encode, None).await
+        let TxHeld { hold, ticket } = self;
+        finish(hold, ticket, None, result.map_err(Failed::Handler), encode).await
     }
 
-    /// Ends the call: on `Ok`, stores what `encode` makes of the value (`replay`) and commits
-    /// (verified: `Applied` only once the database confirmed it) or releases the savepoint;
-    /// on `Err`, rolls back. A value that cannot be stored rolls everything back: in a
-    /// transaction nothing happened outside it, so the redelivery may simply run again.
-    ///
-    /// The outbox's messages, if any, are written in the same transaction, after the value:
-    /// they exist exactly when the marker and the effect do.
-    pub(crate) async fn finish_sending<T, E>(
-        mut self,
-        result: Result<T, E>,
-        encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
-        outbox: Option<Pending>,
-    ) -> Result<Outcome<T>, Failed<E>> {
-        let value = match result {
-            Ok(value) => value,
-            Err(e) => {
-                self.roll_back().await;
-                return Err(Failed::Handler(e));
-            }
-        };
-        let recorded = match encode(&value) {
-            Ok(None) => Ok(()),
-            Ok(Some(json)) => {
-                let Request { scope, key, .. } = &self.request;
-                DB::record(&mut self.tx, &self.st, scope, key.as_str(), &json)
-                    .await
-                    .map_err(Error::from)
-            }
-            Err(NotStorable(reason)) => Err(Error::Serialize(format!(
-                "the value of {:?} / {:?} cannot be stored for `replay`: {reason}; the \
-                 transaction was rolled back, nothing was kept (the redelivery runs again)",
-                self.request.scope,
-                self.request.key.as_str()
-            ))),
-        };
-        let written = match (recorded, &outbox) {
-            (Ok(()), Some(outbox)) if !outbox.is_empty() => {
-                DB::outbox_write(&mut self.tx, &self.st, outbox)
-                    .await
-                    .map_err(Error::from)
-            }
-            (recorded, _) => recorded,
-        };
-        if let Err(e) = written {
-            self.roll_back().await;
-            return Err(Failed::Idem(e));
-        }
-        #[cfg(feature = "testing")]
-        {
-            let at = if self.joined {
-                "savepoint release"
-            } else {
-                "commit"
-            };
-            let (scope, key) = (&self.request.scope, self.request.key.as_str());
-            if let Some(e) = crate::testing::probe::before_commit(scope, key, at).await {
-                self.roll_back().await;
-                return Err(Failed::Idem(e));
-            }
-        }
-        if self.joined {
-            // `RELEASE SAVEPOINT`: applied in the caller's transaction, which is theirs to
-            // commit. A failed release (the body swallowed an error that aborted the
-            // transaction) drops the savepoint, whose drop rolls back to it.
-            return match self.tx.commit().await {
-                Ok(()) => Ok(Outcome::Applied(value)),
-                Err(e) => Err(Failed::Idem(e.into())),
-            };
-        }
-        let Held {
-            tx, st, request, ..
-        } = self;
-        let check = Check::Marker(&st, request.claimant());
-        match DB::commit(tx, check, &request.options).await {
-            Ok(true) => Ok(Outcome::Applied(value)),
-            Ok(false) => Err(Failed::Idem(Error::RolledBack {
-                scope: request.scope.into_owned(),
-                key: request.key.as_str().to_owned(),
-            })),
-            Err(e) => Err(Failed::Idem(e.into())),
-        }
+    /// Ends the claim keeping nothing: the transaction is rolled back (or the savepoint), and
+    /// the call is counted as the body's failure.
+    pub(crate) async fn release(self) {
+        let result: Result<(), ()> = Err(());
+        drop(self.finish(result, |_| Ok(None)).await);
     }
 }

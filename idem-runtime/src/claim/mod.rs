@@ -1,6 +1,18 @@
-//! The claim core, under every mode: what a claim asks, what a marker it meets means (the
-//! decision, written once), how a claim begins, retries and waits ([`run`]), and how a fresh
-//! claim ends ([`Held`]). The modes are thin layers over it.
+//! The claim core, under every mode, the HTTP layer and hand-written code.
+//!
+//! - A claim asks with a [`Request`]: its scope and key, its options (wait, isolation, replay,
+//!   fingerprint), its nonce, and how it is observed (its scope's metric labels, the name of
+//!   the caller for a refused nested call).
+//! - It is made by one entry per way of holding a key ([`run`]: a transaction of its own, a
+//!   savepoint of the caller's, a batch; lease mode's in `lease`), all sharing the same
+//!   start (the span, the nested-call check), the same bounded retry of a lost race, and the
+//!   same decision about a marker it meets ([`decide`]).
+//! - A fresh claim is held by a [`Ticket`] (what every holder carries: the request, the
+//!   observation, the outbox) and the mode's [`Hold`] (a transaction, a savepoint, a lease),
+//!   and ends in one place ([`finish`]): the value stored for `replay`, the outbox written, the
+//!   verified commit (or the savepoint's release, or the lease's fenced completion), the span
+//!   and metrics recorded. Its body runs marked as inside its transaction ([`nested::Body`]),
+//!   so that a claim with a store in it is refused.
 
 mod held;
 pub(crate) mod nested;
@@ -10,11 +22,15 @@ use std::borrow::Cow;
 use std::hash::{BuildHasher as _, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use held::Held;
+pub use held::TxHeld;
+pub(crate) use held::{Hold, Ticket, end, finish};
 
-use crate::backend::{Claimant, Found, Hold};
-use crate::observe::Decision;
-use crate::{ClaimOptions, Error, Failed, Fingerprint, Key, Outcome, Recorded};
+use crate::backend::{Claimant, Found, Status};
+use crate::error::Error;
+use crate::key::Key;
+use crate::observe::Site;
+use crate::options::ClaimOptions;
+use crate::record::Recorded;
 
 /// How often a claim that lost a race to a transient error (a serialization failure or a
 /// deadlock between waiters) is tried again before the error is returned. InnoDB can pick a
@@ -28,12 +44,16 @@ pub(crate) const CLAIM_ATTEMPTS: u32 = 16;
 /// delivery between two statements) asks again before it answers `InProgress`.
 pub(crate) const RECHECKS: u32 = 3;
 
-/// The answer to a claim, in every mode: `H` is what holds a fresh claim (a transaction of
-/// the call's own, a savepoint of the caller's, a lease).
+/// The answer to a claim, in every mode: `H` is what holds a fresh claim (a [`Guard`], a
+/// [`JoinedGuard`], a [`Lease`], the HTTP layer's claimed transaction).
+///
+/// [`Guard`]: crate::Guard
+/// [`JoinedGuard`]: crate::JoinedGuard
+/// [`Lease`]: crate::Lease
 #[derive(Debug)]
 #[must_use = "a fresh claim holds the key: run the body and finish it"]
 pub enum Claimed<H> {
-    /// This delivery holds the key: run the body, then finish.
+    /// This delivery holds the key: run the body, then `finish` (or `release`).
     Fresh(H),
     /// An earlier delivery completed this key; nothing is held.
     Duplicate,
@@ -52,29 +72,47 @@ impl<H> Claimed<H> {
     }
 }
 
-/// One claim: the job's identity, the handler's options and this claim's nonce.
+/// One claim: the job's identity, the options, this claim's nonce, and how it is observed.
 #[derive(Debug, Clone)]
 pub(crate) struct Request {
     pub(crate) scope: Cow<'static, str>,
     pub(crate) key: Key,
     pub(crate) options: ClaimOptions,
-    pub(crate) fingerprint: Option<Fingerprint>,
     pub(crate) nonce: i64,
+    /// The labels of the scope's metrics.
+    pub(crate) site: &'static Site,
+    /// Who claims, as a refused nested call names it (`Store::claim`, a handler's name).
+    pub(crate) caller: Cow<'static, str>,
 }
 
 impl Request {
+    /// A request of `caller` (a hand-written claim: `Store::claim`, ...), labelled by its
+    /// scope.
     pub(crate) fn new(
         scope: Cow<'static, str>,
         key: Key,
         options: ClaimOptions,
-        fingerprint: Option<Fingerprint>,
+        caller: &'static str,
+    ) -> Request {
+        let site = Site::of(&scope);
+        Request::of(scope, key, options, site, Cow::Borrowed(caller))
+    }
+
+    /// A request whose labels are known (a handler's, built at compile time; a layer's).
+    pub(crate) fn of(
+        scope: Cow<'static, str>,
+        key: Key,
+        options: ClaimOptions,
+        site: &'static Site,
+        caller: Cow<'static, str>,
     ) -> Request {
         Request {
             scope,
             key,
             options,
-            fingerprint,
             nonce: nonce(),
+            site,
+            caller,
         }
     }
 
@@ -82,7 +120,7 @@ impl Request {
         Claimant {
             scope: &self.scope,
             key: self.key.as_str(),
-            fingerprint: self.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),
+            fingerprint: self.options.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),
             nonce: self.nonce,
             wait: self.options.wait,
         }
@@ -98,7 +136,7 @@ impl Request {
 
 /// What a marker that a claim could not insert means for it.
 #[derive(Debug)]
-pub(crate) enum Decided {
+pub(crate) enum Decision {
     /// Completed by an earlier delivery: a duplicate, replayed if asked and stored.
     Done(Claimed<()>),
     /// A released or expired lease: this claim takes it over.
@@ -110,45 +148,24 @@ pub(crate) enum Decided {
 /// (replayed with `replay` and a stored value); a live lease of another delivery is
 /// [`Error::InProgress`], never a duplicate (its job may still fail); a free lease is taken
 /// over.
-pub(crate) fn decide(found: Found, request: &Request) -> Result<Decided, Error> {
-    let Found { hold, recorded } = found;
+pub(crate) fn decide(found: Found, request: &Request) -> Result<Decision, Error> {
+    let Found { status, recorded } = found;
     recorded.check(
-        request.fingerprint.as_ref(),
+        request.options.fingerprint.as_ref(),
         &request.scope,
         request.key.as_str(),
     )?;
-    match hold {
-        Hold::Completed => Ok(Decided::Done(match recorded.result {
+    match status {
+        Status::Completed => Ok(Decision::Done(match recorded.result {
             Some(_) if request.options.replay => Claimed::Replayed(recorded),
             _ => Claimed::Duplicate,
         })),
-        Hold::Live => Err(request.in_progress()),
-        Hold::Free => Ok(Decided::TakeOver),
+        Status::Leased => Err(request.in_progress()),
+        Status::Free => Ok(Decision::TakeOver),
     }
 }
 
-/// What a claim's answer was, for its event and span.
-pub(crate) fn decision<H>(claimed: &Result<Claimed<H>, Error>, took_over: bool) -> Decision {
-    match claimed {
-        Ok(Claimed::Fresh(_)) if took_over => Decision::Takeover,
-        Ok(Claimed::Fresh(_)) => Decision::Fresh,
-        Ok(Claimed::Duplicate) => Decision::Duplicate,
-        Ok(Claimed::Replayed(_)) => Decision::Replayed,
-        Err(Error::InProgress { .. }) => Decision::InProgress,
-        Err(_) => Decision::Failed,
-    }
-}
-
-/// The one place where a call's [`Error`] becomes the handler's error type.
-pub(crate) fn settle<T, E: From<Error>>(
-    result: Result<Outcome<T>, Failed<E>>,
-) -> Result<Outcome<T>, E> {
-    #[cfg(feature = "testing")]
-    crate::testing::probe::settled(&result);
-    result.map_err(Failed::into_handler_error)
-}
-
-/// A claim's own id: negative (lease tokens count up from 1) and, with 63 random bits, distinct
+/// A claim's own id: negative (lease tokens are positive) and, with 63 random bits, distinct
 /// from every other claim of the same key.
 fn nonce() -> i64 {
     static COUNT: AtomicU64 = AtomicU64::new(0);
@@ -159,6 +176,7 @@ fn nonce() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::Fingerprint;
 
     #[test]
     fn nonces_are_negative_and_distinct() {
@@ -167,9 +185,9 @@ mod tests {
         assert!(nonces.iter().all(|n| *n < 0));
     }
 
-    fn found(hold: Hold, fingerprint: Option<&Fingerprint>, result: Option<&str>) -> Found {
+    fn found(status: Status, fingerprint: Option<&Fingerprint>, result: Option<&str>) -> Found {
         Found {
-            hold,
+            status,
             recorded: Recorded {
                 fingerprint: fingerprint.map(|f| f.as_bytes().to_vec()),
                 result: result.map(str::to_owned),
@@ -177,31 +195,34 @@ mod tests {
         }
     }
 
+    fn request(options: ClaimOptions) -> Request {
+        Request::new("s".into(), Key::new("k").unwrap(), options, "Store::claim")
+    }
+
     #[test]
     fn only_a_completed_marker_is_a_duplicate() {
-        let key = Key::new("k").unwrap();
-        let plain = Request::new("s".into(), key.clone(), ClaimOptions::new(), None);
-        let replay = Request::new("s".into(), key, ClaimOptions::new().replay(), None);
-        let done = |r: &Request, hold, result| decide(found(hold, None, result), r);
+        let plain = request(ClaimOptions::new());
+        let replay = request(ClaimOptions::new().replay());
+        let done = |r: &Request, status, result| decide(found(status, None, result), r);
         assert!(matches!(
-            done(&plain, Hold::Completed, Some("1")),
-            Ok(Decided::Done(Claimed::Duplicate))
+            done(&plain, Status::Completed, Some("1")),
+            Ok(Decision::Done(Claimed::Duplicate))
         ));
         assert!(matches!(
-            done(&replay, Hold::Completed, Some("1")),
-            Ok(Decided::Done(Claimed::Replayed(_)))
+            done(&replay, Status::Completed, Some("1")),
+            Ok(Decision::Done(Claimed::Replayed(_)))
         ));
         assert!(matches!(
-            done(&replay, Hold::Completed, None),
-            Ok(Decided::Done(Claimed::Duplicate))
+            done(&replay, Status::Completed, None),
+            Ok(Decision::Done(Claimed::Duplicate))
         ));
         assert!(matches!(
-            done(&plain, Hold::Live, None),
+            done(&plain, Status::Leased, None),
             Err(Error::InProgress { .. })
         ));
         assert!(matches!(
-            done(&plain, Hold::Free, None),
-            Ok(Decided::TakeOver)
+            done(&plain, Status::Free, None),
+            Ok(Decision::TakeOver)
         ));
     }
 
@@ -209,12 +230,12 @@ mod tests {
     fn another_payload_is_refused_whatever_the_state() {
         let ours = Fingerprint::of(&1).unwrap();
         let theirs = Fingerprint::of(&2).unwrap();
-        let key = Key::new("k").unwrap();
-        let request = Request::new("s".into(), key, ClaimOptions::new(), Some(ours));
-        for hold in [Hold::Completed, Hold::Live, Hold::Free] {
-            let got = decide(found(hold, Some(&theirs), None), &request);
-            assert!(matches!(got, Err(Error::KeyReused { .. })), "{hold:?}");
-            assert!(decide(found(hold, Some(&ours), None), &request).is_ok() || hold == Hold::Live);
+        let request = request(ClaimOptions::new().fingerprint(ours));
+        for status in [Status::Completed, Status::Leased, Status::Free] {
+            let got = decide(found(status, Some(&theirs), None), &request);
+            assert!(matches!(got, Err(Error::KeyReused { .. })), "{status:?}");
+            let same = decide(found(status, Some(&ours), None), &request);
+            assert!(same.is_ok() || status == Status::Leased);
         }
     }
 }

@@ -1,224 +1,275 @@
-//! Running a claim: its statements in a transaction, the begin-and-retry loop of a claim in a
-//! transaction of its own, and a claim in a savepoint of the caller's.
+//! Making a claim: what every entry shares (the observation, the nested-call check, the
+//! bounded retry of a lost race, the decision's conclusion) and the claims in a transaction
+//! (of the call's own, a savepoint of the caller's, a batch). Lease mode's claim is in
+//! `lease`, on the same pieces.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::time::Instant;
 
 use sqlx::{Connection as _, Transaction};
+use tracing::Instrument as _;
 
-use super::{CLAIM_ATTEMPTS, Claimed, Decided, Held, RECHECKS, Request, decide, decision};
-use crate::backend::{Backend, Hold, Statements};
-use crate::observe;
-use crate::{Error, Store};
+use super::{CLAIM_ATTEMPTS, Claimed, Decision, RECHECKS, Request, Ticket, TxHeld, decide, nested};
+use crate::backend::Backend;
+use crate::error::Error;
+use crate::observe::{self, Answer, Observed};
+use crate::options::Mode;
+use crate::outcome::{Batch, Outcome};
+use crate::store::Store;
 
-/// A statement failed (`Err`: the caller tells a lost race or a lock timeout from a failure),
-/// or the claim was decided (`Ok`), possibly as an error of idem's (in progress, key reused).
-type Step<T> = Result<Result<T, Error>, sqlx::Error>;
-
-/// What an attempt claims: one key, or the sorted, distinct keys of a batch.
-#[derive(Clone, Copy)]
-enum Ask<'a> {
-    One,
-    Batch(&'a [&'a str]),
+/// What one attempt of a claim came to, once its statements answered.
+pub(crate) enum Attempt<H> {
+    /// This delivery holds the key (`took_over`: a free lease it took over).
+    Fresh(H, bool),
+    /// An earlier delivery completed the key; nothing is held.
+    Done(Claimed<()>),
+    /// Decided without holding anything: in progress, a reused key.
+    Refused(Error),
 }
 
-enum Got {
-    One(Claimed<()>),
-    /// The keys of a batch this transaction now holds.
-    Batch(Vec<String>),
+/// Opens the call's observation and refuses a nested claim (before any I/O): what every entry
+/// with a store does first.
+pub(crate) fn start(request: &Request, mode: Mode, nested_check: bool) -> Result<Observed, Error> {
+    let observed = Observed::start(
+        request.site,
+        &request.scope,
+        mode,
+        Some(request.key.as_str()),
+    );
+    #[cfg(feature = "testing")]
+    crate::testing::probe::claiming(mode);
+    if nested_check && let Err(e) = nested::refuse_nested(&request.caller) {
+        observed.refused(&e);
+        return Err(e);
+    }
+    Ok(observed)
 }
 
-/// One key, claimed in an open transaction: the insert, and only when it finds a marker (the
-/// duplicate path, which alone pays for it) the read of that marker and the decision; a free
-/// lease is taken over in the same transaction.
+/// A way of claiming: one attempt of its statements. Each attempt ends what it began on the
+/// paths that do not hold the key.
+pub(crate) trait Attempts {
+    /// What holds a fresh claim.
+    type Fresh: Send;
+
+    fn attempt(&mut self)
+    -> impl Future<Output = Result<Attempt<Self::Fresh>, sqlx::Error>> + Send;
+}
+
+/// Runs `attempts` until one answers, again after a lost race (a serialization failure, a
+/// deadlock between waiters) at most [`CLAIM_ATTEMPTS`] times when `retries`; a lock wait that
+/// ran out (`wait`) is [`Error::InProgress`]: nothing was claimed.
+pub(crate) async fn retrying<DB: Backend, A: Attempts>(
+    observed: &mut Observed,
+    request: &Request,
+    retries: bool,
+    attempts: &mut A,
+) -> Result<Attempt<A::Fresh>, Error> {
+    let mut tried = 1;
+    loop {
+        let sent = Instant::now();
+        let answer = attempts.attempt().await;
+        observed.attempted(sent);
+        match answer {
+            Ok(answer) => return Ok(answer),
+            Err(e) if DB::is_lock_timeout(&e) => return Err(request.in_progress()),
+            // Another claimer's rollback or commit let us go with a transient error: the race
+            // is decided, so asking again gives the real answer.
+            Err(e) if retries && tried < CLAIM_ATTEMPTS && DB::is_transient(&e) => {
+                observe::retry(tried, &e);
+                tried += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The end of a claim's making: a fresh one is handed to `hold` with its ticket; any other
+/// answer ends the call here, observed.
+pub(crate) fn conclude<H, F>(
+    mut observed: Observed,
+    request: Request,
+    answer: Result<Attempt<H>, Error>,
+    hold: impl FnOnce(H, Ticket) -> F,
+) -> Result<Claimed<F>, Error> {
+    match answer {
+        Ok(Attempt::Fresh(held, took_over)) => {
+            observed.decided(match took_over {
+                true => Answer::Takeover,
+                false => Answer::Fresh,
+            });
+            Ok(Claimed::Fresh(hold(held, Ticket::new(request, observed))))
+        }
+        Ok(Attempt::Done(claimed)) => {
+            let outcome = match &claimed {
+                Claimed::Replayed(_) => {
+                    observed.decided(Answer::Replayed);
+                    Outcome::Replayed(())
+                }
+                _ => {
+                    observed.decided(Answer::Duplicate);
+                    Outcome::Duplicate
+                }
+            };
+            observed.ended::<(), ()>(&Ok(outcome));
+            Ok(claimed.map(|()| unreachable!("not fresh")))
+        }
+        Ok(Attempt::Refused(e)) | Err(e) => {
+            observed.decided(match e {
+                Error::InProgress { .. } => Answer::InProgress,
+                _ => Answer::Failed,
+            });
+            observed.refused(&e);
+            Err(e)
+        }
+    }
+}
+
+/// The marker of one key, claimed in an open transaction: the insert, and only when it finds a
+/// marker (the duplicate path, which alone pays for it) the read of that marker and the
+/// decision; a free lease is taken over in the same transaction.
 async fn claim_one<DB: Backend>(
     conn: &mut DB::Connection,
-    st: &Statements,
+    sql: &DB::Sql,
     request: &Request,
-) -> Step<(Claimed<()>, bool)> {
+) -> Result<Attempt<()>, sqlx::Error> {
     let c = request.claimant();
     let replay = request.options.replay;
     for _ in 0..RECHECKS {
-        let found = match DB::claim_or_read(conn, st, c, replay).await? {
-            (true, _) => return Ok(Ok((Claimed::Fresh(()), false))),
+        let found = match DB::claim_or_read(conn, sql, c, replay).await? {
+            (true, _) => return Ok(Attempt::Fresh((), false)),
             (false, Some(found)) => Some(found),
             // Committed while the insert waited for it: read it now.
-            (false, None) => DB::marker(conn, st, c.scope, c.key).await?,
+            (false, None) => DB::marker(conn, sql, c.scope, c.key).await?,
         };
         // Gone again (an operator forgot it): insert once more.
         let Some(found) = found else {
             continue;
         };
         match decide(found, request) {
-            Ok(Decided::Done(claimed)) => return Ok(Ok((claimed, false))),
-            Ok(Decided::TakeOver) => {
-                if DB::take_over(conn, st, c).await? {
-                    return Ok(Ok((Claimed::Fresh(()), true)));
+            Ok(Decision::Done(claimed)) => return Ok(Attempt::Done(claimed)),
+            Ok(Decision::TakeOver) => {
+                if DB::take_over(conn, sql, c).await? {
+                    return Ok(Attempt::Fresh((), true));
                 }
                 // Another delivery took it first: see what it made of it.
             }
-            Err(e) => return Ok(Err(e)),
+            Err(e) => return Ok(Attempt::Refused(e)),
         }
     }
-    Ok(Err(request.in_progress()))
+    Ok(Attempt::Refused(request.in_progress()))
 }
 
-/// The keys of a batch, claimed in an open transaction with one statement; the markers it
-/// meets are read (one statement, only if there are any) and decided as for one key, except
-/// that a live lease of any of them makes the whole batch `InProgress`: nothing is claimed,
-/// and every job is redelivered.
-async fn claim_batch<DB: Backend>(
-    conn: &mut DB::Connection,
-    st: &Statements,
-    request: &Request,
-    keys: &[&str],
-) -> Step<Vec<String>> {
-    let c = request.claimant();
-    let mut fresh = DB::try_claim_batch(conn, st, c, keys).await?;
-    if fresh.len() == keys.len() {
-        return Ok(Ok(fresh));
-    }
-    let taken: HashSet<&str> = fresh.iter().map(String::as_str).collect();
-    let met: Vec<&str> = keys
-        .iter()
-        .copied()
-        .filter(|k| !taken.contains(k))
-        .collect();
-    let found = DB::batch_markers(conn, st, c.scope, &met).await?;
-    // A marker that vanished since the insert was forgotten meanwhile: let the batch come
-    // back rather than guess.
-    if found.len() < met.len() || found.iter().any(|(_, hold)| *hold == Hold::Live) {
-        return Ok(Err(request.in_progress()));
-    }
-    let free: Vec<&str> = found
-        .iter()
-        .filter(|(_, hold)| *hold == Hold::Free)
-        .map(|(key, _)| key.as_str())
-        .collect();
-    if !free.is_empty() {
-        let took = DB::take_over_batch(conn, st, c, &free).await?;
-        if took.len() < free.len() {
-            return Ok(Err(request.in_progress()));
-        }
-        fresh.extend(took);
-    }
-    Ok(Ok(fresh))
+/// A claim in a transaction of its own.
+struct Own<'a, DB: Backend> {
+    store: &'a Store<DB>,
+    request: &'a Request,
 }
 
-/// Begins a transaction of the call's own and claims in it, again after a lost race (a
-/// serialization failure, a deadlock between waiters), at most [`CLAIM_ATTEMPTS`] times. A
-/// lock wait that ran out (`wait`) is [`Error::InProgress`]: nothing was claimed.
-async fn attempts<DB: Backend>(
+impl<DB: Backend> Attempts for Own<'_, DB> {
+    type Fresh = Transaction<'static, DB>;
+
+    fn attempt(
+        &mut self,
+    ) -> impl Future<Output = Result<Attempt<Self::Fresh>, sqlx::Error>> + Send {
+        own_attempt(self.store, self.request)
+    }
+}
+
+/// One attempt of a claim in a transaction of its own: the begin (SQLite waits for the write
+/// lock there, the servers in the claim: both are the attempt's wait), then the claim; a
+/// transaction that holds nothing is ended before the answer.
+async fn own_attempt<DB: Backend>(
     store: &Store<DB>,
     request: &Request,
-    ask: Ask<'_>,
-) -> Result<(Transaction<'static, DB>, Got, bool), Error> {
-    let st = store.statements();
-    let options = &request.options;
-    let mut attempt = 1;
-    loop {
-        // SQLite waits for the write lock in the begin, the servers in the claim: both are
-        // the attempt's wait.
-        let sent = Instant::now();
-        let begun = store.pool().begin_with(DB::begin_sql(st, options)).await;
-        let mut tx = match begun {
-            Ok(tx) => tx,
-            Err(e) => {
-                observe::attempted(sent);
-                if DB::is_lock_timeout(&e) {
-                    return Err(request.in_progress());
-                }
-                return Err(e.into());
-            }
-        };
-        let step = match ask {
-            Ask::One => claim_one::<DB>(&mut tx, st, request)
-                .await
-                .map(|r| r.map(|(claimed, took_over)| (Got::One(claimed), took_over))),
-            Ask::Batch(keys) => claim_batch::<DB>(&mut tx, st, request, keys)
-                .await
-                .map(|r| r.map(|fresh| (Got::Batch(fresh), false))),
-        };
-        observe::attempted(sent);
-        match step {
-            Ok(Ok((got, took_over))) => return Ok((tx, got, took_over)),
-            // Decided without writing anything.
-            Ok(Err(e)) => {
-                DB::abandon(tx, options).await?;
-                return Err(e);
-            }
-            Err(e) if DB::is_lock_timeout(&e) => {
-                drop(DB::rollback(tx, options).await);
-                return Err(request.in_progress());
-            }
-            // Another claimer's rollback or commit let us go with a transient error: the race
-            // is decided, so asking again gives the real answer.
-            Err(e) if attempt < CLAIM_ATTEMPTS && DB::is_transient(&e) => {
-                drop(DB::rollback(tx, options).await);
-                observe::retry(attempt, &e);
-                attempt += 1;
-            }
-            Err(e) => {
-                drop(DB::rollback(tx, options).await);
-                return Err(e.into());
-            }
+) -> Result<Attempt<Transaction<'static, DB>>, sqlx::Error> {
+    let (sql, options) = (store.sql(), &request.options);
+    let mut tx = DB::begin(store.pool(), sql, options).await?;
+    let answer = match claim_one::<DB>(&mut tx, sql, request).await {
+        Ok(answer) => answer,
+        Err(e) => {
+            drop(DB::rollback(tx, options).await);
+            return Err(e);
+        }
+    };
+    match answer {
+        Attempt::Fresh((), took_over) => Ok(Attempt::Fresh(tx, took_over)),
+        // Decided without writing anything.
+        Attempt::Done(done) => {
+            DB::discard(tx, options).await?;
+            Ok(Attempt::Done(done))
+        }
+        Attempt::Refused(e) => {
+            DB::discard(tx, options).await?;
+            Ok(Attempt::Refused(e))
         }
     }
 }
 
-/// A claim in a transaction of its own: what `&store` handlers and [`Store::claim`] run.
+/// A claim in a transaction of its own: what `&store` handlers and
+/// [`Store::claim`](crate::Store::claim) run.
 pub(crate) async fn own<DB: Backend>(
     store: &Store<DB>,
     request: Request,
-) -> Result<Claimed<Held<'static, DB>>, Error> {
-    let started = Instant::now();
-    #[cfg(feature = "testing")]
-    crate::testing::probe::claiming(crate::options::Mode::Transaction);
-    let claimed = match attempts(store, &request, Ask::One).await {
-        Ok((tx, Got::One(Claimed::Fresh(())), took_over)) => {
-            let held = Held::new(tx, store.statements().clone(), request, false);
-            (Ok(Claimed::Fresh(held)), took_over)
-        }
-        Ok((tx, Got::One(answer), _)) => match DB::abandon(tx, &request.options).await {
-            Ok(()) => (Ok(answer.map(|()| unreachable!("not fresh"))), false),
-            Err(e) => (Err(e.into()), false),
-        },
-        Ok((_, Got::Batch(_), _)) => unreachable!("one key asked"),
-        Err(e) => (Err(e), false),
+) -> Result<Claimed<TxHeld<'static, DB>>, Error> {
+    let mut observed = start(&request, Mode::Transaction, true)?;
+    let span = observed.span().clone();
+    let mut attempts = Own {
+        store,
+        request: &request,
     };
-    let (claimed, took_over) = claimed;
-    observe::decided(started, decision(&claimed, took_over));
-    claimed
+    let answer = retrying::<DB, _>(&mut observed, &request, true, &mut attempts)
+        .instrument(span)
+        .await;
+    let sql = store.shared_sql().clone();
+    conclude(observed, request, answer, |tx, ticket| {
+        TxHeld::new(tx, sql, false, ticket)
+    })
 }
 
-/// A batch claim in a transaction of its own: the keys this delivery holds, and the open
-/// transaction if it holds any (else it has ended already).
-pub(crate) async fn own_batch<DB: Backend>(
-    store: &Store<DB>,
-    request: Request,
-    keys: &[&str],
-) -> Result<(Vec<String>, Option<Transaction<'static, DB>>), Error> {
-    let started = Instant::now();
-    let claimed = attempts(store, &request, Ask::Batch(keys)).await;
-    let claimed = match claimed {
-        Ok((tx, Got::Batch(fresh), _)) if fresh.is_empty() => {
-            match DB::abandon(tx, &request.options).await {
-                Ok(()) => Ok((fresh, None)),
-                Err(e) => Err(e.into()),
-            }
+/// A claim in a savepoint of the caller's transaction: one attempt.
+struct InSavepoint<'a, 'r, DB: Backend> {
+    conn: Option<&'a mut DB::Connection>,
+    sql: &'r DB::Sql,
+    request: &'r Request,
+}
+
+impl<'a, DB: Backend> Attempts for InSavepoint<'a, '_, DB> {
+    type Fresh = Transaction<'a, DB>;
+
+    fn attempt(
+        &mut self,
+    ) -> impl Future<Output = Result<Attempt<Self::Fresh>, sqlx::Error>> + Send {
+        let conn = self.conn.take().expect("a joined claim makes one attempt");
+        savepoint_attempt(conn, self.sql, self.request)
+    }
+}
+
+/// The claim in a savepoint (in a transaction, sqlx's `begin` is a `SAVEPOINT`); a savepoint
+/// that holds nothing is rolled back before the answer.
+async fn savepoint_attempt<'a, DB: Backend>(
+    conn: &'a mut DB::Connection,
+    sql: &DB::Sql,
+    request: &Request,
+) -> Result<Attempt<Transaction<'a, DB>>, sqlx::Error> {
+    let mut savepoint = conn.begin().await?;
+    match claim_one::<DB>(&mut savepoint, sql, request).await {
+        Ok(Attempt::Fresh((), took_over)) => Ok(Attempt::Fresh(savepoint, took_over)),
+        Ok(answer) => {
+            savepoint.rollback().await?;
+            Ok(match answer {
+                Attempt::Done(done) => Attempt::Done(done),
+                Attempt::Refused(e) => Attempt::Refused(e),
+                Attempt::Fresh(..) => unreachable!("matched above"),
+            })
         }
-        Ok((tx, Got::Batch(fresh), _)) => Ok((fresh, Some(tx))),
-        Ok((_, Got::One(_), _)) => unreachable!("a batch asked"),
-        Err(e) => Err(e),
-    };
-    let decision = match &claimed {
-        Ok((_, None)) => observe::Decision::Duplicate,
-        Ok(_) => observe::Decision::Fresh,
-        Err(Error::InProgress { .. }) => observe::Decision::InProgress,
-        Err(_) => observe::Decision::Failed,
-    };
-    observe::decided(started, decision);
-    claimed
+        Err(e) => {
+            // Back to the savepoint, so that the caller's transaction stays usable where the
+            // database allows it (PostgreSQL aborts it on any error otherwise).
+            drop(savepoint.rollback().await);
+            Err(e)
+        }
+    }
 }
 
 /// A claim in a savepoint of a transaction the caller holds. No retry on a transient error,
@@ -228,56 +279,159 @@ pub(crate) async fn joined<'a, DB: Backend>(
     store: &Store<DB>,
     conn: &'a mut DB::Connection,
     request: Request,
-) -> Result<Claimed<Held<'a, DB>>, Error> {
-    let started = Instant::now();
-    #[cfg(feature = "testing")]
-    crate::testing::probe::claiming(crate::options::Mode::Transaction);
-    let (claimed, took_over) = joined_attempt(store, conn, request).await;
-    observe::decided(started, decision(&claimed, took_over));
-    claimed
+) -> Result<Claimed<TxHeld<'a, DB>>, Error> {
+    let mut observed = start(&request, Mode::Joined, false)?;
+    let span = observed.span().clone();
+    let mut attempts = InSavepoint {
+        conn: Some(conn),
+        sql: store.sql(),
+        request: &request,
+    };
+    let answer = retrying::<DB, _>(&mut observed, &request, false, &mut attempts)
+        .instrument(span)
+        .await;
+    let sql = store.shared_sql().clone();
+    conclude(observed, request, answer, |tx, ticket| {
+        TxHeld::new(tx, sql, true, ticket)
+    })
 }
 
-async fn joined_attempt<'a, DB: Backend>(
+/// The keys of a batch, claimed in an open transaction with one statement; the markers it
+/// meets are read (one statement, only if there are any) and decided as for one key, except
+/// that a live lease of any of them makes the whole batch `InProgress`: nothing is claimed,
+/// and every job is redelivered.
+async fn claim_keys<DB: Backend>(
+    conn: &mut DB::Connection,
+    sql: &DB::Sql,
+    request: &Request,
+    keys: &[&str],
+) -> Result<Result<Vec<String>, Error>, sqlx::Error> {
+    let c = request.claimant();
+    let mut fresh = DB::claim_batch(conn, sql, c, keys).await?;
+    if fresh.len() == keys.len() {
+        return Ok(Ok(fresh));
+    }
+    let taken: HashSet<&str> = fresh.iter().map(String::as_str).collect();
+    let met: Vec<&str> = keys
+        .iter()
+        .copied()
+        .filter(|k| !taken.contains(k))
+        .collect();
+    let found = DB::batch_markers(conn, sql, c.scope, &met).await?;
+    // A marker that vanished since the insert was forgotten meanwhile: let the batch come
+    // back rather than guess.
+    if found.len() < met.len() {
+        return Ok(Err(request.in_progress()));
+    }
+    let mut free = Vec::new();
+    for (key, found) in found {
+        match decide(found, request) {
+            Ok(Decision::Done(_)) => {}
+            Ok(Decision::TakeOver) => free.push(key),
+            Err(e) => return Ok(Err(e)),
+        }
+    }
+    if !free.is_empty() {
+        let free: Vec<&str> = free.iter().map(String::as_str).collect();
+        let took = DB::take_over_batch(conn, sql, c, &free).await?;
+        if took.len() < free.len() {
+            return Ok(Err(request.in_progress()));
+        }
+        fresh.extend(took);
+    }
+    Ok(Ok(fresh))
+}
+
+/// A batch claim in a transaction of its own.
+struct Batched<'a, DB: Backend> {
+    store: &'a Store<DB>,
+    request: &'a Request,
+    keys: &'a [&'a str],
+}
+
+impl<DB: Backend> Attempts for Batched<'_, DB> {
+    type Fresh = (Transaction<'static, DB>, Vec<String>);
+
+    fn attempt(
+        &mut self,
+    ) -> impl Future<Output = Result<Attempt<Self::Fresh>, sqlx::Error>> + Send {
+        batch_attempt(self.store, self.request, self.keys)
+    }
+}
+
+/// One attempt of a batch claim: the begin, then its keys; a transaction that holds nothing is
+/// ended before the answer.
+async fn batch_attempt<DB: Backend>(
     store: &Store<DB>,
-    conn: &'a mut DB::Connection,
-    request: Request,
-) -> (Result<Claimed<Held<'a, DB>>, Error>, bool) {
-    let st = store.statements();
-    // In a transaction, sqlx's `begin` is a SAVEPOINT.
-    let sent = Instant::now();
-    let mut savepoint = match conn.begin().await {
-        Ok(tx) => tx,
-        Err(e) => {
-            observe::attempted(sent);
-            if DB::is_lock_timeout(&e) {
-                return (Err(request.in_progress()), false);
-            }
-            return (Err(e.into()), false);
+    request: &Request,
+    keys: &[&str],
+) -> Result<Attempt<(Transaction<'static, DB>, Vec<String>)>, sqlx::Error> {
+    let (sql, options) = (store.sql(), &request.options);
+    let mut tx = DB::begin(store.pool(), sql, options).await?;
+    let claimed = async {
+        let fresh = claim_keys::<DB>(&mut tx, sql, request, keys).await?;
+        if matches!(&fresh, Ok(fresh) if !fresh.is_empty()) {
+            DB::batch_claimed(&mut tx, sql, options).await?;
         }
+        Ok(fresh)
     };
-    let step = claim_one::<DB>(&mut savepoint, st, &request).await;
-    observe::attempted(sent);
-    match step {
-        Ok(Ok((Claimed::Fresh(()), took_over))) => {
-            let held = Held::new(savepoint, st.clone(), request, true);
-            (Ok(Claimed::Fresh(held)), took_over)
+    match claimed.await {
+        Ok(Ok(fresh)) if fresh.is_empty() => {
+            DB::discard(tx, options).await?;
+            Ok(Attempt::Done(Claimed::Duplicate))
         }
-        Ok(Ok((answer, _))) => match savepoint.rollback().await {
-            Ok(()) => (Ok(answer.map(|()| unreachable!("not fresh"))), false),
-            Err(e) => (Err(e.into()), false),
-        },
+        Ok(Ok(fresh)) => Ok(Attempt::Fresh((tx, fresh), false)),
         Ok(Err(e)) => {
-            drop(savepoint.rollback().await);
-            (Err(e), false)
+            DB::discard(tx, options).await?;
+            Ok(Attempt::Refused(e))
         }
         Err(e) => {
-            // Back to the savepoint, so that the caller's transaction stays usable where the
-            // database allows it (PostgreSQL aborts it on any error otherwise).
-            drop(savepoint.rollback().await);
-            if DB::is_lock_timeout(&e) {
-                return (Err(request.in_progress()), false);
+            drop(DB::rollback(tx, options).await);
+            Err(e)
+        }
+    }
+}
+
+/// A batch claim in a transaction of its own: the keys this delivery holds and the open
+/// transaction with its ticket, if it holds any (else the call has ended: every job was a
+/// duplicate).
+pub(crate) async fn batch<DB: Backend>(
+    store: &Store<DB>,
+    request: Request,
+    keys: &[&str],
+    jobs: usize,
+) -> Result<(Vec<String>, Option<TxHeld<'static, DB>>), Error> {
+    let mut observed = Observed::batch(request.site, &request.scope, jobs);
+    #[cfg(feature = "testing")]
+    crate::testing::probe::claiming(Mode::Batch);
+    if let Err(e) = nested::refuse_nested(&request.caller) {
+        observed.refused(&e);
+        return Err(e);
+    }
+    let span = observed.span().clone();
+    let mut attempts = Batched {
+        store,
+        request: &request,
+        keys,
+    };
+    let answer = retrying::<DB, _>(&mut observed, &request, true, &mut attempts)
+        .instrument(span)
+        .await;
+    match answer {
+        Ok(Attempt::Done(_)) => {
+            observed.decided(Answer::Duplicate);
+            observed.ended_batch::<(), ()>(&Ok(Batch::new(&vec![false; jobs], None)));
+            Ok((Vec::new(), None))
+        }
+        other => {
+            let sql = store.shared_sql().clone();
+            let held = conclude(observed, request, other, |(tx, fresh), ticket| {
+                (fresh, TxHeld::new(tx, sql, false, ticket))
+            })?;
+            match held {
+                Claimed::Fresh((fresh, held)) => Ok((fresh, Some(held))),
+                _ => unreachable!("a batch's duplicates end above"),
             }
-            (Err(e.into()), false)
         }
     }
 }

@@ -1,8 +1,8 @@
 //! The extractors that hand a handler what the layer claimed its key with: the transaction
-//! (transaction mode) or the lease (lease mode).
+//! (transaction mode) or the lease (lease mode). What holds the claim is the claim core's
+//! holder; the layer only keeps it where the handler can borrow it.
 
-use std::ops::Deref;
-
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use ::http::StatusCode;
@@ -14,45 +14,48 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::problem::problem;
 use crate::backend::Backend;
-use crate::{Error, Guard, Lease, Outcome};
+use crate::claim::TxHeld;
+use crate::error::Error;
+use crate::lease::Lease;
+use crate::outcome::Failed;
+use crate::outgoing::Outbox;
 
-/// What holds a fresh claim while the handler runs.
-pub(crate) enum Hold<DB: Backend> {
+/// The claim core's holder of a request's key, in the layer's mode.
+pub(crate) enum Holding<DB: Backend> {
     /// Transaction mode: the open transaction, committed with the response.
-    Tx(Guard<DB>),
+    Tx(TxHeld<'static, DB>),
     /// Lease mode: the lease, completed with the response.
     Lease(Lease),
 }
 
-impl<DB: Backend> Hold<DB> {
-    /// Keeps the handler's work with `json`, the stored response: commits the transaction,
-    /// or completes the lease.
-    pub(crate) async fn complete(self, json: String) -> Result<(), Error> {
-        match self {
-            Hold::Tx(guard) => guard.finish_json(json).await.map(drop),
-            Hold::Lease(lease) => {
-                let value: serde_json::Value =
-                    serde_json::from_str(&json).expect("the layer's own JSON");
-                match lease.finish_replay(Ok::<_, Error>(value)).await? {
-                    Outcome::Applied(_) => Ok(()),
-                    _ => unreachable!("a fresh lease completes as Applied or fails"),
-                }
-            }
+impl<DB: Backend> Holding<DB> {
+    /// Keeps the handler's work with `json`, the stored response: the claim core's finish,
+    /// with the response as the value stored for replay.
+    pub(crate) async fn keep(self, json: String) -> Result<(), Error> {
+        let stored = |_: &()| Ok(Some(json));
+        let ended = match self {
+            Holding::Tx(held) => held.finish(Ok::<(), ()>(()), stored).await,
+            Holding::Lease(lease) => lease.finish_with(Ok(Ok(())), stored, None).await,
+        };
+        match ended {
+            Ok(_) => Ok(()),
+            Err(Failed::Idem(e)) => Err(e),
+            Err(Failed::Handler(())) => unreachable!("the result was Ok"),
         }
     }
 
     /// Keeps nothing: rolls the transaction back, or releases the lease for the retry.
-    pub(crate) async fn abandon(self) {
+    pub(crate) async fn release(self) {
         match self {
-            Hold::Tx(guard) => guard.roll_back().await,
-            Hold::Lease(lease) => drop(lease.finish(Err::<(), Error>(Error::NotCommitted)).await),
+            Holding::Tx(held) => held.release().await,
+            Holding::Lease(lease) => lease.release().await,
         }
     }
 }
 
 /// Where the layer puts the claim for the handler, and takes it back from once the handler
 /// returned.
-pub(crate) struct Slot<DB: Backend>(Arc<Mutex<Option<Hold<DB>>>>);
+pub(crate) struct Slot<DB: Backend>(Arc<Mutex<Option<Holding<DB>>>>);
 
 impl<DB: Backend> Clone for Slot<DB> {
     fn clone(&self) -> Self {
@@ -61,21 +64,21 @@ impl<DB: Backend> Clone for Slot<DB> {
 }
 
 impl<DB: Backend> Slot<DB> {
-    pub(crate) fn new(hold: Hold<DB>) -> Self {
-        Slot(Arc::new(Mutex::new(Some(hold))))
+    pub(crate) fn new(holding: Holding<DB>) -> Self {
+        Slot(Arc::new(Mutex::new(Some(holding))))
     }
 
     /// The claim back from the handler; `None` if the handler still holds its extractor.
-    pub(crate) fn take(&self) -> Option<Hold<DB>> {
+    pub(crate) fn take(&self) -> Option<Holding<DB>> {
         self.0.try_lock().ok()?.take()
     }
 
     /// The claim for an extractor, if it holds what `is` wants.
     fn lend(
         parts: &Parts,
-        is: fn(&Hold<DB>) -> bool,
+        is: fn(&Holding<DB>) -> bool,
         wanted: &'static str,
-    ) -> Result<OwnedMutexGuard<Option<Hold<DB>>>, &'static str> {
+    ) -> Result<OwnedMutexGuard<Option<Holding<DB>>>, &'static str> {
         let Some(slot) = parts.extensions.get::<Slot<DB>>() else {
             return Err(
                 "no key was claimed for this request: the route is not behind an \
@@ -88,21 +91,24 @@ impl<DB: Backend> Slot<DB> {
             .try_lock_owned()
             .map_err(|_| "the claim is already extracted by this handler")?;
         match guard.as_ref() {
-            Some(hold) if is(hold) => Ok(guard),
+            Some(holding) if is(holding) => Ok(guard),
             _ => Err(wanted),
         }
     }
 }
 
 /// The transaction in which [`IdempotencyLayer`](super::IdempotencyLayer) claimed this
-/// request's key: run the handler's writes on it (`.execute(tx.conn())`). Do not commit it:
-/// when the handler returns, the layer stores its response with the marker and commits both
-/// with these writes (or rolls all back on a 5xx).
+/// request's key: run the handler's writes on it (`.execute(tx.conn())`), and send its
+/// messages on [`outbox`](ClaimedTx::outbox). Do not commit it: when the handler returns, the
+/// layer stores its response with the marker and commits both with these writes and messages
+/// (or rolls all back on a 5xx).
 ///
 /// Extracting it from a request the layer did not claim (a route without the layer, a method
-/// the layer passes through) is a 500 that says so.
+/// the layer passes through) is a 500 that says so. While the handler runs, a claim with a
+/// store in it is refused ([`Error::Nested`](crate::Error::Nested)): call handlers with
+/// `store.join(tx.tx())`.
 pub struct ClaimedTx<DB: Backend> {
-    guard: OwnedMutexGuard<Option<Hold<DB>>>,
+    guard: OwnedMutexGuard<Option<Holding<DB>>>,
 }
 
 impl<DB: Backend> std::fmt::Debug for ClaimedTx<DB> {
@@ -112,17 +118,32 @@ impl<DB: Backend> std::fmt::Debug for ClaimedTx<DB> {
 }
 
 impl<DB: Backend> ClaimedTx<DB> {
-    /// The claimed transaction itself.
-    pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
+    fn held(&mut self) -> &mut TxHeld<'static, DB> {
         match self.guard.as_mut() {
-            Some(Hold::Tx(guard)) => guard.tx(),
+            Some(Holding::Tx(held)) => held,
             _ => unreachable!("checked when extracted"),
         }
+    }
+
+    /// The claimed transaction itself.
+    pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
+        self.held().tx()
     }
 
     /// The transaction's connection, to run statements on: `.execute(tx.conn())`.
     pub fn conn(&mut self) -> &mut DB::Connection {
         self.tx()
+    }
+
+    /// The outbox of this request's key: its messages commit with the handler's writes and
+    /// the stored response, and go nowhere if the layer rolls back.
+    pub fn outbox(&mut self) -> &mut Outbox {
+        self.held().outbox()
+    }
+
+    /// The request's `idem.claim` span.
+    pub fn span(&mut self) -> &tracing::Span {
+        self.held().span()
     }
 }
 
@@ -131,7 +152,7 @@ impl<S: Send + Sync, DB: Backend> FromRequestParts<S> for ClaimedTx<DB> {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Response> {
         let wanted = "this layer is in lease mode: extract `ClaimedLease`, not `ClaimedTx`";
-        let guard = Slot::lend(parts, |h| matches!(h, Hold::Tx(_)), wanted)
+        let guard = Slot::lend(parts, |h| matches!(h, Holding::Tx(_)), wanted)
             .map_err(|why| problem(StatusCode::INTERNAL_SERVER_ERROR, why))?;
         Ok(ClaimedTx { guard })
     }
@@ -139,11 +160,12 @@ impl<S: Send + Sync, DB: Backend> FromRequestParts<S> for ClaimedTx<DB> {
 
 /// The lease with which a lease-mode [`IdempotencyLayer`](super::IdempotencyLayer) claimed
 /// this request's key, for a handler whose effect lives in another system: pass
-/// [`Lease::idempotency_key`] on to it, and finish within [`Lease::remaining`]. When the
-/// handler returns, the layer completes the lease with its response (or releases it on a 5xx,
-/// for the retry to run again).
+/// [`Lease::idempotency_key`] on to it, finish within [`Lease::remaining`], and
+/// [`Lease::renew`] during a long call (the handler's time limit moves with it). When the
+/// handler returns, the layer completes the lease with its response (and the messages sent on
+/// [`Lease::outbox`]), or releases it on a 5xx, for the retry to run again.
 pub struct ClaimedLease<DB: Backend> {
-    guard: OwnedMutexGuard<Option<Hold<DB>>>,
+    guard: OwnedMutexGuard<Option<Holding<DB>>>,
 }
 
 impl<DB: Backend> std::fmt::Debug for ClaimedLease<DB> {
@@ -157,7 +179,16 @@ impl<DB: Backend> Deref for ClaimedLease<DB> {
 
     fn deref(&self) -> &Lease {
         match self.guard.as_ref() {
-            Some(Hold::Lease(lease)) => lease,
+            Some(Holding::Lease(lease)) => lease,
+            _ => unreachable!("checked when extracted"),
+        }
+    }
+}
+
+impl<DB: Backend> DerefMut for ClaimedLease<DB> {
+    fn deref_mut(&mut self) -> &mut Lease {
+        match self.guard.as_mut() {
+            Some(Holding::Lease(lease)) => lease,
             _ => unreachable!("checked when extracted"),
         }
     }
@@ -169,7 +200,7 @@ impl<S: Send + Sync, DB: Backend> FromRequestParts<S> for ClaimedLease<DB> {
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Response> {
         let wanted = "this layer is in transaction mode: extract `ClaimedTx`, or give the \
                       layer a lease (`.lease(..)`) to extract `ClaimedLease`";
-        let guard = Slot::lend(parts, |h| matches!(h, Hold::Lease(_)), wanted)
+        let guard = Slot::lend(parts, |h| matches!(h, Holding::Lease(_)), wanted)
             .map_err(|why| problem(StatusCode::INTERNAL_SERVER_ERROR, why))?;
         Ok(ClaimedLease { guard })
     }

@@ -3,7 +3,7 @@
 
 use ::http::header::{GetAll, HeaderValue};
 
-use crate::MAX_KEY_LEN;
+use crate::key::MAX_KEY_LEN;
 
 /// Why a request's key header was refused: the `detail` of its 400 problem.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -98,7 +98,10 @@ pub use service::Idempotent;
 pub use stored::{REPLAYED, kept};
 
 use crate::backend::Backend;
-use crate::{ClaimOptions, LeaseOptions, Store};
+use crate::observe::Site;
+use crate::options::{ClaimOptions, LeaseOptions};
+use crate::record::Fingerprint;
+use crate::store::Store;
 
 /// The request header the layer reads by default.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -202,6 +205,8 @@ impl<DB: Backend, P> std::fmt::Debug for IdempotencyLayer<DB, P> {
 pub(crate) struct Config<DB: Backend> {
     pub(crate) store: Store<DB>,
     pub(crate) scope: String,
+    /// The scope's metric labels.
+    pub(crate) site: &'static Site,
     pub(crate) header: HeaderName,
     pub(crate) methods: Vec<Method>,
     pub(crate) body_limit: usize,
@@ -209,6 +214,9 @@ pub(crate) struct Config<DB: Backend> {
     pub(crate) headers: Vec<HeaderName>,
     covers: Covers,
     pub(crate) options: ClaimOptions,
+    /// The wait given to [`IdempotencyLayer::wait`], if any: a lease claim waits only that
+    /// long (or as its own options say), not the transaction mode's default.
+    pub(crate) wait: Option<Duration>,
     pub(crate) retry_after: u64,
     pub(crate) bare: bool,
     pub(crate) lease: Option<LeaseOptions>,
@@ -219,6 +227,7 @@ impl<DB: Backend> Clone for Config<DB> {
         Config {
             store: self.store.clone(),
             scope: self.scope.clone(),
+            site: self.site,
             header: self.header.clone(),
             methods: self.methods.clone(),
             body_limit: self.body_limit,
@@ -226,6 +235,7 @@ impl<DB: Backend> Clone for Config<DB> {
             headers: self.headers.clone(),
             covers: self.covers.clone(),
             options: self.options,
+            wait: self.wait,
             retry_after: self.retry_after,
             bare: self.bare,
             lease: self.lease,
@@ -240,10 +250,12 @@ impl<DB: Backend> IdempotencyLayer<DB> {
     /// `Location` stored with the body; a concurrent request with the same key waits up to
     /// 1 s for the first before it gets 409.
     pub fn new(store: Store<DB>, scope: impl Into<String>) -> Self {
+        let scope = scope.into();
         IdempotencyLayer {
             config: Config {
                 store,
-                scope: scope.into(),
+                site: Site::of(&scope),
+                scope,
                 header: IDEMPOTENCY_KEY,
                 methods: vec![Method::POST, Method::PATCH],
                 body_limit: DEFAULT_BODY_LIMIT,
@@ -251,6 +263,7 @@ impl<DB: Backend> IdempotencyLayer<DB> {
                 headers: vec![CONTENT_TYPE, LOCATION],
                 covers: Covers::Request,
                 options: ClaimOptions::new().replay().wait(Duration::from_secs(1)),
+                wait: None,
                 retry_after: 1,
                 bare: true,
                 lease: None,
@@ -330,9 +343,16 @@ impl<DB: Backend, P> IdempotencyLayer<DB, P> {
     }
 
     /// How long a request waits for a request still running with its key before it gets
-    /// 409 (default 1 s; MariaDB rounds up to whole seconds).
+    /// 409 (default 1 s; MariaDB rounds up to whole seconds). On SQLite the wait is for the
+    /// database's write lock, which any writer holds: a write running longer than this, for
+    /// any key, makes the request a 409 too, which its client retries.
+    ///
+    /// In [lease mode](Self::lease) a live lease is 409 at once; the wait bounds only how long
+    /// the claim waits behind a request of this key holding it in a transaction, and there
+    /// the default is the [`LeaseOptions`]' own (no wait on PostgreSQL).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.config.options = self.config.options.wait(wait);
+        self.config.wait = Some(wait);
         self
     }
 
@@ -344,10 +364,11 @@ impl<DB: Backend, P> IdempotencyLayer<DB, P> {
 
     /// Lease mode, for handlers whose effect lives in another system (a payment provider, a
     /// mailer): the key is claimed with a lease instead of a transaction, the handler extracts
-    /// [`ClaimedLease`] (not [`ClaimedTx`]) and runs under the lease's timeout, and its response
-    /// is stored in the statement that completes the marker. A request that finds the lease
-    /// held gets 409 at once; a handler over its timeout is cancelled and answered 504, the
-    /// key released for the retry.
+    /// [`ClaimedLease`] (not [`ClaimedTx`]) and runs under the lease's timeout, which moves
+    /// with each [`Lease::renew`](crate::Lease::renew), and its response is stored in the
+    /// statement that completes the marker. A request that finds the lease held gets 409 at
+    /// once; a handler over its timeout is cancelled and answered 504, the key released for
+    /// the retry.
     pub fn lease(mut self, lease: LeaseOptions) -> Self {
         self.config.lease = Some(lease);
         self
@@ -363,19 +384,19 @@ impl<DB: Backend, P> IdempotencyLayer<DB, P> {
 
 impl<DB: Backend> Config<DB> {
     /// The bytes the request's fingerprint is the digest of.
-    pub(crate) fn fingerprint(&self, parts: &Parts, body: &[u8]) -> crate::Fingerprint {
+    pub(crate) fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Fingerprint {
         match &self.covers {
             Covers::Request => {
                 let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-                crate::Fingerprint::of_bytes(&[
+                Fingerprint::of_bytes(&[
                     b"request",
                     parts.method.as_str().as_bytes(),
                     target.as_bytes(),
                     body,
                 ])
             }
-            Covers::Body => crate::Fingerprint::of_bytes(&[b"body", body]),
-            Covers::Custom(f) => crate::Fingerprint::of_bytes(&[b"custom", &f(parts, body)]),
+            Covers::Body => Fingerprint::of_bytes(&[b"body", body]),
+            Covers::Custom(f) => Fingerprint::of_bytes(&[b"custom", &f(parts, body)]),
         }
     }
 }

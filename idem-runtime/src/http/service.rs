@@ -11,14 +11,22 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
 use tower_service::Service;
 
-use super::extract::{Hold, Slot};
+use tracing::Instrument as _;
+
+use super::extract::{Holding, Slot};
 use super::finish::{Finish, Panicked};
 use super::header;
 use super::problem::{self, problem};
 use super::stored::{Stored, kept};
 use super::{Config, Principal};
+use crate::BoxFuture;
 use crate::backend::Backend;
-use crate::{BoxFuture, Claimed, Error, Key, job_id};
+use crate::claim::{self, Claimed, run};
+use crate::error::Error;
+use crate::job_id::job_id;
+use crate::key::Key;
+use crate::lease::claim_lease;
+use crate::record::Fingerprint;
 
 /// The service an [`IdempotencyLayer`](super::IdempotencyLayer) wraps around `S`.
 pub struct Idempotent<S, DB: Backend, P> {
@@ -130,27 +138,41 @@ where
     }
 }
 
+/// The name a refused nested claim gives the layer's claim.
+const CALLER: &str = "IdempotencyLayer";
+
 /// Claims the key: the claim to run the handler under, or the answer without it (the stored
 /// response of a completed key, a conflict, a reused key, an error).
 async fn claim<DB: Backend>(
     config: &Config<DB>,
     key: &Key,
-    fingerprint: &crate::Fingerprint,
-) -> Result<Hold<DB>, Early> {
-    let (store, scope) = (&config.store, config.scope.as_str());
+    fingerprint: &Fingerprint,
+) -> Result<Holding<DB>, Early> {
+    let options = config.options.fingerprint(*fingerprint);
+    let request = claim::Request::of(
+        config.scope.clone().into(),
+        key.clone(),
+        options,
+        config.site,
+        CALLER.into(),
+    );
     let claim = match config.lease {
-        None => store
-            .claim_checked(scope, key, config.options, Some(fingerprint))
+        None => run::own(&config.store, request)
             .await
-            .map(|c| c.map(Hold::Tx)),
-        Some(lease) => store
-            .lease_checked(scope, key, lease.replay(), Some(fingerprint))
-            .await
-            .map(|c| c.map(Hold::Lease)),
+            .map(|c| c.map(Holding::Tx)),
+        Some(lease) => {
+            let mut lease = lease.replay().fingerprint(*fingerprint);
+            if let (None, Some(wait)) = (lease.wait, config.wait) {
+                lease = lease.wait(wait);
+            }
+            claim_lease(&config.store, request, lease)
+                .await
+                .map(|c| c.map(Holding::Lease))
+        }
     };
     let header = config.header.as_str();
     match claim {
-        Ok(Claimed::Fresh(hold)) => Ok(hold),
+        Ok(Claimed::Fresh(holding)) => Ok(holding),
         Ok(Claimed::Replayed(recorded)) => {
             let replayed = recorded
                 .result_json()
@@ -165,13 +187,16 @@ async fn claim<DB: Backend>(
     }
 }
 
-/// Runs the handler on a fresh claim and stores its response in the commit.
+/// Runs the handler on a fresh claim and stores its response in the commit (or the lease's
+/// completion). A transaction-mode handler runs marked as inside its claim's transaction, so
+/// that a claim with a store in it is refused; a lease-mode one under the lease's time limit,
+/// which moves with each renewal.
 async fn run_fresh<S, DB, ResB>(
     config: Arc<Config<DB>>,
     mut inner: S,
     mut parts: ::http::request::Parts,
     body: Bytes,
-    hold: Hold<DB>,
+    holding: Holding<DB>,
 ) -> Result<Response<Body>, S::Error>
 where
     S: Service<Request<Body>, Response = Response<ResB>> + Send + 'static,
@@ -181,30 +206,35 @@ where
     ResB::Error: Into<BoxError>,
     DB: Backend,
 {
-    let slot = Slot::new(hold);
+    let run = match &holding {
+        Holding::Tx(held) => Ok(held.body()),
+        Holding::Lease(lease) => Err((lease.span().clone(), lease.clock())),
+    };
+    let slot = Slot::new(holding);
     parts.extensions.insert(slot.clone());
     let call = inner.call(Request::from_parts(parts, Body::from(body)));
-    let response = match config.lease {
-        None => call.await,
+    let response = match run {
+        Ok(body) => body.run(call).await,
         // Lease mode: the handler must be done before another request may take the key over.
-        Some(lease) => match tokio::time::timeout(lease.timeout_len(), call).await {
+        Err((span, clock)) => match clock.run(call.instrument(span)).await {
             Ok(response) => response,
-            Err(_) => {
-                if let Some(hold) = slot.take() {
-                    hold.abandon().await;
+            Err(after) => {
+                if let Some(Holding::Lease(lease)) = slot.take() {
+                    lease.timed_out(after).await;
                 }
                 return Ok(problem(
                     StatusCode::GATEWAY_TIMEOUT,
                     &format!(
-                        "the handler did not finish within {} ms; nothing was recorded and \
-                         the key is free again: retry with the same key",
-                        lease.timeout_len().as_millis()
+                        "the handler did not finish within {} ms (of its claim or its last \
+                         renewal); nothing was recorded and the key is free again: retry \
+                         with the same key",
+                        after.as_millis()
                     ),
                 ));
             }
         },
     };
-    let Some(hold) = slot.take() else {
+    let Some(holding) = slot.take() else {
         // The handler kept its claim beyond its return (moved into a task): it is rolled
         // back (or the lease runs out) when that lets go of it.
         return Ok(problem(
@@ -215,13 +245,13 @@ where
     let response = match response {
         Ok(response) => response,
         Err(e) => {
-            hold.abandon().await;
+            holding.release().await;
             return Err(e);
         }
     };
     let (parts, body) = response.into_parts();
     if !kept(parts.status) {
-        hold.abandon().await;
+        holding.release().await;
         return Ok(Response::from_parts(parts, Body::new(body)));
     }
     // A body of known size within the limit is read and stored; any other (streamed, or
@@ -239,10 +269,11 @@ where
                 (stored.encode(), Body::from(bytes))
             }
             Err(e) => {
-                hold.abandon().await;
+                holding.release().await;
+                tracing::warn!(target: "idem", error = %e, "idem: the handler's response body failed");
                 return Ok(problem(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    &format!("the handler's response body failed: {e}; nothing was kept"),
+                    "the handler's response body failed; nothing was kept",
                 ));
             }
         }
@@ -259,7 +290,7 @@ where
                     .expect("a status alone fits")
             }),
     };
-    match hold.complete(json).await {
+    match holding.keep(json).await {
         Ok(()) => Ok(Response::from_parts(parts, body)),
         Err(e) => Ok(failed(&e, "the handler's work and response were not kept")),
     }
@@ -271,7 +302,7 @@ async fn read<DB: Backend, P: Principal, B>(
     config: &Config<DB>,
     principal: &P,
     request: Request<B>,
-) -> Result<(::http::request::Parts, Bytes, Key, crate::Fingerprint), Early>
+) -> Result<(::http::request::Parts, Bytes, Key, Fingerprint), Early>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -333,12 +364,19 @@ fn not_kept(header: &str) -> Response<Body> {
     )
 }
 
+/// A 500 for an error of idem's or the database's: the client gets what it may do, never the
+/// database's text (table names, statements); the call's span and its WARN event carry the
+/// error, and so does this log line.
 fn failed(e: &Error, what: &str) -> Response<Body> {
+    tracing::warn!(target: "idem", error = %e, "idem: {what}");
     let detail = match e {
         Error::RolledBack { .. } => {
             format!("{what}: the database rolled them back; nothing was kept, retry")
         }
-        _ => format!("{what}: {e}; retry with the same key"),
+        _ => format!(
+            "{what} (the server's log says why); retry with the same key: the retry gets this \
+             request's response if its work was kept, or runs it again if not"
+        ),
     };
     problem(StatusCode::INTERNAL_SERVER_ERROR, &detail)
 }

@@ -9,7 +9,7 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::MAX_REPLAY_LEN;
+use crate::record::MAX_REPLAY_LEN;
 
 /// The header a replayed response carries (draft-ietf-httpapi-idempotency-key-header's
 /// examples; Stripe's `Idempotent-Replayed`).

@@ -1,163 +1,233 @@
 //! The lease-mode claim: one statement where the backend allows, on the database's clock,
-//! decided as every mode decides.
+//! made, retried and decided as every mode's claim is (`claim::run`).
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::Lease;
-use crate::backend::{Backend, LeaseOp, LeaseState};
-use crate::claim::{Claimed, Decided, RECHECKS, Request, decide, decision};
-use crate::key::check_scope;
-use crate::observe;
-use crate::{BoxFuture, ClaimOptions, Error, Fingerprint, Key, LeaseOptions, Store};
+use tracing::Instrument as _;
 
-/// The answer to [`Store::lease`]: on [`Claimed::Fresh`] the [`Lease`] this delivery holds.
-pub type Leased = Claimed<Lease>;
+use super::Lease;
+use crate::BoxFuture;
+use crate::backend::{Backend, Holder, LeaseState};
+use crate::claim::run::{self, Attempt};
+use crate::claim::{Claimed, Decision, RECHECKS, Request, decide};
+use crate::error::Error;
+use crate::key::Key;
+use crate::observe;
+use crate::options::{ClaimOptions, LeaseOptions, Mode};
+use crate::outgoing::Pending;
+use crate::record::Fingerprint;
+use crate::scope::check_scope;
+use crate::store::Store;
 
 impl<DB: Backend> Store<DB> {
     /// Lease mode by hand: claims `(scope, key)` for `options`' lease, outside any
     /// transaction.
     ///
-    /// A completed marker is [`Claimed::Duplicate`]; a live lease of another delivery is
-    /// [`Error::InProgress`] at once (nack the job); a released or expired one is taken over by
-    /// exactly one delivery (token + 1, attempts + 1). A lease outside
-    /// [`MIN_LEASE`](crate::MIN_LEASE)..=[`MAX_LEASE`](crate::MAX_LEASE) is
-    /// [`Error::InvalidLease`], before any I/O. This is what `#[idempotent(lease = "...")]`
-    /// expands to.
+    /// A completed marker is [`Claimed::Duplicate`] ([`Claimed::Replayed`] with `replay` and
+    /// a stored value); a live lease of another delivery is [`Error::InProgress`] at once
+    /// (nack the job), and so is a transaction of another mode that holds the key past the
+    /// options' `wait`; a released or expired one is taken over by exactly one delivery (token
+    /// up, attempts + 1); another payload under the key is [`Error::KeyReused`] (with a
+    /// fingerprint). A lease outside [`MIN_LEASE`](crate::MIN_LEASE)..=
+    /// [`MAX_LEASE`](crate::MAX_LEASE) is [`Error::InvalidLease`], before any I/O, and so is
+    /// a claim inside the open transaction of another claim of this task
+    /// ([`Error::Nested`]). This is what `#[idempotent(lease = "...")]` expands to.
+    ///
+    /// ```no_run
+    /// # use idem_runtime as idem;
+    /// # #[cfg(feature = "sqlite")]
+    /// # async fn f(store: &idem::Store<sqlx::Sqlite>) -> Result<(), idem::Error> {
+    /// use std::time::Duration;
+    ///
+    /// use idem::{Claimed, Key, LeaseOptions};
+    ///
+    /// let key = Key::new("charge-7")?;
+    /// let options = LeaseOptions::new(Duration::from_secs(30));
+    /// if let Claimed::Fresh(lease) = store.lease("billing.charge", &key, options).await? {
+    ///     // The outside call, under the lease's time limit, with its idempotency key.
+    ///     let charged = lease.run(async { Ok::<_, idem::Error>(lease.idempotency_key().len()) });
+    ///     let charged = charged.await.and_then(|r| r);
+    ///     lease.finish(charged).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn lease(
         &self,
         scope: &str,
         key: &Key,
         options: LeaseOptions,
-    ) -> Result<Leased, Error> {
-        self.lease_checked(scope, key, options, None).await
+    ) -> Result<Claimed<Lease>, Error> {
+        check_scope(scope)?;
+        options.check()?;
+        let scope = Cow::Owned(scope.to_owned());
+        let request = Request::new(scope, key.clone(), claim_options(&options), "Store::lease");
+        claim_lease(self, request, options).await
     }
 
-    /// [`lease`](Store::lease) that stores the payload's fingerprint with the marker, and
-    /// refuses a delivery of the key with another one ([`Error::KeyReused`]), whether the
-    /// marker is completed or still held.
+    /// [`lease`](Store::lease) with the fingerprint given apart.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `lease(scope, key, options.fingerprint(fingerprint))`"
+    )]
     pub async fn lease_checked(
         &self,
         scope: &str,
         key: &Key,
         options: LeaseOptions,
         fingerprint: Option<&Fingerprint>,
-    ) -> Result<Leased, Error> {
-        check_scope(scope)?;
-        let owned = Cow::Owned(scope.to_owned());
-        self.lease_owned(owned, key.clone(), options, fingerprint.copied())
-            .await
+    ) -> Result<Claimed<Lease>, Error> {
+        let options = match fingerprint {
+            Some(fingerprint) => options.fingerprint(*fingerprint),
+            None => options,
+        };
+        self.lease(scope, key, options).await
     }
+}
 
-    pub(crate) async fn lease_owned(
-        &self,
-        scope: Cow<'static, str>,
-        key: Key,
-        options: LeaseOptions,
-        fingerprint: Option<Fingerprint>,
-    ) -> Result<Leased, Error> {
-        options.check()?;
-        let mut claim = ClaimOptions::new();
-        if options.replay {
-            claim = claim.replay();
-        }
-        let request = Request::new(scope, key, claim, fingerprint);
-        let started = Instant::now();
-        let leased = self.lease_attempts(request, options).await;
-        let took_over = matches!(&leased, Ok(Claimed::Fresh(lease)) if lease.token() > 1);
-        observe::decided(started, decision(&leased, took_over));
-        if let Ok(Claimed::Fresh(lease)) = &leased
-            && took_over
-        {
-            observe::took_over(lease.token(), lease.attempt());
-        }
-        leased
+/// What a lease claim shares with a claim in a transaction: its wait, replay and fingerprint.
+pub(crate) fn claim_options(options: &LeaseOptions) -> ClaimOptions {
+    ClaimOptions {
+        wait: options.wait,
+        isolation: None,
+        replay: options.replay,
+        fingerprint: options.fingerprint,
     }
+}
 
-    async fn lease_attempts(
-        &self,
-        request: Request,
-        options: LeaseOptions,
-    ) -> Result<Leased, Error> {
+/// A lease claim of `request` (whose options are `options`' own).
+pub(crate) async fn claim_lease<DB: Backend>(
+    store: &Store<DB>,
+    request: Request,
+    options: LeaseOptions,
+) -> Result<Claimed<Lease>, Error> {
+    let mut observed = run::start(&request, Mode::Lease, true)?;
+    let span = observed.span().clone();
+    let mut attempts = Leasing {
+        store,
+        request: &request,
+        lease_ms: options.lease_ms(),
+    };
+    let answer = run::retrying::<DB, _>(&mut observed, &request, true, &mut attempts)
+        .instrument(span.clone())
+        .await;
+    let store: Arc<dyn LeaseStore> = Arc::new(store.clone());
+    let claimed = run::conclude(observed, request, answer, |taken, ticket| {
+        let (token, attempts, sent) = taken;
+        Lease::new(store, ticket, token, attempts, options, sent)
+    })?;
+    if let Claimed::Fresh(lease) = &claimed {
+        if lease.attempt() > 1 {
+            span.in_scope(|| observe::took_over(lease.token(), lease.attempt()));
+        }
         #[cfg(feature = "testing")]
-        crate::testing::probe::claiming(crate::options::Mode::Lease);
-        for _ in 0..RECHECKS {
-            let sent = Instant::now();
-            let claimant = request.claimant();
-            let state =
-                DB::lease_claim(self.pool(), self.statements(), claimant, options.lease_ms()).await;
-            observe::attempted(sent);
-            let state = state?;
-            #[cfg(feature = "testing")]
-            crate::testing::probe::lease_answered();
-            match state {
-                LeaseState::Taken { token, attempts } => {
-                    let store = Arc::new(self.clone());
-                    let Request { scope, key, .. } = request;
-                    let lease = Lease::new(store, scope, key, token, attempts, options, sent);
-                    #[cfg(feature = "testing")]
-                    crate::testing::probe::lease_taken(&lease).await?;
-                    return Ok(Claimed::Fresh(lease));
-                }
-                LeaseState::Found(found) => match decide(found, &request)? {
-                    Decided::Done(done) => return Ok(done.map(|()| unreachable!("not fresh"))),
-                    // Free when read, but another delivery took it between the statements:
-                    // ask again, it decides.
-                    Decided::TakeOver => {}
-                },
-                LeaseState::Missing => {}
-            }
-        }
-        Err(request.in_progress())
+        crate::testing::probe::lease_taken(lease).await?;
     }
+    Ok(claimed)
+}
 
-    async fn lease_update(
-        &self,
-        lease: &Lease,
-        op: LeaseOp,
-        result: Option<&str>,
-    ) -> Result<bool, sqlx::Error> {
-        let (scope, key, token, lease_ms) = lease.parts();
-        DB::lease_update(
-            self.pool(),
-            self.statements(),
-            op,
-            scope,
-            key,
-            token,
-            lease_ms,
-            result,
-        )
-        .await
+/// A lease claim's attempts.
+struct Leasing<'a, DB: Backend> {
+    store: &'a Store<DB>,
+    request: &'a Request,
+    lease_ms: i64,
+}
+
+impl<DB: Backend> run::Attempts for Leasing<'_, DB> {
+    type Fresh = (i64, i64, Instant);
+
+    fn attempt(
+        &mut self,
+    ) -> impl Future<Output = Result<Attempt<Self::Fresh>, sqlx::Error>> + Send {
+        lease_attempt(self.store, self.request, self.lease_ms)
     }
+}
+
+/// One attempt: the lease statement, and again while the marker changes under it (forgotten,
+/// or taken by another delivery between two statements).
+async fn lease_attempt<DB: Backend>(
+    store: &Store<DB>,
+    request: &Request,
+    lease_ms: i64,
+) -> Result<Attempt<(i64, i64, Instant)>, sqlx::Error> {
+    let (pool, sql) = (store.pool(), store.sql());
+    for _ in 0..RECHECKS {
+        let sent = Instant::now();
+        let state = DB::lease_claim(pool, sql, request.claimant(), lease_ms).await?;
+        #[cfg(feature = "testing")]
+        crate::testing::probe::lease_answered();
+        match state {
+            LeaseState::Taken { token, attempts } => {
+                return Ok(Attempt::Fresh((token, attempts, sent), attempts > 1));
+            }
+            LeaseState::Found(found) => match decide(found, request) {
+                Ok(Decision::Done(done)) => return Ok(Attempt::Done(done)),
+                // Free when read, but another delivery took it between the statements: ask
+                // again, it decides.
+                Ok(Decision::TakeOver) => {}
+                Err(e) => return Ok(Attempt::Refused(e)),
+            },
+            LeaseState::Missing => {}
+        }
+    }
+    Ok(Attempt::Refused(request.in_progress()))
+}
+
+/// The statements a [`Lease`] runs after its claim, without knowing the database type.
+pub(crate) trait LeaseStore: Send + Sync + 'static {
+    /// Completes the lease with its value and its messages (in one transaction, if there are
+    /// any); `Ok(false)` if the holder no longer had the key, and nothing was written.
+    fn complete<'a>(
+        &'a self,
+        holder: Holder<'a>,
+        result: Option<&'a str>,
+        outbox: Option<&'a Pending>,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+    fn release<'a>(&'a self, holder: Holder<'a>) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+    fn renew<'a>(
+        &'a self,
+        holder: Holder<'a>,
+        lease_ms: i64,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
 }
 
 impl<DB: Backend> LeaseStore for Store<DB> {
     fn complete<'a>(
         &'a self,
-        lease: &'a Lease,
+        holder: Holder<'a>,
         result: Option<&'a str>,
+        outbox: Option<&'a Pending>,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(self.lease_update(lease, LeaseOp::Complete, result))
+        Box::pin(async move {
+            let sql = self.sql();
+            let Some(outbox) = outbox.filter(|o| !o.is_empty()) else {
+                let mut conn = self.pool().acquire().await?;
+                return DB::lease_complete(&mut conn, sql, holder, result).await;
+            };
+            // The messages exist exactly when the marker completed: one transaction, and none
+            // if the token no longer matches.
+            let mut tx = DB::begin(self.pool(), sql, &ClaimOptions::new()).await?;
+            if !DB::lease_complete(&mut tx, sql, holder, result).await? {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            DB::outbox_write(&mut tx, sql, outbox, holder.token).await?;
+            tx.commit().await?;
+            Ok(true)
+        })
     }
 
-    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(self.lease_update(lease, LeaseOp::Release, None))
+    fn release<'a>(&'a self, holder: Holder<'a>) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(DB::lease_release(self.pool(), self.sql(), holder))
     }
 
-    fn renew<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(self.lease_update(lease, LeaseOp::Renew, None))
-    }
-}
-
-/// The statements a [`Lease`] runs after its claim, without knowing the database type.
-pub(crate) trait LeaseStore: Send + Sync + 'static {
-    fn complete<'a>(
+    fn renew<'a>(
         &'a self,
-        lease: &'a Lease,
-        result: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
-    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
-    fn renew<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+        holder: Holder<'a>,
+        lease_ms: i64,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(DB::lease_renew(self.pool(), self.sql(), holder, lease_ms))
+    }
 }

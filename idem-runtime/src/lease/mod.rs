@@ -1,48 +1,64 @@
 //! Lease mode: for effects in someone else's system (a payment, an email), which cannot share
 //! the marker's transaction. The marker is claimed `in_progress` for a lease measured on the
 //! database's clock (`claim.rs`), the body runs outside any transaction under a timeout
-//! shorter than the lease, and the marker completes only if this holder's fencing token is
-//! still the current one.
+//! shorter than the lease ([`Clock`]), and the marker completes only if this holder's fencing
+//! token is still the current one, through the claim core's one finish.
 
 mod claim;
+mod clock;
 
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use claim::LeaseStore;
-pub use claim::Leased;
+use serde::Serialize;
+use tracing::Instrument as _;
 
-use crate::claim::settle;
-use crate::record::NotStorable;
-use crate::{Error, Failed, Key, LeaseOptions, Outcome};
+use claim::LeaseStore;
+pub(crate) use claim::claim_lease;
+pub(crate) use clock::Clock;
+
+use crate::backend::Holder;
+use crate::claim::{Claimed, Hold, Request, Ticket, finish};
+use crate::error::Error;
+use crate::key::Key;
+use crate::options::LeaseOptions;
+use crate::outcome::{Failed, Outcome};
+use crate::outgoing::{Outbox, Pending};
+use crate::record::{self, NotStorable};
+
+/// The answer to [`Store::lease`](crate::Store::lease).
+#[deprecated(since = "0.2.0", note = "use `Claimed<Lease>`")]
+pub type Leased = Claimed<Lease>;
 
 /// A lease-mode delivery's hold on its key: what the body gets as `lease: &idem::Lease`.
 ///
 /// Pass [`idempotency_key`](Lease::idempotency_key) to the outside system (the
 /// `Idempotency-Key` header of a payments API) and [`remaining`](Lease::remaining) as the
 /// request's timeout: a redelivery after a crash sends the same key, and the provider does the
-/// work once. Dropping a lease that was not finished (a panic, a cancelled future) releases
-/// the key in the background when a tokio runtime is there, else it expires.
+/// work once. End it with [`finish`](Lease::finish) (or give up with
+/// [`release`](Lease::release)); dropping a lease that was not finished (a panic, a cancelled
+/// future) releases the key in the background when a tokio runtime is there, else it expires.
+/// Its call has the `idem.claim` span and the `idem_outcomes_total` count of an
+/// `#[idempotent]` handler's.
 pub struct Lease {
     store: Arc<dyn LeaseStore>,
-    scope: Cow<'static, str>,
-    key: Key,
+    /// Taken by the finish; still here when the lease is dropped unfinished.
+    ticket: Option<Ticket>,
     idempotency_key: String,
     token: i64,
     attempt: u32,
     options: LeaseOptions,
-    deadline: Mutex<Instant>,
-    settled: bool,
+    clock: Arc<Clock>,
 }
 
 impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
-            .field("scope", &self.scope)
-            .field("key", &self.key.as_str())
+            .field("scope", &self.scope())
+            .field("key", &self.key())
             .field("token", &self.token)
             .field("attempt", &self.attempt)
             .field("remaining", &self.remaining())
@@ -53,37 +69,47 @@ impl fmt::Debug for Lease {
 impl Lease {
     pub(crate) fn new(
         store: Arc<dyn LeaseStore>,
-        scope: Cow<'static, str>,
-        key: Key,
+        ticket: Ticket,
         token: i64,
         attempts: i64,
         options: LeaseOptions,
         claimed_at: Instant,
     ) -> Lease {
-        let idempotency_key = idempotency_key(&scope, &key);
+        let Request { scope, key, .. } = &ticket.request;
+        let idempotency_key = idempotency_key(scope, key);
         Lease {
             store,
-            scope,
-            key,
+            ticket: Some(ticket),
             idempotency_key,
             token,
             attempt: u32::try_from(attempts).unwrap_or(u32::MAX),
             options,
             // Measured from before the claim was sent, so never later than the database's
             // `locked_until`: the worker's clock is not involved, only its elapsed time.
-            deadline: Mutex::new(claimed_at + options.lease),
-            settled: false,
+            clock: Arc::new(Clock::new(
+                claimed_at.into(),
+                options.lease,
+                options.timeout,
+            )),
         }
+    }
+
+    fn request(&self) -> &Request {
+        &self
+            .ticket
+            .as_ref()
+            .expect("a lease keeps its ticket until it finishes")
+            .request
     }
 
     /// The job's key, as stored in the marker.
     pub fn key(&self) -> &str {
-        self.key.as_str()
+        self.request().key.as_str()
     }
 
     /// The scope of the handler.
     pub fn scope(&self) -> &str {
-        &self.scope
+        &self.request().scope
     }
 
     /// The key to give the outside system as its `Idempotency-Key`: scope and key together
@@ -94,7 +120,11 @@ impl Lease {
         &self.idempotency_key
     }
 
-    /// The fencing token: 1 for the first holder, one more for each takeover.
+    /// The fencing token: a number that grows with every holder of the key and never repeats
+    /// for it, [`Store::forget`](crate::Store::forget) included (the database clock's
+    /// microseconds at the claim, or one more than the last holder's if that is larger). Give
+    /// it to an outside system that can refuse writes of a holder older than the last one it
+    /// saw.
     pub fn token(&self) -> i64 {
         self.token
     }
@@ -107,22 +137,14 @@ impl Lease {
 
     /// When the lease runs out (conservatively: measured from before the claim was sent).
     pub fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+        self.clock.deadline().into_std()
     }
 
     /// What the body has left: the smaller of the lease's time left and the body's timeout
     /// (`timeout`, from the claim or the last [`renew`](Lease::renew)). Give it to the
     /// outside call as its timeout, so that the call gives up before idem cuts the body off.
     pub fn remaining(&self) -> Duration {
-        self.cutoff().saturating_duration_since(Instant::now())
-    }
-
-    /// When the body is cut off: the lease's deadline less the margin between lease and
-    /// timeout.
-    fn cutoff(&self) -> Instant {
-        let margin = self.options.lease.saturating_sub(self.options.timeout);
-        let deadline = self.deadline();
-        deadline.checked_sub(margin).unwrap_or(deadline)
+        self.clock.remaining()
     }
 
     /// The lease's length.
@@ -130,127 +152,194 @@ impl Lease {
         self.options.lease
     }
 
+    /// The call's `idem.claim` span.
+    pub fn span(&self) -> &tracing::Span {
+        self.ticket
+            .as_ref()
+            .expect("a lease keeps its ticket until it finishes")
+            .observed
+            .span()
+    }
+
+    /// The outbox of this claim's job: its messages are written in the statement's
+    /// transaction that completes the marker, and only if this delivery still holds the key.
+    pub fn outbox(&mut self) -> &mut Outbox {
+        self.ticket
+            .as_mut()
+            .expect("a lease keeps its ticket until it finishes")
+            .outbox()
+    }
+
     /// Extends the lease by its full length from now (database clock), if this delivery still
-    /// holds it; else [`Error::LeaseLost`].
+    /// holds it; else [`Error::LeaseLost`]. The body's time limit moves with it: a body that
+    /// renews keeps running, under the attribute, the HTTP layer and [`run`](Lease::run)
+    /// alike.
     pub async fn renew(&self) -> Result<(), Error> {
-        let sent = Instant::now();
-        if self.store.renew(self).await? {
-            *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = sent + self.options.lease;
-            Ok(())
-        } else {
-            Err(self.lost())
+        let sent = tokio::time::Instant::now();
+        let renewed = self
+            .store
+            .renew(self.holder(), self.options.lease_ms())
+            .await?;
+        if !renewed {
+            return Err(lost(self.request()));
+        }
+        self.clock.renewed(sent);
+        Ok(())
+    }
+
+    /// Runs `body` in the call's span under the lease's timeout: [`Error::Timeout`] if it does
+    /// not finish in time (the time limit moves with each [`renew`](Lease::renew)); the body is
+    /// dropped then. A lease holds no transaction, so claims in its body are not refused as
+    /// nested.
+    pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, Error> {
+        self.clock
+            .run(body.instrument(self.span().clone()))
+            .await
+            .map_err(|after| timed_out(self.request(), after))
+    }
+
+    /// The lease's clock, shared with whoever runs the body under it (the HTTP layer, whose
+    /// handler holds the lease meanwhile).
+    #[cfg(feature = "axum")]
+    pub(crate) fn clock(&self) -> Arc<Clock> {
+        self.clock.clone()
+    }
+
+    fn holder(&self) -> Holder<'_> {
+        Holder {
+            scope: self.scope(),
+            key: self.key(),
+            token: self.token,
         }
     }
 
-    /// Runs the body under the lease's timeout.
-    ///
-    /// The limit is [`cutoff`](Lease::cutoff), so the body gets its full timeout again from
-    /// each [`renew`](Lease::renew): a body that renews keeps running, one that does not is
-    /// cut off while the lease still holds.
-    pub(crate) async fn run<F: Future>(&self, body: F) -> Result<F::Output, Error> {
-        let mut body = std::pin::pin!(body);
-        loop {
-            let limit = self.cutoff();
-            match tokio::time::timeout_at(limit.into(), body.as_mut()).await {
-                Ok(out) => return Ok(out),
-                // Renewed while we waited: wait on, up to the new limit.
-                Err(_) if self.cutoff() > limit => {}
-                Err(_) => {
-                    return Err(Error::Timeout {
-                        scope: self.scope.to_string(),
-                        key: self.key.as_str().to_owned(),
-                        after: self.options.timeout,
-                    });
-                }
-            }
-        }
-    }
-
-    /// Ends the call. `Ok` completes the marker if this delivery still holds the key (else
-    /// [`Error::LeaseLost`], and the value is not reported as applied), storing what
-    /// `encode` makes of the value (`replay`). The outside call happened by then, so a
-    /// value that cannot be stored still completes the marker, without it: later deliveries
-    /// are duplicates, and this one gets [`Error::ValueNotStored`]. `Err` (the body's, or
-    /// the timeout `result` holds) releases the key at once so that a redelivery may retry.
+    /// Ends the call, with `outbox`'s messages if the body had its own. `Ok` completes the
+    /// marker if this delivery still holds the key (else [`Error::LeaseLost`], and the value
+    /// is not reported as applied), storing what `encode` makes of the value (`replay`). The
+    /// outside call happened by then, so a value that cannot be stored still completes the
+    /// marker, without it: later deliveries are duplicates, and this one gets
+    /// [`Error::ValueNotStored`]. `Err` (the body's, or a timeout `result` holds) releases the
+    /// key at once so that a redelivery may retry.
     pub(crate) async fn finish_with<T, E>(
         mut self,
         result: Result<Result<T, E>, Error>,
         encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
+        outbox: Option<&Pending>,
     ) -> Result<Outcome<T>, Failed<E>> {
-        self.settled = true;
-        let value = match result {
-            Ok(Ok(value)) => value,
-            Ok(Err(e)) => {
-                drop(self.store.release(&self).await);
-                return Err(Failed::Handler(e));
-            }
-            Err(e) => {
-                drop(self.store.release(&self).await);
-                return Err(Failed::Idem(e));
-            }
+        let ticket = self.ticket.take().expect("a lease finishes once");
+        let hold = Ends {
+            store: self.store.clone(),
+            token: self.token,
         };
-        let (json, not_stored) = match encode(&value) {
-            Ok(json) => (json, None),
-            Err(NotStorable(reason)) => (None, Some(reason)),
+        let result = match result {
+            Ok(result) => result.map_err(Failed::Handler),
+            Err(e) => Err(Failed::Idem(e)),
         };
-        #[cfg(feature = "testing")]
-        {
-            let at = "completing statement";
-            let injected = crate::testing::probe::before_commit(&self.scope, self.key(), at);
-            if let Some(e) = injected.await {
-                drop(self.store.release(&self).await);
-                return Err(Failed::Idem(e));
-            }
-        }
-        match self.store.complete(&self, json.as_deref()).await {
-            Ok(true) => match not_stored {
-                None => Ok(Outcome::Applied(value)),
-                Some(reason) => Err(Failed::Idem(Error::ValueNotStored {
-                    scope: self.scope.to_string(),
-                    key: self.key.as_str().to_owned(),
-                    reason,
-                })),
-            },
-            Ok(false) => Err(Failed::Idem(self.lost())),
-            // Not completed: give the key back now rather than at the lease's end, as for any
-            // other failure (the release fails too if the database is gone, and then the lease
-            // expires).
-            Err(e) => {
-                drop(self.store.release(&self).await);
-                Err(Failed::Idem(e.into()))
-            }
-        }
-    }
-
-    /// [`finish`](Lease::finish) that also stores the `Ok` value with the marker (`replay`), in
-    /// the completing statement.
-    pub async fn finish_replay<T: serde::Serialize, E: From<Error>>(
-        self,
-        result: Result<T, E>,
-    ) -> Result<Outcome<T>, E> {
-        let end = self.finish_with(Ok(result), |v| crate::record::encode(v).map(Some));
-        settle(end.await)
+        finish(hold, ticket, outbox, result, encode).await
     }
 
     /// Ends a call by hand: completes on `Ok`, releases on `Err`.
     pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Outcome<T>, E> {
-        settle(self.finish_with(Ok(result), |_| Ok(None)).await)
+        let end = self.finish_with(Ok(result), |_| Ok(None), None).await;
+        end.map_err(Failed::into_handler_error)
     }
 
-    fn lost(&self) -> Error {
-        Error::LeaseLost {
-            scope: self.scope.to_string(),
-            key: self.key.as_str().to_owned(),
+    /// [`finish`](Lease::finish) that also stores the `Ok` value with the marker (`replay`), in the
+    /// completing statement.
+    pub async fn finish_replay<T: Serialize, E: From<Error>>(
+        self,
+        result: Result<T, E>,
+    ) -> Result<Outcome<T>, E> {
+        let end = self.finish_with(Ok(result), |v| record::encode(v).map(Some), None);
+        end.await.map_err(Failed::into_handler_error)
+    }
+
+    /// Ends a call whose body ran out of time (`after`): the key is released.
+    #[cfg(feature = "axum")]
+    pub(crate) async fn timed_out(self, after: Duration) {
+        let timeout = timed_out(self.request(), after);
+        let result: Result<Result<(), ()>, Error> = Err(timeout);
+        drop(self.finish_with(result, |_| Ok(None), None).await);
+    }
+
+    /// Gives up: releases the key now, so that the next delivery takes it over.
+    pub async fn release(self) {
+        let result: Result<(), ()> = Err(());
+        drop(self.finish_with(Ok(result), |_| Ok(None), None).await);
+    }
+}
+
+/// What ends a lease, once its ticket is taken: the statements and the token.
+struct Ends {
+    store: Arc<dyn LeaseStore>,
+    token: i64,
+}
+
+impl Ends {
+    fn holder<'a>(&self, request: &'a Request) -> Holder<'a> {
+        Holder {
+            scope: &request.scope,
+            key: request.key.as_str(),
+            token: self.token,
+        }
+    }
+}
+
+impl Hold for Ends {
+    const OUTSIDE: bool = true;
+
+    #[cfg(feature = "testing")]
+    fn end(&self) -> &'static str {
+        "completing statement"
+    }
+
+    async fn write(
+        &mut self,
+        _: &Request,
+        _: Option<&str>,
+        _: Option<&Pending>,
+    ) -> Result<(), Error> {
+        // The value and the messages go with the completing statement.
+        Ok(())
+    }
+
+    async fn commit(
+        self,
+        request: &Request,
+        value: Option<&str>,
+        outbox: Option<&Pending>,
+    ) -> Result<(), Error> {
+        let holder = self.holder(request);
+        match self.store.complete(holder, value, outbox).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(lost(request)),
+            // Not completed: give the key back now rather than at the lease's end, as for any
+            // other failure (the release fails too if the database is gone, and then the lease
+            // expires).
+            Err(e) => {
+                drop(self.store.release(holder).await);
+                Err(e.into())
+            }
         }
     }
 
-    pub(crate) fn parts(&self) -> (&str, &str, i64, i64) {
-        (
-            &self.scope,
-            self.key.as_str(),
-            self.token,
-            self.options.lease_ms(),
-        )
+    async fn release(self, request: &Request) {
+        drop(self.store.release(self.holder(request)).await);
+    }
+}
+
+fn lost(request: &Request) -> Error {
+    Error::LeaseLost {
+        scope: request.scope.to_string(),
+        key: request.key.as_str().to_owned(),
+    }
+}
+
+fn timed_out(request: &Request, after: Duration) -> Error {
+    Error::Timeout {
+        scope: request.scope.to_string(),
+        key: request.key.as_str().to_owned(),
+        after,
     }
 }
 
@@ -261,35 +350,36 @@ impl crate::testing::probe::Held for Lease {
     }
 
     fn expire_now(&self) -> crate::BoxFuture<'_, Result<bool, sqlx::Error>> {
-        self.store.release(self)
+        self.store.release(self.holder())
     }
 
     fn reset_deadline(&self, now: Instant) {
-        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = now + self.options.lease;
+        self.clock.renewed(now.into());
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if self.settled {
+        let Some(ticket) = self.ticket.take() else {
             return;
-        }
+        };
         // A panic or a cancelled future: give the key back now if a runtime can run the
-        // statement; otherwise the lease expires on its own.
+        // statement; otherwise the lease expires on its own. The ticket's observation, dropped
+        // unfinished, counts the call as an error.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let orphan = Lease {
-                store: self.store.clone(),
-                scope: std::mem::take(&mut self.scope),
-                key: self.key.clone(),
-                idempotency_key: String::new(),
-                token: self.token,
-                attempt: self.attempt,
-                options: self.options,
-                deadline: Mutex::new(self.deadline()),
-                settled: true,
-            };
+            let store = self.store.clone();
+            let (scope, key, token): (Cow<'static, str>, Key, i64) = (
+                ticket.request.scope.clone(),
+                ticket.request.key.clone(),
+                self.token,
+            );
             handle.spawn(async move {
-                drop(orphan.store.release(&orphan).await);
+                let holder = Holder {
+                    scope: &scope,
+                    key: key.as_str(),
+                    token,
+                };
+                drop(store.release(holder).await);
             });
         }
     }
@@ -305,42 +395,6 @@ fn idempotency_key(scope: &str, key: &Key) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::BoxFuture;
-
-    struct Nowhere;
-
-    impl LeaseStore for Nowhere {
-        fn complete<'a>(
-            &'a self,
-            _: &'a Lease,
-            _: Option<&'a str>,
-        ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-            Box::pin(async { Ok(true) })
-        }
-        fn release<'a>(&'a self, _: &'a Lease) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-            Box::pin(async { Ok(true) })
-        }
-        fn renew<'a>(&'a self, _: &'a Lease) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-            Box::pin(async { Ok(true) })
-        }
-    }
-
-    #[test]
-    fn remaining_is_what_the_body_has_left() {
-        let options = LeaseOptions::new(Duration::from_secs(30)).timeout(Duration::from_secs(10));
-        let key = Key::new("k").unwrap();
-        let claimed = Instant::now();
-        let mut lease = Lease::new(Arc::new(Nowhere), "s".into(), key, 1, 1, options, claimed);
-        lease.settled = true;
-        let left = lease.remaining();
-        let elapsed = claimed.elapsed();
-        // The body's 10 s, not the lease's 30 s, less what has passed since the claim.
-        assert!(left <= Duration::from_secs(10), "{left:?}");
-        assert!(
-            left + elapsed >= Duration::from_secs(10),
-            "{left:?} {elapsed:?}"
-        );
-    }
 
     #[test]
     fn idempotency_keys_are_scoped_bounded_and_distinct() {

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use sha2::{Digest as _, Sha256};
 
-use crate::Error;
+use crate::error::Error;
 
 /// How the `idem.claim` span and idem's logged error texts show a job's key. Set it once for
 /// the process with [`observe_keys`].

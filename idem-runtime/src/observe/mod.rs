@@ -1,12 +1,14 @@
-//! What a generated handler call tells the outside: one `idem.claim` span per call, one
-//! `idem call finished` event in it, a few events from the claim, and two metrics through the
-//! `metrics` facade.
+//! What a claim tells the outside, whatever made it (the attribute, a hand-written call, the
+//! HTTP layer): one `idem.claim` span per call, one `idem call finished` event in it, a few
+//! events from the claim, and two metrics through the `metrics` facade. The claim core opens
+//! an [`Observed`] when a claim starts; it ends with the claim when the claim decides the call
+//! (a duplicate, an error), else it travels in the holder, whose finish ends it.
 //!
 //! Everything is logged with the target `idem`, at these levels:
 //!
 //! | level | what |
 //! |---|---|
-//! | WARN | a call ended by an error of idem's own (its text once, in `error`); a claim that lost a race and is retried; a stored `replay` value that no longer reads |
+//! | WARN | a call ended by an error of idem's own (its text once, in `error`); a holder dropped before it finished (a panic, a cancelled future); a claim that lost a race and is retried; a stored `replay` value that no longer reads |
 //! | INFO | the `idem.claim` span; a call that found another delivery holding the key (`in_progress`); a lease taken over from an earlier delivery |
 //! | DEBUG | the end of every other call (`applied`, `duplicate`, `replayed`, or the body's own error, which the caller gets back) |
 //! | TRACE | what the claim decided (`fresh`, `takeover`, `duplicate`, `replayed`, `in_progress`) |
@@ -16,38 +18,37 @@
 //!
 //! With no `tracing` subscriber and no `metrics` recorder installed this costs a few clock
 //! reads per call and nothing else: the span is disabled by its callsite's cached interest
-//! (its fields, the key included, are then never evaluated), the metric keys are statics of
-//! the handler (no allocation, no formatting), and the claim's counts travel in a
-//! thread-local cell rather than in anything allocated.
+//! (its fields, the key included, are then never evaluated), and the metric keys are the
+//! scope's labels, built once ([`Site`]): no allocation, no formatting.
 
-use std::cell::Cell;
-use std::future::{Future, poll_fn};
-use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use metrics::{Key, Label, Metadata};
+use metrics::{Key, Metadata};
 use tracing::Span;
 use tracing::field::Empty;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
+use crate::error::Error;
 use crate::options::Mode;
-use crate::{Batch, Failed, Outcome};
+use crate::outcome::{Batch, Failed, Outcome};
 
 mod keys;
+mod site;
 mod verdict;
 
 pub use keys::{KeyInSpans, observe_keys};
-use verdict::{COUNT, Verdict};
+pub use site::Site;
+use verdict::{Ended, Verdict};
 
-/// The counter of finished handler calls, labelled `scope` and `outcome`.
+/// The counter of finished calls, labelled `scope` and `outcome`.
 ///
 /// The outcomes: `applied`, `duplicate`, `replayed` (the call's [`Outcome`]); one per kind of
 /// idem's [`Error`](crate::Error) that asks for its own action: `in_progress`, `rolled_back`
 /// (`RolledBack`), `timeout`, `key_reused`, `lease_lost`, `value_not_stored`, `invalid` (a key,
 /// scope, lease or value refused as given, or a nested call: a redelivery fails the same way);
-/// and `error` for the rest (the body's own errors, database failures). A batch counts each of
-/// its jobs.
+/// and `error` for the rest (the body's own errors, database failures, a holder dropped before
+/// it finished). A batch counts each of its jobs. Every path counts alike: the attribute's
+/// calls, hand-written claims and the HTTP layer's requests.
 pub const OUTCOMES_TOTAL: &str = "idem_outcomes_total";
 
 /// The histogram of claim latency in seconds, labelled `scope`: from the start of the claim
@@ -64,9 +65,8 @@ pub fn describe_metrics() {
     metrics::describe_counter!(
         OUTCOMES_TOTAL,
         metrics::Unit::Count,
-        "Idempotent handler calls by scope and outcome (applied, duplicate, replayed, \
-         in_progress, rolled_back, timeout, key_reused, lease_lost, value_not_stored, invalid, \
-         error)."
+        "Idempotent calls by scope and outcome (applied, duplicate, replayed, in_progress, \
+         rolled_back, timeout, key_reused, lease_lost, value_not_stored, invalid, error)."
     );
     metrics::describe_histogram!(
         CLAIM_SECONDS,
@@ -75,104 +75,50 @@ pub fn describe_metrics() {
     );
 }
 
-/// A handler's labels, built at compile time into a `static` of the generated code, so that
-/// recording a metric neither allocates nor formats.
-#[doc(hidden)]
-pub struct Site {
-    scope: &'static str,
-    outcomes: [[Label; 2]; COUNT],
-    scope_only: [Label; 1],
+static METADATA: Metadata<'static> =
+    Metadata::new("idem", metrics::Level::INFO, Some(module_path!()));
+
+/// What a claim found, for its `trace` event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    Fresh,
+    Takeover,
+    Duplicate,
+    Replayed,
+    InProgress,
+    Failed,
 }
 
-impl Site {
-    #[doc(hidden)]
-    pub const fn new(scope: &'static str) -> Site {
-        const fn pair(scope: &'static str, outcome: usize) -> [Label; 2] {
-            [
-                Label::from_static_parts("scope", scope),
-                Label::from_static_parts("outcome", Verdict::ALL[outcome]),
-            ]
-        }
-        Site {
-            scope,
-            outcomes: [
-                pair(scope, 0),
-                pair(scope, 1),
-                pair(scope, 2),
-                pair(scope, 3),
-                pair(scope, 4),
-                pair(scope, 5),
-                pair(scope, 6),
-                pair(scope, 7),
-                pair(scope, 8),
-                pair(scope, 9),
-                pair(scope, 10),
-            ],
-            scope_only: [Label::from_static_parts("scope", scope)],
-        }
-    }
-}
-
-/// What the claim of the running call reports, kept in [`CURRENT`] while the call is polled.
-#[derive(Clone, Copy, Default)]
-struct Stats {
-    attempts: u32,
-    waited: Duration,
-    claim: Option<Duration>,
-}
-
-thread_local! {
-    /// The stats of the generated call being polled on this thread, if any: set and put back
-    /// around each poll, so that a joined call inside another's body counts its own claim.
-    static CURRENT: Cell<Option<Stats>> = const { Cell::new(None) };
-}
-
-fn with_current(f: impl FnOnce(&mut Stats)) {
-    CURRENT.with(|cell| {
-        if let Some(mut stats) = cell.get() {
-            f(&mut stats);
-            cell.set(Some(stats));
-        }
-    });
-}
-
-/// Puts a call's stats into [`CURRENT`] for one poll, and takes them back out even if the
-/// poll panics.
-struct Installed<'a> {
-    stats: &'a mut Stats,
-    previous: Option<Stats>,
-}
-
-impl<'a> Installed<'a> {
-    fn new(stats: &'a mut Stats) -> Self {
-        let previous = CURRENT.with(|cell| cell.replace(Some(*stats)));
-        Installed { stats, previous }
-    }
-}
-
-impl Drop for Installed<'_> {
-    fn drop(&mut self) {
-        if let Some(stats) = CURRENT.with(|cell| cell.replace(self.previous)) {
-            *self.stats = stats;
-        }
-    }
-}
-
-/// One generated call, between its key and its outcome.
-#[doc(hidden)]
-pub struct Call {
+/// One call, from the start of its claim to its end: its span, its labels, and what its claim
+/// did. Dropped before it ended (a holder dropped by a panic or a cancelled future), it counts
+/// the call as `error` and says so.
+pub(crate) struct Observed {
     site: &'static Site,
     span: Span,
+    started: Instant,
+    attempts: u32,
+    waited: Duration,
+    jobs: Option<u64>,
+    ended: bool,
 }
 
-impl Call {
-    /// Opens the `idem.claim` span (when a subscriber wants it; `key` is read only then, and
-    /// shown as [`observe_keys`] says).
-    pub(crate) fn start(site: &'static Site, mode: Mode, key: Option<&str>) -> Call {
+impl std::fmt::Debug for Observed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observed")
+            .field("span", &self.span)
+            .field("attempts", &self.attempts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Observed {
+    /// Opens the `idem.claim` span of a call (when a subscriber wants it; `key` is read only
+    /// then, and shown as [`observe_keys`] says).
+    pub(crate) fn start(site: &'static Site, scope: &str, mode: Mode, key: Option<&str>) -> Self {
         let span = tracing::info_span!(
             target: "idem",
             "idem.claim",
-            scope = site.scope,
+            scope,
             key = Empty,
             key_hash = Empty,
             mode = mode.as_str(),
@@ -194,160 +140,153 @@ impl Call {
                 KeyInSpans::Omitted => {}
             }
         }
-        Call { site, span }
-    }
-
-    /// Runs the call's claim, body and end in the span, then records how it ended.
-    ///
-    /// Not an `async fn` (nor is [`run_batch`](Call::run_batch)): the handler's future is
-    /// moved once, into `observed`, so that it is stored once in the state
-    /// of the generated call.
-    pub fn run<T, E, F>(self, future: F) -> impl Future<Output = F::Output>
-    where
-        F: Future<Output = Result<Outcome<T>, Failed<E>>>,
-    {
-        self.observed(future, |result| {
-            let verdict = Verdict::of(result);
-            Judged {
-                verdict,
-                counts: [(verdict, 1), (verdict, 0)],
-                batch: None,
-            }
-        })
-    }
-
-    /// [`run`](Call::run) for a batch of `jobs` jobs: the span's `outcome` is `applied` if
-    /// any job was, its `applied` and `duplicate` count the jobs, and the counter counts each
-    /// job's outcome (a failed batch: every job's).
-    pub fn run_batch<T, E, F>(self, jobs: usize, future: F) -> impl Future<Output = F::Output>
-    where
-        F: Future<Output = Result<Batch<T>, Failed<E>>>,
-    {
-        let jobs = jobs as u64;
-        self.span.record("jobs", jobs);
-        self.observed(future, move |result| match result {
-            Ok(batch) => {
-                let applied = batch.applied() as u64;
-                let verdict = if applied > 0 {
-                    Verdict::Applied
-                } else {
-                    Verdict::Duplicate
-                };
-                Judged {
-                    verdict,
-                    counts: [
-                        (Verdict::Applied, applied),
-                        (Verdict::Duplicate, jobs - applied),
-                    ],
-                    batch: Some((applied, jobs - applied)),
-                }
-            }
-            Err(failed) => {
-                let verdict = Verdict::of_failed(failed);
-                Judged {
-                    verdict,
-                    counts: [(verdict, jobs), (verdict, 0)],
-                    batch: None,
-                }
-            }
-        })
-    }
-
-    /// Polls `future` inside the span, with the claim's stats installed for each poll, then
-    /// records the verdict `judge` gives, its counts, and the call's one event.
-    async fn observed<T, E, F: Future<Output = Result<T, Failed<E>>>>(
-        self,
-        future: F,
-        judge: impl FnOnce(&Result<T, Failed<E>>) -> Judged,
-    ) -> F::Output {
-        let Call { site, span } = self;
-        let mut stats = Stats::default();
-        let mut future = pin!(future);
-        let result = poll_fn(|cx| {
-            let _entered = span.enter();
-            let _installed = Installed::new(&mut stats);
-            future.as_mut().poll(cx)
-        })
-        .await;
-        let judged = judge(&result);
-        record(site, &span, &judged, stats);
-        verdict::finished(&span, judged.verdict, result.as_ref().err());
-        result
-    }
-}
-
-/// How a call ended: its verdict, the counter's increments (outcome, how many jobs), and a
-/// batch's `(applied, duplicate)` counts.
-struct Judged {
-    verdict: Verdict,
-    counts: [(Verdict, u64); 2],
-    batch: Option<(u64, u64)>,
-}
-
-static METADATA: Metadata<'static> =
-    Metadata::new("idem", metrics::Level::INFO, Some(module_path!()));
-
-/// Records how the call ended on its span, and the counts on the counter.
-fn record(site: &'static Site, span: &Span, judged: &Judged, stats: Stats) {
-    span.record("outcome", judged.verdict.as_str());
-    if stats.claim.is_some() {
-        span.record("retries", stats.attempts.saturating_sub(1));
-        span.record(
-            "waited_ms",
-            u64::try_from(stats.waited.as_millis()).unwrap_or(u64::MAX),
-        );
-    }
-    if let Some((applied, duplicate)) = judged.batch {
-        span.record("applied", applied);
-        span.record("duplicate", duplicate);
-    }
-    metrics::with_recorder(|recorder| {
-        for &(verdict, n) in judged.counts.iter().filter(|(_, n)| *n > 0) {
-            let key = Key::from_static_parts(OUTCOMES_TOTAL, &site.outcomes[verdict as usize]);
-            recorder.register_counter(&key, &METADATA).increment(n);
+        Observed {
+            site,
+            span,
+            started: Instant::now(),
+            attempts: 0,
+            waited: Duration::ZERO,
+            jobs: None,
+            ended: false,
         }
-        if let Some(claim) = stats.claim {
-            let key = Key::from_static_parts(CLAIM_SECONDS, &site.scope_only);
+    }
+
+    /// [`start`](Observed::start) for a batch of `jobs` jobs, whose span names no key.
+    pub(crate) fn batch(site: &'static Site, scope: &str, jobs: usize) -> Self {
+        let mut observed = Observed::start(site, scope, Mode::Batch, None);
+        let jobs = jobs as u64;
+        observed.span.record("jobs", jobs);
+        observed.jobs = Some(jobs);
+        observed
+    }
+
+    /// The call's span: the claim's statements run in it, and so does a handler's body.
+    pub(crate) fn span(&self) -> &Span {
+        &self.span
+    }
+
+    /// One claim attempt ended: its statements (begin and claim, or the lease statement) ran
+    /// from `sent` until now, which is the call's `waited_ms`.
+    pub(crate) fn attempted(&mut self, sent: Instant) {
+        self.attempts += 1;
+        self.waited += sent.elapsed();
+    }
+
+    /// The claim has its answer: the span's `retries` and `waited_ms`, the claim's latency,
+    /// and the `trace` event of what it decided.
+    pub(crate) fn decided(&mut self, answer: Answer) {
+        self.span.record("retries", self.attempts.saturating_sub(1));
+        self.span.record(
+            "waited_ms",
+            u64::try_from(self.waited.as_millis()).unwrap_or(u64::MAX),
+        );
+        let claim = self.started.elapsed();
+        metrics::with_recorder(|recorder| {
+            let key = Key::from_static_parts(CLAIM_SECONDS, &self.site.scope_only);
             recorder
                 .register_histogram(&key, &METADATA)
                 .record(claim.as_secs_f64());
+        });
+        let decision = match answer {
+            Answer::Fresh => "fresh",
+            Answer::Takeover => "takeover",
+            Answer::Duplicate => "duplicate",
+            Answer::Replayed => "replayed",
+            Answer::InProgress => "in_progress",
+            // The outcome (`error`) and the error itself say it.
+            Answer::Failed => return,
+        };
+        tracing::trace!(target: "idem", parent: &self.span, decision, "idem claim decided");
+    }
+
+    /// The call ended with `result`.
+    pub(crate) fn ended<T, E>(mut self, result: &Result<Outcome<T>, Failed<E>>) {
+        #[cfg(feature = "testing")]
+        crate::testing::probe::settled(result);
+        let verdict = Verdict::of(result);
+        let ended = match result {
+            Ok(_) => Ended::Ok,
+            Err(Failed::Idem(e)) => Ended::Idem(e),
+            Err(Failed::Handler(_)) => Ended::Handler,
+        };
+        self.record(verdict, [(verdict, 1), (verdict, 0)], None);
+        verdict::finished(&self.span, verdict, ended);
+        self.ended = true;
+    }
+
+    /// The call ended before it held anything, with idem's `error` (its claim failed).
+    pub(crate) fn refused(mut self, error: &Error) {
+        #[cfg(feature = "testing")]
+        crate::testing::probe::refused(error);
+        let verdict = Verdict::of_error(error);
+        let jobs = self.jobs.unwrap_or(1);
+        self.record(verdict, [(verdict, jobs), (verdict, 0)], None);
+        verdict::finished(&self.span, verdict, Ended::Idem(error));
+        self.ended = true;
+    }
+
+    /// A batch call ended with `result`: the span's `outcome` is `applied` if any job was, its
+    /// `applied` and `duplicate` count the jobs, and the counter counts each job's outcome (a
+    /// failed batch: every job's).
+    pub(crate) fn ended_batch<T, E>(mut self, result: &Result<Batch<T>, Failed<E>>) {
+        let jobs = self.jobs.unwrap_or(0);
+        match result {
+            Ok(batch) => {
+                let applied = batch.applied() as u64;
+                let verdict = match applied {
+                    0 => Verdict::Duplicate,
+                    _ => Verdict::Applied,
+                };
+                let counts = [
+                    (Verdict::Applied, applied),
+                    (Verdict::Duplicate, jobs - applied),
+                ];
+                self.record(verdict, counts, Some((applied, jobs - applied)));
+                verdict::finished(&self.span, verdict, Ended::Ok);
+            }
+            Err(failed) => {
+                let verdict = Verdict::of_failed(failed);
+                self.record(verdict, [(verdict, jobs), (verdict, 0)], None);
+                let ended = match failed {
+                    Failed::Idem(e) => Ended::Idem(e),
+                    Failed::Handler(_) => Ended::Handler,
+                };
+                verdict::finished(&self.span, verdict, ended);
+            }
         }
-    });
+        self.ended = true;
+    }
+
+    /// Records how the call ended on its span, and the counts on the counter.
+    fn record(&self, verdict: Verdict, counts: [(Verdict, u64); 2], batch: Option<(u64, u64)>) {
+        self.span.record("outcome", verdict.as_str());
+        if let Some((applied, duplicate)) = batch {
+            self.span.record("applied", applied);
+            self.span.record("duplicate", duplicate);
+        }
+        metrics::with_recorder(|recorder| {
+            for &(verdict, n) in counts.iter().filter(|(_, n)| *n > 0) {
+                let labels = &self.site.outcomes[verdict as usize];
+                let key = Key::from_static_parts(OUTCOMES_TOTAL, labels);
+                recorder.register_counter(&key, &METADATA).increment(n);
+            }
+        });
+    }
 }
 
-/// What a claim found, for its `trace` event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Decision {
-    Fresh,
-    Takeover,
-    Duplicate,
-    Replayed,
-    InProgress,
-    Failed,
-}
-
-/// One claim attempt ended: its statements (begin and claim, or the lease statement) ran
-/// from `sent` until now, which is the call's `waited_ms`.
-pub(crate) fn attempted(sent: Instant) {
-    with_current(|stats| {
-        stats.attempts += 1;
-        stats.waited += sent.elapsed();
-    });
-}
-
-/// The claim that began at `started` has its answer.
-pub(crate) fn decided(started: Instant, decision: Decision) {
-    with_current(|stats| stats.claim = Some(started.elapsed()));
-    let decision = match decision {
-        Decision::Fresh => "fresh",
-        Decision::Takeover => "takeover",
-        Decision::Duplicate => "duplicate",
-        Decision::Replayed => "replayed",
-        Decision::InProgress => "in_progress",
-        // The outcome (`error`) and the error itself say it.
-        Decision::Failed => return,
-    };
-    tracing::trace!(target: "idem", decision, "idem claim decided");
+impl Drop for Observed {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let jobs = self.jobs.unwrap_or(1);
+        self.record(
+            Verdict::Error,
+            [(Verdict::Error, jobs), (Verdict::Error, 0)],
+            None,
+        );
+        verdict::finished(&self.span, Verdict::Error, Ended::Dropped);
+    }
 }
 
 /// A lease-mode claim took the key over from an earlier delivery whose lease expired or was

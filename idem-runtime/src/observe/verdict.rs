@@ -3,7 +3,8 @@
 use tracing::Span;
 
 use super::keys;
-use crate::{Error, Failed, Outcome};
+use crate::error::Error;
+use crate::outcome::{Failed, Outcome};
 
 /// How a call ended: the span's `outcome` field and the counter's `outcome` label.
 ///
@@ -59,7 +60,7 @@ impl Verdict {
         }
     }
 
-    fn of_error(error: &Error) -> Self {
+    pub(super) fn of_error(error: &Error) -> Self {
         match error {
             Error::InProgress { .. } => Verdict::InProgress,
             Error::RolledBack { .. } | Error::NotCommitted => Verdict::RolledBack,
@@ -76,6 +77,8 @@ impl Verdict {
             | Error::InvalidMessage { .. }
             | Error::Nested { .. }
             | Error::Serialize(_) => Verdict::Invalid,
+            // An operator's refusal: it ends no call.
+            Error::LeaseHeld { .. } => Verdict::Invalid,
             Error::Database(_) => Verdict::Error,
             #[cfg(feature = "testing")]
             Error::Injected { .. } => Verdict::Error,
@@ -87,6 +90,22 @@ impl Verdict {
     }
 }
 
+/// The `error` of a call whose holder was dropped before it finished.
+pub(super) const DROPPED: &str = "the call was dropped before it finished (a panic or a \
+    cancelled future): its transaction was rolled back, or its lease released";
+
+/// How a call ended, for its event.
+pub(super) enum Ended<'a> {
+    /// With an outcome.
+    Ok,
+    /// With an error of idem's own.
+    Idem(&'a Error),
+    /// With the body's own error, which the caller gets back.
+    Handler,
+    /// Its holder was dropped before it finished: a panic, a cancelled future.
+    Dropped,
+}
+
 /// The one event of a call, in its span, once its fields are recorded: `idem call finished`
 /// with `outcome`, and `error` (the text of idem's error, keys shown as
 /// [`observe_keys`](super::observe_keys) says) when idem's own error ended the call.
@@ -96,26 +115,33 @@ impl Verdict {
 /// knows nothing of) at DEBUG; another delivery holding the key at INFO (a nack, normal under
 /// at-least-once delivery); every error of idem's own at WARN (each needs a look: a timeout, a
 /// lost lease, a reused key, a swallowed statement error, a value not stored, a refused key,
-/// a database failure).
-pub(super) fn finished<E>(span: &Span, verdict: Verdict, failed: Option<&Failed<E>>) {
+/// a database failure), and a holder dropped before it finished.
+pub(super) fn finished(span: &Span, verdict: Verdict, ended: Ended<'_>) {
     // The span as the explicit parent, rather than entered: no enter and exit per call.
     let outcome = verdict.as_str();
-    match failed {
-        Some(Failed::Idem(error)) if verdict == Verdict::InProgress => tracing::info!(
+    match ended {
+        Ended::Idem(error) if verdict == Verdict::InProgress => tracing::info!(
             target: "idem",
             parent: span,
             outcome,
             error = %keys::error_text(error),
             "idem call finished"
         ),
-        Some(Failed::Idem(error)) => tracing::warn!(
+        Ended::Idem(error) => tracing::warn!(
             target: "idem",
             parent: span,
             outcome,
             error = %keys::error_text(error),
             "idem call finished"
         ),
-        Some(Failed::Handler(_)) | None => {
+        Ended::Dropped => tracing::warn!(
+            target: "idem",
+            parent: span,
+            outcome,
+            error = DROPPED,
+            "idem call finished"
+        ),
+        Ended::Ok | Ended::Handler => {
             tracing::debug!(target: "idem", parent: span, outcome, "idem call finished");
         }
     }
@@ -182,7 +208,7 @@ mod tests {
                 },
                 "value_not_stored",
             ),
-            (Error::from(crate::KeyError::Empty), "invalid"),
+            (Error::from(crate::key::KeyError::Empty), "invalid"),
             (Error::InvalidScope { scope }, "invalid"),
             (Error::Serialize("s".into()), "invalid"),
             (Error::from(sqlx::Error::PoolTimedOut), "error"),

@@ -6,7 +6,8 @@ use std::borrow::Cow;
 use serde::Serialize;
 
 use super::{Message, Pending, json};
-use crate::{Error, IntoKey, Key};
+use crate::error::Error;
+use crate::key::{IntoKey, Key};
 
 /// The messages a batch handler sends with its jobs' effects: what the body gets as
 /// `outbox: &mut idem::BatchOutbox`.

@@ -6,7 +6,9 @@ use std::borrow::Cow;
 
 use serde::Serialize;
 
-use crate::{Error, Key, job_id};
+use crate::error::Error;
+use crate::job_id::job_id;
+use crate::key::Key;
 
 mod batch;
 
@@ -100,6 +102,10 @@ impl Outbox {
 
     pub(crate) fn into_pending(self) -> Pending {
         self.pending
+    }
+
+    pub(crate) fn pending(&self) -> &Pending {
+        &self.pending
     }
 }
 

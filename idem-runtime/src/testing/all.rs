@@ -5,7 +5,7 @@ use std::fmt::Debug;
 use super::Report;
 use super::cases::{deliver_concurrently, deliver_twice, expire_lease, fail_before_commit};
 use super::probe::Mode;
-use crate::Outcome;
+use crate::outcome::Outcome;
 
 /// How many deliveries [`all_cases`] makes at once in its `deliver_concurrently` case.
 pub const CONCURRENT_DELIVERIES: usize = 8;

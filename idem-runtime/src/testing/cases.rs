@@ -9,7 +9,7 @@ use std::task::Poll;
 
 use super::probe::{Ended, Fault, Mode, Probe, Race};
 use super::{Delivery, Got, Report};
-use crate::Outcome;
+use crate::outcome::Outcome;
 
 /// Delivers the job twice, one after the other: the first must be `Applied`, the second
 /// `Duplicate` (or `Replayed` with the first value, with `replay`), and `check` must read

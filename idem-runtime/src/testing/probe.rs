@@ -11,8 +11,9 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
+use crate::error::Error;
 pub(crate) use crate::options::Mode;
-use crate::{Error, Failed, Outcome};
+use crate::outcome::{Failed, Outcome};
 
 tokio::task_local! {
     static PROBE: Arc<Probe>;
@@ -219,22 +220,30 @@ pub(crate) async fn before_commit(scope: &str, key: &str, at: &'static str) -> O
     })
 }
 
-/// The end of a handler's call, before idem's error becomes the handler's `E`.
+/// The end of a call (every path's: the attribute's, a guard's, the HTTP layer's), before
+/// idem's error becomes the handler's `E`.
 pub(crate) fn settled<T, E>(result: &Result<Outcome<T>, Failed<E>>) {
+    match result {
+        Ok(_) => note(Ended::Ok, None),
+        Err(Failed::Handler(_)) => note(Ended::Handler, None),
+        Err(Failed::Idem(e)) => refused(e),
+    }
+}
+
+/// A call that ended with idem's `error`, whether its claim was refused or its end failed.
+pub(crate) fn refused(error: &Error) {
+    let ended = match error {
+        Error::InProgress { .. } => Ended::InProgress,
+        Error::LeaseLost { .. } => Ended::LeaseLost,
+        Error::Injected { .. } => Ended::Injected,
+        _ => Ended::Idem,
+    };
+    note(ended, Some(error.to_string()));
+}
+
+fn note(ended: Ended, message: Option<String>) {
     let Some(probe) = current() else {
         return;
-    };
-    let ended = match result {
-        Ok(_) => Ended::Ok,
-        Err(Failed::Handler(_)) => Ended::Handler,
-        Err(Failed::Idem(Error::InProgress { .. })) => Ended::InProgress,
-        Err(Failed::Idem(Error::LeaseLost { .. })) => Ended::LeaseLost,
-        Err(Failed::Idem(Error::Injected { .. })) => Ended::Injected,
-        Err(Failed::Idem(_)) => Ended::Idem,
-    };
-    let message = match result {
-        Err(Failed::Idem(e)) => Some(e.to_string()),
-        _ => None,
     };
     probe.note(|s| {
         s.ended = Some(ended);
