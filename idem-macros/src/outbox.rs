@@ -38,9 +38,9 @@ enum Kind {
     Batch,
 }
 
-/// The outbox parameter, if the handler takes one; reports one where the mode has no
-/// transaction to write it in (lease mode), or whose kind is the other mode's (a batch's
-/// outbox names the job of each message, one job's does not).
+/// The outbox parameter, if the handler takes one; reports one whose kind is another mode's (a
+/// batch's outbox names the job of each message, one job's does not). A lease handler's
+/// messages are written with the statement that completes its lease.
 pub(crate) fn find(sig: &Signature, mode: Mode, diag: &mut Diag) -> Option<OutboxParam> {
     let (index, pt, kind) = sig
         .inputs
@@ -51,10 +51,10 @@ pub(crate) fn find(sig: &Signature, mode: Mode, diag: &mut Diag) -> Option<Outbo
             FnArg::Receiver(_) => None,
         })?;
     let refused = match (mode, kind) {
-        (Mode::Transaction, Kind::Job) | (Mode::Batch, Kind::Batch) => None,
-        (Mode::Lease, _) => Some(
-            "the outbox writes its messages in the claim's transaction, and lease mode has \
-             none: take a transaction (transaction mode), or send from the outside call",
+        (Mode::Transaction | Mode::Lease, Kind::Job) | (Mode::Batch, Kind::Batch) => None,
+        (Mode::Lease, Kind::Batch) => Some(
+            "`BatchOutbox` is a batch handler's outbox: a lease handler takes `outbox: &mut \
+             idem::Outbox`, whose messages are written as its lease completes",
         ),
         (Mode::Batch, Kind::Job) => Some(
             "a batch handler's outbox names the job of each message: take `outbox: &mut \

@@ -46,6 +46,7 @@ pub(super) fn expand(
     let result = local("__idem_result");
     let err = local("__idem_err");
     let outcome = local("__idem_outcome");
+    let span = local("__idem_body_of");
     let name = ident.unraw().to_string();
 
     let Kind::Transaction { ty: tx_ty, db } = &handler.kind else {
@@ -80,7 +81,6 @@ pub(super) fn expand(
     // Errors about the key's type land on the `key` literal.
     let key_eval = quote_spanned! {key_lit.span()=>
         let #keys = #private::batch_keys(
-            #name,
             ::core::iter::Iterator::map(
                 ::core::iter::IntoIterator::into_iter(#jobs),
                 |#element| #private::batch_key(&#key),
@@ -91,26 +91,19 @@ pub(super) fn expand(
     let fresh_jobs = located_at(quote!(#private::fresh_jobs(#jobs, &#claim)), jobs_ty.span());
     let options = claim_options(args, &private);
     let tx_pat = &handler.pat;
-    let outbox_var = local("__idem_outbox");
     let outbox_ref = local("__idem_outbox_ref");
-    // As in transaction mode: the body binds a reference made outside its `async move`.
-    let (claim_fn, claimed, open_outbox, bind_outbox, finish) = match outbox {
+    // As in transaction mode: the body binds references made outside its `async move`.
+    let (borrow, bind_outbox) = match outbox {
         Some(o) => {
             let (pat, ty) = (&o.pat, &o.ty);
             (
-                quote!(claim_batch_sending),
-                quote!((mut #claim, mut #outbox_var)),
-                quote!(let #outbox_ref = &mut #outbox_var;),
+                quote!(let (#tx_var, #outbox_ref) = #private::batch_parts(&mut #claim);),
                 quote!(let #pat: #ty = #outbox_ref;),
-                quote!(#private::finish_batch_sending(#claim, #result, #outbox_var)),
             )
         }
         None => (
-            quote!(claim_batch),
-            quote!(mut #claim),
+            quote!(let #tx_var = #private::batch_tx(&mut #claim);),
             TokenStream::new(),
-            TokenStream::new(),
-            quote!(#private::finish_batch(#claim, #result)),
         ),
     };
     let body = pinned_body(
@@ -122,9 +115,10 @@ pub(super) fn expand(
             #bind_outbox
         },
         &item.block.stmts,
+        Some((&private, &span)),
     );
     let settle = located_at(quote!(#private::settle_batch(#outcome)), ret.span());
-    let (call, observe) = super::observe::batch_call(&private, &scope);
+    let spec = super::spec::claim(&private, &scope, &name, options);
     let count = local("__idem_jobs");
 
     let (attrs, inner): (Vec<_>, Vec<_>) = item
@@ -146,11 +140,11 @@ pub(super) fn expand(
         #note
         #vis #sig {
             #(#inner)*
+            #spec
             #key_eval
-            #observe
             let #count = <[_]>::len(#jobs);
-            let #outcome = #private::Call::run_batch(#call, #count, #private::in_body(#name, async move {
-                let #claimed = match #private::#claim_fn(#store, #scope, #options, #keys).await {
+            let #outcome = async move {
+                let mut #claim = match #private::claim_batch(#store, &__IDEM_SPEC, #keys, #count).await {
                     ::core::result::Result::Ok(#claim) => #claim,
                     ::core::result::Result::Err(#err) => {
                         return ::core::result::Result::Err(#private::Failed::Idem(#err));
@@ -160,11 +154,11 @@ pub(super) fn expand(
                     return ::core::result::Result::Ok(#private::all_duplicates(&#claim));
                 }
                 let #fresh = #fresh_jobs;
-                #open_outbox
-                let #tx_var = #private::batch_tx(&mut #claim);
+                let #span = #private::batch_body(&#claim);
+                #borrow
                 #body
-                #finish.await
-            }))
+                #private::finish_batch(#claim, #result).await
+            }
             .await;
             #settle
         }

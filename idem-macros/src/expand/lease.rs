@@ -4,6 +4,7 @@
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::quote;
 use syn::Stmt;
+use syn::ext::IdentExt as _;
 use syn::spanned::Spanned;
 
 use super::{Shared, local, located_at, pinned_body};
@@ -12,7 +13,7 @@ use crate::duration;
 use crate::signature::Kind;
 
 /// Binds `outcome_var` to the call's `Result<Outcome<T>, Failed<E>>`.
-pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStream {
+pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]) -> TokenStream {
     let Shared {
         private,
         scope,
@@ -22,18 +23,41 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
         print_var,
         codec_var,
         outcome_var,
-        ..
+        outbox,
     } = shared;
     let lease = local("__idem_lease");
     let recorded = local("__idem_recorded");
     let lease_ref = local("__idem_lease_ref");
     let result = local("__idem_result");
     let err = local("__idem_err");
+    let name = name.unraw().to_string();
     let options = lease_options(args, private);
     let body_var = local("__idem_body");
     let pat = &handler.pat;
     let Kind::Lease { ty } = &handler.kind else {
         unreachable!("lease mode has a lease parameter")
+    };
+    // The body's outbox is its own while it borrows the lease; its messages go with the
+    // completing statement.
+    let outbox_var = local("__idem_outbox");
+    let outbox_ref = local("__idem_outbox_ref");
+    let (open_outbox, bind_outbox, sent) = match outbox {
+        Some(o) => {
+            let (pat, ty) = (&o.pat, &o.ty);
+            (
+                quote! {
+                    let mut #outbox_var = #private::lease_outbox(&#lease);
+                    let #outbox_ref = &mut #outbox_var;
+                },
+                quote!(let #pat: #ty = #outbox_ref;),
+                quote!(::core::option::Option::Some(#outbox_var)),
+            )
+        }
+        None => (
+            TokenStream::new(),
+            TokenStream::new(),
+            quote!(::core::option::Option::None),
+        ),
     };
     // Pinned inside `run`'s future rather than on `run`'s result, so that a body of the wrong
     // type is reported as the declared type, not wrapped in `run`'s `Result<_, Error>`. The
@@ -42,42 +66,40 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
     let body = pinned_body(
         &handler.ret,
         &body_var,
-        quote!(let #pat: #ty = #lease_ref;),
+        quote!(let #pat: #ty = #lease_ref; #bind_outbox),
         stmts,
+        None,
     );
-    let claim = match print_var {
-        Some(print) => {
-            quote!(#private::lease_checked(#store, #scope, #options, #key_var, #print))
-        }
-        None => quote!(#private::lease(#store, #scope, #options, #key_var)),
+    let print = match print_var {
+        Some(print) => quote!(#print),
+        None => quote!(::core::option::Option::None),
     };
     // Without `replay` the claim never answers `Replayed`; the arm keeps the match whole.
     let replayed = match codec_var {
         Some(codec) => quote!(return #private::replayed(#codec, &#recorded)),
         None => quote!(return ::core::result::Result::Ok(#private::Outcome::Duplicate)),
     };
-    let finish = if let Some(codec) = codec_var {
-        quote!(#private::lease_finish_replay(#codec, #lease, #result))
-    } else {
-        quote!(#private::lease_finish(#lease, #result))
+    let finish = match codec_var {
+        Some(codec) => quote!(#private::lease_finish_replay(#codec, #lease, #result, #sent)),
+        None => quote!(#private::lease_finish(#lease, #result, #sent)),
     };
-    let (call, observe) =
-        super::observe::call(private, scope, quote!(#private::Mode::Lease), key_var);
+    let spec = super::spec::lease(private, scope, &name, options);
     quote! {
-        #observe
-        let #outcome_var = #private::Call::run(#call, async move {
-            let #lease = match #claim.await {
-                ::core::result::Result::Ok(#private::Leased::Fresh(#lease)) => #lease,
-                ::core::result::Result::Ok(#private::Leased::Duplicate) => {
+        #spec
+        let #outcome_var = async move {
+            let #lease = match #private::lease(#store, &__IDEM_SPEC, #key_var, #print).await {
+                ::core::result::Result::Ok(#private::Claimed::Fresh(#lease)) => #lease,
+                ::core::result::Result::Ok(#private::Claimed::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);
                 }
-                ::core::result::Result::Ok(#private::Leased::Replayed(#recorded)) => {
+                ::core::result::Result::Ok(#private::Claimed::Replayed(#recorded)) => {
                     #replayed;
                 }
                 ::core::result::Result::Err(#err) => {
                     return ::core::result::Result::Err(#private::Failed::Idem(#err));
                 }
             };
+            #open_outbox
             // The body borrows the lease while `run` holds it too; both only read it.
             let #lease_ref = &#lease;
             let #result = #private::lease_run(&#lease, async move {
@@ -86,13 +108,14 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, stmts: &[Stmt]) -> TokenStre
             })
             .await;
             #finish.await
-        })
+        }
         .await;
     }
 }
 
-/// The claim's `LeaseOptions`, built in a `const` block: literal durations were checked when
-/// the attribute was read; a const path (`lease = LEASE`) is checked by [`const_checks`].
+/// The claim's `LeaseOptions`, built in the handler's `static` spec (a const context): literal
+/// durations were checked when the attribute was read; a const path (`lease = LEASE`) is
+/// checked by [`const_checks`].
 fn lease_options(args: &Args, private: &TokenStream) -> TokenStream {
     let lease = args.lease.as_ref().expect("lease mode has a lease");
     let lease = duration(lease, LEASE_CONST, private);
@@ -104,7 +127,7 @@ fn lease_options(args: &Args, private: &TokenStream) -> TokenStream {
     if args.replay {
         options.extend(quote!(.replay()));
     }
-    quote!(const { #options })
+    options
 }
 
 /// The consts that [`const_checks`] binds a `lease = PATH` and a `timeout = PATH` to.

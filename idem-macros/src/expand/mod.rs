@@ -6,7 +6,7 @@
 mod batch;
 mod gate;
 mod lease;
-mod observe;
+mod spec;
 mod transaction;
 
 use proc_macro2::{Delimiter, Group, Ident, Span, TokenStream, TokenTree};
@@ -278,7 +278,7 @@ fn expand(
     });
     let run = match handler.kind {
         Kind::Transaction { .. } => transaction::run(&shared, args, ident, &item.block.stmts),
-        Kind::Lease { .. } => lease::run(&shared, args, &item.block.stmts),
+        Kind::Lease { .. } => lease::run(&shared, args, ident, &item.block.stmts),
     };
     let const_checks = lease::const_checks(args, private);
     // Every idem error reaches the handler's error type through the one `settle` call, spanned
@@ -376,7 +376,9 @@ fn unsuggested_fields(tokens: TokenStream) -> TokenStream {
 /// `let var: Ret = async move { prelude body }.await;`: the body's type is pinned to the
 /// declared return type, with `return` and `?` ending the inner block as they ended the
 /// function. The block's own tokens sit at the return type, so a body of the wrong type is
-/// reported there and states the user's type, not the expansion's.
+/// reported there and states the user's type, not the expansion's. With `span` (the private
+/// path and the local holding the claim's `Body`), the block runs as the claim's body: in its
+/// span, marked as inside its transaction.
 ///
 /// For an alias that does not name `T`, the value then goes through `Returned`, which turns a
 /// `Result` into itself and anything else into an unconstrained `Result` (its one error is the
@@ -386,6 +388,7 @@ fn pinned_body(
     var: &Ident,
     prelude: TokenStream,
     stmts: &[Stmt],
+    span: Option<(&TokenStream, &Ident)>,
 ) -> TokenStream {
     // The expression runs from `async` to `await`: at the return type's first and last
     // tokens, rustc underlines the whole type (a joined span needs nightly).
@@ -396,6 +399,17 @@ fn pinned_body(
     let mut block = Group::new(Delimiter::Brace, quote!(#prelude #(#stmts)*));
     block.set_span(block.span().located_at(last));
     let tail = located_at(quote!(.await), last);
+    let (head, block) = match span {
+        None => (head, block.into_token_stream()),
+        Some((private, span)) => {
+            let mut args = Group::new(Delimiter::Parenthesis, quote!(#span, #head #block));
+            args.set_span(args.span().located_at(last));
+            (
+                located_at(quote!(#private::in_body), first),
+                args.into_token_stream(),
+            )
+        }
+    };
     let convert = ret.through.as_ref().map(|private| {
         quote! {
             let #var = {

@@ -25,12 +25,12 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         outcome_var,
         outbox,
     } = shared;
-    let guard = local("__idem_guard");
+    let held = local("__idem_held");
     let recorded = local("__idem_recorded");
     let tx_var = local("__idem_tx");
+    let span = local("__idem_body_of");
     let result = local("__idem_result");
     let err = local("__idem_err");
-    let via = local("__idem_via");
     // Names the handler in `Error::Nested`, both as the outer and as the inner call.
     let name = name.unraw().to_string();
     let options = claim_options(args, private);
@@ -38,59 +38,47 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
     let Kind::Transaction { ty: tx_ty, .. } = &handler.kind else {
         unreachable!("transaction mode has a transaction parameter")
     };
-    let outbox_var = local("__idem_outbox");
     let outbox_ref = local("__idem_outbox_ref");
-    // The outbox is the claim's, made once it is fresh; the body binds a reference to it
-    // (made outside the body's `async move`, which would otherwise take the outbox itself).
-    let (open_outbox, bind_outbox) = match outbox {
+    // The outbox is the claim's; the body binds a reference to it, made outside the body's
+    // `async move` (which would otherwise take it), beside the transaction's.
+    let (borrow, bind_outbox) = match outbox {
         Some(o) => {
             let (pat, ty) = (&o.pat, &o.ty);
             (
-                quote! {
-                    let mut #outbox_var = #guard.outbox();
-                    let #outbox_ref = &mut #outbox_var;
-                },
+                quote!(let (#tx_var, #outbox_ref) = #held.parts();),
                 quote!(let #pat: #ty = #outbox_ref;),
             )
         }
-        None => (TokenStream::new(), TokenStream::new()),
+        None => (quote!(let #tx_var = #held.tx();), TokenStream::new()),
     };
     let body = pinned_body(
         &handler.ret,
         &result,
         quote!(let #tx_pat: #tx_ty = #tx_var; #bind_outbox),
         stmts,
+        Some((private, &span)),
     );
-    let claim = match print_var {
-        Some(print) => {
-            quote!(#private::claim_checked(#via, #scope, #options, #key_var, #print))
-        }
-        None => quote!(#private::claim(#via, #scope, #options, #key_var)),
+    let print = match print_var {
+        Some(print) => quote!(#print),
+        None => quote!(::core::option::Option::None),
     };
     // Without `replay` the claim never answers `Replayed`; the arm keeps the match whole.
     let replayed = match codec_var {
         Some(codec) => quote!(return #private::replayed(#codec, &#recorded)),
         None => quote!(return ::core::result::Result::Ok(#private::Outcome::Duplicate)),
     };
-    let finish = match (codec_var, outbox) {
-        (Some(codec), Some(_)) => {
-            quote!(#private::finish_replay_sending(#codec, #guard, #result, #outbox_var))
-        }
-        (Some(codec), None) => quote!(#private::finish_replay(#codec, #guard, #result)),
-        (None, Some(_)) => quote!(#private::finish_sending(#guard, #result, #outbox_var)),
-        (None, None) => quote!(#private::finish(#guard, #result)),
+    let finish = match codec_var {
+        Some(codec) => quote!(#private::finish_replay(#codec, #held, #result)),
+        None => quote!(#private::finish(#held, #result)),
     };
-    // A store inside another handler's body is refused here, before any I/O; the claim, body
-    // and end then run marked as this handler's (a task-local), so that a store call in the
-    // body is refused in turn.
-    let (call, observe) =
-        super::observe::call(private, scope, quote!(#private::mode(&#via)), key_var);
+    let spec = super::spec::claim(private, scope, &name, options);
+    // A store inside another claim's body is refused by the claim, before any I/O; this
+    // claim's body runs marked as inside its transaction in turn.
     quote! {
-        let #via = #private::via(#store, #name);
-        #observe
-        let #outcome_var = #private::Call::run(#call, #private::in_body(#name, async move {
-            let mut #guard = match #claim.await {
-                ::core::result::Result::Ok(#private::Claimed::Fresh(#guard)) => #guard,
+        #spec
+        let #outcome_var = async move {
+            let mut #held = match #private::claim(#store, &__IDEM_SPEC, #key_var, #print).await {
+                ::core::result::Result::Ok(#private::Claimed::Fresh(#held)) => #held,
                 ::core::result::Result::Ok(#private::Claimed::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);
                 }
@@ -101,11 +89,11 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
                     return ::core::result::Result::Err(#private::Failed::Idem(#err));
                 }
             };
-            #open_outbox
-            let #tx_var = #guard.tx();
+            let #span = #held.body();
+            #borrow
             #body
             #finish.await
-        }))
+        }
         .await;
     }
 }

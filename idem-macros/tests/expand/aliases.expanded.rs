@@ -7,74 +7,60 @@ pub async fn refund(
     <Fallible<u64> as ::idem::__private::HandlerResult>::Err,
 > {
     let __idem_key = ::idem::__private::key(&(&(job.tenant), &(job.id)));
-    let __idem_via = ::idem::__private::via(store, "refund");
-    let __idem_call = ::idem::__private::observe(
-        {
-            static __IDEM_SITE: ::idem::__private::Site = ::idem::__private::Site::new(
-                "billing.refund",
-            );
-            &__IDEM_SITE
-        },
-        ::idem::__private::mode(&__idem_via),
-        &__idem_key,
+    static __IDEM_SPEC: ::idem::__private::Spec = ::idem::__private::Spec::new(
+        "billing.refund",
+        "refund",
+        ::idem::__private::ClaimOptions::new(),
     );
-    let __idem_outcome = ::idem::__private::Call::run(
-            __idem_call,
-            ::idem::__private::in_body(
-                "refund",
+    let __idem_outcome = async move {
+        let mut __idem_held = match ::idem::__private::claim(
+                store,
+                &__IDEM_SPEC,
+                __idem_key,
+                ::core::option::Option::None,
+            )
+            .await
+        {
+            ::core::result::Result::Ok(
+                ::idem::__private::Claimed::Fresh(__idem_held),
+            ) => __idem_held,
+            ::core::result::Result::Ok(::idem::__private::Claimed::Duplicate) => {
+                return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
+            }
+            ::core::result::Result::Ok(
+                ::idem::__private::Claimed::Replayed(__idem_recorded),
+            ) => {
+                return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
+            }
+            ::core::result::Result::Err(__idem_err) => {
+                return ::core::result::Result::Err(
+                    ::idem::__private::Failed::Idem(__idem_err),
+                );
+            }
+        };
+        let __idem_body_of = __idem_held.body();
+        let __idem_tx = __idem_held.tx();
+        let __idem_result: Fallible<u64> = ::idem::__private::in_body(
+                __idem_body_of,
                 async move {
-                    let mut __idem_guard = match ::idem::__private::claim(
-                            __idem_via,
-                            "billing.refund",
-                            ::idem::__private::ClaimOptions::new(),
-                            __idem_key,
+                    let tx: &mut sqlx::postgres::PgTransaction<'_> = __idem_tx;
+                    sqlx::query(
+                            "UPDATE accounts SET credits = credits - $1 WHERE id = $2",
                         )
-                        .await
-                    {
-                        ::core::result::Result::Ok(
-                            ::idem::__private::Claimed::Fresh(__idem_guard),
-                        ) => __idem_guard,
-                        ::core::result::Result::Ok(
-                            ::idem::__private::Claimed::Duplicate,
-                        ) => {
-                            return ::core::result::Result::Ok(
-                                ::idem::__private::Outcome::Duplicate,
-                            );
-                        }
-                        ::core::result::Result::Ok(
-                            ::idem::__private::Claimed::Replayed(__idem_recorded),
-                        ) => {
-                            return ::core::result::Result::Ok(
-                                ::idem::__private::Outcome::Duplicate,
-                            );
-                        }
-                        ::core::result::Result::Err(__idem_err) => {
-                            return ::core::result::Result::Err(
-                                ::idem::__private::Failed::Idem(__idem_err),
-                            );
-                        }
-                    };
-                    let __idem_tx = __idem_guard.tx();
-                    let __idem_result: Fallible<u64> = async move {
-                        let tx: &mut sqlx::postgres::PgTransaction<'_> = __idem_tx;
-                        sqlx::query(
-                                "UPDATE accounts SET credits = credits - $1 WHERE id = $2",
-                            )
-                            .bind(job.credits)
-                            .bind(job.account_id)
-                            .execute(&mut **tx)
-                            .await?;
-                        Ok(job.credits)
-                    }
-                        .await;
-                    let __idem_result = {
-                        use ::idem::__private::{IntoResult as _, NotAResult as _};
-                        ::idem::__private::Returned(__idem_result).into_result()
-                    };
-                    ::idem::__private::finish(__idem_guard, __idem_result).await
+                        .bind(job.credits)
+                        .bind(job.account_id)
+                        .execute(&mut **tx)
+                        .await?;
+                    Ok(job.credits)
                 },
-            ),
-        )
+            )
+            .await;
+        let __idem_result = {
+            use ::idem::__private::{IntoResult as _, NotAResult as _};
+            ::idem::__private::Returned(__idem_result).into_result()
+        };
+        ::idem::__private::finish(__idem_held, __idem_result).await
+    }
         .await;
     ::idem::__private::settle(__idem_outcome)
 }

@@ -3,70 +3,62 @@ pub async fn apply_top_ups(
     store: &::idem::__private::Store<Postgres>,
     jobs: &[TopUp],
 ) -> Result<::idem::__private::Batch<usize>, AppError> {
-    let __idem_keys = ::idem::__private::batch_keys(
+    static __IDEM_SPEC: ::idem::__private::Spec = ::idem::__private::Spec::new(
+        "billing.top_up",
         "apply_top_ups",
+        ::idem::__private::ClaimOptions::new(),
+    );
+    let __idem_keys = ::idem::__private::batch_keys(
         ::core::iter::Iterator::map(
             ::core::iter::IntoIterator::into_iter(jobs),
             |job| ::idem::__private::batch_key(&(job.id)),
         ),
     );
-    let __idem_call = ::idem::__private::observe_batch({
-        static __IDEM_SITE: ::idem::__private::Site = ::idem::__private::Site::new(
-            "billing.top_up",
-        );
-        &__IDEM_SITE
-    });
     let __idem_jobs = <[_]>::len(jobs);
-    let __idem_outcome = ::idem::__private::Call::run_batch(
-            __idem_call,
-            __idem_jobs,
-            ::idem::__private::in_body(
-                "apply_top_ups",
+    let __idem_outcome = async move {
+        let mut __idem_claim = match ::idem::__private::claim_batch(
+                store,
+                &__IDEM_SPEC,
+                __idem_keys,
+                __idem_jobs,
+            )
+            .await
+        {
+            ::core::result::Result::Ok(__idem_claim) => __idem_claim,
+            ::core::result::Result::Err(__idem_err) => {
+                return ::core::result::Result::Err(
+                    ::idem::__private::Failed::Idem(__idem_err),
+                );
+            }
+        };
+        if !__idem_claim.any_fresh() {
+            return ::core::result::Result::Ok(
+                ::idem::__private::all_duplicates(&__idem_claim),
+            );
+        }
+        let __idem_fresh = ::idem::__private::fresh_jobs(jobs, &__idem_claim);
+        let __idem_body_of = ::idem::__private::batch_body(&__idem_claim);
+        let __idem_tx = ::idem::__private::batch_tx(&mut __idem_claim);
+        let __idem_result: Result<usize, AppError> = ::idem::__private::in_body(
+                __idem_body_of,
                 async move {
-                    let mut __idem_claim = match ::idem::__private::claim_batch(
-                            store,
-                            "billing.top_up",
-                            ::idem::__private::ClaimOptions::new(),
-                            __idem_keys,
-                        )
-                        .await
-                    {
-                        ::core::result::Result::Ok(__idem_claim) => __idem_claim,
-                        ::core::result::Result::Err(__idem_err) => {
-                            return ::core::result::Result::Err(
-                                ::idem::__private::Failed::Idem(__idem_err),
-                            );
-                        }
-                    };
-                    if !__idem_claim.any_fresh() {
-                        return ::core::result::Result::Ok(
-                            ::idem::__private::all_duplicates(&__idem_claim),
-                        );
+                    let tx: &mut sqlx::Transaction<'_, Postgres> = __idem_tx;
+                    let jobs: &[TopUp] = &*__idem_fresh;
+                    for job in jobs {
+                        sqlx::query(
+                                "UPDATE accounts SET credits = credits + $1 WHERE id = $2",
+                            )
+                            .bind(job.credits)
+                            .bind(job.account_id)
+                            .execute(&mut **tx)
+                            .await?;
                     }
-                    let __idem_fresh = ::idem::__private::fresh_jobs(
-                        jobs,
-                        &__idem_claim,
-                    );
-                    let __idem_tx = ::idem::__private::batch_tx(&mut __idem_claim);
-                    let __idem_result: Result<usize, AppError> = async move {
-                        let tx: &mut sqlx::Transaction<'_, Postgres> = __idem_tx;
-                        let jobs: &[TopUp] = &*__idem_fresh;
-                        for job in jobs {
-                            sqlx::query(
-                                    "UPDATE accounts SET credits = credits + $1 WHERE id = $2",
-                                )
-                                .bind(job.credits)
-                                .bind(job.account_id)
-                                .execute(&mut **tx)
-                                .await?;
-                        }
-                        Ok(jobs.len())
-                    }
-                        .await;
-                    ::idem::__private::finish_batch(__idem_claim, __idem_result).await
+                    Ok(jobs.len())
                 },
-            ),
-        )
+            )
+            .await;
+        ::idem::__private::finish_batch(__idem_claim, __idem_result).await
+    }
         .await;
     ::idem::__private::settle_batch(__idem_outcome)
 }

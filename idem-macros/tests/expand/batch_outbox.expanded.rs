@@ -3,75 +3,63 @@ pub async fn place_all(
     store: &::idem::__private::Store<Postgres>,
     orders: &[Order],
 ) -> Result<::idem::__private::Batch<()>, AppError> {
-    let __idem_keys = ::idem::__private::batch_keys(
+    static __IDEM_SPEC: ::idem::__private::Spec = ::idem::__private::Spec::new(
+        "orders.place",
         "place_all",
+        ::idem::__private::ClaimOptions::new(),
+    );
+    let __idem_keys = ::idem::__private::batch_keys(
         ::core::iter::Iterator::map(
             ::core::iter::IntoIterator::into_iter(orders),
             |order| ::idem::__private::batch_key(&(order.id)),
         ),
     );
-    let __idem_call = ::idem::__private::observe_batch({
-        static __IDEM_SITE: ::idem::__private::Site = ::idem::__private::Site::new(
-            "orders.place",
-        );
-        &__IDEM_SITE
-    });
     let __idem_jobs = <[_]>::len(orders);
-    let __idem_outcome = ::idem::__private::Call::run_batch(
-            __idem_call,
-            __idem_jobs,
-            ::idem::__private::in_body(
-                "place_all",
+    let __idem_outcome = async move {
+        let mut __idem_claim = match ::idem::__private::claim_batch(
+                store,
+                &__IDEM_SPEC,
+                __idem_keys,
+                __idem_jobs,
+            )
+            .await
+        {
+            ::core::result::Result::Ok(__idem_claim) => __idem_claim,
+            ::core::result::Result::Err(__idem_err) => {
+                return ::core::result::Result::Err(
+                    ::idem::__private::Failed::Idem(__idem_err),
+                );
+            }
+        };
+        if !__idem_claim.any_fresh() {
+            return ::core::result::Result::Ok(
+                ::idem::__private::all_duplicates(&__idem_claim),
+            );
+        }
+        let __idem_fresh = ::idem::__private::fresh_jobs(orders, &__idem_claim);
+        let __idem_body_of = ::idem::__private::batch_body(&__idem_claim);
+        let (__idem_tx, __idem_outbox_ref) = ::idem::__private::batch_parts(
+            &mut __idem_claim,
+        );
+        let __idem_result: Result<(), AppError> = ::idem::__private::in_body(
+                __idem_body_of,
                 async move {
-                    let (mut __idem_claim, mut __idem_outbox) = match ::idem::__private::claim_batch_sending(
-                            store,
-                            "orders.place",
-                            ::idem::__private::ClaimOptions::new(),
-                            __idem_keys,
-                        )
-                        .await
-                    {
-                        ::core::result::Result::Ok(__idem_claim) => __idem_claim,
-                        ::core::result::Result::Err(__idem_err) => {
-                            return ::core::result::Result::Err(
-                                ::idem::__private::Failed::Idem(__idem_err),
-                            );
-                        }
-                    };
-                    if !__idem_claim.any_fresh() {
-                        return ::core::result::Result::Ok(
-                            ::idem::__private::all_duplicates(&__idem_claim),
-                        );
+                    let tx: &mut sqlx::Transaction<'_, Postgres> = __idem_tx;
+                    let orders: &[Order] = &*__idem_fresh;
+                    let outbox: &mut idem::BatchOutbox = __idem_outbox_ref;
+                    for order in orders {
+                        sqlx::query("INSERT INTO orders (id) VALUES ($1)")
+                            .bind(order.id)
+                            .execute(&mut **tx)
+                            .await?;
+                        outbox.send(&order.id, "shipping", &order.id)?;
                     }
-                    let __idem_fresh = ::idem::__private::fresh_jobs(
-                        orders,
-                        &__idem_claim,
-                    );
-                    let __idem_outbox_ref = &mut __idem_outbox;
-                    let __idem_tx = ::idem::__private::batch_tx(&mut __idem_claim);
-                    let __idem_result: Result<(), AppError> = async move {
-                        let tx: &mut sqlx::Transaction<'_, Postgres> = __idem_tx;
-                        let orders: &[Order] = &*__idem_fresh;
-                        let outbox: &mut idem::BatchOutbox = __idem_outbox_ref;
-                        for order in orders {
-                            sqlx::query("INSERT INTO orders (id) VALUES ($1)")
-                                .bind(order.id)
-                                .execute(&mut **tx)
-                                .await?;
-                            outbox.send(&order.id, "shipping", &order.id)?;
-                        }
-                        Ok(())
-                    }
-                        .await;
-                    ::idem::__private::finish_batch_sending(
-                            __idem_claim,
-                            __idem_result,
-                            __idem_outbox,
-                        )
-                        .await
+                    Ok(())
                 },
-            ),
-        )
+            )
+            .await;
+        ::idem::__private::finish_batch(__idem_claim, __idem_result).await
+    }
         .await;
     ::idem::__private::settle_batch(__idem_outcome)
 }

@@ -7,63 +7,55 @@ where
     J::Output: Send,
 {
     let __idem_key = ::my_app::idem::__private::key(&(job.key()));
-    let __idem_via = ::my_app::idem::__private::via(store, "handle");
-    let __idem_call = ::my_app::idem::__private::observe(
-        {
-            static __IDEM_SITE: ::my_app::idem::__private::Site = ::my_app::idem::__private::Site::new(
-                "jobs.handle",
-            );
-            &__IDEM_SITE
-        },
-        ::my_app::idem::__private::mode(&__idem_via),
-        &__idem_key,
+    static __IDEM_SPEC: ::my_app::idem::__private::Spec = ::my_app::idem::__private::Spec::new(
+        "jobs.handle",
+        "handle",
+        ::my_app::idem::__private::ClaimOptions::new(),
     );
-    let __idem_outcome = ::my_app::idem::__private::Call::run(
-            __idem_call,
-            ::my_app::idem::__private::in_body(
-                "handle",
+    let __idem_outcome = async move {
+        let mut __idem_held = match ::my_app::idem::__private::claim(
+                store,
+                &__IDEM_SPEC,
+                __idem_key,
+                ::core::option::Option::None,
+            )
+            .await
+        {
+            ::core::result::Result::Ok(
+                ::my_app::idem::__private::Claimed::Fresh(__idem_held),
+            ) => __idem_held,
+            ::core::result::Result::Ok(
+                ::my_app::idem::__private::Claimed::Duplicate,
+            ) => {
+                return ::core::result::Result::Ok(
+                    ::my_app::idem::__private::Outcome::Duplicate,
+                );
+            }
+            ::core::result::Result::Ok(
+                ::my_app::idem::__private::Claimed::Replayed(__idem_recorded),
+            ) => {
+                return ::core::result::Result::Ok(
+                    ::my_app::idem::__private::Outcome::Duplicate,
+                );
+            }
+            ::core::result::Result::Err(__idem_err) => {
+                return ::core::result::Result::Err(
+                    ::my_app::idem::__private::Failed::Idem(__idem_err),
+                );
+            }
+        };
+        let __idem_body_of = __idem_held.body();
+        let __idem_tx = __idem_held.tx();
+        let __idem_result: Result<J::Output, sqlx::Error> = ::my_app::idem::__private::in_body(
+                __idem_body_of,
                 async move {
-                    let mut __idem_guard = match ::my_app::idem::__private::claim(
-                            __idem_via,
-                            "jobs.handle",
-                            ::my_app::idem::__private::ClaimOptions::new(),
-                            __idem_key,
-                        )
-                        .await
-                    {
-                        ::core::result::Result::Ok(
-                            ::my_app::idem::__private::Claimed::Fresh(__idem_guard),
-                        ) => __idem_guard,
-                        ::core::result::Result::Ok(
-                            ::my_app::idem::__private::Claimed::Duplicate,
-                        ) => {
-                            return ::core::result::Result::Ok(
-                                ::my_app::idem::__private::Outcome::Duplicate,
-                            );
-                        }
-                        ::core::result::Result::Ok(
-                            ::my_app::idem::__private::Claimed::Replayed(__idem_recorded),
-                        ) => {
-                            return ::core::result::Result::Ok(
-                                ::my_app::idem::__private::Outcome::Duplicate,
-                            );
-                        }
-                        ::core::result::Result::Err(__idem_err) => {
-                            return ::core::result::Result::Err(
-                                ::my_app::idem::__private::Failed::Idem(__idem_err),
-                            );
-                        }
-                    };
-                    let __idem_tx = __idem_guard.tx();
-                    let __idem_result: Result<J::Output, sqlx::Error> = async move {
-                        let mut tx: &mut sqlx::Transaction<'_, MySql> = __idem_tx;
-                        job.run(&mut tx).await
-                    }
-                        .await;
-                    ::my_app::idem::__private::finish(__idem_guard, __idem_result).await
+                    let mut tx: &mut sqlx::Transaction<'_, MySql> = __idem_tx;
+                    job.run(&mut tx).await
                 },
-            ),
-        )
+            )
+            .await;
+        ::my_app::idem::__private::finish(__idem_held, __idem_result).await
+    }
         .await;
     ::my_app::idem::__private::settle(__idem_outcome)
 }

@@ -9,66 +9,52 @@ async fn send_receipt(
     store: impl ::idem::__private::Target<Sqlite>,
 ) -> anyhow::Result<::idem::__private::Outcome<u64>> {
     let __idem_key = ::idem::__private::key(&(&(self.tenant), &(order.id)));
-    let __idem_via = ::idem::__private::via(store, "send_receipt");
-    let __idem_call = ::idem::__private::observe(
-        {
-            static __IDEM_SITE: ::idem::__private::Site = ::idem::__private::Site::new(
-                "billing.receipt",
-            );
-            &__IDEM_SITE
-        },
-        ::idem::__private::mode(&__idem_via),
-        &__idem_key,
+    static __IDEM_SPEC: ::idem::__private::Spec = ::idem::__private::Spec::new(
+        "billing.receipt",
+        "send_receipt",
+        ::idem::__private::ClaimOptions::new(),
     );
-    let __idem_outcome = ::idem::__private::Call::run(
-            __idem_call,
-            ::idem::__private::in_body(
-                "send_receipt",
+    let __idem_outcome = async move {
+        let mut __idem_held = match ::idem::__private::claim(
+                store,
+                &__IDEM_SPEC,
+                __idem_key,
+                ::core::option::Option::None,
+            )
+            .await
+        {
+            ::core::result::Result::Ok(
+                ::idem::__private::Claimed::Fresh(__idem_held),
+            ) => __idem_held,
+            ::core::result::Result::Ok(::idem::__private::Claimed::Duplicate) => {
+                return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
+            }
+            ::core::result::Result::Ok(
+                ::idem::__private::Claimed::Replayed(__idem_recorded),
+            ) => {
+                return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
+            }
+            ::core::result::Result::Err(__idem_err) => {
+                return ::core::result::Result::Err(
+                    ::idem::__private::Failed::Idem(__idem_err),
+                );
+            }
+        };
+        let __idem_body_of = __idem_held.body();
+        let __idem_tx = __idem_held.tx();
+        let __idem_result: anyhow::Result<u64> = ::idem::__private::in_body(
+                __idem_body_of,
                 async move {
-                    let mut __idem_guard = match ::idem::__private::claim(
-                            __idem_via,
-                            "billing.receipt",
-                            ::idem::__private::ClaimOptions::new(),
-                            __idem_key,
-                        )
-                        .await
-                    {
-                        ::core::result::Result::Ok(
-                            ::idem::__private::Claimed::Fresh(__idem_guard),
-                        ) => __idem_guard,
-                        ::core::result::Result::Ok(
-                            ::idem::__private::Claimed::Duplicate,
-                        ) => {
-                            return ::core::result::Result::Ok(
-                                ::idem::__private::Outcome::Duplicate,
-                            );
-                        }
-                        ::core::result::Result::Ok(
-                            ::idem::__private::Claimed::Replayed(__idem_recorded),
-                        ) => {
-                            return ::core::result::Result::Ok(
-                                ::idem::__private::Outcome::Duplicate,
-                            );
-                        }
-                        ::core::result::Result::Err(__idem_err) => {
-                            return ::core::result::Result::Err(
-                                ::idem::__private::Failed::Idem(__idem_err),
-                            );
-                        }
-                    };
-                    let __idem_tx = __idem_guard.tx();
-                    let __idem_result: anyhow::Result<u64> = async move {
-                        let tx: &mut idem::Tx<'_, Sqlite> = __idem_tx;
-                        if order.total == 0 {
-                            return Ok(0);
-                        }
-                        Ok(order.total)
+                    let tx: &mut idem::Tx<'_, Sqlite> = __idem_tx;
+                    if order.total == 0 {
+                        return Ok(0);
                     }
-                        .await;
-                    ::idem::__private::finish(__idem_guard, __idem_result).await
+                    Ok(order.total)
                 },
-            ),
-        )
+            )
+            .await;
+        ::idem::__private::finish(__idem_held, __idem_result).await
+    }
         .await;
     ::idem::__private::settle(__idem_outcome)
 }

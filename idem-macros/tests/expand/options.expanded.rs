@@ -4,65 +4,51 @@ async fn settle_invoice(
     job: &Invoice,
 ) -> Result<::idem::__private::Outcome<()>, sqlx::Error> {
     let __idem_key = ::idem::__private::key(&(job.id));
-    let __idem_via = ::idem::__private::via(store, "settle_invoice");
-    let __idem_call = ::idem::__private::observe(
-        {
-            static __IDEM_SITE: ::idem::__private::Site = ::idem::__private::Site::new(
-                "settle_invoice",
-            );
-            &__IDEM_SITE
-        },
-        ::idem::__private::mode(&__idem_via),
-        &__idem_key,
+    static __IDEM_SPEC: ::idem::__private::Spec = ::idem::__private::Spec::new(
+        "settle_invoice",
+        "settle_invoice",
+        ::idem::__private::ClaimOptions::new()
+            .wait(::idem::__private::Duration::from_millis(120000))
+            .isolation(::idem::__private::Isolation::RepeatableRead),
     );
-    let __idem_outcome = ::idem::__private::Call::run(
-            __idem_call,
-            ::idem::__private::in_body(
-                "settle_invoice",
+    let __idem_outcome = async move {
+        let mut __idem_held = match ::idem::__private::claim(
+                store,
+                &__IDEM_SPEC,
+                __idem_key,
+                ::core::option::Option::None,
+            )
+            .await
+        {
+            ::core::result::Result::Ok(
+                ::idem::__private::Claimed::Fresh(__idem_held),
+            ) => __idem_held,
+            ::core::result::Result::Ok(::idem::__private::Claimed::Duplicate) => {
+                return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
+            }
+            ::core::result::Result::Ok(
+                ::idem::__private::Claimed::Replayed(__idem_recorded),
+            ) => {
+                return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
+            }
+            ::core::result::Result::Err(__idem_err) => {
+                return ::core::result::Result::Err(
+                    ::idem::__private::Failed::Idem(__idem_err),
+                );
+            }
+        };
+        let __idem_body_of = __idem_held.body();
+        let __idem_tx = __idem_held.tx();
+        let __idem_result: Result<(), sqlx::Error> = ::idem::__private::in_body(
+                __idem_body_of,
                 async move {
-                    let mut __idem_guard = match ::idem::__private::claim(
-                            __idem_via,
-                            "settle_invoice",
-                            ::idem::__private::ClaimOptions::new()
-                                .wait(::idem::__private::Duration::from_millis(120000))
-                                .isolation(::idem::__private::Isolation::RepeatableRead),
-                            __idem_key,
-                        )
-                        .await
-                    {
-                        ::core::result::Result::Ok(
-                            ::idem::__private::Claimed::Fresh(__idem_guard),
-                        ) => __idem_guard,
-                        ::core::result::Result::Ok(
-                            ::idem::__private::Claimed::Duplicate,
-                        ) => {
-                            return ::core::result::Result::Ok(
-                                ::idem::__private::Outcome::Duplicate,
-                            );
-                        }
-                        ::core::result::Result::Ok(
-                            ::idem::__private::Claimed::Replayed(__idem_recorded),
-                        ) => {
-                            return ::core::result::Result::Ok(
-                                ::idem::__private::Outcome::Duplicate,
-                            );
-                        }
-                        ::core::result::Result::Err(__idem_err) => {
-                            return ::core::result::Result::Err(
-                                ::idem::__private::Failed::Idem(__idem_err),
-                            );
-                        }
-                    };
-                    let __idem_tx = __idem_guard.tx();
-                    let __idem_result: Result<(), sqlx::Error> = async move {
-                        let tx: &mut sqlx::Transaction<'_, Postgres> = __idem_tx;
-                        Ok(())
-                    }
-                        .await;
-                    ::idem::__private::finish(__idem_guard, __idem_result).await
+                    let tx: &mut sqlx::Transaction<'_, Postgres> = __idem_tx;
+                    Ok(())
                 },
-            ),
-        )
+            )
+            .await;
+        ::idem::__private::finish(__idem_held, __idem_result).await
+    }
         .await;
     ::idem::__private::settle(__idem_outcome)
 }

@@ -11,75 +11,54 @@ async fn record_payment(
     let __idem_print = ::core::option::Option::Some(
         ::idem::__private::fingerprint(&(event)),
     );
-    let __idem_via = ::idem::__private::via(store, "record_payment");
-    let __idem_call = ::idem::__private::observe(
-        {
-            static __IDEM_SITE: ::idem::__private::Site = ::idem::__private::Site::new(
-                "webhooks.payment",
-            );
-            &__IDEM_SITE
-        },
-        ::idem::__private::mode(&__idem_via),
-        &__idem_key,
+    static __IDEM_SPEC: ::idem::__private::Spec = ::idem::__private::Spec::new(
+        "webhooks.payment",
+        "record_payment",
+        ::idem::__private::ClaimOptions::new().replay(),
     );
-    let __idem_outcome = ::idem::__private::Call::run(
-            __idem_call,
-            ::idem::__private::in_body(
-                "record_payment",
+    let __idem_outcome = async move {
+        let mut __idem_held = match ::idem::__private::claim(
+                store,
+                &__IDEM_SPEC,
+                __idem_key,
+                __idem_print,
+            )
+            .await
+        {
+            ::core::result::Result::Ok(
+                ::idem::__private::Claimed::Fresh(__idem_held),
+            ) => __idem_held,
+            ::core::result::Result::Ok(::idem::__private::Claimed::Duplicate) => {
+                return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
+            }
+            ::core::result::Result::Ok(
+                ::idem::__private::Claimed::Replayed(__idem_recorded),
+            ) => {
+                return ::idem::__private::replayed(__idem_codec, &__idem_recorded);
+            }
+            ::core::result::Result::Err(__idem_err) => {
+                return ::core::result::Result::Err(
+                    ::idem::__private::Failed::Idem(__idem_err),
+                );
+            }
+        };
+        let __idem_body_of = __idem_held.body();
+        let __idem_tx = __idem_held.tx();
+        let __idem_result: Result<Receipt, AppError> = ::idem::__private::in_body(
+                __idem_body_of,
                 async move {
-                    let mut __idem_guard = match ::idem::__private::claim_checked(
-                            __idem_via,
-                            "webhooks.payment",
-                            ::idem::__private::ClaimOptions::new().replay(),
-                            __idem_key,
-                            __idem_print,
-                        )
-                        .await
-                    {
-                        ::core::result::Result::Ok(
-                            ::idem::__private::Claimed::Fresh(__idem_guard),
-                        ) => __idem_guard,
-                        ::core::result::Result::Ok(
-                            ::idem::__private::Claimed::Duplicate,
-                        ) => {
-                            return ::core::result::Result::Ok(
-                                ::idem::__private::Outcome::Duplicate,
-                            );
-                        }
-                        ::core::result::Result::Ok(
-                            ::idem::__private::Claimed::Replayed(__idem_recorded),
-                        ) => {
-                            return ::idem::__private::replayed(
-                                __idem_codec,
-                                &__idem_recorded,
-                            );
-                        }
-                        ::core::result::Result::Err(__idem_err) => {
-                            return ::core::result::Result::Err(
-                                ::idem::__private::Failed::Idem(__idem_err),
-                            );
-                        }
-                    };
-                    let __idem_tx = __idem_guard.tx();
-                    let __idem_result: Result<Receipt, AppError> = async move {
-                        let tx: &mut Transaction<'_, Sqlite> = __idem_tx;
-                        sqlx::query("INSERT INTO payments (id, amount) VALUES (?1, ?2)")
-                            .bind(&event.id)
-                            .bind(event.amount)
-                            .execute(&mut **tx)
-                            .await?;
-                        Ok(Receipt::for_event(event))
-                    }
-                        .await;
-                    ::idem::__private::finish_replay(
-                            __idem_codec,
-                            __idem_guard,
-                            __idem_result,
-                        )
-                        .await
+                    let tx: &mut Transaction<'_, Sqlite> = __idem_tx;
+                    sqlx::query("INSERT INTO payments (id, amount) VALUES (?1, ?2)")
+                        .bind(&event.id)
+                        .bind(event.amount)
+                        .execute(&mut **tx)
+                        .await?;
+                    Ok(Receipt::for_event(event))
                 },
-            ),
-        )
+            )
+            .await;
+        ::idem::__private::finish_replay(__idem_codec, __idem_held, __idem_result).await
+    }
         .await;
     ::idem::__private::settle(__idem_outcome)
 }
