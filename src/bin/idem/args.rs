@@ -12,7 +12,8 @@ use crate::Failure;
 ///
 /// Exit codes: 0 done; 1 the database could not be reached or refused a statement; 2 bad
 /// input (nothing was sent to the database); 3 `inspect` found no marker, or `outbox requeue`
-/// no message of that id; 4 `outbox requeue` of a message that is not parked.
+/// no message of that id; 4 `outbox requeue` of a message that is not parked; 5 `forget` of a
+/// marker whose lease a delivery still holds (nothing was changed: see `--force`).
 #[derive(Debug, Parser)]
 #[command(name = "idem", version)]
 pub(crate) struct Cli {
@@ -36,8 +37,20 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Show the marker of one job: state, attempts, lease, times (exit 3 if there is none).
     Inspect(Target),
-    /// Delete the marker of one job, so that its next delivery runs again.
-    Forget(Target),
+    /// Let the next delivery of one job run again: a completed marker is deleted, one in
+    /// progress let go of (exit 5, nothing changed, if a delivery still holds its lease: see
+    /// `--force`).
+    Forget {
+        #[command(flatten)]
+        target: Target,
+        /// Forget it even if a delivery still holds its lease. That delivery may still be
+        /// calling the outside system: the next delivery runs the job again beside it (with
+        /// the same idempotency key, which a provider that honours it deduplicates), and the
+        /// old holder can no longer complete or release the key (its token is fenced out).
+        /// Use it when the holder is known to be gone and its lease is too long to wait out.
+        #[arg(long)]
+        force: bool,
+    },
     /// Delete the markers of jobs completed longer ago than AGE; prints how many.
     Purge {
         /// The retention: a whole number and one unit, w (weeks), d (days), h, m or s, as 2w,

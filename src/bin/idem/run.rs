@@ -24,14 +24,32 @@ const NOT_FOUND: u8 = 3;
 /// Exit code of an `outbox requeue` of a message that is pending or sent.
 const NOT_PARKED: u8 = 4;
 
+/// Exit code of a `forget` refused because a delivery still holds the marker's lease.
+const HELD: u8 = 5;
+
 /// A command whose input has been checked.
 enum Request {
-    Inspect { scope: String, key: Key },
-    Forget { scope: String, key: Key },
+    Inspect {
+        scope: String,
+        key: Key,
+    },
+    Forget {
+        scope: String,
+        key: Key,
+        force: bool,
+    },
     Purge(Age),
-    Stuck { scope: Option<String>, limit: u32 },
-    OutboxList { filter: Filter, limit: u32 },
-    Requeue { id: String },
+    Stuck {
+        scope: Option<String>,
+        limit: u32,
+    },
+    OutboxList {
+        filter: Filter,
+        limit: u32,
+    },
+    Requeue {
+        id: String,
+    },
 }
 
 /// Where the command runs and how it prints.
@@ -47,9 +65,10 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             key: target.key()?,
             scope: target.scope,
         },
-        Command::Forget(target) => Request::Forget {
+        Command::Forget { target, force } => Request::Forget {
             key: target.key()?,
             scope: target.scope,
+            force,
         },
         Command::Purge { older_than } => Request::Purge(older_than),
         Command::Stuck { scope, limit } => Request::Stuck { scope, limit },
@@ -141,8 +160,18 @@ async fn execute<DB: Backend>(
                 code,
             )
         }
-        Request::Forget { scope, key } => {
-            let gone = store.forget(&scope, &key).await.map_err(refused)?;
+        Request::Forget { scope, key, force } => {
+            let forgot = match force {
+                true => store.forget_forced(&scope, &key).await,
+                false => store.forget(&scope, &key).await,
+            };
+            let gone = match forgot {
+                Ok(gone) => gone,
+                Err(e @ idem::Error::LeaseHeld { .. }) => {
+                    return Err(Failure::refused(HELD, format!("{e}; nothing was changed")));
+                }
+                Err(e) => return Err(refused(e)),
+            };
             (
                 render::forget(store.table(), &scope, &key, gone, cx.json),
                 0,
