@@ -205,6 +205,7 @@ every_backend!(
     inspect_prints_the_stored_marker,
     stuck_lists_leases_in_progress,
     forget_deletes_one_marker,
+    forget_of_a_live_lease_exits_5_unless_forced,
     purge_deletes_what_completed_before_the_age,
     bad_input_exits_2_and_writes_nothing,
     unreachable_database_exits_1_naming_the_url,

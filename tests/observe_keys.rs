@@ -94,7 +94,7 @@ async fn keys_plain_hashed_or_omitted() {
     // An error that names the key logs it as the setting says; the error returned keeps it.
     let bob_key = idem::Key::new("bob@example.com").unwrap();
     let held = match store.claim("keys.welcome", &bob_key).await.unwrap() {
-        idem::Claim::Fresh(guard) => guard,
+        idem::Claimed::Fresh(guard) => guard,
         other => panic!("{other:?}"),
     };
     let bob = Job {

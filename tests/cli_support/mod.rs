@@ -1,10 +1,12 @@
 //! One case's database, table and markers, and the runs of the binary against them.
 
 pub(crate) mod cases;
+pub(crate) mod forget;
 pub(crate) mod outbox;
 
-// The cases of both files, under one path for `every_backend!`.
+// The cases of every file, under one path for `every_backend!`.
 pub(crate) use cases::*;
+pub(crate) use forget::*;
 pub(crate) use outbox::*;
 
 use std::collections::BTreeMap;
@@ -12,7 +14,7 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem::{Claim, Key, Lease, LeaseOptions, Leased, Outcome, Store};
+use idem::{Claimed, Key, Lease, LeaseOptions, Outcome, Store};
 use serde_json::Value;
 use sqlx::Pool;
 use tokio::io::AsyncWriteExt as _;
@@ -140,11 +142,13 @@ impl<B: Db> Fixture<B> {
     /// Claims `key` in transaction mode and commits: a completed marker.
     pub(crate) async fn complete(&self, scope: &str, key: &Key) {
         match self.store.claim(scope, key).await.expect("claim") {
-            Claim::Fresh(guard) => {
+            Claimed::Fresh(guard) => {
                 let done = guard.finish(Ok::<(), idem::Error>(())).await;
                 assert_eq!(done.expect("commit"), Outcome::Applied(()));
             }
-            Claim::Duplicate | Claim::Replayed(_) => panic!("{scope} / {key} was claimed before"),
+            Claimed::Duplicate | Claimed::Replayed(_) => {
+                panic!("{scope} / {key} was claimed before")
+            }
         }
     }
 
@@ -153,8 +157,10 @@ impl<B: Db> Fixture<B> {
         let key = Key::new(key).expect("a key");
         let options = LeaseOptions::new(Duration::from_secs(secs));
         match self.store.lease(scope, &key, options).await.expect("lease") {
-            Leased::Fresh(lease) => lease,
-            Leased::Duplicate | Leased::Replayed(_) => panic!("{scope} / {key} was leased before"),
+            Claimed::Fresh(lease) => lease,
+            Claimed::Duplicate | Claimed::Replayed(_) => {
+                panic!("{scope} / {key} was leased before")
+            }
         }
     }
 

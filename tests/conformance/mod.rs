@@ -176,6 +176,7 @@ macro_rules! every_backend_tests {
             outbox_refuses_a_bad_message_and_nothing_is_kept,
             migrate_adds_the_outbox_to_a_version_1_schema,
             outbox_of_a_joined_call_goes_with_the_callers_transaction,
+            outbox_of_a_lease_is_written_as_it_completes,
             batch_outbox_messages_commit_with_the_batch,
             batch_outbox_refuses_a_job_that_is_not_fresh,
             batch_outbox_of_a_panicking_body_keeps_nothing,
@@ -268,6 +269,18 @@ macro_rules! every_backend_tests {
             wait_does_not_reach_the_body,
             wait_does_not_outlive_the_call_on_the_pooled_connection,
             outbox_message_of_a_body_that_swallows_a_rollback_is_not_kept,
+            outbox_of_a_guard_by_hand_is_written_only_by_finish_ok,
+            outbox_of_a_joined_guard_by_hand_is_kept_only_if_the_caller_commits,
+            outbox_of_a_batch_guard_by_hand_is_written_only_by_finish_ok,
+            outbox_of_a_lease_by_hand_is_written_only_when_it_completes,
+            outbox_of_a_lease_handler_is_written_only_when_its_lease_completes,
+            body_run_refuses_a_nested_claim_of_every_kind_before_any_io,
+            claims_side_by_side_in_one_task_are_not_nested,
+            lease_with_wait_behind_a_hand_held_transaction_claim_waits_then_applies,
+            lease_without_wait_behind_a_hand_held_transaction_claim_is_in_progress,
+            forget_refuses_a_live_lease_and_its_holder_still_completes,
+            forget_deletes_a_completed_marker_and_lets_go_of_a_free_lease,
+            forced_forget_of_a_live_lease_fences_out_the_old_holder,
         );
     };
 }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem::{Claim, ClaimOptions, Fingerprint, LeaseOptions, Leased, Outcome, Store};
+use idem::{ClaimOptions, Claimed, Fingerprint, LeaseOptions, Outcome, Store};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sqlx::{Pool, Transaction};
@@ -211,7 +211,7 @@ fn fingerprint_of(order: &Order, how: How) -> Result<Option<Fingerprint>, TestEr
     })
 }
 
-/// Transaction mode by hand: `Store::claim_checked`, the body on the guard's transaction,
+/// Transaction mode by hand: `Store::claim_with`, the body on the guard's transaction,
 /// `Guard::finish_replay` (or `finish`). The body's token becomes the value through `make`.
 pub(crate) async fn tx_by_hand<DB: TestDb, T: Serialize + DeserializeOwned>(
     store: &Store<DB>,
@@ -223,16 +223,16 @@ pub(crate) async fn tx_by_hand<DB: TestDb, T: Serialize + DeserializeOwned>(
 ) -> Result<Outcome<T>, TestError> {
     let key = idem::Key::new(order.key.as_str()).map_err(idem::Error::from)?;
     let print = fingerprint_of(order, how)?;
-    let options = if how.replay {
+    let mut options = if how.replay {
         ClaimOptions::new().replay()
     } else {
         ClaimOptions::new()
     };
-    match store
-        .claim_checked(SCOPE, &key, options, print.as_ref())
-        .await?
-    {
-        Claim::Fresh(mut guard) => {
+    if let Some(print) = print {
+        options = options.fingerprint(print);
+    }
+    match store.claim_with(SCOPE, &key, options).await? {
+        Claimed::Fresh(mut guard) => {
             let result = tx_body(guard.tx(), order, ran, hold)
                 .await
                 .map(|token| make(order, token));
@@ -242,15 +242,15 @@ pub(crate) async fn tx_by_hand<DB: TestDb, T: Serialize + DeserializeOwned>(
                 guard.finish(result).await
             }
         }
-        Claim::Replayed(recorded) => {
+        Claimed::Replayed(recorded) => {
             assert!(how.replay, "a claim without replay answered Replayed");
             stored(&recorded)
         }
-        Claim::Duplicate => Ok(Outcome::Duplicate),
+        Claimed::Duplicate => Ok(Outcome::Duplicate),
     }
 }
 
-/// Lease mode by hand: `Store::lease_checked`, the body outside any transaction, then
+/// Lease mode by hand: `Store::lease`, the body outside any transaction, then
 /// `Lease::finish_replay` (the completing statement stores the value) or `Lease::finish`.
 pub(crate) async fn lease_by_hand<DB: TestDb, T: Serialize + DeserializeOwned>(
     store: &Store<DB>,
@@ -262,16 +262,16 @@ pub(crate) async fn lease_by_hand<DB: TestDb, T: Serialize + DeserializeOwned>(
 ) -> Result<Outcome<T>, TestError> {
     let key = idem::Key::new(order.key.as_str()).map_err(idem::Error::from)?;
     let print = fingerprint_of(order, how)?;
-    let options = if how.replay {
+    let mut options = if how.replay {
         LeaseOptions::new(LEASE).replay()
     } else {
         LeaseOptions::new(LEASE)
     };
-    match store
-        .lease_checked(SCOPE, &key, options, print.as_ref())
-        .await?
-    {
-        Leased::Fresh(lease) => {
+    if let Some(print) = print {
+        options = options.fingerprint(print);
+    }
+    match store.lease(SCOPE, &key, options).await? {
+        Claimed::Fresh(lease) => {
             let result = lease_body(store.pool(), order, ran, hold)
                 .await
                 .map(|token| make(order, token));
@@ -281,11 +281,11 @@ pub(crate) async fn lease_by_hand<DB: TestDb, T: Serialize + DeserializeOwned>(
                 lease.finish(result).await
             }
         }
-        Leased::Replayed(recorded) => {
+        Claimed::Replayed(recorded) => {
             assert!(how.replay, "a lease without replay answered Replayed");
             stored(&recorded)
         }
-        Leased::Duplicate => Ok(Outcome::Duplicate),
+        Claimed::Duplicate => Ok(Outcome::Duplicate),
     }
 }
 

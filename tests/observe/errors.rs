@@ -34,7 +34,8 @@ async fn lite_stalls(_lease: &idem::Lease, job: &Payload) -> Result<(), Error> {
     std::future::pending().await
 }
 
-/// Forgets its own marker, as an operator might while it runs: its result is not recorded.
+/// Forgets its own marker, as an operator forcing it might while it runs: its result is not
+/// recorded.
 #[idem::idempotent(key = "job.id", scope = "obs.lite.lease_lost", lease = "30s")]
 async fn lite_forgotten(
     lease: &idem::Lease,
@@ -42,7 +43,7 @@ async fn lite_forgotten(
     store: &Store<Sqlite>,
 ) -> Result<(), Error> {
     let key = Key::new(&job.id)?;
-    assert!(store.forget("obs.lite.lease_lost", &key).await?);
+    assert!(store.forget_forced("obs.lite.lease_lost", &key).await?);
     assert_eq!(lease.key(), key.as_str());
     Ok(())
 }

@@ -172,7 +172,7 @@ async fn in_progress_behind_a_held_claim() {
     let job = Job::new(11, "effects");
     // SQLite's one writer: a hand-held claim keeps the write lock until it ends.
     let held = match store.claim(SCOPE, &job.key()).await.unwrap() {
-        idem::Claim::Fresh(guard) => guard,
+        idem::Claimed::Fresh(guard) => guard,
         other => panic!("{other:?}"),
     };
 
@@ -182,9 +182,16 @@ async fn in_progress_behind_a_held_claim() {
     assert_eq!(held, Outcome::Applied(()));
     assert_eq!(count(&pool, "effects", 11).await, 0);
 
-    let [(id, span)] = &seen.claims()[..] else {
-        panic!("one span")
+    // The hand-held claim is a call of its own, with its span and count.
+    let [(held_id, held_span), (id, span)] = &seen.claims()[..] else {
+        panic!("two spans: {:?}", seen.claims())
     };
+    let (fields, _) = split(held_span);
+    assert_eq!(
+        fields,
+        expect(SCOPE, &job.key(), "transaction", "applied", 0)
+    );
+    assert_eq!(decisions(&seen, *held_id), ["fresh"]);
     let (fields, waited) = split(span);
     assert_eq!(
         fields,
@@ -203,8 +210,12 @@ async fn in_progress_behind_a_held_claim() {
         (Level::INFO, ended("in_progress", Some(text)))
     );
     assert_eq!(outcomes(SCOPE, "in_progress"), 1);
+    assert_eq!(outcomes(SCOPE, "applied"), 1);
     let samples = claim_samples(SCOPE);
-    assert!(samples.len() == 1 && samples[0] >= 0.1, "{samples:?}");
+    assert!(
+        samples.len() == 2 && samples.iter().any(|s| *s >= 0.1),
+        "{samples:?}"
+    );
 }
 
 #[tokio::test]
@@ -238,7 +249,7 @@ async fn lease_in_progress_then_takeover() {
     let (store, pool) = lite().await;
     let job = Job::new(13, "effects");
     let options = LeaseOptions::new(Duration::from_secs(30));
-    let Leased::Fresh(held) = store.lease(SCOPE, &job.key(), options).await.unwrap() else {
+    let Claimed::Fresh(held) = store.lease(SCOPE, &job.key(), options).await.unwrap() else {
         panic!("a fresh lease")
     };
 
@@ -258,10 +269,12 @@ async fn lease_in_progress_then_takeover() {
     );
     assert_eq!(count(&pool, "effects", 13).await, 1);
 
+    // The hand-held lease is a call of its own: its body's error ends it.
     let claims = seen.claims();
-    assert_eq!(claims.len(), 3);
+    assert_eq!(claims.len(), 4);
     let key = job.key();
     let expected = [
+        ("error", "fresh"),
         ("in_progress", "in_progress"),
         ("applied", "takeover"),
         ("duplicate", "duplicate"),
@@ -290,34 +303,46 @@ async fn lease_in_progress_then_takeover() {
     );
     let mut ended_in_progress = ended("in_progress", Some(&in_progress));
     ended_in_progress.insert("message".into(), "idem call finished".into());
-    assert_eq!(by_level(claims[0].0, Level::INFO), [ended_in_progress]);
+    assert_eq!(by_level(claims[1].0, Level::INFO), [ended_in_progress]);
     // The takeover's `attempt` is the lease's (`Lease::attempt`, the marker's `attempts`);
     // the span's `retries` is another count (claims retried after a lost race).
+    let token = |id: u64| -> i64 {
+        let events = seen.idem_events(id);
+        let info = events.iter().find(|e| e.fields.contains_key("token"));
+        info.and_then(|e| e.fields["token"].parse().ok())
+            .unwrap_or_else(|| panic!("a takeover event with the token: {events:?}"))
+    };
     let takeover: Fields = [
         (
             "message",
             "idem lease taken over from an earlier delivery whose lease expired or was released",
         ),
-        ("token", "2"),
+        ("token", &token(claims[2].0).to_string()),
         ("attempt", "2"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
-    assert_eq!(by_level(claims[1].0, Level::INFO), [takeover]);
-    assert_eq!(by_level(claims[2].0, Level::INFO), Vec::<Fields>::new());
+    assert!(token(claims[2].0) > 0);
+    assert_eq!(by_level(claims[2].0, Level::INFO), [takeover]);
+    assert_eq!(by_level(claims[3].0, Level::INFO), Vec::<Fields>::new());
     assert_eq!(
-        finished(&seen, claims[1].0),
-        (Level::DEBUG, ended("applied", None))
+        finished(&seen, claims[0].0),
+        (Level::DEBUG, ended("error", None))
     );
     assert_eq!(
         finished(&seen, claims[2].0),
+        (Level::DEBUG, ended("applied", None))
+    );
+    assert_eq!(
+        finished(&seen, claims[3].0),
         (Level::DEBUG, ended("duplicate", None))
     );
+    assert_eq!(outcomes(SCOPE, "error"), 1);
     assert_eq!(outcomes(SCOPE, "in_progress"), 1);
     assert_eq!(outcomes(SCOPE, "applied"), 1);
     assert_eq!(outcomes(SCOPE, "duplicate"), 1);
-    assert_eq!(claim_samples(SCOPE).len(), 3);
+    assert_eq!(claim_samples(SCOPE).len(), 4);
 }
 
 #[tokio::test]

@@ -95,7 +95,7 @@ async fn pg_lost_race_is_retried_with_a_warning() {
     let retries_before = idem::__private::claim_retries();
 
     let mut held = match store.claim(SCOPE, &job.key()).await.unwrap() {
-        idem::Claim::Fresh(guard) => guard,
+        idem::Claimed::Fresh(guard) => guard,
         other => panic!("{other:?}"),
     };
     pg_effect(held.tx(), &job).await.unwrap();
@@ -118,9 +118,16 @@ async fn pg_lost_race_is_retried_with_a_warning() {
     assert_eq!(pg_count(&pool, &effects, 21).await, 1);
     assert!(idem::__private::claim_retries() > retries_before);
 
-    let [(id, span)] = &seen.claims()[..] else {
-        panic!("one span: {:?}", seen.claims())
+    // The hand-held claim is a call of its own.
+    let [(held, held_span), (id, span)] = &seen.claims()[..] else {
+        panic!("two spans: {:?}", seen.claims())
     };
+    let (fields, _) = split(held_span);
+    assert_eq!(
+        fields,
+        expect(SCOPE, &job.key(), "transaction", "applied", 0)
+    );
+    assert_eq!(decisions(&seen, *held), ["fresh"]);
     let (fields, _) = split(span);
     assert_eq!(
         fields,
@@ -134,7 +141,8 @@ async fn pg_lost_race_is_retried_with_a_warning() {
     assert_eq!(warn.fields["retry"], "1");
     assert_eq!(decisions(&seen, *id), ["duplicate"]);
     assert_eq!(outcomes(SCOPE, "duplicate"), 1);
-    assert_eq!(claim_samples(SCOPE).len(), 1);
+    assert_eq!(outcomes(SCOPE, "applied"), 1);
+    assert_eq!(claim_samples(SCOPE).len(), 2);
     cleanup(&store, &pool, &effects).await;
 }
 
@@ -146,7 +154,7 @@ async fn pg_in_progress_after_waiting_on_the_key() {
     let (store, pool, effects) = pg().await;
     let job = Job::new(22, &effects);
     let held = match store.claim(SCOPE, &job.key()).await.unwrap() {
-        idem::Claim::Fresh(guard) => guard,
+        idem::Claimed::Fresh(guard) => guard,
         other => panic!("{other:?}"),
     };
 
@@ -157,9 +165,18 @@ async fn pg_in_progress_after_waiting_on_the_key() {
     drop(held);
     assert_eq!(pg_count(&pool, &effects, 22).await, 0);
 
-    let [(id, span)] = &seen.claims()[..] else {
-        panic!("one span")
+    // The hand-held claim, dropped unfinished, is counted as an error and says so.
+    let [(held, held_span), (id, span)] = &seen.claims()[..] else {
+        panic!("two spans: {:?}", seen.claims())
     };
+    let (fields, _) = split(held_span);
+    assert_eq!(fields, expect(SCOPE, &job.key(), "transaction", "error", 0));
+    let dropped = "the call was dropped before it finished (a panic or a cancelled future): \
+                   its transaction was rolled back, or its lease released";
+    assert_eq!(
+        finished(&seen, *held),
+        (Level::WARN, ended("error", Some(dropped)))
+    );
     let (fields, waited) = split(span);
     assert_eq!(
         fields,
@@ -169,7 +186,11 @@ async fn pg_in_progress_after_waiting_on_the_key() {
     assert!(waited >= 200, "waited_ms = {waited}");
     assert_eq!(decisions(&seen, *id), ["in_progress"]);
     assert_eq!(outcomes(SCOPE, "in_progress"), 1);
+    assert_eq!(outcomes(SCOPE, "error"), 1);
     let samples = claim_samples(SCOPE);
-    assert!(samples.len() == 1 && samples[0] >= 0.2, "{samples:?}");
+    assert!(
+        samples.len() == 2 && samples.iter().any(|s| *s >= 0.2),
+        "{samples:?}"
+    );
     cleanup(&store, &pool, &effects).await;
 }

@@ -179,11 +179,11 @@ pub(crate) async fn purge_deletes_only_markers_older_than_the_retention<S: Suppo
     for n in 0..old + 3 {
         let key = ::idem::Key::new(&n).expect("integer keys are valid");
         match ctx.store.claim("aged", &key).await.expect("claim") {
-            ::idem::Claim::Fresh(guard) => {
+            ::idem::Claimed::Fresh(guard) => {
                 let done = guard.finish(Ok::<(), ::idem::Error>(())).await;
                 assert_eq!(done.expect("commit"), Outcome::Applied(()));
             }
-            ::idem::Claim::Duplicate | ::idem::Claim::Replayed(_) => {
+            ::idem::Claimed::Duplicate | ::idem::Claimed::Replayed(_) => {
                 panic!("key {n} was claimed twice")
             }
         }
@@ -209,7 +209,7 @@ pub(crate) async fn purge_deletes_only_markers_older_than_the_retention<S: Suppo
     let young = ::idem::Key::new(&old).unwrap();
     assert!(matches!(
         ctx.store.claim("aged", &young).await.expect("claim"),
-        ::idem::Claim::Duplicate
+        ::idem::Claimed::Duplicate
     ));
     assert_eq!(
         ctx.store

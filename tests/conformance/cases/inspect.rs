@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem::{Error, Key, LeaseOptions, Leased, MarkerState};
+use idem::{Claimed, Error, Key, LeaseOptions, MarkerState};
 
 use crate::conformance::Support;
 use crate::conformance::ctx::Ctx;
@@ -44,7 +44,7 @@ pub(crate) async fn inspect_shows_each_marker_and_the_leases_in_progress<S: Supp
     // Lease mode, held: in progress with its token and the time left on the database's clock.
     let key = Key::new("order-inspect").expect("a key");
     let options = LeaseOptions::new(Duration::from_secs(30));
-    let Leased::Fresh(lease) = ctx
+    let Claimed::Fresh(lease) = ctx
         .store
         .lease("billing.inspect", &key, options)
         .await
@@ -60,7 +60,7 @@ pub(crate) async fn inspect_shows_each_marker_and_the_leases_in_progress<S: Supp
         .expect("a marker");
     assert_eq!(
         (held.state, held.token, held.attempts),
-        (MarkerState::InProgress, Some(1), 1)
+        (MarkerState::InProgress, Some(lease.token()), 1)
     );
     assert!(
         held.locked_until.is_some() && held.completed_at.is_none(),
@@ -103,6 +103,7 @@ pub(crate) async fn inspect_shows_each_marker_and_the_leases_in_progress<S: Supp
     );
 
     // Completed: no longer in progress.
+    let token = lease.token();
     let outcome = lease.finish::<(), Error>(Ok(())).await.expect("finish");
     assert_eq!(outcome, idem::Outcome::Applied(()));
     let finished = ctx
@@ -113,7 +114,7 @@ pub(crate) async fn inspect_shows_each_marker_and_the_leases_in_progress<S: Supp
         .expect("a marker");
     assert_eq!(
         (finished.state, finished.token),
-        (MarkerState::Completed, Some(1))
+        (MarkerState::Completed, Some(token))
     );
     assert_eq!(finished.lease_ms_left, None);
     assert!(

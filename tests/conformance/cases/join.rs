@@ -234,7 +234,9 @@ pub(crate) async fn nested_call_with_a_store_is_refused_and_writes_nothing<S: Su
         Err(TestError::Idem(e @ idem::Error::Nested { .. })) => assert_eq!(
             e.to_string(),
             "`apply` was called with a store inside the body of `outer`, whose transaction is \
-             open: call `apply(store.join(tx), ...)` to join it (nothing was written)"
+             open, and would not run in that transaction (nothing was written): call \
+             `apply(store.join(tx), ...)` to join it; a lease-mode handler has no transaction \
+             to join: call it before or after `outer`'s body"
         ),
         other => panic!("expected Error::Nested, got {other:?}"),
     }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Error, Key, Lease, LeaseOptions, Leased};
+use idem::{Claimed, Error, Key, Lease, LeaseOptions};
 
 use crate::conformance::Support;
 use crate::conformance::ctx::Ctx;
@@ -178,7 +178,7 @@ async fn claim_by_hand<S: Support>(ctx: &Ctx<S>, k: &str, lease: Duration) -> Le
         .lease(SCOPE, &key(k), LeaseOptions::new(lease))
         .await
     {
-        Ok(Leased::Fresh(lease)) => lease,
+        Ok(Claimed::Fresh(lease)) => lease,
         other => panic!("expected a fresh lease, got {other:?}"),
     }
 }
@@ -198,7 +198,12 @@ pub(crate) async fn lease_first_delivery_applies_second_is_duplicate<S: Support>
     let provider = Provider::table(outside.clone(), &charges);
     let job = ctx.job("order-1", 1, 100);
     let seen = applied_seen(charge(&ctx.store, &job, &provider, How::Pay).await);
-    assert_eq!((seen.token, seen.attempt), (1, 1));
+    assert!(
+        seen.token > 0,
+        "a fencing token is positive: {}",
+        seen.token
+    );
+    assert_eq!(seen.attempt, 1);
     assert_eq!(seen.idempotency_key, "14:billing.charge|7:order-1");
     duplicate_seen(charge(&ctx.store, &job, &provider, How::Pay).await);
     duplicate_seen(charge(&ctx.store, &job, &provider, How::Pay).await);
@@ -207,7 +212,7 @@ pub(crate) async fn lease_first_delivery_applies_second_is_duplicate<S: Support>
     assert_eq!(rows, 1, "requests the provider's table saw");
     let m = ctx.marker(&job.key).await;
     assert!(m.completed && m.unlocked, "{m:?}");
-    assert_eq!((m.token, m.attempts), (1, 1));
+    assert_eq!((m.token, m.attempts), (seen.token, 1));
     outside.close().await;
     ctx.cleanup().await;
 }
@@ -229,6 +234,7 @@ pub(crate) async fn lease_live_lease_is_in_progress_without_running_the_body<S: 
     within(60, "the first body parking", hold.entered()).await;
     let m = ctx.marker(&job.key).await;
     assert!(!m.completed && m.live, "{m:?}");
+    let token = m.token;
     let second = within(
         60,
         "a second delivery",
@@ -237,10 +243,14 @@ pub(crate) async fn lease_live_lease_is_in_progress_without_running_the_body<S: 
     .await;
     in_progress(second);
     assert_eq!(provider.requests(), 1, "the second body ran");
-    assert_eq!(ctx.marker(&job.key).await.token, 1, "the second took over");
+    assert_eq!(
+        ctx.marker(&job.key).await.token,
+        token,
+        "the second took over"
+    );
     hold.release();
     let seen = applied_seen(within(60, "the first delivery", first).await.expect("task"));
-    assert_eq!((seen.token, seen.attempt), (1, 1));
+    assert_eq!((seen.token, seen.attempt), (token, 1));
     duplicate_seen(charge(&ctx.store, &job, &*provider, How::Pay).await);
     assert_eq!(provider.requests(), 1);
     ctx.cleanup().await;
@@ -263,23 +273,29 @@ pub(crate) async fn lease_stalled_call_times_out_releases_and_redelivery_applies
     // The answer arrives after the call was given up (nothing waits for it any more).
     answer.notify_waiters();
     let m = ctx.marker(&job.key).await;
+    let first = m.token;
     assert_eq!(
         m,
         Marker {
             completed: false,
             unlocked: true,
             live: false,
-            token: 1,
+            token: first,
             attempts: 1
         },
         "a timed-out call releases its key at once, keeping its attempt"
     );
     let seen = applied_seen(charge(&ctx.store, &job, &provider, How::Pay).await);
-    assert_eq!((seen.token, seen.attempt), (2, 2));
+    assert!(
+        seen.token > first,
+        "a takeover's token grows: {} after {first}",
+        seen.token
+    );
+    assert_eq!(seen.attempt, 2);
     assert_eq!((provider.requests(), provider.charges()), (2, 1));
     let m = ctx.marker(&job.key).await;
     assert!(
-        m.completed && m.unlocked && m.token == 2 && m.attempts == 2,
+        m.completed && m.unlocked && m.token == seen.token && m.attempts == 2,
         "{m:?}"
     );
     ctx.cleanup().await;
@@ -295,9 +311,15 @@ pub(crate) async fn lease_handler_error_releases_at_once_and_redelivery_applies<
     }
     let m = ctx.marker(&job.key).await;
     assert!(!m.completed && m.unlocked, "not released at once: {m:?}");
-    assert_eq!((m.token, m.attempts), (1, 1));
+    assert_eq!(m.attempts, 1);
     let seen = applied_seen(charge(&ctx.store, &job, &provider, How::Pay).await);
-    assert_eq!((seen.token, seen.attempt), (2, 2));
+    assert!(
+        seen.token > m.token,
+        "a takeover's token grows: {} after {}",
+        seen.token,
+        m.token
+    );
+    assert_eq!(seen.attempt, 2);
     duplicate_seen(charge(&ctx.store, &job, &provider, How::Pay).await);
     assert_eq!((provider.requests(), provider.charges()), (2, 1));
     ctx.cleanup().await;
@@ -321,14 +343,15 @@ pub(crate) async fn lease_expired_lease_is_taken_over_by_exactly_one_of_32<S: Su
 const RACERS: usize = 32;
 
 /// [`RACERS`] concurrent deliveries of `k` against an expired lease: exactly one takes it over
-/// (token 2, attempt 2) and calls the provider; returns the others' (in progress, duplicate).
+/// (a larger token, attempt 2) and calls the provider; returns the others' (in progress,
+/// duplicate).
 async fn race_an_expired_lease<S: Support>(ctx: &Ctx<S>, k: &str, park: bool) -> (usize, usize) {
     let provider = Arc::new(Provider::<S::Db>::in_memory());
     let hold = Arc::new(Hold::default());
     let job = ctx.job(k, 32, 3200);
     // A holder that claimed for the shortest lease (1 s) and never finished: its lease runs out on the database.
     let stale = claim_by_hand(ctx, &job.key, idem::MIN_LEASE).await;
-    assert_eq!((stale.token(), stale.attempt()), (1, 1));
+    assert_eq!(stale.attempt(), 1);
     let polls = ctx.until_lease_expired(&job.key).await;
     println!("{k}: expired after {polls} polls of the database");
     let start = Arc::new(tokio::sync::Barrier::new(RACERS));
@@ -371,7 +394,8 @@ async fn race_an_expired_lease<S: Support>(ctx: &Ctx<S>, k: &str, park: bool) ->
         applied.len()
     );
     assert_eq!(applied.len(), 1, "{k}: takeovers: {applied:?}");
-    assert_eq!((applied[0].token, applied[0].attempt), (2, 2));
+    assert!(applied[0].token > stale.token(), "{k}: {applied:?}");
+    assert_eq!(applied[0].attempt, 2);
     assert_eq!(
         provider.requests(),
         1,
@@ -380,7 +404,11 @@ async fn race_an_expired_lease<S: Support>(ctx: &Ctx<S>, k: &str, park: bool) ->
     // The stale holder comes back: its result is not recorded.
     lease_lost(stale.finish::<(), TestError>(Ok(())).await);
     let m = ctx.marker(&job.key).await;
-    assert!(m.completed && m.token == 2 && m.attempts == 2, "{k}: {m:?}");
+    let taken = applied[0].token;
+    assert!(
+        m.completed && m.token == taken && m.attempts == 2,
+        "{k}: {m:?}"
+    );
     (busy, dups)
 }
 
@@ -430,7 +458,7 @@ pub(crate) async fn lease_renew_keeps_the_lease_and_fails_after_a_takeover<S: Su
     in_progress(charge(&ctx.store, &job, &provider, How::Pay).await);
     let m = ctx.marker(&job.key).await;
     assert!(
-        m.live && m.token == 1,
+        m.live && m.token == lease.token(),
         "the renewed lease ran out before it was checked (a machine stalled for 2 s?): {m:?}"
     );
     assert_eq!(provider.requests(), 0);
@@ -438,14 +466,22 @@ pub(crate) async fn lease_renew_keeps_the_lease_and_fails_after_a_takeover<S: Su
     let polls = ctx.until_lease_expired(&job.key).await;
     println!("renewed lease expired after {polls} polls");
     let seen = applied_seen(charge(&ctx.store, &job, &provider, How::Pay).await);
-    assert_eq!((seen.token, seen.attempt), (2, 2));
+    assert!(
+        seen.token > lease.token(),
+        "{seen:?} after {}",
+        lease.token()
+    );
+    assert_eq!(seen.attempt, 2);
     match lease.renew().await {
         Err(Error::LeaseLost { scope, .. }) => assert_eq!(scope, SCOPE),
         other => panic!("renewing after a takeover: expected LeaseLost, got {other:?}"),
     }
     lease_lost(lease.finish::<(), TestError>(Ok(())).await);
     let m = ctx.marker(&job.key).await;
-    assert!(m.completed && m.token == 2 && m.attempts == 2, "{m:?}");
+    assert!(
+        m.completed && m.token == seen.token && m.attempts == 2,
+        "{m:?}"
+    );
     ctx.cleanup().await;
 }
 
@@ -484,7 +520,8 @@ pub(crate) async fn lease_claims_use_the_database_clock<S: Support>() {
     assert!(long.remaining() > Duration::ZERO);
     ctx.set_locked_until(&job.key, db_now::<S>()).await;
     let seen = applied_seen(charge(&ctx.store, &job, &provider, How::Pay).await);
-    assert_eq!((seen.token, seen.attempt), (2, 2));
+    assert!(seen.token > long.token(), "{seen:?} after {}", long.token());
+    assert_eq!(seen.attempt, 2);
     lease_lost(long.finish::<(), TestError>(Ok(())).await);
     // The short holder still holds its token: its error releases the key.
     match short.finish::<(), TestError>(Err(TestError::Refused)).await {
@@ -559,9 +596,10 @@ pub(crate) async fn lease_panicking_body_releases_the_key<S: Support>() {
     .await;
     println!("released after a panic: {polls} polls");
     let m = ctx.marker(&job.key).await;
-    assert!(!m.completed && m.token == 1 && m.attempts == 1, "{m:?}");
+    assert!(!m.completed && m.token > 0 && m.attempts == 1, "{m:?}");
     let seen = applied_seen(charge(&ctx.store, &job, &*provider, How::Pay).await);
-    assert_eq!((seen.token, seen.attempt), (2, 2));
+    assert!(seen.token > m.token, "{seen:?} after {m:?}");
+    assert_eq!(seen.attempt, 2);
     assert_eq!((provider.requests(), provider.charges()), (2, 1));
     ctx.cleanup().await;
 }

@@ -37,6 +37,24 @@ pub(super) async fn ship<DB: TestDb>(
     }
 }
 
+/// Lease mode: `messages` messages to `notifications`, written as the lease completes.
+#[idem::idempotent(key = "job.key", scope = "orders.notify", lease = "30s")]
+pub(super) async fn notify(
+    lease: &idem::Lease,
+    job: &Job,
+    outbox: &mut Outbox,
+    messages: usize,
+    then: Then,
+) -> Result<i64, TestError> {
+    for n in 0..messages {
+        outbox.send("notifications", &(lease.idempotency_key(), n))?;
+    }
+    match then {
+        Then::Commit => Ok(job.amount),
+        _ => Err(TestError::Refused),
+    }
+}
+
 /// Publishes into the table `received (id, destination, payload)`, one autocommit insert per
 /// message; fails instead while `failures` is above zero.
 pub(super) struct TablePublisher<DB: TestDb> {
@@ -301,5 +319,32 @@ pub(crate) async fn outbox_of_a_joined_call_goes_with_the_callers_transaction<S:
     applied(ship(ctx.store.join(&mut tx), &job, 3, Then::Commit).await);
     idem::commit(tx).await.expect("the caller commits");
     assert_eq!(ctx.scalar(&count).await, 3);
+    ctx.cleanup().await;
+}
+
+/// A lease-mode body's messages are written with the completion of its lease, in one
+/// transaction: none for a body that failed (its lease is let go), exactly its own for the
+/// one that completes, none more for a duplicate.
+pub(crate) async fn outbox_of_a_lease_is_written_as_it_completes<S: Support>() {
+    let ctx = Ctx::<S>::new("outboxlease", 2).await;
+    let job = ctx.job("order-5", 5, 50);
+    let outbox = outbox_table(&ctx);
+    let count = format!("SELECT COUNT(*) FROM {outbox}");
+    match notify(&ctx.store, &job, 2, Then::Fail).await {
+        Err(TestError::Refused) => {}
+        other => panic!("expected the body's error, got {other:?}"),
+    }
+    assert_eq!(ctx.scalar(&count).await, 0, "a failed lease body sent nothing");
+    assert_eq!(applied(notify(&ctx.store, &job, 2, Then::Commit).await), 50);
+    duplicate(notify(&ctx.store, &job, 2, Then::Commit).await);
+    assert_eq!(ctx.scalar(&count).await, 2);
+    let sql = format!("SELECT COUNT(*) FROM {outbox} WHERE id = $1 AND sent_at IS NULL");
+    for n in 0..2u32 {
+        let id = idem::job_id("orders.notify", &(job.key.as_str(), n)).expect("a valid id");
+        let found = ctx.scalar_with(&sql, &[Bind::Str(id.into_string())]).await;
+        assert_eq!(found, 1, "message {n}");
+    }
+    let marker = ctx.marker(&job.key).await;
+    assert!(marker.completed && marker.attempts == 2, "{marker:?}");
     ctx.cleanup().await;
 }

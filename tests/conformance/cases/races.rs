@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use idem::{Claim, ClaimOptions, Isolation, Outcome, Store};
+use idem::{ClaimOptions, Claimed, Isolation, Outcome, Store};
 
 use crate::conformance::ctx::Ctx;
 use crate::conformance::handlers::*;
@@ -180,8 +180,8 @@ async fn apply_with<DB: TestDb>(
 ) -> Result<Outcome<i64>, TestError> {
     let key = idem::Key::new(job.key.as_str()).map_err(idem::Error::from)?;
     match store.claim_with("apply", &key, options).await? {
-        Claim::Duplicate | Claim::Replayed(_) => Ok(Outcome::Duplicate),
-        Claim::Fresh(mut guard) => {
+        Claimed::Duplicate | Claimed::Replayed(_) => Ok(Outcome::Duplicate),
+        Claimed::Fresh(mut guard) => {
             let result = insert_effect(guard.tx(), job, "apply").await;
             hold.park_first().await;
             guard
@@ -257,8 +257,8 @@ pub(crate) async fn delivery_that_stops_waiting_is_in_progress_and_runs_nothing<
             assert_eq!((scope.as_str(), k.as_str()), ("apply", key.as_str()));
         }
         Err(e) => panic!("expected InProgress, got {e:?}"),
-        Ok(Claim::Fresh(_)) => panic!("the second delivery claimed a key that is held"),
-        Ok(Claim::Duplicate | Claim::Replayed(_)) => {
+        Ok(Claimed::Fresh(_)) => panic!("the second delivery claimed a key that is held"),
+        Ok(Claimed::Duplicate | Claimed::Replayed(_)) => {
             panic!("the second delivery saw a marker not yet committed")
         }
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use idem::{Outcome, Store};
 
-use idem::{Claim, ClaimOptions, Isolation};
+use idem::{ClaimOptions, Claimed, Isolation};
 use sqlx::{Pool, Transaction};
 
 use crate::conformance::ctx::Ctx;
@@ -161,7 +161,7 @@ pub(crate) async fn serialization_failure_in_the_body_is_an_error_not_applied<S:
     let job = ctx.job("job-skew", 23, 230);
     let key = idem::Key::new(job.key.as_str()).expect("a valid key");
     let options = ClaimOptions::new().isolation(Isolation::Serializable);
-    let Claim::Fresh(mut guard) = ctx
+    let Claimed::Fresh(mut guard) = ctx
         .store
         .claim_with("apply", &key, options)
         .await

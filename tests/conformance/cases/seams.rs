@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem::{Claim, Error, Key, Lease, LeaseOptions, Leased, Outbox, Outcome, Store};
+use idem::{Claimed, Error, Key, Lease, LeaseOptions, Outbox, Outcome, Store};
 use sqlx::{Pool, Transaction};
 
 use super::lease::{db_now_plus, poll_db};
@@ -60,10 +60,10 @@ fn got<T: std::fmt::Debug>(result: Result<Outcome<T>, TestError>) -> Got {
     }
 }
 
-fn leased(result: Result<Leased, Error>) -> Got {
+fn leased(result: Result<Claimed<Lease>, Error>) -> Got {
     match result {
-        Ok(Leased::Fresh(_)) => Got::Fresh,
-        Ok(Leased::Duplicate | Leased::Replayed(_)) => Got::Duplicate,
+        Ok(Claimed::Fresh(_)) => Got::Fresh,
+        Ok(Claimed::Duplicate | Claimed::Replayed(_)) => Got::Duplicate,
         Err(e) => idem_got(e),
     }
 }
@@ -74,7 +74,7 @@ fn thirty_seconds() -> LeaseOptions {
 
 async fn fresh_lease<S: Support>(ctx: &Ctx<S>, key: &Key) -> Lease {
     match ctx.store.lease(SCOPE, key, thirty_seconds()).await {
-        Ok(Leased::Fresh(lease)) => lease,
+        Ok(Claimed::Fresh(lease)) => lease,
         other => panic!("expected a fresh lease, got {other:?}"),
     }
 }
@@ -145,7 +145,7 @@ pub(crate) async fn lease_claims_behind_a_rolled_back_transaction_claim_are_fres
     let ctx = Ctx::<S>::new("seam_behind", WAITERS as u32 + 4).await;
     let job = ctx.job("order-behind", 1, 100);
     let key = Key::new(&job.key).expect("a valid key");
-    let Claim::Fresh(mut holder) = ctx.store.claim(SCOPE, &key).await.expect("claim") else {
+    let Claimed::Fresh(mut holder) = ctx.store.claim(SCOPE, &key).await.expect("claim") else {
         panic!("a fresh key was a duplicate")
     };
     insert_effect(holder.tx(), &job, "holder")
@@ -183,7 +183,7 @@ pub(crate) async fn lease_claims_behind_a_rolled_back_transaction_claim_are_fres
     let (mut fresh, mut others) = (Vec::new(), BTreeMap::new());
     while let Some(claim) = within(120, "a lease claim", claims.join_next()).await {
         match claim.expect("no panic") {
-            Ok(Leased::Fresh(lease)) => fresh.push(lease),
+            Ok(Claimed::Fresh(lease)) => fresh.push(lease),
             other => *others.entry(format!("{:?}", leased(other))).or_insert(0) += 1,
         }
     }

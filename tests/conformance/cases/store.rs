@@ -97,11 +97,13 @@ pub(crate) async fn store_refuses_bad_scopes_and_writes_nothing<S: Support>() {
     // The longest scope is accepted, and claims.
     let longest = "s".repeat(idem::MAX_KEY_LEN);
     match ctx.store.claim(&longest, &key).await.expect("claim") {
-        idem::Claim::Fresh(guard) => {
+        idem::Claimed::Fresh(guard) => {
             let done = guard.finish(Ok::<(), idem::Error>(())).await;
             assert_eq!(done.expect("commit"), Outcome::Applied(()));
         }
-        idem::Claim::Duplicate | idem::Claim::Replayed(_) => panic!("a fresh key was a duplicate"),
+        idem::Claimed::Duplicate | idem::Claimed::Replayed(_) => {
+            panic!("a fresh key was a duplicate")
+        }
     }
     assert_eq!(ctx.markers().await, 1);
     ctx.cleanup().await;
