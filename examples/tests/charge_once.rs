@@ -41,8 +41,9 @@ async fn charge_once_charges_each_job_once_through_a_timeout() {
     let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
         .await
         .unwrap();
-    let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
-        "SELECT key, state, attempts, token FROM idem_processed \
+    // Lease tokens come from the database's clock: positive, where a transaction's are not.
+    let rows: Vec<(String, String, i64, bool)> = sqlx::query_as(
+        "SELECT key, state, attempts, token > 0 FROM idem_processed \
          WHERE scope = 'billing.charge' ORDER BY key",
     )
     .fetch_all(&pool)
@@ -53,8 +54,8 @@ async fn charge_once_charges_each_job_once_through_a_timeout() {
     assert_eq!(
         rows,
         [
-            ("charge-1".to_owned(), "completed".to_owned(), 1, 1),
-            ("charge-2".to_owned(), "completed".to_owned(), 2, 2),
+            ("charge-1".to_owned(), "completed".to_owned(), 1, true),
+            ("charge-2".to_owned(), "completed".to_owned(), 2, true),
         ]
     );
 }

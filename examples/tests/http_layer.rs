@@ -27,6 +27,14 @@ use support::{CHILD_MODE, Lines, Worker, child_env, stop_signal, within};
 mod db;
 #[path = "http_layer/hangup.rs"]
 mod hangup;
+#[path = "http_layer/holders.rs"]
+mod holders;
+#[path = "http_layer/holders_held.rs"]
+mod holders_held;
+#[path = "http_layer/holders_observed.rs"]
+mod holders_observed;
+#[path = "http_layer/holders_outbox.rs"]
+mod holders_outbox;
 #[path = "http_layer/lease.rs"]
 mod lease;
 #[path = "http_layer/seams.rs"]
