@@ -107,7 +107,7 @@ fuzz_target!(|data: &[u8]| {
     );
     match Cli::try_parse_from(argv) {
         Ok(cli) => match &cli.command {
-            Command::Inspect(target) | Command::Forget(target) => check_target(target),
+            Command::Inspect(target) | Command::Forget { target, .. } => check_target(target),
             Command::Purge { older_than } => {
                 assert_eq!(
                     Some(older_than.duration.as_secs()),
