@@ -32,10 +32,12 @@ pub struct Found {
     pub(crate) recorded: Recorded,
 }
 
+/// A row of a `marker` statement: `(state, lease over (0 or 1), fingerprint, result)`.
+pub(crate) type MarkerState = (String, i64, Option<Vec<u8>>, Option<String>);
+
 impl Found {
-    /// From a row of a `marker` statement: `(state, lease over (0 or 1), fingerprint,
-    /// result)`.
-    pub(crate) fn of_row(row: (String, i64, Option<Vec<u8>>, Option<String>)) -> Found {
+    /// From a row of a `marker` statement.
+    pub(crate) fn of_row(row: MarkerState) -> Found {
         let (state, over, fingerprint, result) = row;
         Found {
             status: Status::of(&state, over != 0),

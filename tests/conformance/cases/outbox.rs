@@ -334,7 +334,11 @@ pub(crate) async fn outbox_of_a_lease_is_written_as_it_completes<S: Support>() {
         Err(TestError::Refused) => {}
         other => panic!("expected the body's error, got {other:?}"),
     }
-    assert_eq!(ctx.scalar(&count).await, 0, "a failed lease body sent nothing");
+    assert_eq!(
+        ctx.scalar(&count).await,
+        0,
+        "a failed lease body sent nothing"
+    );
     assert_eq!(applied(notify(&ctx.store, &job, 2, Then::Commit).await), 50);
     duplicate(notify(&ctx.store, &job, 2, Then::Commit).await);
     assert_eq!(ctx.scalar(&count).await, 2);

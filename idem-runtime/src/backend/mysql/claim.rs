@@ -6,6 +6,7 @@ use sqlx::{AssertSqlSafe, MySql, Pool, Row as _, SqlSafeStr as _, Transaction};
 
 use super::batch::{self, push_hex};
 use super::{ER_DUP_ENTRY, LEASE_OVER, MySqlSql, bounded, number, seconds};
+use crate::backend::rows::MarkerState;
 use crate::backend::sealed::Claims;
 use crate::backend::sql::{Bound, statements};
 use crate::backend::{Check, Claimant, Found};
@@ -203,7 +204,7 @@ impl Claims for MySql {
         scope: &'t str,
         key: &'t str,
     ) -> Result<Option<Found>, sqlx::Error> {
-        let row: Option<(String, i64, Option<Vec<u8>>, Option<String>)> = sql
+        let row: Option<MarkerState> = sql
             .claim
             .marker(scope, key)
             .rows()

@@ -100,7 +100,15 @@ impl Operators for MySql {
         key: &'p str,
         force: bool,
     ) -> Result<bool, sqlx::Error> {
-        if sql.ops.forget(scope, key).query().execute(pool).await?.rows_affected() > 0 {
+        if sql
+            .ops
+            .forget(scope, key)
+            .query()
+            .execute(pool)
+            .await?
+            .rows_affected()
+            > 0
+        {
             return Ok(true);
         }
         let release = match force {

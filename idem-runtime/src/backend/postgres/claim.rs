@@ -4,6 +4,7 @@
 use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, Transaction};
 
 use super::{IN_FAILED_TRANSACTION, LEASE_OVER, PgSql, UNBOUND, database_code};
+use crate::backend::rows::MarkerState;
 use crate::backend::sealed::Claims;
 use crate::backend::sql::statements;
 use crate::backend::{Check, Claimant, Found};
@@ -193,7 +194,7 @@ impl Claims for Postgres {
         scope: &'t str,
         key: &'t str,
     ) -> Result<Option<Found>, sqlx::Error> {
-        let row: Option<(String, i64, Option<Vec<u8>>, Option<String>)> = sql
+        let row: Option<MarkerState> = sql
             .claim
             .marker(scope, key)
             .rows()

@@ -83,7 +83,15 @@ impl Operators for Postgres {
         key: &'p str,
         force: bool,
     ) -> Result<bool, sqlx::Error> {
-        if sql.ops.forget(scope, key).query().execute(pool).await?.rows_affected() > 0 {
+        if sql
+            .ops
+            .forget(scope, key)
+            .query()
+            .execute(pool)
+            .await?
+            .rows_affected()
+            > 0
+        {
             return Ok(true);
         }
         let release = match force {

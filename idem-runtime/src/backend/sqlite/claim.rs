@@ -5,6 +5,7 @@
 use sqlx::{AssertSqlSafe, Pool, SqlSafeStr as _, Sqlite, Transaction};
 
 use super::{Armed, BEGIN, LEASE_OVER, SqliteSql, busy_timeout};
+use crate::backend::rows::MarkerState;
 use crate::backend::sealed::Claims;
 use crate::backend::sql::statements;
 use crate::backend::{Check, Claimant, Found};
@@ -154,7 +155,7 @@ impl Claims for Sqlite {
         scope: &'t str,
         key: &'t str,
     ) -> Result<Option<Found>, sqlx::Error> {
-        let row: Option<(String, i64, Option<Vec<u8>>, Option<String>)> = sql
+        let row: Option<MarkerState> = sql
             .claim
             .marker(scope, key)
             .rows()
