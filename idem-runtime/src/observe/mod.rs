@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use metrics::{Key, Metadata};
+use metrics::Metadata;
 use tracing::Span;
 use tracing::field::Empty;
 
@@ -182,9 +182,8 @@ impl Observed {
         );
         let claim = self.started.elapsed();
         metrics::with_recorder(|recorder| {
-            let key = Key::from_static_parts(CLAIM_SECONDS, &self.site.scope_only);
             recorder
-                .register_histogram(&key, &METADATA)
+                .register_histogram(self.site.claim_seconds_key(), &METADATA)
                 .record(claim.as_secs_f64());
         });
         let decision = match answer {
@@ -266,9 +265,8 @@ impl Observed {
         }
         metrics::with_recorder(|recorder| {
             for &(verdict, n) in counts.iter().filter(|(_, n)| *n > 0) {
-                let labels = &self.site.outcomes[verdict as usize];
-                let key = Key::from_static_parts(OUTCOMES_TOTAL, labels);
-                recorder.register_counter(&key, &METADATA).increment(n);
+                let key = self.site.outcome_key(verdict);
+                recorder.register_counter(key, &METADATA).increment(n);
             }
         });
     }

@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};
 
-use metrics::Label;
+use metrics::{Key, Label};
 
 use super::verdict::{COUNT, Verdict};
+use super::{CLAIM_SECONDS, OUTCOMES_TOTAL};
 
 /// The labels of one scope: `(scope, outcome)` for every outcome, and `scope` alone.
 #[doc(hidden)]
@@ -15,6 +16,14 @@ use super::verdict::{COUNT, Verdict};
 pub struct Site {
     pub(super) outcomes: [[Label; 2]; COUNT],
     pub(super) scope_only: [Label; 1],
+    /// The metric keys of those labels, made (and hashed) at the scope's first call.
+    keys: OnceLock<Keys>,
+}
+
+#[derive(Debug)]
+struct Keys {
+    outcomes: [Key; COUNT],
+    claim_seconds: Key,
 }
 
 /// Scopes named at run time whose labels are kept; past this many, a process counts the rest
@@ -50,7 +59,27 @@ impl Site {
                 pair(scope, 10),
             ],
             scope_only: [Label::from_static_parts("scope", scope)],
+            keys: OnceLock::new(),
         }
+    }
+
+    fn keys(&self) -> &Keys {
+        self.keys.get_or_init(|| Keys {
+            outcomes: std::array::from_fn(|v| {
+                Key::from_parts(OUTCOMES_TOTAL, self.outcomes[v].to_vec())
+            }),
+            claim_seconds: Key::from_parts(CLAIM_SECONDS, self.scope_only.to_vec()),
+        })
+    }
+
+    /// The key of `idem_outcomes_total` for this scope and the outcome `verdict`.
+    pub(super) fn outcome_key(&self, verdict: Verdict) -> &Key {
+        &self.keys().outcomes[verdict as usize]
+    }
+
+    /// The key of `idem_claim_seconds` for this scope.
+    pub(super) fn claim_seconds_key(&self) -> &Key {
+        &self.keys().claim_seconds
     }
 
     /// The labels of `scope`, a scope named at run time: made at its first claim in the
@@ -87,5 +116,23 @@ mod tests {
         assert!(std::ptr::eq(a, Site::of(&String::from("tests.site.a"))));
         assert_eq!(a.scope_only[0].value(), "tests.site.a");
         assert!(!std::ptr::eq(a, Site::of("tests.site.b")));
+    }
+
+    #[test]
+    fn each_outcome_has_its_key() {
+        let site = Site::new("tests.site.keys");
+        for (verdict, label) in [
+            (Verdict::Applied, "applied"),
+            (Verdict::InProgress, "in_progress"),
+            (Verdict::Error, "error"),
+        ] {
+            let key = site.outcome_key(verdict);
+            assert_eq!(key.name(), OUTCOMES_TOTAL);
+            let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
+            assert_eq!(labels, [("scope", "tests.site.keys"), ("outcome", label)]);
+        }
+        let seconds = site.claim_seconds_key();
+        assert_eq!(seconds.name(), CLAIM_SECONDS);
+        assert_eq!(seconds.labels().count(), 1);
     }
 }
