@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use idem::{Claim, Key, Store};
+use idem::{Claimed, Key, Store};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Pool, Postgres};
 
@@ -91,7 +91,7 @@ pub(crate) async fn measure_growth(
                 let key = Key::new(&job_id(SALT, counter))?;
                 counter += 1;
                 let t0 = Instant::now();
-                let Claim::Fresh(mut guard) = store.claim(SCOPE, &key).await? else {
+                let Claimed::Fresh(mut guard) = store.claim(SCOPE, &key).await? else {
                     return Err(format!("growth: fresh key {key} claimed as a duplicate").into());
                 };
                 let t1 = Instant::now();

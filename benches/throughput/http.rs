@@ -1,5 +1,5 @@
 //! `--http`: requests per second through `idem::http::IdempotencyLayer` against the same axum
-//! handler claiming by hand (`Store::claim_checked` in the handler, the response stored with
+//! handler claiming by hand (`Store::claim_with` in the handler, the response stored with
 //! `Guard::finish_replay`), in one run, on PostgreSQL and SQLite; fresh keys and replayed ones.
 //!
 //! Both servers run in this process on loopback; the client is reqwest, `WORKERS` tasks each
@@ -90,12 +90,11 @@ async fn by_hand<DB: Backend + sqlx::Database>(
         Ok(f) => f,
         Err(e) => return failed(e),
     };
-    let options = ClaimOptions::new().replay().wait(Duration::from_secs(1));
-    match app
-        .store
-        .claim_checked(SCOPE, &key, options, Some(&fingerprint))
-        .await
-    {
+    let options = ClaimOptions::new()
+        .replay()
+        .wait(Duration::from_secs(1))
+        .fingerprint(fingerprint);
+    match app.store.claim_with(SCOPE, &key, options).await {
         Ok(Claimed::Fresh(mut guard)) => {
             let account = account(&body);
             let done = (app.effect)(&mut **guard.tx(), &app.accounts, account).await;
