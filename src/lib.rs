@@ -55,6 +55,11 @@ pub mod testing {
     pub use idem_runtime::testing::*;
 }
 
+pub mod by_hand {
+    // An inner attribute, so that the page's links resolve inside the module.
+    #![doc = include_str!("../docs/by-hand.md")]
+}
+
 #[doc(hidden)]
 pub mod __private {
     pub use idem_runtime::__private::*;
