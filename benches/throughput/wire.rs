@@ -127,7 +127,7 @@ impl WireReport {
             "## Messages per job on the wire ({})\n\n\
              One job at a time through a counting proxy, per job over {JOBS} jobs; pools as \
              below. Text queries may hold several statements (the macro's commit message holds \
-             three).\n\n| variant |",
+             two).\n\n| variant |",
             self.kind.name()
         );
         for name in proto.names {
@@ -161,9 +161,10 @@ impl WireReport {
     }
 
     /// The gate. A fresh job under the macro runs no more prepared statements than the
-    /// hand-written claim, and waits for at most one answer more: the verified commit's
-    /// `BEGIN` after `COMMIT`, whose `ROLLBACK` sqlx sends as the connection goes back (with
-    /// the release ping on PostgreSQL, before it on MySQL). A duplicate reads the marker it
+    /// hand-written claim, and waits for at most one answer more: the `ROLLBACK` that sqlx
+    /// queues for the transaction it still counts open after idem's own commit message (on
+    /// PostgreSQL the one `AND CHAIN` opened), sent as the connection goes back (with the
+    /// release ping on PostgreSQL, before it on MySQL). A duplicate reads the marker it
     /// met, which tells a completed job (a duplicate) from a lease another delivery still
     /// holds (in progress, never to be acked); the hand-written claim treats every marker as
     /// completed. PostgreSQL reads it in the claim's own statement, so a duplicate waits for
@@ -206,9 +207,10 @@ impl WireReport {
 }
 
 /// Statements the server runs per job: the prepared ones, plus one per statement of each
-/// text query (the macro's commit message, `SELECT ..; COMMIT; BEGIN`, holds three).
+/// text query (the macro's commit message holds two: PostgreSQL's `SAVEPOINT ..; COMMIT AND
+/// CHAIN`, MySQL's probe and `COMMIT`).
 fn statements(name: &str, per: PerJob, proto: &Protocol) -> u64 {
-    let extra = if name == "macro" { 2 } else { 0 };
+    let extra = if name == "macro" { 1 } else { 0 };
     per.0[proto.execute] + per.0[proto.query] + extra
 }
 

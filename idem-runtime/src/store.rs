@@ -90,9 +90,10 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 /// transaction at the first failed statement (and answers `COMMIT` with a rollback), MySQL
 /// rolls the whole transaction back on a deadlock (1213) and runs later statements in
 /// autocommit, SQLite on `INSERT OR ROLLBACK` and I/O errors. The check rides in the commit's
-/// own message (PostgreSQL `SELECT 1; COMMIT`; MySQL and MariaDB find the marker holding the
-/// claim's own nonce, which exists only while the claim's transaction does), at no extra round
-/// trip. The outbox's messages are written only while that marker is there, so none outlives
+/// own message (PostgreSQL `SAVEPOINT idem_commit; COMMIT AND CHAIN`, whose savepoint fails in
+/// an aborted transaction; MySQL and MariaDB find the marker holding the claim's own nonce,
+/// which exists only while the claim's transaction does; SQLite's `COMMIT` fails when there is
+/// nothing to commit), at no extra round trip. The outbox's messages are written only while that marker is there, so none outlives
 /// such a rollback. Statements a MySQL or SQLite body ran in autocommit after such a rollback
 /// are kept, marker or not: a body must return database errors (with `?`), never ignore or
 /// retry them. (On MySQL and SQLite most failed statements, a constraint violation say, undo

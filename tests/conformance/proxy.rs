@@ -29,7 +29,7 @@ pub(crate) enum Wire {
 #[derive(Clone, Debug)]
 pub(crate) enum CutAt {
     /// Right after the commit message: PostgreSQL a simple query (`Q`), MySQL a `COM_QUERY`,
-    /// whose statements include `COMMIT`.
+    /// whose statements include `COMMIT` (PostgreSQL's is `COMMIT AND CHAIN`).
     Commit,
     /// Instead of the commit message: the connection is cut with the message dropped, so the
     /// server never commits (what the client sees is the same as with [`CutAt::Commit`]).
@@ -240,7 +240,8 @@ impl Framer {
             CutAt::Commit | CutAt::InsteadOfCommit => {
                 kind == query
                     && text.split(';').any(|s| {
-                        s.trim_matches(|c: char| c.is_whitespace() || c == '\0') == "COMMIT"
+                        let s = s.trim_matches(|c: char| c.is_whitespace() || c == '\0');
+                        s == "COMMIT" || s.starts_with("COMMIT AND CHAIN")
                     })
             }
             CutAt::ClaimOf(table) => {

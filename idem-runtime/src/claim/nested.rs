@@ -9,8 +9,6 @@
 use std::borrow::Cow;
 use std::future::Future;
 
-use tracing::Instrument as _;
-
 use crate::error::Error;
 
 tokio::task_local! {
@@ -55,7 +53,7 @@ impl Body {
     /// Runs `body` in the call's span, marked as inside the claim's open transaction wherever
     /// it is polled.
     pub fn run<F: Future>(self, body: F) -> impl Future<Output = F::Output> {
-        BODY.scope(self.holder, body.instrument(self.span))
+        BODY.scope(self.holder, crate::observe::in_span(self.span, body))
     }
 }
 

@@ -8,7 +8,6 @@ use std::future::Future;
 use std::time::Instant;
 
 use sqlx::{Connection as _, Transaction};
-use tracing::Instrument as _;
 
 use super::{CLAIM_ATTEMPTS, Claimed, Decision, RECHECKS, Request, Ticket, TxHeld, decide, nested};
 use crate::backend::Backend;
@@ -218,9 +217,11 @@ pub(crate) async fn own<DB: Backend>(
         store,
         request: &request,
     };
-    let answer = retrying::<DB, _>(&mut observed, &request, true, &mut attempts)
-        .instrument(span)
-        .await;
+    let answer = observe::in_span(
+        span,
+        retrying::<DB, _>(&mut observed, &request, true, &mut attempts),
+    )
+    .await;
     let sql = store.shared_sql().clone();
     conclude(observed, request, answer, |tx, ticket| {
         TxHeld::new(tx, sql, false, ticket)
@@ -287,9 +288,11 @@ pub(crate) async fn joined<'a, DB: Backend>(
         sql: store.sql(),
         request: &request,
     };
-    let answer = retrying::<DB, _>(&mut observed, &request, false, &mut attempts)
-        .instrument(span)
-        .await;
+    let answer = observe::in_span(
+        span,
+        retrying::<DB, _>(&mut observed, &request, false, &mut attempts),
+    )
+    .await;
     let sql = store.shared_sql().clone();
     conclude(observed, request, answer, |tx, ticket| {
         TxHeld::new(tx, sql, true, ticket)
@@ -414,9 +417,11 @@ pub(crate) async fn batch<DB: Backend>(
         request: &request,
         keys,
     };
-    let answer = retrying::<DB, _>(&mut observed, &request, true, &mut attempts)
-        .instrument(span)
-        .await;
+    let answer = observe::in_span(
+        span,
+        retrying::<DB, _>(&mut observed, &request, true, &mut attempts),
+    )
+    .await;
     match answer {
         Ok(Attempt::Done(_)) => {
             observed.decided(Answer::Duplicate);

@@ -11,8 +11,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
 use tower_service::Service;
 
-use tracing::Instrument as _;
-
 use super::extract::{Holding, Slot};
 use super::finish::{Finish, Panicked};
 use super::header;
@@ -216,7 +214,7 @@ where
     let response = match run {
         Ok(body) => body.run(call).await,
         // Lease mode: the handler must be done before another request may take the key over.
-        Err((span, clock)) => match clock.run(call.instrument(span)).await {
+        Err((span, clock)) => match clock.run(crate::observe::in_span(span, call)).await {
             Ok(response) => response,
             Err(after) => {
                 if let Some(Holding::Lease(lease)) = slot.take() {

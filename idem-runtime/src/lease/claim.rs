@@ -6,8 +6,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tracing::Instrument as _;
-
 use super::Lease;
 use crate::BoxFuture;
 use crate::backend::{Backend, Holder, LeaseState};
@@ -110,9 +108,11 @@ pub(crate) async fn claim_lease<DB: Backend>(
         request: &request,
         lease_ms: options.lease_ms(),
     };
-    let answer = run::retrying::<DB, _>(&mut observed, &request, true, &mut attempts)
-        .instrument(span.clone())
-        .await;
+    let answer = crate::observe::in_span(
+        span.clone(),
+        run::retrying::<DB, _>(&mut observed, &request, true, &mut attempts),
+    )
+    .await;
     let store: Arc<dyn LeaseStore> = Arc::new(store.clone());
     let claimed = run::conclude(observed, request, answer, |taken, ticket| {
         let (token, attempts, sent) = taken;

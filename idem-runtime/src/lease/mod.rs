@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tracing::Instrument as _;
 
 use claim::LeaseStore;
 pub(crate) use claim::claim_lease;
@@ -193,7 +192,7 @@ impl Lease {
     /// nested.
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, Error> {
         self.clock
-            .run(body.instrument(self.span().clone()))
+            .run(crate::observe::in_span(self.span().clone(), body))
             .await
             .map_err(|after| timed_out(self.request(), after))
     }

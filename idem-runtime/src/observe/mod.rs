@@ -32,9 +32,12 @@ use crate::error::Error;
 use crate::options::Mode;
 use crate::outcome::{Batch, Failed, Outcome};
 
+mod in_span;
 mod keys;
 mod site;
 mod verdict;
+
+pub(crate) use in_span::in_span;
 
 pub use keys::{KeyInSpans, observe_keys};
 pub use site::Site;
@@ -175,11 +178,15 @@ impl Observed {
     /// The claim has its answer: the span's `retries` and `waited_ms`, the claim's latency,
     /// and the `trace` event of what it decided.
     pub(crate) fn decided(&mut self, answer: Answer) {
-        self.span.record("retries", self.attempts.saturating_sub(1));
-        self.span.record(
-            "waited_ms",
-            u64::try_from(self.waited.as_millis()).unwrap_or(u64::MAX),
-        );
+        // A disabled span records nothing, but with `tracing`'s `log` feature each `record`
+        // still asks `log` whether it wants the field: skipped when nobody listens.
+        if !self.span.is_disabled() {
+            self.span.record("retries", self.attempts.saturating_sub(1));
+            self.span.record(
+                "waited_ms",
+                u64::try_from(self.waited.as_millis()).unwrap_or(u64::MAX),
+            );
+        }
         let claim = self.started.elapsed();
         metrics::with_recorder(|recorder| {
             recorder
@@ -258,10 +265,12 @@ impl Observed {
 
     /// Records how the call ended on its span, and the counts on the counter.
     fn record(&self, verdict: Verdict, counts: [(Verdict, u64); 2], batch: Option<(u64, u64)>) {
-        self.span.record("outcome", verdict.as_str());
-        if let Some((applied, duplicate)) = batch {
-            self.span.record("applied", applied);
-            self.span.record("duplicate", duplicate);
+        if !self.span.is_disabled() {
+            self.span.record("outcome", verdict.as_str());
+            if let Some((applied, duplicate)) = batch {
+                self.span.record("applied", applied);
+                self.span.record("duplicate", duplicate);
+            }
         }
         metrics::with_recorder(|recorder| {
             for &(verdict, n) in counts.iter().filter(|(_, n)| *n > 0) {

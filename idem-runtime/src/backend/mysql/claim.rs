@@ -2,6 +2,8 @@
 //! is the duplicate signal), each claim statement's lock wait bounded on MariaDB, and the
 //! verified commit, which counts the marker holding the claim's nonce.
 
+use std::fmt::Write as _;
+
 use sqlx::{AssertSqlSafe, MySql, Pool, Row as _, SqlSafeStr as _, Transaction};
 
 use super::batch::{self, push_hex};
@@ -122,8 +124,8 @@ impl Claims for MySql {
             push_hex(&mut message, c.scope.as_bytes());
             message.push_str(" AND `key` = ");
             push_hex(&mut message, c.key.as_bytes());
-            message.push_str(" AND token = ");
-            message.push_str(&c.nonce.to_string());
+            // Writing to a `String` cannot fail.
+            let _ = write!(message, " AND token = {}", c.nonce);
         } else {
             message.push_str("SELECT CAST(1 /*M! * @@in_transaction */ AS SIGNED)");
         }

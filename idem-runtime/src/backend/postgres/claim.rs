@@ -10,21 +10,24 @@ use crate::backend::sql::statements;
 use crate::backend::{Check, Claimant, Found};
 use crate::options::ClaimOptions;
 
-// The claim and, when it inserts nothing, the marker it met, in one statement: the `LEFT JOIN`
-// reads with the statement's snapshot, which never holds this insert's own row (a fresh claim
-// reads no marker) but does hold one committed before the statement began. A marker committed
-// while the insert waited for it is not in that snapshot: the claim then reads it with a
-// statement of its own. The last column is where a claim with `wait` puts the session's lock
-// wait back, once the insert is done (the columns are evaluated in order): only when it
-// inserted, since a claim that goes on to take a lease over still waits on the row.
-fn claim_or_read(unbind: &str) -> String {
+// The claim and, when it inserts nothing, the marker it met, in one statement. A claim that
+// inserted answers no row at all: the fresh path, every job's, decodes nothing. One that
+// inserted nothing answers one row, the marker's columns read by the `LEFT JOIN` with the
+// statement's snapshot, which holds a marker committed before the statement began; a marker
+// committed while the insert waited for it is not in that snapshot (its columns are NULL), and
+// the claim reads it with a statement of its own. `when_inserted` runs only when the insert
+// did (with `wait`, it puts the session's lock wait back: a claim that goes on to take a
+// lease over still waits on the row) and is never true, so that the fresh claim's row is
+// dropped. The `WITH` runs to completion before the `SELECT` reads its count.
+fn claim_or_read(when_inserted: &str) -> String {
     format!(
         "WITH ins AS (INSERT INTO {{t}} (scope, key, fingerprint, token, completed_at) \
          VALUES ($1, $2, $3, $4, now()) ON CONFLICT DO NOTHING RETURNING 1) \
-         SELECT (SELECT count(*) FROM ins), m.state, \
+         SELECT m.state, \
          (m.locked_until IS NULL OR m.locked_until <= statement_timestamp())::int::int8, \
-         m.fingerprint, CASE WHEN $5 THEN m.result::text END, {unbind} \
-         FROM (SELECT 1) AS one LEFT JOIN {{t}} AS m ON m.scope = $1 AND m.key = $2"
+         m.fingerprint, CASE WHEN $5 THEN m.result::text END \
+         FROM (SELECT 1 WHERE CASE WHEN EXISTS (SELECT 1 FROM ins) THEN {when_inserted} \
+         ELSE true END) AS one LEFT JOIN {{t}} AS m ON m.scope = $1 AND m.key = $2"
     )
 }
 
@@ -45,12 +48,10 @@ statements! {
     /// The statements of a claim in a transaction.
     pub(super) struct ClaimSql<Postgres> {
         claim_or_read(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64, replay: bool) =
-            claim_or_read("NULL::text");
+            claim_or_read("false");
         /// With `wait`: puts the session's lock wait back once it inserted.
         claim_or_read_bounded(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64, replay: bool) =
-            claim_or_read(&format!(
-                "CASE WHEN (SELECT count(*) FROM ins) = 1 THEN {UNBOUND} END"
-            ));
+            claim_or_read(&format!("{UNBOUND} IS NULL"));
         marker(scope: &str, key: &str) = format!(
             "SELECT state, {LEASE_OVER}::int::int8, fingerprint, result::text FROM {{t}} \
              WHERE scope = $1 AND key = $2"
@@ -123,13 +124,14 @@ impl Claims for Postgres {
         _: &'a ClaimOptions,
     ) -> Result<bool, sqlx::Error> {
         // PostgreSQL answers `COMMIT` of an aborted transaction with a silent `ROLLBACK`, and
-        // sqlx reports that as success. Any other statement fails in an aborted transaction,
-        // so `SELECT 1` first tells the two apart, in the same message (one round trip): if it
-        // fails, the rest of the message is skipped. The trailing `BEGIN` leaves sqlx's
-        // bookkeeping (which still counts this transaction as open) something to roll back:
-        // dropping `tx` queues that `ROLLBACK`, and the pool sends it with the ping it makes
+        // sqlx reports that as success. Any other statement fails in an aborted transaction, so
+        // a `SAVEPOINT` first tells the two apart in the same message (one round trip): if it
+        // fails, the rest of the message is skipped. It answers with its command tag alone (no
+        // row to decode, unlike a `SELECT`), and the commit discards it. `AND CHAIN` opens the
+        // next transaction at once (sqlx's bookkeeping still counts this one as open): dropping
+        // `tx` queues the `ROLLBACK` that ends it, which the pool sends with the ping it makes
         // when the connection comes back, so it costs no round trip of its own.
-        match sqlx::raw_sql("SELECT 1; COMMIT; BEGIN")
+        match sqlx::raw_sql("SAVEPOINT idem_commit; COMMIT AND CHAIN")
             .execute(&mut *tx)
             .await
         {
@@ -161,14 +163,7 @@ impl Claims for Postgres {
         c: Claimant<'t>,
         replay: bool,
     ) -> Result<(bool, Option<Found>), sqlx::Error> {
-        type Row = (
-            i64,
-            Option<String>,
-            Option<i64>,
-            Option<Vec<u8>>,
-            Option<String>,
-            Option<String>,
-        );
+        type Row = (Option<String>, Option<i64>, Option<Vec<u8>>, Option<String>);
         let statement = match c.wait {
             None => sql
                 .claim
@@ -178,11 +173,10 @@ impl Claims for Postgres {
                 s.claim_or_read_bounded(c.scope, c.key, c.fingerprint, c.nonce, replay)
             }
         };
-        let (inserted, state, over, fingerprint, result, _): Row =
-            statement.rows().fetch_one(&mut *conn).await?;
-        if inserted == 1 {
+        let row: Option<Row> = statement.rows().fetch_optional(&mut *conn).await?;
+        let Some((state, over, fingerprint, result)) = row else {
             return Ok((true, None));
-        }
+        };
         let found =
             state.map(|state| Found::of_row((state, over.unwrap_or(1), fingerprint, result)));
         Ok((false, found))

@@ -3,6 +3,7 @@
 //! transaction back.
 
 use sqlx::{AssertSqlSafe, Pool, SqlSafeStr as _, Sqlite, Transaction};
+use sqlx_core::transaction::TransactionManager as _;
 
 use super::{Armed, BEGIN, LEASE_OVER, SqliteSql, busy_timeout};
 use crate::backend::rows::MarkerState;
@@ -105,12 +106,14 @@ impl Claims for Sqlite {
         _: &'a ClaimOptions,
     ) -> Result<bool, sqlx::Error> {
         // A statement that rolled the whole transaction back (`INSERT OR ROLLBACK`, a full
-        // disk) leaves nothing to commit, and SQLite says so. sqlx's own `commit` would then
-        // keep counting the transaction as open and hand the connection back to the pool in
-        // that state, so the commit is ours, followed (as on the other backends) by a `BEGIN`
-        // that dropping `tx` rolls back, leaving sqlx's count right either way.
-        match sqlx::raw_sql("COMMIT; BEGIN").execute(&mut *tx).await {
-            Ok(_) => Ok(true),
+        // disk) leaves nothing to commit, and SQLite says so. sqlx's `commit` is called on the
+        // connection rather than on `tx`, which it would consume: on that error sqlx still
+        // counts the transaction as open, and a `BEGIN` then gives the `ROLLBACK` that
+        // dropping `tx` sends something to end, leaving sqlx's count right. On success the
+        // count is zero and that `ROLLBACK` is a no-op of sqlx's worker that reaches no
+        // statement.
+        match <Sqlite as sqlx::Database>::TransactionManager::commit(&mut tx).await {
+            Ok(()) => Ok(true),
             Err(e) if e.to_string().contains("no transaction is active") => {
                 sqlx::raw_sql("BEGIN").execute(&mut *tx).await?;
                 Ok(false)
