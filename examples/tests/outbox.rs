@@ -249,3 +249,45 @@ async fn rabbitmq_keeps_a_message_no_queue_takes_pending() {
         .unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A channel the user did not put in confirm mode: the publisher selects confirms itself
+/// before its first publish, so each message is confirmed, marked sent and in the queue once
+/// (without confirms every publish would count as failed and be published again).
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_on_a_channel_without_confirms_publishes_each_message_once() {
+    let (store, pool, dir) = store("rmq-plain").await;
+    let url = rabbitmq_worker::amqp_url();
+    let connection = rabbitmq_worker::connect(&url).await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    assert!(!channel.status().confirm());
+    let queue = format!("idem-outbox-plain-{}", std::process::id());
+    rabbitmq_worker::declare_queue(&channel, &queue)
+        .await
+        .unwrap();
+    assert!(place(&store, "o-1", &queue).await.unwrap().is_applied());
+
+    let relay = Relay::new(store.clone(), RabbitMq::new(channel.clone()));
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!((round.sent, round.failed), (2, 0), "{round:?}");
+    assert!(channel.status().confirm());
+    assert_eq!(relay.relay_once().await.unwrap().sent, 0);
+    let unsent = "SELECT COUNT(*) FROM idem_processed_outbox WHERE sent_at IS NULL";
+    assert_eq!(count(&pool, unsent).await, 0);
+    let queued = channel
+        .queue_declare(
+            queue.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(queued.message_count(), 2);
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}

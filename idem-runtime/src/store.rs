@@ -233,6 +233,12 @@ impl<DB: Backend> Store<DB> {
     /// lease a delivery still holds is refused with [`Error::LeaseHeld`]: that delivery may
     /// still be calling the outside system, and a redelivery would call it again beside it.
     /// Wait for it to complete or run out, or use [`forget_forced`](Store::forget_forced).
+    ///
+    /// The job's outbox messages that were not sent yet (pending or parked) are deleted with
+    /// it: the re-run sends its own, under the same ids. Messages already sent stay until
+    /// [`purge_outbox`](Store::purge_outbox): a re-run's message with the id of a sent one is
+    /// not written, since the consumer that got the first one already holds that id as its
+    /// key and would take the second for a duplicate.
     pub async fn forget<K: IntoKey + ?Sized>(&self, scope: &str, key: &K) -> Result<bool, Error> {
         self.forget_as(scope, key, false).await
     }
@@ -266,6 +272,9 @@ impl<DB: Backend> Store<DB> {
         // round.
         for _ in 0..2 {
             if DB::forget(pool, sql, scope, key.as_str(), force).await? {
+                // The job's unsent messages go with its marker: the re-run writes its own,
+                // under the same ids, which would otherwise meet the old rows and be dropped.
+                DB::outbox_forget(pool, sql, scope, key.as_str()).await?;
                 return Ok(true);
             }
             match DB::status(pool, sql, scope, key.as_str()).await? {

@@ -30,7 +30,7 @@ mod sql;
 mod sqlite;
 
 pub(crate) use listen::Listen;
-pub(crate) use rows::{Found, LeaseState, MarkerRow, OutboxRow, Status};
+pub(crate) use rows::{Found, LeaseState, MarkerRow, OutboxRow, Status, Taken};
 pub use sql::MAX_TABLE_LEN;
 pub(crate) use sql::Table;
 
@@ -274,22 +274,27 @@ pub(crate) mod sealed {
 
         /// The relay's take: at most `limit` due messages, oldest first (a job's in their
         /// order), none another relay holds; held for `lease_ms`, after which a relay that
-        /// died with them lets another take them again.
+        /// died with them lets another take them again. Every message of one take is held
+        /// until the same instant, which the [`Taken`] names: its hold, which a later take of
+        /// the same message (once the hold ran out) changes.
         fn outbox_take<'p>(
             pool: &'p Pool<Self>,
             sql: &'p Self::Sql,
             limit: i64,
             lease_ms: i64,
-        ) -> impl Future<Output = Result<Vec<crate::outgoing::Message>, sqlx::Error>> + Send + 'p;
+        ) -> impl Future<Output = Result<Taken, sqlx::Error>> + Send + 'p;
 
-        /// The broker confirmed the message.
+        /// The broker confirmed these messages: each is marked sent if it is unsent and still
+        /// under `hold`; returns how many were.
         fn outbox_sent<'p>(
             pool: &'p Pool<Self>,
             sql: &'p Self::Sql,
-            id: &'p str,
-        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'p;
+            ids: &'p [&'p str],
+            hold: &'p str,
+        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'p;
 
-        /// Publishing failed: try again in `retry_ms`, or never (`park`).
+        /// Publishing failed: try again in `retry_ms`, or never (`park`); only if the message
+        /// is unsent and still under `hold`.
         fn outbox_failed<'p>(
             pool: &'p Pool<Self>,
             sql: &'p Self::Sql,
@@ -297,7 +302,17 @@ pub(crate) mod sealed {
             error: &'p str,
             retry_ms: i64,
             park: bool,
+            hold: &'p str,
         ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'p;
+
+        /// Deletes the unsent messages (pending or parked) of one job: what `forget` does to
+        /// its outbox, so that a re-run's messages, which get the same ids, are written.
+        fn outbox_forget<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            scope: &'p str,
+            key: &'p str,
+        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'p;
 
         /// Deletes at most `limit` messages sent more than `age_ms` ago; returns how many.
         fn outbox_purge<'p>(

@@ -117,3 +117,11 @@ pub(crate) fn message(
         attempts: attempts.try_into().unwrap_or(u32::MAX),
     }
 }
+
+/// What a relay's take holds: its messages, and the instant they are held until, as the
+/// database wrote it (the fence of the round's marks).
+#[derive(Debug, Default)]
+pub struct Taken {
+    pub(crate) messages: Vec<Message>,
+    pub(crate) hold: String,
+}

@@ -8,7 +8,7 @@ mod operators;
 mod rabbitmq;
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[cfg(feature = "outbox-nats")]
 pub use nats::JetStream;
@@ -16,7 +16,7 @@ pub use operators::{OutboxEntry, OutboxState};
 #[cfg(feature = "outbox-rabbitmq")]
 pub use rabbitmq::RabbitMq;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Taken};
 use crate::error::Error;
 use crate::outgoing::Message;
 use crate::store::{PURGE_BATCH, Store};
@@ -51,6 +51,12 @@ pub struct Relayed {
     pub failed: usize,
     /// Not published, for the last time: parked until an operator requeues them.
     pub parked: usize,
+    /// Published and confirmed after the round's hold ran out, and taken since by another
+    /// relay (so not marked here): that relay publishes them again, with the same ids.
+    pub lost: usize,
+    /// Not tried: the round's time was up (publishing a round must end well within its hold),
+    /// or a publish did not answer in that time. Due again once the hold runs out.
+    pub left: usize,
 }
 
 /// Publishes the outbox's messages after their commit.
@@ -63,9 +69,21 @@ pub struct Relayed {
 /// [`max_attempts`](Relay::max_attempts). A relay that dies with messages in hand lets another
 /// relay take them once their lease ran out: at least once, each with its one id.
 ///
+/// A round publishes for at most three quarters of its hold: a publish that has not answered by
+/// then is abandoned with the rest of the round, which stays unmarked until the hold runs
+/// out. Every mark (sent, failed) applies only to a message that is unsent and still under
+/// this round's hold, so a relay that lost its hold (it stalled, another relay took the
+/// messages) marks nothing of what the other relay now holds. The confirmed messages of a
+/// round are marked sent in one statement.
+///
 /// Order: with one relay and no failed publish, the messages of one job leave in the order it
-/// sent them, and jobs in the order their transactions began. A failed message is retried
-/// later, so messages sent after it may leave first; several relays publish side by side.
+/// sent them. Across jobs, a round takes the oldest due messages by their `created_at`, the
+/// time their job's transaction began (PostgreSQL's `now()`; on MySQL and SQLite the time of
+/// the write): a job whose transaction began first but committed last is not visible to a
+/// round that runs between the two commits, so it leaves after the other. The order across
+/// jobs is the order in which they become visible to the rounds, which is commit order only
+/// roughly. A failed message is retried later, so messages sent after it may leave first;
+/// several relays publish side by side.
 pub struct Relay<DB: Backend, P: Publisher> {
     store: Store<DB>,
     publisher: P,
@@ -95,9 +113,10 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         self
     }
 
-    /// How long a round holds the messages it took: longer than publishing a batch takes.
+    /// How long a round holds the messages it took: longer than publishing a batch takes
+    /// (a round publishes for three quarters of it at most). At least a millisecond.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+        self.lease = lease.max(Duration::from_millis(1));
         self
     }
 
@@ -114,19 +133,31 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         self
     }
 
-    /// One round: takes the due messages, publishes them, marks each.
+    /// One round: takes the due messages, publishes them within the round's time, marks them.
     pub async fn relay_once(&self) -> Result<Relayed, Error> {
         let st = self.store.sql();
         let pool = self.store.pool();
-        let lease_ms = millis(self.lease);
-        let taken = DB::outbox_take(pool, st, i64::from(self.batch), lease_ms).await?;
+        // The hold runs from the take's statement, which runs after this instant: the round's
+        // time, measured from here, ends before the hold does.
+        let deadline = Instant::now() + self.lease.mul_f64(0.75);
+        let Taken { messages, hold } =
+            DB::outbox_take(pool, st, i64::from(self.batch), millis(self.lease)).await?;
         let mut relayed = Relayed::default();
-        for message in &taken {
-            match self.publisher.publish(message).await {
-                Ok(()) => {
-                    DB::outbox_sent(pool, st, &message.id).await?;
-                    relayed.sent += 1;
-                }
+        let mut sent = Vec::with_capacity(messages.len());
+        for (at, message) in messages.iter().enumerate() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let published = match left.is_zero() {
+                true => None,
+                false => tokio::time::timeout(left, self.publisher.publish(message))
+                    .await
+                    .ok(),
+            };
+            let Some(published) = published else {
+                relayed.left = messages.len() - at;
+                break;
+            };
+            match published {
+                Ok(()) => sent.push(message.id.as_str()),
                 Err(e) => {
                     let attempts = message.attempts.saturating_add(1);
                     let park = attempts >= self.max_attempts;
@@ -136,7 +167,9 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                         .saturating_mul(1 << shift)
                         .min(Duration::from_secs(300));
                     let error = e.to_string();
-                    DB::outbox_failed(pool, st, &message.id, &error, millis(wait), park).await?;
+                    let error = bounded(&error);
+                    let (id, retry) = (message.id.as_str(), millis(wait));
+                    DB::outbox_failed(pool, st, id, &error, retry, park, &hold).await?;
                     if park {
                         relayed.parked += 1;
                     } else {
@@ -144,6 +177,14 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                     }
                 }
             }
+        }
+        if !sent.is_empty() {
+            let marked = DB::outbox_sent(pool, st, &sent, &hold).await?;
+            let marked = usize::try_from(marked)
+                .unwrap_or(usize::MAX)
+                .min(sent.len());
+            relayed.sent = marked;
+            relayed.lost = sent.len() - marked;
         }
         Ok(relayed)
     }
@@ -167,7 +208,8 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             let Some(relayed) = unless(stop.as_mut(), self.relay_once()).await else {
                 return Ok(());
             };
-            if relayed?.sent > 0 {
+            let relayed = relayed?;
+            if relayed.sent + relayed.lost > 0 {
                 continue;
             }
             let waited = match &mut listen {
@@ -215,9 +257,39 @@ async fn unless<T>(
     .await
 }
 
+/// The most of a publisher's error text kept in `last_error`, in bytes.
+pub(crate) const ERROR_TEXT: usize = 2000;
+
+/// `error`, cut to [`ERROR_TEXT`] bytes at a character boundary, marked where it was cut.
+fn bounded(error: &str) -> std::borrow::Cow<'_, str> {
+    if error.len() <= ERROR_TEXT {
+        return error.into();
+    }
+    let mut end = ERROR_TEXT - '…'.len_utf8();
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &error[..end]).into()
+}
+
 /// Milliseconds for a statement, capped at a century (the databases' interval arithmetic).
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis())
         .unwrap_or(i64::MAX)
         .min(100 * 366 * 24 * 3600 * 1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_texts_are_cut_at_a_character_boundary() {
+        assert_eq!(bounded("short"), "short");
+        let long = "é".repeat(ERROR_TEXT);
+        let cut = bounded(&long);
+        assert!(cut.len() <= ERROR_TEXT, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert!(cut.trim_end_matches('…').chars().all(|c| c == 'é'));
+    }
 }

@@ -7,14 +7,17 @@
 //! confirm, and the relay keeps it pending (a mistyped destination, a queue not declared yet)
 //! instead of marking it sent.
 
-use lapin::options::BasicPublishOptions;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Confirmation};
 
 use super::{PublishError, Publisher};
 use crate::outgoing::Message;
 
-/// Publishes to RabbitMQ on a channel in confirm mode (`confirm_select`): `Ok` only once the
-/// broker acked the message.
+/// Publishes to RabbitMQ with publisher confirms: `Ok` only once the broker acked the message.
+///
+/// A channel not in confirm mode yet is put in it (`confirm_select`) before its first publish:
+/// without confirms the broker's answer could not be waited for, and a message it took would
+/// count as failed and be published again.
 #[derive(Debug, Clone)]
 pub struct RabbitMq {
     channel: Channel,
@@ -22,7 +25,7 @@ pub struct RabbitMq {
 }
 
 impl RabbitMq {
-    /// Publishes on `channel`, which must be in confirm mode, to the default exchange: a
+    /// Publishes on `channel` (put in confirm mode if it is not) to the default exchange: a
     /// message's destination is the queue it goes to.
     pub fn new(channel: Channel) -> Self {
         RabbitMq {
@@ -40,6 +43,12 @@ impl RabbitMq {
 
 impl Publisher for RabbitMq {
     async fn publish<'a>(&'a self, message: &'a Message) -> Result<(), PublishError> {
+        // Selecting confirms again on a channel in confirm mode is allowed and changes nothing.
+        if !self.channel.status().confirm() {
+            self.channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+        }
         let confirm = self
             .channel
             .basic_publish(
@@ -69,7 +78,15 @@ impl Publisher for RabbitMq {
                 returned.reply_text
             )
             .into()),
-            other => Err(format!("RabbitMQ refused message {}: {other:?}", message.id).into()),
+            Confirmation::NotRequested => Err(format!(
+                "RabbitMQ gave no confirm for message {}: the channel left confirm mode; \
+                 the message may have been taken and is published again",
+                message.id
+            )
+            .into()),
+            Confirmation::Nack(_) => {
+                Err(format!("RabbitMQ refused message {} (nack)", message.id).into())
+            }
         }
     }
 }

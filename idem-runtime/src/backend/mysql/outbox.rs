@@ -1,14 +1,14 @@
 //! The outbox on MySQL and MariaDB: one statement a message (MySQL has no array to bind),
 //! written only while the claim's marker is there, and the relay's take with `SKIP LOCKED`.
 
-use sqlx::{AssertSqlSafe, MySql, Pool};
+use sqlx::{AssertSqlSafe, MySql, Pool, Row as _};
 
 use super::MySqlSql;
 use super::batch::hex_bytes;
 use crate::backend::sealed::Outboxes;
 use crate::backend::sql::statements;
-use crate::backend::{Listen, OutboxRow, rows};
-use crate::outgoing::{Message, Pending};
+use crate::backend::{Listen, OutboxRow, Taken, rows};
+use crate::outgoing::Pending;
 
 /// The columns of the operators' statements (see `OutboxRow`).
 const OUTBOX_COLUMNS: &str = "CONVERT(id USING utf8mb4), CONVERT(destination USING utf8mb4), \
@@ -36,11 +36,14 @@ statements! {
             "SELECT id, destination, payload, seq, attempts FROM {t}_outbox WHERE sent_at IS NULL \
              AND parked = FALSE AND next_attempt_at <= UTC_TIMESTAMP(6) \
              ORDER BY created_at, seq LIMIT ? FOR UPDATE SKIP LOCKED";
-        sent(id: &str) = "UPDATE {t}_outbox SET sent_at = UTC_TIMESTAMP(6) WHERE id = ?";
-        failed(error: &str, retry_ms: i64, park: bool, id: &str) =
+        // Only while the message is unsent and under the round's hold (the marks of a whole
+        // round are one statement, written per round: `sent_text`).
+        failed(error: &str, retry_ms: i64, park: bool, id: &str, hold: &str) =
             "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = ?, \
              next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND, parked = ? \
-             WHERE id = ?";
+             WHERE id = ? AND sent_at IS NULL AND CAST(next_attempt_at AS CHAR) = ?";
+        forget(scope: &str, key: &str) =
+            "DELETE FROM {t}_outbox WHERE scope = ? AND `key` = ? AND sent_at IS NULL";
         purge(age_ms: i64, limit: i64) =
             "DELETE FROM {t}_outbox WHERE sent_at < UTC_TIMESTAMP(6) - INTERVAL (? * 1000) \
              MICROSECOND ORDER BY sent_at LIMIT ?";
@@ -84,24 +87,35 @@ impl Outboxes for MySql {
         sql: &'p MySqlSql,
         limit: i64,
         lease_ms: i64,
-    ) -> Result<Vec<Message>, sqlx::Error> {
+    ) -> Result<Taken, sqlx::Error> {
         type Row = (Vec<u8>, Vec<u8>, Vec<u8>, i32, i32);
         let mut tx = pool.begin().await?;
         let due: Vec<Row> = sql.outbox.due(limit).rows().fetch_all(&mut *tx).await?;
-        if !due.is_empty() {
+        let mut hold = String::new();
+        if let Some(first) = due.first() {
             let ids: Vec<String> = due.iter().map(|r| hex_bytes(&r.0)).collect();
-            let hold = format!(
-                "UPDATE {}_outbox SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL {} \
-                 MICROSECOND WHERE id IN ({})",
-                sql.table.as_str(),
+            // `UTC_TIMESTAMP` is the statement's: one instant for every message it holds, read
+            // back as the round's hold.
+            let table = sql.table.as_str();
+            let held = format!(
+                "UPDATE {table}_outbox SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL {} \
+                 MICROSECOND WHERE id IN ({}); \
+                 SELECT CAST(next_attempt_at AS CHAR) FROM {table}_outbox WHERE id = {}",
                 lease_ms.saturating_mul(1000),
-                ids.join(",")
+                ids.join(","),
+                hex_bytes(&first.0)
             );
-            sqlx::raw_sql(AssertSqlSafe(hold)).execute(&mut *tx).await?;
+            let rows = sqlx::raw_sql(AssertSqlSafe(held))
+                .fetch_all(&mut *tx)
+                .await?;
+            if let Some(row) = rows.first() {
+                hold = row.try_get(0)?;
+            }
         }
         tx.commit().await?;
         let text = |b: Vec<u8>| String::from_utf8(b).map_err(|e| sqlx::Error::Decode(Box::new(e)));
-        due.into_iter()
+        let messages = due
+            .into_iter()
             .map(|(id, destination, payload, seq, attempts)| {
                 Ok(rows::message(
                     text(id)?,
@@ -111,16 +125,27 @@ impl Outboxes for MySql {
                     attempts,
                 ))
             })
-            .collect()
+            .collect::<Result<_, sqlx::Error>>()?;
+        Ok(Taken { messages, hold })
     }
 
     async fn outbox_sent<'p>(
         pool: &'p Pool<Self>,
         sql: &'p MySqlSql,
-        id: &'p str,
-    ) -> Result<(), sqlx::Error> {
-        sql.outbox.sent(id).query().execute(pool).await?;
-        Ok(())
+        ids: &'p [&'p str],
+        hold: &'p str,
+    ) -> Result<u64, sqlx::Error> {
+        // MySQL binds no array: the round's ids travel as hex literals in one statement.
+        let ids: Vec<String> = ids.iter().map(|id| hex_bytes(id.as_bytes())).collect();
+        let sent = format!(
+            "UPDATE {}_outbox SET sent_at = UTC_TIMESTAMP(6) WHERE id IN ({}) \
+             AND sent_at IS NULL AND CAST(next_attempt_at AS CHAR) = CONVERT({} USING utf8mb4)",
+            sql.table.as_str(),
+            ids.join(","),
+            hex_bytes(hold.as_bytes())
+        );
+        let done = sqlx::raw_sql(AssertSqlSafe(sent)).execute(pool).await?;
+        Ok(done.rows_affected())
     }
 
     async fn outbox_failed<'p>(
@@ -130,10 +155,21 @@ impl Outboxes for MySql {
         error: &'p str,
         retry_ms: i64,
         park: bool,
+        hold: &'p str,
     ) -> Result<(), sqlx::Error> {
-        let failed = sql.outbox.failed(error, retry_ms, park, id);
+        let failed = sql.outbox.failed(error, retry_ms, park, id, hold);
         failed.query().execute(pool).await?;
         Ok(())
+    }
+
+    async fn outbox_forget<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p MySqlSql,
+        scope: &'p str,
+        key: &'p str,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sql.outbox.forget(scope, key).query().execute(pool).await?;
+        Ok(done.rows_affected())
     }
 
     async fn outbox_purge<'p>(

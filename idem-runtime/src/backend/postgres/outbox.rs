@@ -6,8 +6,8 @@ use sqlx::{Pool, Postgres};
 use super::PgSql;
 use crate::backend::sealed::Outboxes;
 use crate::backend::sql::statements;
-use crate::backend::{Listen, OutboxRow, rows};
-use crate::outgoing::{Message, Pending};
+use crate::backend::{Listen, OutboxRow, Taken, rows};
+use crate::outgoing::Pending;
 
 /// The columns of the operators' statements (see `OutboxRow`).
 const OUTBOX_COLUMNS: &str = "id, destination, scope, key, seq::int8, attempts::int8, \
@@ -16,6 +16,10 @@ const OUTBOX_COLUMNS: &str = "id, destination, scope, key, seq::int8, attempts::
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
     (EXTRACT(EPOCH FROM (now() - created_at)) * 1000)::int8, \
     (EXTRACT(EPOCH FROM (next_attempt_at - now())) * 1000)::int8";
+
+/// A take's hold as text: the instant its messages are held until, in microseconds. One take
+/// writes one `now()`, the transaction's, to every message it takes.
+const HOLD: &str = "((EXTRACT(EPOCH FROM next_attempt_at) * 1000000)::int8)::text";
 
 statements! {
     /// The outbox table's statements (`{t}_outbox`).
@@ -34,17 +38,27 @@ statements! {
              SELECT pg_notify('{t}_outbox', '') FROM written LIMIT 1";
         // Takes the due messages, oldest first, skipping those another relay holds, and holds
         // them for the lease.
-        take(limit: i64, lease_ms: i64) =
-            "UPDATE {t}_outbox SET next_attempt_at = now() + $2 * interval '1 millisecond' \
-             WHERE id IN (SELECT id FROM {t}_outbox WHERE sent_at IS NULL AND NOT parked \
+        take(limit: i64, lease_ms: i64) = format!(
+            "UPDATE {{t}}_outbox SET next_attempt_at = now() + $2 * interval '1 millisecond' \
+             WHERE id IN (SELECT id FROM {{t}}_outbox WHERE sent_at IS NULL AND NOT parked \
              AND next_attempt_at <= now() ORDER BY created_at, seq LIMIT $1 \
              FOR UPDATE SKIP LOCKED) \
              RETURNING id, destination, payload, seq, attempts, \
-             (EXTRACT(EPOCH FROM created_at) * 1000000)::int8";
-        sent(id: &str) = "UPDATE {t}_outbox SET sent_at = now() WHERE id = $1";
-        failed(id: &str, error: &str, retry_ms: i64, park: bool) =
-            "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = $2, \
-             next_attempt_at = now() + $3 * interval '1 millisecond', parked = $4 WHERE id = $1";
+             (EXTRACT(EPOCH FROM created_at) * 1000000)::int8, {HOLD}"
+        );
+        // Marks apply only to messages still unsent and under the round's hold: a relay whose
+        // hold ran out and whose messages another relay took marks none of them.
+        sent(ids: &[&str], hold: &str) = format!(
+            "UPDATE {{t}}_outbox SET sent_at = now() WHERE id = ANY($1::text[]) \
+             AND sent_at IS NULL AND {HOLD} = $2"
+        );
+        failed(id: &str, error: &str, retry_ms: i64, park: bool, hold: &str) = format!(
+            "UPDATE {{t}}_outbox SET attempts = attempts + 1, last_error = $2, \
+             next_attempt_at = now() + $3 * interval '1 millisecond', parked = $4 \
+             WHERE id = $1 AND sent_at IS NULL AND {HOLD} = $5"
+        );
+        forget(scope: &str, key: &str) =
+            "DELETE FROM {t}_outbox WHERE scope = $1 AND key = $2 AND sent_at IS NULL";
         purge(age_ms: i64, limit: i64) =
             "DELETE FROM {t}_outbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t}_outbox \
              WHERE sent_at < now() - $1 * interval '1 millisecond' LIMIT $2))";
@@ -89,8 +103,8 @@ impl Outboxes for Postgres {
         sql: &'p PgSql,
         limit: i64,
         lease_ms: i64,
-    ) -> Result<Vec<Message>, sqlx::Error> {
-        type Row = (String, String, Vec<u8>, i32, i32, i64);
+    ) -> Result<Taken, sqlx::Error> {
+        type Row = (String, String, Vec<u8>, i32, i32, i64, String);
         let mut taken: Vec<Row> = sql
             .outbox
             .take(limit, lease_ms)
@@ -99,21 +113,24 @@ impl Outboxes for Postgres {
             .await?;
         // `RETURNING` keeps no order: oldest first, and a job's messages in their order.
         taken.sort_by_key(|r| (r.5, r.3));
-        Ok(taken
+        let hold = taken.first().map(|r| r.6.clone()).unwrap_or_default();
+        let messages = taken
             .into_iter()
-            .map(|(id, destination, payload, seq, attempts, _)| {
+            .map(|(id, destination, payload, seq, attempts, _, _)| {
                 rows::message(id, destination, payload, seq, attempts)
             })
-            .collect())
+            .collect();
+        Ok(Taken { messages, hold })
     }
 
     async fn outbox_sent<'p>(
         pool: &'p Pool<Self>,
         sql: &'p PgSql,
-        id: &'p str,
-    ) -> Result<(), sqlx::Error> {
-        sql.outbox.sent(id).query().execute(pool).await?;
-        Ok(())
+        ids: &'p [&'p str],
+        hold: &'p str,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sql.outbox.sent(ids, hold).query().execute(pool).await?;
+        Ok(done.rows_affected())
     }
 
     async fn outbox_failed<'p>(
@@ -123,10 +140,21 @@ impl Outboxes for Postgres {
         error: &'p str,
         retry_ms: i64,
         park: bool,
+        hold: &'p str,
     ) -> Result<(), sqlx::Error> {
-        let failed = sql.outbox.failed(id, error, retry_ms, park);
+        let failed = sql.outbox.failed(id, error, retry_ms, park, hold);
         failed.query().execute(pool).await?;
         Ok(())
+    }
+
+    async fn outbox_forget<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+        scope: &'p str,
+        key: &'p str,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sql.outbox.forget(scope, key).query().execute(pool).await?;
+        Ok(done.rows_affected())
     }
 
     async fn outbox_purge<'p>(

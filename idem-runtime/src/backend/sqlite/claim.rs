@@ -57,7 +57,7 @@ statements! {
 }
 
 /// The keys of a batch as the JSON array the statements read.
-fn json(keys: &[&str]) -> String {
+pub(super) fn json(keys: &[&str]) -> String {
     serde_json::to_string(keys).expect("strings always serialise")
 }
 

@@ -7,8 +7,8 @@ use sqlx::{Pool, Sqlite};
 use super::{BEGIN, SqliteSql};
 use crate::backend::sealed::Outboxes;
 use crate::backend::sql::statements;
-use crate::backend::{Listen, OutboxRow, rows};
-use crate::outgoing::{Message, Pending};
+use crate::backend::{Listen, OutboxRow, Taken, rows};
+use crate::outgoing::Pending;
 
 /// The columns of the operators' statements (see `OutboxRow`).
 const OUTBOX_COLUMNS: &str = "id, destination, scope, key, seq, attempts, last_error, \
@@ -32,13 +32,19 @@ statements! {
              WHERE id IN (SELECT id FROM {t}_outbox WHERE sent_at IS NULL AND parked = 0 \
              AND next_attempt_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
              ORDER BY created_at, seq LIMIT ?1) \
-             RETURNING id, destination, payload, seq, attempts, created_at";
-        sent(id: &str) =
-            "UPDATE {t}_outbox SET sent_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?1";
-        failed(id: &str, error: &str, retry_ms: i64, park: bool) =
+             RETURNING id, destination, payload, seq, attempts, created_at, next_attempt_at";
+        // Marks apply only to messages still unsent and under the round's hold (the time the
+        // take wrote, one for the whole statement: SQLite reads 'now' once per statement).
+        sent(ids: &str, hold: &str) =
+            "UPDATE {t}_outbox SET sent_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+             WHERE id IN (SELECT value FROM json_each(?1)) AND sent_at IS NULL \
+             AND next_attempt_at = ?2";
+        failed(id: &str, error: &str, retry_ms: i64, park: bool, hold: &str) =
             "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = ?2, next_attempt_at = \
              strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+' || (?3 / 1000.0) || ' seconds'), \
-             parked = ?4 WHERE id = ?1";
+             parked = ?4 WHERE id = ?1 AND sent_at IS NULL AND next_attempt_at = ?5";
+        forget(scope: &str, key: &str) =
+            "DELETE FROM {t}_outbox WHERE scope = ?1 AND key = ?2 AND sent_at IS NULL";
         purge(age_ms: i64, limit: i64) =
             "DELETE FROM {t}_outbox WHERE id IN (SELECT id FROM {t}_outbox WHERE sent_at < \
              strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds') \
@@ -84,8 +90,8 @@ impl Outboxes for Sqlite {
         sql: &'p SqliteSql,
         limit: i64,
         lease_ms: i64,
-    ) -> Result<Vec<Message>, sqlx::Error> {
-        type Row = (String, String, Vec<u8>, i64, i64, String);
+    ) -> Result<Taken, sqlx::Error> {
+        type Row = (String, String, Vec<u8>, i64, i64, String, String);
         // `BEGIN IMMEDIATE`, as every writer here: the statement runs in a transaction of
         // its own, waiting for the write lock like a claim.
         let mut tx = pool.begin_with(BEGIN).await?;
@@ -97,21 +103,25 @@ impl Outboxes for Sqlite {
             .await?;
         tx.commit().await?;
         taken.sort_by(|a, b| (&a.5, a.3).cmp(&(&b.5, b.3)));
-        Ok(taken
+        let hold = taken.first().map(|r| r.6.clone()).unwrap_or_default();
+        let messages = taken
             .into_iter()
-            .map(|(id, destination, payload, seq, attempts, _)| {
+            .map(|(id, destination, payload, seq, attempts, _, _)| {
                 rows::message(id, destination, payload, seq, attempts)
             })
-            .collect())
+            .collect();
+        Ok(Taken { messages, hold })
     }
 
     async fn outbox_sent<'p>(
         pool: &'p Pool<Self>,
         sql: &'p SqliteSql,
-        id: &'p str,
-    ) -> Result<(), sqlx::Error> {
-        sql.outbox.sent(id).query().execute(pool).await?;
-        Ok(())
+        ids: &'p [&'p str],
+        hold: &'p str,
+    ) -> Result<u64, sqlx::Error> {
+        let ids = super::claim::json(ids);
+        let done = sql.outbox.sent(&ids, hold).query().execute(pool).await?;
+        Ok(done.rows_affected())
     }
 
     async fn outbox_failed<'p>(
@@ -121,10 +131,21 @@ impl Outboxes for Sqlite {
         error: &'p str,
         retry_ms: i64,
         park: bool,
+        hold: &'p str,
     ) -> Result<(), sqlx::Error> {
-        let failed = sql.outbox.failed(id, error, retry_ms, park);
+        let failed = sql.outbox.failed(id, error, retry_ms, park, hold);
         failed.query().execute(pool).await?;
         Ok(())
+    }
+
+    async fn outbox_forget<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+        scope: &'p str,
+        key: &'p str,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sql.outbox.forget(scope, key).query().execute(pool).await?;
+        Ok(done.rows_affected())
     }
 
     async fn outbox_purge<'p>(
