@@ -25,6 +25,9 @@ pub(crate) struct Config {
     pub(crate) http_accounts: String,
     pub(crate) http_layer: String,
     pub(crate) http_hand: String,
+    /// `IDEM_BENCH_HAND_COMMIT=verified`: PostgreSQL's hand-written claim commits with idem's
+    /// verified commit message instead of a plain `COMMIT`, to show what that message costs.
+    pub(crate) hand_commit_verified: bool,
 }
 
 impl Config {
@@ -49,6 +52,8 @@ impl Config {
             http_accounts: name("http_accounts"),
             http_layer: name("http_layer"),
             http_hand: name("http_hand"),
+            hand_commit_verified: std::env::var("IDEM_BENCH_HAND_COMMIT")
+                .is_ok_and(|v| v == "verified"),
         }
     }
 

@@ -23,7 +23,8 @@ pub(crate) struct TopUp {
 /// as a user would by hand. Every variant begins with the statement idem uses there (`BEGIN`;
 /// `BEGIN IMMEDIATE` on SQLite), so the only difference between them is the marker.
 macro_rules! on_conflict_variants {
-    ($db:ty, begin: $begin:literal, update: $update:literal, claim: $claim:literal) => {
+    ($db:ty, begin: $begin:literal, update: $update:literal, claim: $claim:literal,
+     commit: $commit:path) => {
         use super::*;
 
         /// The effect, on this run's accounts table. Made once and borrowed for the rest of the
@@ -69,7 +70,7 @@ macro_rules! on_conflict_variants {
                 .bind(job.account)
                 .execute(&mut *tx)
                 .await?;
-            tx.commit().await?;
+            $commit(tx).await?;
             Ok(true)
         }
 
@@ -95,8 +96,21 @@ pub(crate) mod pg {
         update: "UPDATE {accounts} SET credits = credits + $1 WHERE id = $2",
         // The claim statement idem uses, on the hand-written marker table.
         claim: "INSERT INTO {hand} (scope, key, completed_at) \
-                VALUES ($1, $2, now()) ON CONFLICT DO NOTHING"
+                VALUES ($1, $2, now()) ON CONFLICT DO NOTHING",
+        commit: commit
     );
+
+    /// The hand-written claim's commit: `COMMIT`, or with `IDEM_BENCH_HAND_COMMIT=verified`
+    /// the message idem's verified commit sends (and the `ROLLBACK` dropping `tx` queues).
+    async fn commit(mut tx: Transaction<'static, Postgres>) -> Result<(), sqlx::Error> {
+        if !config().hand_commit_verified {
+            return tx.commit().await;
+        }
+        sqlx::raw_sql("SAVEPOINT idem_commit; COMMIT AND CHAIN")
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
 }
 
 pub(crate) mod lite {
@@ -105,7 +119,8 @@ pub(crate) mod lite {
         begin: "BEGIN IMMEDIATE",
         update: "UPDATE {accounts} SET credits = credits + ?1 WHERE id = ?2",
         claim: "INSERT INTO {hand} (scope, key, completed_at) \
-                VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) ON CONFLICT DO NOTHING"
+                VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) ON CONFLICT DO NOTHING",
+        commit: Transaction::commit
     );
 }
 

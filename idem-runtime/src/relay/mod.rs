@@ -35,6 +35,25 @@ pub trait Publisher: Send + Sync {
         &'a self,
         message: &'a Message,
     ) -> impl Future<Output = Result<(), PublishError>> + Send + 'a;
+
+    /// Publishes a round's `messages` in their order and pushes each one's answer onto `done`,
+    /// in the same order, as soon as it is known. The relay drops the future when the round's
+    /// time is up: what `done` holds by then is marked, the rest is left for a later round.
+    ///
+    /// The default publishes one at a time. A broker that confirms asynchronously does better
+    /// by sending every message first and then waiting for their confirms together (the
+    /// RabbitMQ and JetStream publishers do): one round trip for the round, not one each.
+    fn publish_all<'a>(
+        &'a self,
+        messages: &'a [Message],
+        done: &'a mut Vec<Result<(), PublishError>>,
+    ) -> impl Future<Output = ()> + Send + 'a {
+        async move {
+            for message in messages {
+                done.push(self.publish(message).await);
+            }
+        }
+    }
 }
 
 /// Why a publisher could not publish a message: it is tried again later, and parked after
@@ -143,19 +162,17 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         let Taken { messages, hold } =
             DB::outbox_take(pool, st, i64::from(self.batch), millis(self.lease)).await?;
         let mut relayed = Relayed::default();
-        let mut sent = Vec::with_capacity(messages.len());
-        for (at, message) in messages.iter().enumerate() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let published = match left.is_zero() {
-                true => None,
-                false => tokio::time::timeout(left, self.publisher.publish(message))
-                    .await
-                    .ok(),
-            };
-            let Some(published) = published else {
-                relayed.left = messages.len() - at;
-                break;
-            };
+        let mut done = Vec::with_capacity(messages.len());
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !left.is_zero() {
+            let publishing = self.publisher.publish_all(&messages, &mut done);
+            // Out of time: the answers so far are marked, the rest of the round is left.
+            let _ = tokio::time::timeout(left, publishing).await;
+        }
+        done.truncate(messages.len());
+        relayed.left = messages.len() - done.len();
+        let mut sent = Vec::with_capacity(done.len());
+        for (message, published) in messages.iter().zip(done) {
             match published {
                 Ok(()) => sent.push(message.id.as_str()),
                 Err(e) => {

@@ -8,7 +8,7 @@
 //! instead of marking it sent.
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
 
 use super::{PublishError, Publisher};
 use crate::outgoing::Message;
@@ -41,16 +41,21 @@ impl RabbitMq {
     }
 }
 
-impl Publisher for RabbitMq {
-    async fn publish<'a>(&'a self, message: &'a Message) -> Result<(), PublishError> {
-        // Selecting confirms again on a channel in confirm mode is allowed and changes nothing.
+impl RabbitMq {
+    /// Confirms are selected on a channel that is not in confirm mode yet; selecting them again
+    /// on one that is would be allowed and change nothing.
+    async fn confirming(&self) -> Result<(), PublishError> {
         if !self.channel.status().confirm() {
             self.channel
                 .confirm_select(ConfirmSelectOptions::default())
                 .await?;
         }
-        let confirm = self
-            .channel
+        Ok(())
+    }
+
+    /// Sends `message` and hands back its confirm, to be waited for.
+    async fn send(&self, message: &Message) -> Result<PublisherConfirm, lapin::Error> {
+        self.channel
             .basic_publish(
                 self.exchange.as_str().into(),
                 message.destination.as_str().into(),
@@ -64,8 +69,11 @@ impl Publisher for RabbitMq {
                     .with_delivery_mode(2)
                     .with_message_id(message.id.as_str().into()),
             )
-            .await?
-            .await?;
+            .await
+    }
+
+    /// What the broker's confirm of `message` says.
+    fn confirmed(&self, message: &Message, confirm: Confirmation) -> Result<(), PublishError> {
         match confirm {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(returned)) => Err(format!(
@@ -87,6 +95,43 @@ impl Publisher for RabbitMq {
             Confirmation::Nack(_) => {
                 Err(format!("RabbitMQ refused message {} (nack)", message.id).into())
             }
+        }
+    }
+}
+
+impl Publisher for RabbitMq {
+    async fn publish<'a>(&'a self, message: &'a Message) -> Result<(), PublishError> {
+        self.confirming().await?;
+        let confirm = self.send(message).await?.await?;
+        self.confirmed(message, confirm)
+    }
+
+    /// Every message of the round is sent on the channel first, in order, and their confirms
+    /// are waited for after: one round trip for the round. A channel keeps its messages'
+    /// order, so a job's messages reach their queue in the order it sent them.
+    async fn publish_all<'a>(
+        &'a self,
+        messages: &'a [Message],
+        done: &'a mut Vec<Result<(), PublishError>>,
+    ) {
+        if let Err(e) = self.confirming().await {
+            let reason = e.to_string();
+            done.extend(messages.iter().map(|_| Err(reason.clone().into())));
+            return;
+        }
+        let mut confirms = Vec::with_capacity(messages.len());
+        for message in messages {
+            confirms.push(self.send(message).await);
+        }
+        for (message, confirm) in messages.iter().zip(confirms) {
+            let answer = match confirm {
+                Ok(confirm) => match confirm.await {
+                    Ok(confirm) => self.confirmed(message, confirm),
+                    Err(e) => Err(e.into()),
+                },
+                Err(e) => Err(e.into()),
+            };
+            done.push(answer);
         }
     }
 }

@@ -50,7 +50,10 @@ pub(crate) async fn relays_beside_a_stalled_one_publish_each_message_once<S: Sup
         let job = ctx.job(&format!("order-{id}"), id, 1);
         applied(ship(&ctx.store, &job, 2, Then::Commit).await);
     }
-    let lease = Duration::from_millis(600);
+    // The stalled round gives up at three quarters of the lease, the others take over at its
+    // end: the quarter between is what a loaded machine may take to run the stalled relay's
+    // timer, and is long.
+    let lease = Duration::from_secs(3);
     let (stalled, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let stalling = Relay::new(
         ctx.store.clone(),
