@@ -110,6 +110,7 @@ pub struct Relay<DB: Backend, P: Publisher> {
     lease: Duration,
     backoff: Duration,
     max_attempts: u32,
+    listen: bool,
 }
 
 impl<DB: Backend, P: Publisher> Relay<DB, P> {
@@ -123,6 +124,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             lease: Duration::from_secs(30),
             backoff: Duration::from_secs(1),
             max_attempts: 10,
+            listen: true,
         }
     }
 
@@ -149,6 +151,15 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// After how many failed attempts a message is parked.
     pub fn max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = max_attempts.max(1);
+        self
+    }
+
+    /// Whether [`run`](Relay::run) listens for the commits of new messages where the database
+    /// announces them (PostgreSQL; the default), or only polls. Turn it off behind a pooler in
+    /// transaction mode (PgBouncer's `pool_mode = transaction`): a `LISTEN` there does not keep
+    /// its server connection, and its notifications never arrive.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
         self
     }
 
@@ -211,16 +222,20 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     ///
     /// On PostgreSQL the wait ends early at the commit of a new message: each commit with
     /// messages sends `NOTIFY` on the channel `{table}_outbox`, on which the relay listens
-    /// from a connection of its own (not one of the store's pool). Elsewhere it lasts `poll`.
+    /// from a connection of its own (not one of the store's pool), unless told not to
+    /// ([`listen`](Relay::listen)). Elsewhere it lasts `poll`.
     pub async fn run(&self, poll: Duration, stop: impl Future<Output = ()>) -> Result<(), Error> {
         let mut stop = std::pin::pin!(stop);
         // Listening before the first round: a commit from then on is announced, even one
         // that lands while a round runs (the notification waits in the listener).
-        let listen = DB::outbox_listen(self.store.pool(), self.store.sql());
-        let Some(listen) = unless(stop.as_mut(), listen).await else {
-            return Ok(());
-        };
-        let mut listen = listen?;
+        let mut listen = None;
+        if self.listen {
+            let listening = DB::outbox_listen(self.store.pool(), self.store.sql());
+            let Some(listening) = unless(stop.as_mut(), listening).await else {
+                return Ok(());
+            };
+            listen = listening?;
+        }
         loop {
             let Some(relayed) = unless(stop.as_mut(), self.relay_once()).await else {
                 return Ok(());

@@ -60,3 +60,47 @@ pub(crate) async fn waiting_relay_wakes_at_the_commit_of_a_message<S: Server>() 
     watch.cleanup().await;
     ctx.cleanup().await;
 }
+
+/// A relay told not to listen (behind a transaction-mode pooler) opens no `LISTEN` session
+/// and still publishes a message committed while it waits, at its next poll.
+pub(crate) async fn relay_that_does_not_listen_polls<S: Server>() {
+    let mut ctx = Ctx::<S>::new("poll", 3).await;
+    let received = received_table(&mut ctx).await;
+    let outbox = outbox_table(&ctx);
+    let relay = Relay::new(ctx.store.clone(), publisher(&ctx, &received, 0)).listen(false);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        relay.run(Duration::from_millis(50), stopped).await
+    });
+
+    let watch = Ctx::<S>::new("pollwatch", 1).await;
+    let rounds = format!(
+        "SELECT COUNT(*) FROM pg_stat_activity \
+         WHERE query LIKE '%FROM {outbox} WHERE sent_at IS NULL%SKIP LOCKED%'"
+    );
+    until(60, "the relay's first round", || async {
+        watch.scalar(&rounds).await >= 1
+    })
+    .await;
+    let job = ctx.job("order-1", 1, 10);
+    applied(ship(&ctx.store, &job, 1, Then::Commit).await);
+    let sent = format!("SELECT COUNT(*) FROM {received}");
+    until(60, "the message, published at a poll", || async {
+        ctx.scalar(&sent).await == 1
+    })
+    .await;
+    let listening =
+        format!("SELECT COUNT(*) FROM pg_stat_activity WHERE query = 'LISTEN \"{outbox}\"'");
+    assert_eq!(watch.scalar(&listening).await, 0, "no LISTEN session");
+
+    stop.send(()).expect("the relay is running");
+    within(60, "the relay stopping", running)
+        .await
+        .expect("the relay's task")
+        .expect("the relay ran without error");
+    watch.cleanup().await;
+    ctx.cleanup().await;
+}
