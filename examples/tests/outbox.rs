@@ -85,6 +85,23 @@ async fn forget_marks(pool: &SqlitePool) {
     .unwrap();
 }
 
+/// How many messages `queue` holds; then deletes it.
+async fn drain(channel: &lapin::Channel, queue: &str) -> u32 {
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let queued = channel
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+        .unwrap();
+    channel
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    queued.message_count()
+}
+
 async fn count(pool: &SqlitePool, sql: &str) -> i64 {
     sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
         .fetch_one(pool)
@@ -231,22 +248,7 @@ async fn rabbitmq_keeps_a_message_no_queue_takes_pending() {
     .unwrap();
     assert_eq!(relay.relay_once().await.unwrap().sent, 2);
     assert_eq!(count(&pool, unsent).await, 0);
-    let queued = channel
-        .queue_declare(
-            queue.as_str().into(),
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(queued.message_count(), 2);
-    channel
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await
-        .unwrap();
+    assert_eq!(drain(&channel, &queue).await, 2);
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -273,21 +275,6 @@ async fn rabbitmq_on_a_channel_without_confirms_publishes_each_message_once() {
     assert_eq!(relay.relay_once().await.unwrap().sent, 0);
     let unsent = "SELECT COUNT(*) FROM idem_processed_outbox WHERE sent_at IS NULL";
     assert_eq!(count(&pool, unsent).await, 0);
-    let queued = channel
-        .queue_declare(
-            queue.as_str().into(),
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(queued.message_count(), 2);
-    channel
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await
-        .unwrap();
+    assert_eq!(drain(&channel, &queue).await, 2);
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -3,14 +3,42 @@
 
 use std::time::Duration;
 
-use idem::outbox::Relay;
+use idem::outbox::{Publisher, Relay};
 
-use crate::conformance::Server;
 use crate::conformance::ctx::Ctx;
 use crate::conformance::handlers::*;
 use crate::conformance::util::{until, within};
+use crate::conformance::{Server, TestDb};
 
 use super::outbox::{outbox_table, publisher, received_table, ship};
+
+/// A relay's `run` in a task of its own, until [`Running::stop`].
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), idem::Error>>,
+}
+
+impl Running {
+    fn start<DB: TestDb, P: Publisher + 'static>(relay: Relay<DB, P>, poll: Duration) -> Running {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let stopped = async {
+                let _ = stopped.await;
+            };
+            relay.run(poll, stopped).await
+        });
+        Running { stop, task }
+    }
+
+    /// Stops the relay and checks that it ran without error.
+    async fn stop(self) {
+        self.stop.send(()).expect("the relay is running");
+        within(60, "the relay stopping", self.task)
+            .await
+            .expect("the relay's task")
+            .expect("the relay ran without error");
+    }
+}
 
 /// The relay's poll is an hour, so only the commit's notification can end its wait within
 /// the test's bound. The message is committed once the relay has listened and finished its
@@ -21,13 +49,7 @@ pub(crate) async fn waiting_relay_wakes_at_the_commit_of_a_message<S: Server>() 
     let received = received_table(&mut ctx).await;
     let outbox = outbox_table(&ctx);
     let relay = Relay::new(ctx.store.clone(), publisher(&ctx, &received, 0));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        let stopped = async {
-            let _ = stopped.await;
-        };
-        relay.run(Duration::from_secs(3600), stopped).await
-    });
+    let running = Running::start(relay, Duration::from_secs(3600));
 
     // The relay's sessions are watched from another pool: a query of the store's own pool
     // could run on the relay's connection and overwrite what it last ran.
@@ -52,11 +74,7 @@ pub(crate) async fn waiting_relay_wakes_at_the_commit_of_a_message<S: Server>() 
     )
     .await;
 
-    stop.send(()).expect("the relay is running");
-    within(60, "the relay stopping", running)
-        .await
-        .expect("the relay's task")
-        .expect("the relay ran without error");
+    running.stop().await;
     watch.cleanup().await;
     ctx.cleanup().await;
 }
@@ -68,13 +86,7 @@ pub(crate) async fn relay_that_does_not_listen_polls<S: Server>() {
     let received = received_table(&mut ctx).await;
     let outbox = outbox_table(&ctx);
     let relay = Relay::new(ctx.store.clone(), publisher(&ctx, &received, 0)).listen(false);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        let stopped = async {
-            let _ = stopped.await;
-        };
-        relay.run(Duration::from_millis(50), stopped).await
-    });
+    let running = Running::start(relay, Duration::from_millis(50));
 
     let watch = Ctx::<S>::new("pollwatch", 1).await;
     let rounds = format!(
@@ -96,11 +108,7 @@ pub(crate) async fn relay_that_does_not_listen_polls<S: Server>() {
         format!("SELECT COUNT(*) FROM pg_stat_activity WHERE query = 'LISTEN \"{outbox}\"'");
     assert_eq!(watch.scalar(&listening).await, 0, "no LISTEN session");
 
-    stop.send(()).expect("the relay is running");
-    within(60, "the relay stopping", running)
-        .await
-        .expect("the relay's task")
-        .expect("the relay ran without error");
+    running.stop().await;
     watch.cleanup().await;
     ctx.cleanup().await;
 }
