@@ -28,6 +28,9 @@ pub(crate) struct Config {
     /// `IDEM_BENCH_HAND_COMMIT=verified`: PostgreSQL's hand-written claim commits with idem's
     /// verified commit message instead of a plain `COMMIT`, to show what that message costs.
     pub(crate) hand_commit_verified: bool,
+    /// `IDEM_BENCH_HAND_CLAIM=idem`: PostgreSQL's hand-written claim runs idem's claim
+    /// statement instead of its plain `INSERT`, to show what that statement costs.
+    pub(crate) hand_claim_idem: bool,
 }
 
 impl Config {
@@ -54,6 +57,7 @@ impl Config {
             http_hand: name("http_hand"),
             hand_commit_verified: std::env::var("IDEM_BENCH_HAND_COMMIT")
                 .is_ok_and(|v| v == "verified"),
+            hand_claim_idem: std::env::var("IDEM_BENCH_HAND_CLAIM").is_ok_and(|v| v == "idem"),
         }
     }
 

@@ -24,7 +24,7 @@ pub(crate) struct TopUp {
 /// `BEGIN IMMEDIATE` on SQLite), so the only difference between them is the marker.
 macro_rules! on_conflict_variants {
     ($db:ty, begin: $begin:literal, update: $update:literal, claim: $claim:literal,
-     commit: $commit:path) => {
+     claimed: $claimed:path, commit: $commit:path) => {
         use super::*;
 
         /// The effect, on this run's accounts table. Made once and borrowed for the rest of the
@@ -56,12 +56,7 @@ macro_rules! on_conflict_variants {
             job: &TopUp,
         ) -> Result<bool, sqlx::Error> {
             let mut tx = pool.begin_with($begin).await?;
-            let claimed = sqlx::query(claim())
-                .bind(SCOPE)
-                .bind(job.id.as_str())
-                .execute(&mut *tx)
-                .await?;
-            if claimed.rows_affected() == 0 {
+            if !$claimed(&mut tx, claim(), job).await? {
                 tx.rollback().await?;
                 return Ok(false);
             }
@@ -97,8 +92,49 @@ pub(crate) mod pg {
         // The claim statement idem uses, on the hand-written marker table.
         claim: "INSERT INTO {hand} (scope, key, completed_at) \
                 VALUES ($1, $2, now()) ON CONFLICT DO NOTHING",
+        claimed: claimed,
         commit: commit
     );
+
+    /// The hand-written claim's statement: its `INSERT`, or with `IDEM_BENCH_HAND_CLAIM=idem`
+    /// the statement idem's claim runs (which also reads the marker a duplicate meets; a fresh
+    /// claim answers no row), to show that statement's share of the gap.
+    async fn claimed(
+        tx: &mut Transaction<'static, Postgres>,
+        claim: &'static str,
+        job: &TopUp,
+    ) -> Result<bool, sqlx::Error> {
+        if !config().hand_claim_idem {
+            let done = sqlx::query(claim)
+                .bind(SCOPE)
+                .bind(job.id.as_str())
+                .execute(&mut **tx)
+                .await?;
+            return Ok(done.rows_affected() == 1);
+        }
+        static SQL: OnceLock<String> = OnceLock::new();
+        let sql = SQL.get_or_init(|| {
+            let hand = &config().hand;
+            format!(
+                "WITH ins AS (INSERT INTO {hand} (scope, key, fingerprint, token, completed_at) \
+                 VALUES ($1, $2, $3, $4, now()) ON CONFLICT DO NOTHING RETURNING 1) \
+                 SELECT m.state, \
+                 (m.locked_until IS NULL OR m.locked_until <= statement_timestamp())::int::int8, \
+                 m.fingerprint, CASE WHEN $5 THEN m.result::text END \
+                 FROM (SELECT 1 WHERE CASE WHEN EXISTS (SELECT 1 FROM ins) THEN false \
+                 ELSE true END) AS one LEFT JOIN {hand} AS m ON m.scope = $1 AND m.key = $2"
+            )
+        });
+        let met = sqlx::query(sql.as_str())
+            .bind(SCOPE)
+            .bind(job.id.as_str())
+            .bind(None::<&[u8]>)
+            .bind(1_i64)
+            .bind(false)
+            .fetch_optional(&mut **tx)
+            .await?;
+        Ok(met.is_none())
+    }
 
     /// The hand-written claim's commit: `COMMIT`, or with `IDEM_BENCH_HAND_COMMIT=verified`
     /// the message idem's verified commit sends (and the `ROLLBACK` dropping `tx` queues).
@@ -120,8 +156,22 @@ pub(crate) mod lite {
         update: "UPDATE {accounts} SET credits = credits + ?1 WHERE id = ?2",
         claim: "INSERT INTO {hand} (scope, key, completed_at) \
                 VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) ON CONFLICT DO NOTHING",
+        claimed: claimed,
         commit: Transaction::commit
     );
+
+    async fn claimed(
+        tx: &mut Transaction<'static, Sqlite>,
+        claim: &'static str,
+        job: &TopUp,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(claim)
+            .bind(SCOPE)
+            .bind(job.id.as_str())
+            .execute(&mut **tx)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
 }
 
 pub(crate) mod my {
