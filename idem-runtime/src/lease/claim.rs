@@ -118,11 +118,13 @@ pub(crate) async fn claim_lease<DB: Backend>(
         let (token, attempts, sent) = taken;
         Lease::new(store, ticket, token, attempts, options, sent)
     })?;
+    if let Claimed::Fresh(lease) = &claimed
+        && lease.attempt() > 1
+    {
+        span.in_scope(|| observe::took_over(lease.token(), lease.attempt()));
+    }
+    #[cfg(feature = "testing")]
     if let Claimed::Fresh(lease) = &claimed {
-        if lease.attempt() > 1 {
-            span.in_scope(|| observe::took_over(lease.token(), lease.attempt()));
-        }
-        #[cfg(feature = "testing")]
         crate::testing::probe::lease_taken(lease).await?;
     }
     Ok(claimed)
