@@ -42,7 +42,7 @@ const WARMUP: u64 = 20;
 /// the macro's fresh job with a subscriber and a recorder installed against the same without.
 ///
 /// A macro's fresh job may cost at most 1.3 hand-written ones on PostgreSQL and SQLite. The
-/// least of five runs measured 1.14 to 1.15 on PostgreSQL and 1.21 to 1.23 on SQLite, whose
+/// least of five runs measured 1.13 to 1.15 on PostgreSQL and 1.21 to 1.24 on SQLite, whose
 /// engine runs on sqlx's worker thread, which is not counted, so that how often the counted
 /// thread polls while it waits varies (`docs/BENCHMARKS.md`). MariaDB measured 1.33 to 1.35:
 /// its verified commit sends a probe that answers an OK packet of its own, and sqlx sends the
