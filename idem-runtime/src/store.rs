@@ -235,7 +235,7 @@ impl<DB: Backend> Store<DB> {
     /// Wait for it to complete or run out, or use [`forget_forced`](Store::forget_forced).
     ///
     /// The job's outbox messages that were not sent yet (pending or parked) are deleted with
-    /// it: the re-run sends its own, under the same ids. Messages already sent stay until
+    /// it, in the same transaction: the re-run sends its own, under the same ids. Messages already sent stay until
     /// [`purge_outbox`](Store::purge_outbox): a re-run's message with the id of a sent one is
     /// not written, since the consumer that got the first one already holds that id as its
     /// key and would take the second for a duplicate.
@@ -271,12 +271,18 @@ impl<DB: Backend> Store<DB> {
         // A marker completed between the statements and the read is deleted on the second
         // round.
         for _ in 0..2 {
-            if DB::forget(pool, sql, scope, key.as_str(), force).await? {
-                // The job's unsent messages go with its marker: the re-run writes its own,
-                // under the same ids, which would otherwise meet the old rows and be dropped.
-                DB::outbox_forget(pool, sql, scope, key.as_str()).await?;
+            // The job's unsent messages go with its marker, in one transaction: a re-run
+            // claims only once the marker's delete committed, and then writes its own messages
+            // under the same ids, which the old rows would have dropped (or a later delete of
+            // them removed). Only a completed marker has messages: a lease writes them as it
+            // completes.
+            let mut tx = pool.begin().await?;
+            if DB::forget(&mut tx, sql, scope, key.as_str(), force).await? {
+                DB::outbox_forget(&mut tx, sql, scope, key.as_str()).await?;
+                tx.commit().await?;
                 return Ok(true);
             }
+            tx.rollback().await?;
             match DB::status(pool, sql, scope, key.as_str()).await? {
                 None => return Ok(false),
                 Some(Status::Leased) => break,

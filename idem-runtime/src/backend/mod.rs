@@ -306,9 +306,10 @@ pub(crate) mod sealed {
         ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'p;
 
         /// Deletes the unsent messages (pending or parked) of one job: what `forget` does to
-        /// its outbox, so that a re-run's messages, which get the same ids, are written.
+        /// its outbox, in the transaction that forgets its marker, so that a re-run's messages,
+        /// which get the same ids, are written.
         fn outbox_forget<'p>(
-            pool: &'p Pool<Self>,
+            conn: &'p mut Self::Connection,
             sql: &'p Self::Sql,
             scope: &'p str,
             key: &'p str,
@@ -371,9 +372,9 @@ pub(crate) mod sealed {
         /// Lets the next delivery of `(scope, key)` run: deletes a completed marker, or lets
         /// go of one in progress (its token goes up, fencing its holder out) unless a
         /// delivery holds a live lease on it and `force` is not set. `Ok(true)` if it did
-        /// either.
+        /// either. Runs in the caller's transaction, beside [`outbox_forget`](Outboxes::outbox_forget).
         fn forget<'p>(
-            pool: &'p Pool<Self>,
+            conn: &'p mut Self::Connection,
             sql: &'p Self::Sql,
             scope: &'p str,
             key: &'p str,

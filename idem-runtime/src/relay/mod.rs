@@ -175,7 +175,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         let mut relayed = Relayed::default();
         let mut done = Vec::with_capacity(messages.len());
         let left = deadline.saturating_duration_since(Instant::now());
-        if !left.is_zero() {
+        if !messages.is_empty() && !left.is_zero() {
             let publishing = self.publisher.publish_all(&messages, &mut done);
             // Out of time: the answers so far are marked, the rest of the round is left.
             let _ = tokio::time::timeout(left, publishing).await;
@@ -290,7 +290,7 @@ async fn unless<T>(
 }
 
 /// The most of a publisher's error text kept in `last_error`, in bytes.
-pub(crate) const ERROR_TEXT: usize = 2000;
+const ERROR_TEXT: usize = 2000;
 
 /// `error`, cut to [`ERROR_TEXT`] bytes at a character boundary, marked where it was cut.
 fn bounded(error: &str) -> std::borrow::Cow<'_, str> {

@@ -20,9 +20,7 @@ impl JetStream {
     pub fn new(context: jetstream::Context) -> Self {
         JetStream { context }
     }
-}
 
-impl JetStream {
     fn message(message: &Message) -> PublishMessage {
         PublishMessage::build()
             .payload(message.payload.clone().into())

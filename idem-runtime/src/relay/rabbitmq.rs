@@ -39,9 +39,7 @@ impl RabbitMq {
         exchange.clone_into(&mut self.exchange);
         self
     }
-}
 
-impl RabbitMq {
     /// Confirms are selected on a channel that is not in confirm mode yet; selecting them again
     /// on one that is would be allowed and change nothing.
     async fn confirming(&self) -> Result<(), PublishError> {

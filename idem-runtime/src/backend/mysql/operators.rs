@@ -94,7 +94,7 @@ impl Operators for MySql {
     }
 
     async fn forget<'p>(
-        pool: &'p Pool<Self>,
+        conn: &'p mut Self::Connection,
         sql: &'p MySqlSql,
         scope: &'p str,
         key: &'p str,
@@ -104,7 +104,7 @@ impl Operators for MySql {
             .ops
             .forget(scope, key)
             .query()
-            .execute(pool)
+            .execute(&mut *conn)
             .await?
             .rows_affected()
             > 0
@@ -115,7 +115,7 @@ impl Operators for MySql {
             true => sql.ops.release_forced(scope, key),
             false => sql.ops.release(scope, key),
         };
-        Ok(release.query().execute(pool).await?.rows_affected() > 0)
+        Ok(release.query().execute(&mut *conn).await?.rows_affected() > 0)
     }
 
     async fn status<'p>(

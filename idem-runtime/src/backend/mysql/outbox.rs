@@ -36,8 +36,8 @@ statements! {
             "SELECT id, destination, payload, seq, attempts FROM {t}_outbox WHERE sent_at IS NULL \
              AND parked = FALSE AND next_attempt_at <= UTC_TIMESTAMP(6) \
              ORDER BY created_at, seq LIMIT ? FOR UPDATE SKIP LOCKED";
-        // Only while the message is unsent and under the round's hold (the marks of a whole
-        // round are one statement, written per round: `sent_text`).
+        // Only while the message is unsent and under the round's hold (a round's sent marks
+        // are one statement, written per round: `outbox_sent`).
         failed(error: &str, retry_ms: i64, park: bool, id: &str, hold: &str) =
             "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = ?, \
              next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND, parked = ? \
@@ -163,12 +163,17 @@ impl Outboxes for MySql {
     }
 
     async fn outbox_forget<'p>(
-        pool: &'p Pool<Self>,
+        conn: &'p mut Self::Connection,
         sql: &'p MySqlSql,
         scope: &'p str,
         key: &'p str,
     ) -> Result<u64, sqlx::Error> {
-        let done = sql.outbox.forget(scope, key).query().execute(pool).await?;
+        let done = sql
+            .outbox
+            .forget(scope, key)
+            .query()
+            .execute(&mut *conn)
+            .await?;
         Ok(done.rows_affected())
     }
 

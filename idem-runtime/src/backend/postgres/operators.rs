@@ -77,7 +77,7 @@ impl Operators for Postgres {
     }
 
     async fn forget<'p>(
-        pool: &'p Pool<Self>,
+        conn: &'p mut Self::Connection,
         sql: &'p PgSql,
         scope: &'p str,
         key: &'p str,
@@ -87,7 +87,7 @@ impl Operators for Postgres {
             .ops
             .forget(scope, key)
             .query()
-            .execute(pool)
+            .execute(&mut *conn)
             .await?
             .rows_affected()
             > 0
@@ -98,7 +98,7 @@ impl Operators for Postgres {
             true => sql.ops.release_forced(scope, key),
             false => sql.ops.release(scope, key),
         };
-        Ok(release.query().execute(pool).await?.rows_affected() > 0)
+        Ok(release.query().execute(&mut *conn).await?.rows_affected() > 0)
     }
 
     async fn status<'p>(

@@ -148,12 +148,17 @@ impl Outboxes for Postgres {
     }
 
     async fn outbox_forget<'p>(
-        pool: &'p Pool<Self>,
+        conn: &'p mut Self::Connection,
         sql: &'p PgSql,
         scope: &'p str,
         key: &'p str,
     ) -> Result<u64, sqlx::Error> {
-        let done = sql.outbox.forget(scope, key).query().execute(pool).await?;
+        let done = sql
+            .outbox
+            .forget(scope, key)
+            .query()
+            .execute(&mut *conn)
+            .await?;
         Ok(done.rows_affected())
     }
 

@@ -62,7 +62,7 @@ impl Operators for Sqlite {
     }
 
     async fn forget<'p>(
-        pool: &'p Pool<Self>,
+        conn: &'p mut Self::Connection,
         sql: &'p SqliteSql,
         scope: &'p str,
         key: &'p str,
@@ -72,7 +72,7 @@ impl Operators for Sqlite {
             .ops
             .forget(scope, key)
             .query()
-            .execute(pool)
+            .execute(&mut *conn)
             .await?
             .rows_affected()
             > 0
@@ -83,7 +83,7 @@ impl Operators for Sqlite {
             true => sql.ops.release_forced(scope, key),
             false => sql.ops.release(scope, key),
         };
-        Ok(release.query().execute(pool).await?.rows_affected() > 0)
+        Ok(release.query().execute(&mut *conn).await?.rows_affected() > 0)
     }
 
     async fn status<'p>(
