@@ -111,6 +111,7 @@ pub(crate) async fn claim_batch<DB: Backend>(
             fresh: Vec::new(),
             held: None,
             fresh_keys: Vec::new(),
+            taken: Vec::new(),
             outbox: None,
         });
     };
@@ -130,11 +131,12 @@ pub(crate) async fn claim_batch<DB: Backend>(
         None => Request::new(scope, first.clone(), options, "Store::claim_batch"),
     };
     let (claimed, mut held) = run::batch(store, request, &sorted, keys.len()).await?;
-    let mut taken: HashMap<&str, bool> = claimed.iter().map(|k| (k.as_str(), true)).collect();
+    let mut unused: HashMap<&str, bool> =
+        claimed.fresh.iter().map(|k| (k.as_str(), true)).collect();
     // The first position of a claimed key takes it; `remove` leaves later ones out.
     let fresh: Vec<bool> = keys
         .iter()
-        .map(|k| taken.remove(k.as_str()).unwrap_or(false))
+        .map(|k| unused.remove(k.as_str()).unwrap_or(false))
         .collect();
     let fresh_keys: Vec<Key> = keys
         .iter()
@@ -150,6 +152,7 @@ pub(crate) async fn claim_batch<DB: Backend>(
         fresh,
         held,
         fresh_keys,
+        taken: claimed.taken,
         outbox: None,
     })
 }
@@ -168,6 +171,8 @@ pub struct BatchGuard<DB: Backend> {
     held: Option<TxHeld<'static, DB>>,
     /// The fresh jobs' keys, in the batch's order, until the outbox takes them.
     fresh_keys: Vec<Key>,
+    /// The fresh keys that were free leases taken over (the others were inserted).
+    taken: Vec<String>,
     outbox: Option<BatchOutbox>,
 }
 
@@ -262,6 +267,27 @@ impl<DB: Backend> BatchGuard<DB> {
     pub async fn release(self) {
         let result: Result<(), Failed<()>> = Err(Failed::Handler(()));
         drop(self.finish_failed(result).await);
+    }
+
+    /// What [`each`](BatchGuard::each) runs on: the fresh flags, the transaction, the fresh
+    /// keys in order, the keys taken over, and the messages sent so far.
+    pub(crate) fn into_each_parts(
+        self,
+    ) -> (
+        Vec<bool>,
+        Option<TxHeld<'static, DB>>,
+        Vec<Key>,
+        Vec<String>,
+        Option<BatchOutbox>,
+    ) {
+        let BatchGuard {
+            fresh,
+            held,
+            fresh_keys,
+            taken,
+            outbox,
+        } = self;
+        (fresh, held, fresh_keys, taken, outbox)
     }
 
     pub(crate) async fn finish_failed<T, E>(

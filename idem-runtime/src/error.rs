@@ -216,6 +216,49 @@ pub enum Error {
         after: std::time::Duration,
     },
 
+    /// A job of a batch run job by job ([`EachGuard`](crate::EachGuard)) did not finish: its
+    /// [`JobGuard`](crate::JobGuard) was dropped before `finish` (a panic that was caught, a
+    /// future cancelled), or the batch finished without running it. Its savepoint was rolled
+    /// back and its marker given back: nothing of it was kept, and the rest of the batch was
+    /// not touched.
+    #[error(
+        "the job {key:?} of {scope:?} did not finish in its batch (its guard was dropped, or \
+         the batch finished without running it): nothing of it was kept; nack it so that it \
+         is redelivered"
+    )]
+    JobNotFinished {
+        /// The scope of the batch.
+        scope: String,
+        /// The encoded key of the job.
+        key: String,
+    },
+
+    /// Group commit: this call's work was done in a group's shared transaction, and the group
+    /// failed as a whole (its connection was lost, the database rolled it back, its commit
+    /// failed or lost its answer). `may_be_kept` says whether the commit may have landed
+    /// (only when its answer was lost); otherwise nothing of the group was kept. Either way,
+    /// nack the job: the redelivery settles it by its marker (it runs once, or is a
+    /// duplicate).
+    #[error(
+        "the group transaction holding {scope:?} / {key:?} failed ({reason}): {}; nack the \
+         job, the redelivery settles it by its marker (it runs once or is a duplicate)",
+        if *may_be_kept {
+            "its commit may have landed"
+        } else {
+            "nothing of it was kept"
+        }
+    )]
+    GroupFailed {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+        /// Whether the group's commit may have landed (its answer was lost).
+        may_be_kept: bool,
+        /// What failed, for the log.
+        reason: String,
+    },
+
     /// A failure that [`idem::testing`](crate::testing) injected on purpose, right before the
     /// commit (transaction mode) or the completing statement (lease mode) of a delivery under
     /// test: the transaction was rolled back, or the lease released, instead. Only tests that

@@ -112,6 +112,105 @@ impl<T> Batch<T> {
     }
 }
 
+/// What a batch run job by job did: one result per job, in the batch's order.
+///
+/// A job's result reads as a single job's call does: `Ok` (any [`Outcome`]) means the job is
+/// handled, **ack it**; `Err` is that job's own error (its body failed, or it was rolled back
+/// alone), and nothing of it was kept, **nack it** (or dead-letter it) and only it. The jobs
+/// that are `Ok` were committed together before this was returned. An error of the whole
+/// batch (its claim, its commit, a failure that took its transaction with it) is not here:
+/// the call returned it instead, and every job is to be redelivered.
+///
+/// ```
+/// # use idem_runtime as idem;
+/// fn settle(done: idem::Each<(), String>) {
+///     for position in done.acks() {
+///         // ack the message at `position`
+/// #       let _ = position;
+///     }
+///     for (position, error) in done.failures() {
+///         // nack (or dead-letter) the message at `position`, logging `error`
+/// #       let _ = (position, error);
+///     }
+/// }
+/// ```
+#[must_use = "an `Each` says which jobs to ack and which to nack"]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Each<T, E> {
+    results: Vec<Result<Outcome<T>, E>>,
+}
+
+impl<T, E> Each<T, E> {
+    pub(crate) fn new(results: Vec<Result<Outcome<T>, E>>) -> Self {
+        Each { results }
+    }
+
+    /// One result per job, in the order of the batch.
+    pub fn results(&self) -> &[Result<Outcome<T>, E>] {
+        &self.results
+    }
+
+    /// The results, in the order of the batch.
+    pub fn into_results(self) -> Vec<Result<Outcome<T>, E>> {
+        self.results
+    }
+
+    /// How many jobs the batch had.
+    pub fn len(&self) -> usize {
+        self.results.len()
+    }
+
+    /// `true` for an empty batch.
+    pub fn is_empty(&self) -> bool {
+        self.results.is_empty()
+    }
+
+    /// `true` if the job at `position` is handled (applied now, or by an earlier delivery):
+    /// ack it.
+    ///
+    /// # Panics
+    ///
+    /// If `position` is not below [`len`](Each::len).
+    pub fn is_ackable(&self, position: usize) -> bool {
+        self.results[position].is_ok()
+    }
+
+    /// The positions of the jobs to ack (every job whose result is `Ok`), in order.
+    pub fn acks(&self) -> impl Iterator<Item = usize> + '_ {
+        self.results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(i, _)| i)
+    }
+
+    /// The positions of the jobs that failed alone, with their errors: nack (or dead-letter)
+    /// these, and only these.
+    pub fn failures(&self) -> impl Iterator<Item = (usize, &E)> + '_ {
+        self.results
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.as_ref().err().map(|e| (i, e)))
+    }
+
+    /// How many jobs this delivery ran and committed.
+    pub fn applied(&self) -> usize {
+        self.results
+            .iter()
+            .filter(|r| matches!(r, Ok(Outcome::Applied(_))))
+            .count()
+    }
+}
+
+impl<T, E> IntoIterator for Each<T, E> {
+    type Item = Result<Outcome<T>, E>;
+    type IntoIter = std::vec::IntoIter<Result<Outcome<T>, E>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.results.into_iter()
+    }
+}
+
 /// What a handler's error type `E` needs: `From<idem::Error>`, named so that a missing impl
 /// reads as advice at the handler's return type.
 #[doc(hidden)]

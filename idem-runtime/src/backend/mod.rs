@@ -69,6 +69,36 @@ pub enum Check<'a> {
     Session,
 }
 
+/// What happens to the savepoint that holds one job of a batch run job by job, or one member
+/// of a group (`idem_job`, named apart from sqlx's own `_sqlx_savepoint_N`, which a body may
+/// open inside it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Savepoint {
+    /// Opened for the next job; with `wait`, the claim that follows it waits at most that long
+    /// where the backend bounds claims per transaction (PostgreSQL's `SET LOCAL`, undone by a
+    /// rollback to the savepoint).
+    Open(Option<Duration>),
+    /// The last job's savepoint released (its work kept in the transaction), then the next
+    /// one's opened: one message.
+    Next(Option<Duration>),
+    /// Released: the job's work stays in the transaction.
+    Release,
+    /// Rolled back to and released: nothing of the job stays.
+    RollBack,
+}
+
+impl Savepoint {
+    /// The statements, as every backend spells them (SQL's own savepoint statements).
+    fn ansi(self) -> &'static str {
+        match self {
+            Savepoint::Open(_) => "SAVEPOINT idem_job",
+            Savepoint::Next(_) => "RELEASE SAVEPOINT idem_job; SAVEPOINT idem_job",
+            Savepoint::Release => "RELEASE SAVEPOINT idem_job",
+            Savepoint::RollBack => "ROLLBACK TO SAVEPOINT idem_job; RELEASE SAVEPOINT idem_job",
+        }
+    }
+}
+
 /// A lease holder's identity in the statements that end or extend its lease.
 #[derive(Debug, Clone, Copy)]
 pub struct Holder<'a> {
@@ -207,6 +237,24 @@ pub(crate) mod sealed {
             claimant: Claimant<'t>,
             keys: &'t [&'t str],
         ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 't;
+
+        /// Runs `step` on the savepoint of one job of a batch or one member of a group.
+        fn savepoint<'t>(
+            conn: &'t mut Self::Connection,
+            step: Savepoint,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
+
+        /// Gives back the markers of batch jobs that failed alone: the ones this claim
+        /// inserted (`inserted`) are deleted, the free leases it took over (`taken`) are free
+        /// leases again (`in_progress`, no holder), their attempt counted. Only the rows
+        /// holding the claim's nonce are touched.
+        fn unclaim<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            claimant: Claimant<'t>,
+            inserted: &'t [&'t str],
+            taken: &'t [&'t str],
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
 
         /// After a batch claimed with a `wait`: the session's lock wait back where the batch's
         /// statements left it bounded (PostgreSQL), so that the body's statements are not.

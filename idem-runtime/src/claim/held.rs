@@ -303,6 +303,11 @@ impl<'c, DB: Backend> TxHeld<'c, DB> {
         self.ticket.body()
     }
 
+    /// The transaction and the statements at once.
+    pub(crate) fn tx_sql(&mut self) -> (&mut Transaction<'c, DB>, &DB::Sql) {
+        (&mut self.hold.tx, &self.hold.sql)
+    }
+
     /// The scope and key claimed.
     pub(crate) fn request(&self) -> &Request {
         &self.ticket.request

@@ -299,6 +299,14 @@ pub(crate) async fn joined<'a, DB: Backend>(
     })
 }
 
+/// The keys a batch claim holds: every one (`fresh`), and which of them were free leases it
+/// took over (`taken`; the others it inserted).
+#[derive(Debug, Default)]
+pub(crate) struct Keys {
+    pub(crate) fresh: Vec<String>,
+    pub(crate) taken: Vec<String>,
+}
+
 /// The keys of a batch, claimed in an open transaction with one statement; the markers it
 /// meets are read (one statement, only if there are any) and decided as for one key, except
 /// that a live lease of any of them makes the whole batch `InProgress`: nothing is claimed,
@@ -308,11 +316,12 @@ async fn claim_keys<DB: Backend>(
     sql: &DB::Sql,
     request: &Request,
     keys: &[&str],
-) -> Result<Result<Vec<String>, Error>, sqlx::Error> {
+) -> Result<Result<Keys, Error>, sqlx::Error> {
     let c = request.claimant();
     let mut fresh = DB::claim_batch(conn, sql, c, keys).await?;
     if fresh.len() == keys.len() {
-        return Ok(Ok(fresh));
+        let taken = Vec::new();
+        return Ok(Ok(Keys { fresh, taken }));
     }
     let taken: HashSet<&str> = fresh.iter().map(String::as_str).collect();
     let met: Vec<&str> = keys
@@ -340,9 +349,11 @@ async fn claim_keys<DB: Backend>(
         if took.len() < free.len() {
             return Ok(Err(request.in_progress()));
         }
-        fresh.extend(took);
+        fresh.extend(took.iter().cloned());
+        return Ok(Ok(Keys { fresh, taken: took }));
     }
-    Ok(Ok(fresh))
+    let taken = Vec::new();
+    Ok(Ok(Keys { fresh, taken }))
 }
 
 /// A batch claim in a transaction of its own.
@@ -353,7 +364,7 @@ struct Batched<'a, DB: Backend> {
 }
 
 impl<DB: Backend> Attempts for Batched<'_, DB> {
-    type Fresh = (Transaction<'static, DB>, Vec<String>);
+    type Fresh = (Transaction<'static, DB>, Keys);
 
     fn attempt(
         &mut self,
@@ -368,22 +379,22 @@ async fn batch_attempt<DB: Backend>(
     store: &Store<DB>,
     request: &Request,
     keys: &[&str],
-) -> Result<Attempt<(Transaction<'static, DB>, Vec<String>)>, sqlx::Error> {
+) -> Result<Attempt<(Transaction<'static, DB>, Keys)>, sqlx::Error> {
     let (sql, options) = (store.sql(), &request.options);
     let mut tx = DB::begin(store.pool(), sql, options).await?;
     let claimed = async {
         let fresh = claim_keys::<DB>(&mut tx, sql, request, keys).await?;
-        if matches!(&fresh, Ok(fresh) if !fresh.is_empty()) {
+        if matches!(&fresh, Ok(keys) if !keys.fresh.is_empty()) {
             DB::batch_claimed(&mut tx, sql, options).await?;
         }
         Ok(fresh)
     };
     match claimed.await {
-        Ok(Ok(fresh)) if fresh.is_empty() => {
+        Ok(Ok(keys)) if keys.fresh.is_empty() => {
             DB::discard(tx, options).await?;
             Ok(Attempt::Done(Claimed::Duplicate))
         }
-        Ok(Ok(fresh)) => Ok(Attempt::Fresh((tx, fresh), false)),
+        Ok(Ok(keys)) => Ok(Attempt::Fresh((tx, keys), false)),
         Ok(Err(e)) => {
             DB::discard(tx, options).await?;
             Ok(Attempt::Refused(e))
@@ -403,7 +414,7 @@ pub(crate) async fn batch<DB: Backend>(
     request: Request,
     keys: &[&str],
     jobs: usize,
-) -> Result<(Vec<String>, Option<TxHeld<'static, DB>>), Error> {
+) -> Result<(Keys, Option<TxHeld<'static, DB>>), Error> {
     let mut observed = Observed::batch(request.site, &request.scope, jobs);
     #[cfg(feature = "testing")]
     crate::testing::probe::claiming(Mode::Batch);
@@ -426,7 +437,7 @@ pub(crate) async fn batch<DB: Backend>(
         Ok(Attempt::Done(_)) => {
             observed.decided(Answer::Duplicate);
             observed.ended_batch::<(), ()>(&Ok(Batch::new(&vec![false; jobs], None)));
-            Ok((Vec::new(), None))
+            Ok((Keys::default(), None))
         }
         other => {
             let sql = store.shared_sql().clone();

@@ -215,7 +215,7 @@ impl Observed {
             Err(Failed::Idem(e)) => Ended::Idem(e),
             Err(Failed::Handler(_)) => Ended::Handler,
         };
-        self.record(verdict, [(verdict, 1), (verdict, 0)], None);
+        self.record(verdict, &[(verdict, 1)], None);
         verdict::finished(&self.span, verdict, ended);
         self.ended = true;
     }
@@ -226,7 +226,7 @@ impl Observed {
         crate::testing::probe::refused(error);
         let verdict = Verdict::of_error(error);
         let jobs = self.jobs.unwrap_or(1);
-        self.record(verdict, [(verdict, jobs), (verdict, 0)], None);
+        self.record(verdict, &[(verdict, jobs)], None);
         verdict::finished(&self.span, verdict, Ended::Idem(error));
         self.ended = true;
     }
@@ -247,24 +247,58 @@ impl Observed {
                     (Verdict::Applied, applied),
                     (Verdict::Duplicate, jobs - applied),
                 ];
-                self.record(verdict, counts, Some((applied, jobs - applied)));
+                self.record(verdict, &counts, Some((applied, jobs - applied)));
                 verdict::finished(&self.span, verdict, Ended::Ok);
             }
-            Err(failed) => {
-                let verdict = Verdict::of_failed(failed);
-                self.record(verdict, [(verdict, jobs), (verdict, 0)], None);
-                let ended = match failed {
-                    Failed::Idem(e) => Ended::Idem(e),
-                    Failed::Handler(_) => Ended::Handler,
-                };
-                verdict::finished(&self.span, verdict, ended);
-            }
+            Err(failed) => self.failed_whole(jobs, failed),
         }
         self.ended = true;
     }
 
+    /// A batch run job by job ended: `Ok((applied, failed))` counts its jobs (the others were
+    /// duplicates), each job that failed alone as `error`; a batch that failed whole counts
+    /// every job with its error. The span's `outcome` is `applied` if any job was, else
+    /// `error` if any failed.
+    pub(crate) fn ended_each<E>(mut self, result: Result<(u64, u64), &Failed<E>>) {
+        let jobs = self.jobs.unwrap_or(0);
+        match result {
+            Ok((applied, failed)) => {
+                let duplicate = jobs.saturating_sub(applied + failed);
+                let verdict = match (applied, failed) {
+                    (0, 0) => Verdict::Duplicate,
+                    (0, _) => Verdict::Error,
+                    _ => Verdict::Applied,
+                };
+                let counts = [
+                    (Verdict::Applied, applied),
+                    (Verdict::Duplicate, duplicate),
+                    (Verdict::Error, failed),
+                ];
+                self.record(verdict, &counts, Some((applied, duplicate)));
+                let ended = match failed {
+                    0 => Ended::Ok,
+                    _ => Ended::Handler,
+                };
+                verdict::finished(&self.span, verdict, ended);
+            }
+            Err(failed) => self.failed_whole(jobs, failed),
+        }
+        self.ended = true;
+    }
+
+    /// A batch that failed whole: every job counted with its error.
+    fn failed_whole<E>(&self, jobs: u64, failed: &Failed<E>) {
+        let verdict = Verdict::of_failed(failed);
+        self.record(verdict, &[(verdict, jobs)], None);
+        let ended = match failed {
+            Failed::Idem(e) => Ended::Idem(e),
+            Failed::Handler(_) => Ended::Handler,
+        };
+        verdict::finished(&self.span, verdict, ended);
+    }
+
     /// Records how the call ended on its span, and the counts on the counter.
-    fn record(&self, verdict: Verdict, counts: [(Verdict, u64); 2], batch: Option<(u64, u64)>) {
+    fn record(&self, verdict: Verdict, counts: &[(Verdict, u64)], batch: Option<(u64, u64)>) {
         if !self.span.is_disabled() {
             self.span.record("outcome", verdict.as_str());
             if let Some((applied, duplicate)) = batch {
@@ -287,11 +321,7 @@ impl Drop for Observed {
             return;
         }
         let jobs = self.jobs.unwrap_or(1);
-        self.record(
-            Verdict::Error,
-            [(Verdict::Error, jobs), (Verdict::Error, 0)],
-            None,
-        );
+        self.record(Verdict::Error, &[(Verdict::Error, jobs)], None);
         verdict::finished(&self.span, Verdict::Error, Ended::Dropped);
     }
 }

@@ -79,7 +79,9 @@ impl Verdict {
             | Error::Serialize(_) => Verdict::Invalid,
             // An operator's refusal: it ends no call.
             Error::LeaseHeld { .. } => Verdict::Invalid,
-            Error::Database(_) => Verdict::Error,
+            Error::Database(_) | Error::JobNotFinished { .. } | Error::GroupFailed { .. } => {
+                Verdict::Error
+            }
             #[cfg(feature = "testing")]
             Error::Injected { .. } => Verdict::Error,
         }

@@ -11,7 +11,7 @@ use super::{ER_DUP_ENTRY, LEASE_OVER, MySqlSql, bounded, number, seconds};
 use crate::backend::rows::MarkerState;
 use crate::backend::sealed::Claims;
 use crate::backend::sql::{Bound, statements};
-use crate::backend::{Check, Claimant, Found};
+use crate::backend::{Check, Claimant, Found, Savepoint};
 use crate::options::ClaimOptions;
 
 /// MySQL 8 only (a no-op on MariaDB, which bounds each claim statement instead): puts the
@@ -267,6 +267,23 @@ impl Claims for MySql {
         keys: &'t [&'t str],
     ) -> Result<Vec<String>, sqlx::Error> {
         batch::take_over(conn, sql, c, keys).await
+    }
+
+    async fn savepoint<'t>(conn: &'t mut Self::Connection, step: Savepoint) -> Result<(), sqlx::Error> {
+        // MariaDB bounds each claim statement by itself (`within`); MySQL 8, which sets the
+        // session's wait at the begin, leaves a job's claim under the transaction's.
+        sqlx::raw_sql(step.ansi()).execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    async fn unclaim<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t MySqlSql,
+        c: Claimant<'t>,
+        inserted: &'t [&'t str],
+        taken: &'t [&'t str],
+    ) -> Result<(), sqlx::Error> {
+        batch::unclaim(conn, sql, c, inserted, taken).await
     }
 
     async fn batch_claimed<'t>(

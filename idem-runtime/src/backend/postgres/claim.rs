@@ -1,13 +1,13 @@
 //! Claims in a transaction on PostgreSQL: `INSERT ... ON CONFLICT DO NOTHING`, the marker it
 //! meets read in the same statement, and the verified commit.
 
-use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, Transaction};
+use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, SqlStr, Transaction};
 
 use super::{IN_FAILED_TRANSACTION, LEASE_OVER, PgSql, UNBOUND, database_code};
 use crate::backend::rows::MarkerState;
 use crate::backend::sealed::Claims;
 use crate::backend::sql::statements;
-use crate::backend::{Check, Claimant, Found};
+use crate::backend::{Check, Claimant, Found, Savepoint};
 use crate::options::ClaimOptions;
 
 // The claim and, when it inserts nothing, the marker it met, in one statement. A claim that
@@ -82,6 +82,13 @@ statements! {
         );
         /// The session's lock wait back after a batch claimed with `wait`.
         unbind() = format!("SELECT {UNBOUND}");
+        // A job of a batch that failed alone: the marker the claim inserted goes, a lease it
+        // took over is free again (its attempt counted, its old holder still fenced out).
+        unclaim_inserted(scope: &str, keys: &[&str], nonce: i64) =
+            "DELETE FROM {t} WHERE scope = $1 AND key = ANY($2::text[]) AND token = $3";
+        unclaim_taken(scope: &str, keys: &[&str], nonce: i64) =
+            "UPDATE {t} SET state = 'in_progress', completed_at = NULL, locked_until = NULL, \
+             result = NULL WHERE scope = $1 AND key = ANY($2::text[]) AND token = $3";
     }
 }
 
@@ -103,6 +110,22 @@ fn begin_sql(options: &ClaimOptions) -> String {
         ));
     }
     begin
+}
+
+/// A job's savepoint; opening one with `wait` bounds the claim that follows as the begin
+/// statement does (`begin_sql`), inside the savepoint, so that a rollback to it undoes that
+/// too.
+fn savepoint_sql(step: Savepoint) -> SqlStr {
+    match step {
+        Savepoint::Open(Some(wait)) | Savepoint::Next(Some(wait)) => AssertSqlSafe(format!(
+            "{}; SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true); \
+             SET LOCAL lock_timeout = {}",
+            step.ansi(),
+            crate::backend::millis(wait)
+        ))
+        .into_sql_str(),
+        _ => step.ansi().into_sql_str(),
+    }
 }
 
 impl Claims for Postgres {
@@ -269,6 +292,31 @@ impl Claims for Postgres {
             .scalar()
             .fetch_all(&mut *conn)
             .await
+    }
+
+    async fn savepoint<'t>(conn: &'t mut Self::Connection, step: Savepoint) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(savepoint_sql(step))
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn unclaim<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t PgSql,
+        c: Claimant<'t>,
+        inserted: &'t [&'t str],
+        taken: &'t [&'t str],
+    ) -> Result<(), sqlx::Error> {
+        if !inserted.is_empty() {
+            let gone = sql.claim.unclaim_inserted(c.scope, inserted, c.nonce);
+            gone.query().execute(&mut *conn).await?;
+        }
+        if !taken.is_empty() {
+            let freed = sql.claim.unclaim_taken(c.scope, taken, c.nonce);
+            freed.query().execute(&mut *conn).await?;
+        }
+        Ok(())
     }
 
     async fn batch_claimed<'t>(

@@ -9,7 +9,7 @@ use super::{Armed, BEGIN, LEASE_OVER, SqliteSql, busy_timeout};
 use crate::backend::rows::MarkerState;
 use crate::backend::sealed::Claims;
 use crate::backend::sql::statements;
-use crate::backend::{Check, Claimant, Found};
+use crate::backend::{Check, Claimant, Found, Savepoint};
 use crate::options::ClaimOptions;
 
 statements! {
@@ -53,6 +53,15 @@ statements! {
              WHERE scope = ?1 AND key IN (SELECT value FROM json_each(?2)) \
              AND state = 'in_progress' AND {LEASE_OVER} RETURNING key"
         );
+        // A job of a batch that failed alone: the marker the claim inserted goes, a lease it
+        // took over is free again (its attempt counted, its old holder still fenced out).
+        unclaim_inserted(scope: &str, keys: String, nonce: i64) =
+            "DELETE FROM {t} WHERE scope = ?1 AND key IN (SELECT value FROM json_each(?2)) \
+             AND token = ?3";
+        unclaim_taken(scope: &str, keys: String, nonce: i64) =
+            "UPDATE {t} SET state = 'in_progress', completed_at = NULL, locked_until = NULL, \
+             result = NULL WHERE scope = ?1 AND key IN (SELECT value FROM json_each(?2)) \
+             AND token = ?3";
     }
 }
 
@@ -224,6 +233,31 @@ impl Claims for Sqlite {
     ) -> Result<Vec<String>, sqlx::Error> {
         let take = sql.claim.take_over_batch(c.scope, json(keys), c.nonce);
         take.scalar().fetch_all(&mut *conn).await
+    }
+
+    async fn savepoint<'t>(conn: &'t mut Self::Connection, step: Savepoint) -> Result<(), sqlx::Error> {
+        // One writer at a time: the transaction holds the write lock, so a claim in it never
+        // waits, and `wait` has nothing to bound.
+        sqlx::raw_sql(step.ansi()).execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    async fn unclaim<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t SqliteSql,
+        c: Claimant<'t>,
+        inserted: &'t [&'t str],
+        taken: &'t [&'t str],
+    ) -> Result<(), sqlx::Error> {
+        if !inserted.is_empty() {
+            let gone = sql.claim.unclaim_inserted(c.scope, json(inserted), c.nonce);
+            gone.query().execute(&mut *conn).await?;
+        }
+        if !taken.is_empty() {
+            let freed = sql.claim.unclaim_taken(c.scope, json(taken), c.nonce);
+            freed.query().execute(&mut *conn).await?;
+        }
+        Ok(())
     }
 
     async fn batch_claimed<'t>(
