@@ -23,6 +23,7 @@ impl conformance::Support for Pg {
          AND query LIKE '%INSERT INTO ' || $1 || ' %'",
     );
     const STATEMENT_AFTER_ROLLBACK_KEPT: bool = false;
+    const FAILED_STATEMENT_ABORTS: bool = true;
     const LOCK_WAIT_MS: &'static str = "SELECT CAST(EXTRACT(EPOCH FROM \
          current_setting('lock_timeout')::interval) * 1000 AS BIGINT)";
     // `query_start` is when the session's running statement began; a `Lock` wait is a row lock.
@@ -110,6 +111,7 @@ conformance::every_backend_tests!(Pg);
 // The cases SQLite cannot run: a connection to cut, a server to miss, a session's own settings,
 // a second writer's serialization failure, a named lock.
 conformance::tests!(Pg;
+    connection_killed_in_a_job_fails_the_batch_and_keeps_nothing,
     serialization_failure_in_the_body_is_an_error_not_applied,
     connection_killed_before_commit_keeps_nothing,
     unreachable_server_fails_the_test_naming_url_and_variable,

@@ -35,6 +35,12 @@ pub use crate::record::{Fingerprint, Recorded};
 pub use crate::store::Store;
 pub use core::time::Duration;
 
+mod each;
+pub use crate::outcome::Each;
+pub use each::{
+    claim_each, each_body, each_job, finish_each, finish_job, job_parts, job_tx, settle_each,
+};
+
 /// The databases that sqlx's transaction aliases name (`PgTransaction<'_>` is
 /// `Transaction<'_, Postgres>`), for the store parameter that replaces them.
 pub mod db {

@@ -33,6 +33,7 @@ pub(crate) mod batch_handlers;
 pub(crate) mod cases;
 pub(crate) mod ctx;
 pub(crate) mod db;
+pub(crate) mod each_handlers;
 pub(crate) mod handlers;
 pub(crate) mod lease_handlers;
 pub(crate) mod proxy;
@@ -88,6 +89,10 @@ pub(crate) trait Support: Send + Sync + 'static {
         other: &'a Pool<Self::Db>,
         rows: &'a str,
     ) -> impl Future<Output = ()> + Send + 'a;
+
+    /// Whether any failed statement aborts the transaction (or the savepoint it runs in)
+    /// until it is rolled back: PostgreSQL. Elsewhere a failed statement undoes only itself.
+    const FAILED_STATEMENT_ABORTS: bool = false;
 
     /// Where a claim with `wait` changes a session setting that outlives the transaction
     /// unless put back (MySQL's `innodb_lock_wait_timeout`): a query for the session's id,
@@ -284,6 +289,13 @@ macro_rules! every_backend_tests {
             forget_refuses_a_live_lease_and_its_holder_still_completes,
             forget_deletes_a_completed_marker_and_lets_go_of_a_free_lease,
             forced_forget_of_a_live_lease_fences_out_the_old_holder,
+            poison_job_rolls_back_alone_and_its_batch_commits,
+            poison_jobs_by_hand_fail_alone_beside_duplicates,
+            failed_job_gives_back_the_lease_it_took_over,
+            job_that_swallows_a_statement_error,
+            job_that_takes_the_transaction_with_it_fails_the_batch,
+            dropped_job_guard_is_rolled_back_alone,
+            job_messages_exist_exactly_for_the_kept_jobs,
         );
     };
 }
