@@ -83,10 +83,16 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
             None
         };
         if let Some(why) = why {
-            diag.error_at(span, format!("`group` does not go with `{}`: {why}", match lease_mode {
-                true => "lease",
-                false => "batch",
-            }));
+            diag.error_at(
+                span,
+                format!(
+                    "`group` does not go with `{}`: {why}",
+                    match lease_mode {
+                        true => "lease",
+                        false => "batch",
+                    }
+                ),
+            );
             return match lease_mode {
                 true => Mode::Lease,
                 false => Mode::Batch,

@@ -36,10 +36,13 @@ pub use crate::store::Store;
 pub use core::time::Duration;
 
 mod each;
+mod group;
+pub use crate::group::{Group, GroupHeld};
 pub use crate::outcome::Each;
 pub use each::{
     claim_each, each_body, each_job, finish_each, finish_job, job_parts, job_tx, settle_each,
 };
+pub use group::{claim_group, finish_group, finish_group_replay};
 
 /// The databases that sqlx's transaction aliases name (`PgTransaction<'_>` is
 /// `Transaction<'_, Postgres>`), for the store parameter that replaces them.

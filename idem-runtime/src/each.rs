@@ -220,7 +220,9 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
     /// no job to keep, nothing is committed. An `Err` is the whole batch's (the commit failed,
     /// or a job's failure took the transaction with it): nothing was kept.
     pub async fn finish(self) -> Result<Each<T, E>, E> {
-        self.finish_failed().await.map_err(Failed::into_handler_error)
+        self.finish_failed()
+            .await
+            .map_err(Failed::into_handler_error)
     }
 
     /// Gives up: rolls everything back, every fresh job's marker and effect with it.

@@ -233,6 +233,14 @@ pub enum Error {
         key: String,
     },
 
+    /// [`GroupOptions`](crate::GroupOptions) out of their bounds, refused by
+    /// [`Store::group`](crate::Store::group) before any I/O.
+    #[error("invalid group options: {reason}")]
+    InvalidGroup {
+        /// What is out of bounds, and the bounds.
+        reason: String,
+    },
+
     /// Group commit: this call's work was done in a group's shared transaction, and the group
     /// failed as a whole (its connection was lost, the database rolled it back, its commit
     /// failed or lost its answer). `may_be_kept` says whether the commit may have landed

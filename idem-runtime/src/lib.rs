@@ -38,6 +38,7 @@ mod claim;
 
 mod batch;
 mod each;
+mod group;
 mod join;
 mod lease;
 mod relay;
@@ -55,6 +56,7 @@ pub use claim::Claimed;
 pub use claim::nested::Body;
 pub use each::{EachGuard, JobGuard};
 pub use error::Error;
+pub use group::{Group, GroupGuard, GroupOptions, MAX_GROUP, MAX_GROUP_DELAY, MAX_LANES};
 pub use inspect::{Marker, MarkerState};
 pub use job_id::{JobId, job_id};
 #[allow(deprecated)]

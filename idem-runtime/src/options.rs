@@ -140,6 +140,9 @@ pub enum Mode {
     Lease,
     /// A batch handler (`batch = ".."`): one claim and one commit for many jobs.
     Batch,
+    /// A member of a group ([`Group`](crate::Group)): a savepoint of a transaction shared
+    /// with concurrent calls, one commit for all of them.
+    Group,
 }
 
 impl Mode {
@@ -149,6 +152,7 @@ impl Mode {
             Mode::Joined => "joined",
             Mode::Lease => "lease",
             Mode::Batch => "batch",
+            Mode::Group => "group",
         }
     }
 }

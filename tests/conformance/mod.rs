@@ -34,6 +34,7 @@ pub(crate) mod cases;
 pub(crate) mod ctx;
 pub(crate) mod db;
 pub(crate) mod each_handlers;
+pub(crate) mod group_handlers;
 pub(crate) mod handlers;
 pub(crate) mod lease_handlers;
 pub(crate) mod proxy;
@@ -296,6 +297,11 @@ macro_rules! every_backend_tests {
             job_that_takes_the_transaction_with_it_fails_the_batch,
             dropped_job_guard_is_rolled_back_alone,
             job_messages_exist_exactly_for_the_kept_jobs,
+            group_commits_concurrent_deliveries_of_each_key_once,
+            group_member_failure_rolls_back_only_its_savepoint,
+            cancelled_caller_in_a_group_keeps_nothing_and_others_commit,
+            group_beside_transaction_and_lease_mode_applies_each_key_once,
+            group_keeps_replay_fingerprint_and_outbox,
         );
     };
 }

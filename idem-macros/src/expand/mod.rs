@@ -242,6 +242,8 @@ fn expand(
         }
     };
     let store_arg: FnArg = match &handler.kind {
+        // Group commit: the calls share the group's transactions.
+        Kind::Transaction { .. } if args.group => syn::parse_quote!(#store: &#private::Group<#db>),
         // `&Store<DB>`, or `store.join(tx)` to run inside the caller's transaction.
         Kind::Transaction { .. } => syn::parse_quote!(#store: impl #private::Target<#db>),
         Kind::Lease { .. } => syn::parse_quote!(#store: &#private::Store<#db>),
@@ -305,6 +307,9 @@ fn expand(
     let has_docs = attrs.iter().any(|a| a.path().is_ident("doc"));
     let note = has_docs.then(|| {
         let effect = match handler.kind {
+            Kind::Transaction { .. } if args.group => {
+                "the effect commits once per key, in a group commit shared with concurrent calls"
+            }
             Kind::Transaction { .. } => "the effect commits once per key",
             Kind::Lease { .. } => "the body runs to completion once per key, under a lease",
         };

@@ -10,7 +10,7 @@ use std::time::Instant;
 use sqlx::{Connection as _, Transaction};
 
 use super::{CLAIM_ATTEMPTS, Claimed, Decision, RECHECKS, Request, Ticket, TxHeld, decide, nested};
-use crate::backend::Backend;
+use crate::backend::{Backend, Savepoint};
 use crate::error::Error;
 use crate::observe::{self, Answer, Observed};
 use crate::options::Mode;
@@ -269,6 +269,31 @@ async fn savepoint_attempt<'a, DB: Backend>(
             // database allows it (PostgreSQL aborts it on any error otherwise).
             drop(savepoint.rollback().await);
             Err(e)
+        }
+    }
+}
+
+/// One attempt of a claim in a savepoint of a shared transaction (a group's): the savepoint
+/// (bounding the claim by `wait` where the backend does so per transaction), the claim, and
+/// for anything but a fresh claim the savepoint rolled back, so that the transaction is as it
+/// was. The outer `Err` says the transaction itself is gone: rolling back to the savepoint
+/// failed (a lost connection; on MySQL a deadlock or lock wait that rolled back the whole
+/// transaction).
+pub(crate) async fn shared_attempt<DB: Backend>(
+    conn: &mut DB::Connection,
+    sql: &DB::Sql,
+    request: &Request,
+) -> Result<Result<Attempt<()>, sqlx::Error>, sqlx::Error> {
+    let opened = DB::savepoint(conn, Savepoint::Open(request.options.wait)).await;
+    let answer = match opened {
+        Ok(()) => claim_one::<DB>(conn, sql, request).await,
+        Err(e) => Err(e),
+    };
+    match answer {
+        Ok(Attempt::Fresh((), took_over)) => Ok(Ok(Attempt::Fresh((), took_over))),
+        other => {
+            DB::savepoint(conn, Savepoint::RollBack).await?;
+            Ok(other)
         }
     }
 }

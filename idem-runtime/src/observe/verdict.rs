@@ -75,6 +75,7 @@ impl Verdict {
             | Error::InvalidScope { .. }
             | Error::InvalidLease { .. }
             | Error::InvalidMessage { .. }
+            | Error::InvalidGroup { .. }
             | Error::Nested { .. }
             | Error::Serialize(_) => Verdict::Invalid,
             // An operator's refusal: it ends no call.

@@ -68,11 +68,18 @@ pub(crate) async fn poison_job_rolls_back_alone_and_its_batch_commits<S: Support
     let failures: Vec<usize> = done.failures().map(|(at, _)| at).collect();
     assert_eq!(failures, [36]);
     assert_eq!(ctx.effects_total().await, 99, "the 99 others' effects");
-    assert_eq!(ctx.effects(37).await, 0, "the poison job's effect was rolled back");
+    assert_eq!(
+        ctx.effects(37).await,
+        0,
+        "the poison job's effect was rolled back"
+    );
     assert_eq!(ctx.markers().await, 99, "the 99 others' markers");
     assert!(!ctx.stored_keys().await.contains(&"job-37".to_owned()));
     // Redelivered alone, the failed job runs (a single-job handler of the same scope).
-    assert_eq!(applied(apply(&ctx.store, &batch[36], Then::Commit).await), 370);
+    assert_eq!(
+        applied(apply(&ctx.store, &batch[36], Then::Commit).await),
+        370
+    );
     // The whole batch again: every job a duplicate, no body run.
     let again = apply_each(&ctx.store, &batch, poison)
         .await
@@ -135,7 +142,11 @@ pub(crate) async fn failed_job_gives_back_the_lease_it_took_over<S: Support>() {
     let batch = jobs(&ctx, 1..=3);
     let key = Key::new(&batch[1].key).expect("a key");
     let options = LeaseOptions::new(Duration::from_secs(30));
-    let Claimed::Fresh(lease) = ctx.store.lease("apply", &key, options).await.expect("lease")
+    let Claimed::Fresh(lease) = ctx
+        .store
+        .lease("apply", &key, options)
+        .await
+        .expect("lease")
     else {
         panic!("a fresh key was not fresh")
     };
@@ -154,7 +165,10 @@ pub(crate) async fn failed_job_gives_back_the_lease_it_took_over<S: Support>() {
     assert_eq!(marker.state, MarkerState::InProgress);
     assert_eq!(marker.attempts, 2, "the batch's attempt counted");
     assert_eq!(marker.locked_until, None, "free for the next delivery");
-    assert_eq!(applied(apply(&ctx.store, &batch[1], Then::Commit).await), 20);
+    assert_eq!(
+        applied(apply(&ctx.store, &batch[1], Then::Commit).await),
+        20
+    );
     let marker = ctx.store.inspect("apply", &key).await.expect("inspect");
     assert_eq!(marker.expect("a marker").state, MarkerState::Completed);
     assert_eq!(ctx.effects_total().await, 3);
@@ -200,8 +214,11 @@ pub(crate) async fn job_that_takes_the_transaction_with_it_fails_the_batch<S: Su
         .create_table("r", "(id BIGINT NOT NULL PRIMARY KEY, v BIGINT NOT NULL)")
         .await;
     let values: Vec<String> = (1..=100).map(|i| format!("({i}, 0)")).collect();
-    ctx.exec(&format!("INSERT INTO {rows} (id, v) VALUES {}", values.join(", ")))
-        .await;
+    ctx.exec(&format!(
+        "INSERT INTO {rows} (id, v) VALUES {}",
+        values.join(", ")
+    ))
+    .await;
     let other = S::connect(&ctx.url, 2).await;
     let batch = jobs(&ctx, 1..=4);
     let call = apply_each_swallowing::<S>(&ctx.store, &batch, 2, &other, &rows);
@@ -263,8 +280,16 @@ pub(crate) async fn job_messages_exist_exactly_for_the_kept_jobs<S: Support>() {
         .expect("the batch commits");
     assert_each(&done, &batch, &[2], &[]);
     let outbox = format!("{}_outbox", ctx.store.table());
-    let count = |key: &str| format!("SELECT COUNT(*) FROM {outbox} WHERE {} = '{key}'", S::KEY_TEXT);
-    assert_eq!(ctx.scalar(&format!("SELECT COUNT(*) FROM {outbox}")).await, 3);
+    let count = |key: &str| {
+        format!(
+            "SELECT COUNT(*) FROM {outbox} WHERE {} = '{key}'",
+            S::KEY_TEXT
+        )
+    };
+    assert_eq!(
+        ctx.scalar(&format!("SELECT COUNT(*) FROM {outbox}")).await,
+        3
+    );
     assert_eq!(ctx.scalar(&count("job-2")).await, 0);
     assert_eq!(ctx.scalar(&count("job-3")).await, 1);
     // The redelivery of job 2 sends its message, under the id it had.
