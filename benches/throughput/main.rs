@@ -6,6 +6,7 @@
 //! cargo bench --bench throughput -- --instructions  # client instructions per job, gated
 //! cargo bench --bench throughput -- --http       # idem::http's layer against a hand-written claim
 //! cargo bench --bench throughput -- --outbox     # the outbox: handler cost, relay vs direct
+//! cargo bench --bench throughput -- --group      # group commit, and a poisoned batch
 //! ```
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
 //! sqlite|mysql`, `--rounds N`, `--run-ms N`, `--pool lean|sqlx` (the pool settings the docs
@@ -39,6 +40,7 @@
 // its effects and prints the report.
 mod batch;
 mod config;
+mod group;
 mod growth;
 mod http;
 mod instructions;
@@ -138,7 +140,7 @@ fn parse_args() -> Res<Args> {
             "--run-ms" => parsed.run_ms = Some(args.next().ok_or("--run-ms needs N")?.parse()?),
             // `cargo bench` passes `--bench` to every harness-less bench.
             "--bench" => {}
-            "--instructions" => {}
+            "--instructions" | "--group" => {}
             other => eprintln!("ignoring argument {other:?}"),
         }
     }
@@ -172,6 +174,22 @@ fn main() -> Res<()> {
             .enable_all()
             .build()?
             .block_on(outbox::run(quick));
+    }
+    // Group commit against the macro and the hand-written code, and a poisoned batch.
+    if argv.iter().any(|a| a == "--group") {
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(async {
+                let args = parse_args()?;
+                let quick = args.quick;
+                let rounds = args.rounds.unwrap_or(if quick { 3 } else { 8 });
+                let run =
+                    Duration::from_millis(args.run_ms.unwrap_or(if quick { 200 } else { 1000 }));
+                let report = group::bench(args.only, rounds, run).await?;
+                print!("{report}");
+                Ok(())
+            });
     }
     if argv.iter().any(|a| a == "--instructions") {
         std::fs::create_dir_all(&dir)?;

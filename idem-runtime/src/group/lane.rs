@@ -239,9 +239,9 @@ impl<DB: Backend> Turn<DB> {
         }
     }
 
-    /// The call's work is in the generation (its savepoint released): counts it, and closes
-    /// the generation if it is full or no other call waits to join it. Returns the end to
-    /// wait for.
+    /// The call's work is in the generation (its savepoint released): counts it, and ends
+    /// the turn (see [`leave`](Turn::leave)), closing the generation at once if it is full.
+    /// Returns the end to wait for.
     pub(crate) fn kept(mut self, request: &Request, shared: &Arc<Shared<DB>>) -> Waiter {
         self.armed = false;
         let open = &mut *self.guard;
@@ -256,14 +256,23 @@ impl<DB: Backend> Turn<DB> {
             open.kept = Some((scope.clone(), key.clone(), request.nonce));
         }
         open.fresh.insert((scope, key));
-        // This call still counts as queued until the turn is dropped below.
-        let alone = self.queued.0.load(Ordering::SeqCst) <= 1;
-        if open.members >= shared.options.max_size || alone {
-            if let Some(closing) = open.close() {
-                tokio::spawn(closing.commit(shared.clone()));
-            }
-        }
+        let full = open.members >= shared.options.max_size;
+        self.leave(shared, full);
         waiter
+    }
+
+    /// Ends the turn; the generation closes (commits what its calls kept, or ends a
+    /// transaction that kept nothing) if `close`, or if no other call waits for the lane: a
+    /// lone call is never held back, and an idle lane holds no transaction.
+    pub(crate) fn leave(mut self, shared: &Arc<Shared<DB>>, close: bool) {
+        self.armed = false;
+        // This call still counts as queued until the turn is dropped.
+        let alone = self.queued.0.load(Ordering::SeqCst) <= 1;
+        if (close || alone)
+            && let Some(closing) = self.guard.close()
+        {
+            tokio::spawn(closing.commit(shared.clone()));
+        }
     }
 }
 

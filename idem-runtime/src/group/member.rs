@@ -46,7 +46,7 @@ pub(crate) async fn claim<DB: Backend>(
         Ok((Attempt::Fresh((), took_over), turn)) => Ok(Attempt::Fresh(turn, took_over)),
         Ok((other, turn)) => {
             let waiter = turn.holder_of(&request);
-            drop(turn);
+            turn.leave(shared, false);
             let other = match other {
                 Attempt::Done(done) => Attempt::Done(done),
                 Attempt::Refused(e) => Attempt::Refused(e),
@@ -187,22 +187,25 @@ impl<DB: Backend> Hold for GroupHold<DB> {
         _: Option<&Pending>,
     ) -> Result<(), Error> {
         let released = DB::savepoint(self.tx(), Savepoint::Release).await;
-        let mut turn = self.turn.take().expect("held until the end");
         if let Err(e) = released {
             // The body's statements failed under it although it returned `Ok` (PostgreSQL
             // aborted its savepoint), or the transaction is gone.
-            let tx = turn.tx().expect("open during the turn");
-            let back = DB::savepoint(tx, Savepoint::RollBack).await;
+            let back = DB::savepoint(self.tx(), Savepoint::RollBack).await;
+            let mut turn = self.turn.take().expect("held until the end");
             turn.disarm();
-            if let Err(lost) = back {
-                let reason = format!("a call's savepoint could not be rolled back: {lost}");
-                turn.fail(false, &reason);
+            match back {
+                Ok(()) => turn.leave(&self.shared, false),
+                Err(lost) => {
+                    let reason = format!("a call's savepoint could not be rolled back: {lost}");
+                    turn.fail(false, &reason);
+                }
             }
             return Err(match e.as_database_error() {
                 Some(_) => rolled_back(request),
                 None => e.into(),
             });
         }
+        let turn = self.turn.take().expect("held until the end");
         let waiter: Waiter = turn.kept(request, &self.shared);
         match ended(waiter).await {
             Ended::Committed => Ok(()),
@@ -217,9 +220,12 @@ impl<DB: Backend> Hold for GroupHold<DB> {
         let back = DB::savepoint(self.tx(), Savepoint::RollBack).await;
         let mut turn = self.turn.take().expect("held until the end");
         turn.disarm();
-        if let Err(e) = back {
-            let reason = format!("a call's savepoint could not be rolled back: {e}");
-            turn.fail(false, &reason);
+        match back {
+            Ok(()) => turn.leave(&self.shared, false),
+            Err(e) => {
+                let reason = format!("a call's savepoint could not be rolled back: {e}");
+                turn.fail(false, &reason);
+            }
         }
     }
 }

@@ -106,6 +106,21 @@ impl GroupOptions {
         self
     }
 
+    /// The most calls one group keeps.
+    pub const fn size_limit(&self) -> usize {
+        self.max_size
+    }
+
+    /// The longest a group stays open.
+    pub const fn delay_limit(&self) -> Duration {
+        self.max_delay
+    }
+
+    /// How many groups are open at once.
+    pub const fn lane_count(&self) -> usize {
+        self.lanes
+    }
+
     fn check(&self) -> Result<(), Error> {
         let problem = if self.max_size == 0 || self.max_size > MAX_GROUP {
             format!(
