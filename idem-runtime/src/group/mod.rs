@@ -73,8 +73,8 @@ impl Default for GroupOptions {
 }
 
 impl GroupOptions {
-    /// The defaults: at most 32 calls a group, 2 ms, 2 lanes (the figures behind them:
-    /// `docs/group-commit.md`).
+    /// The defaults: at most 32 calls a group, 2 ms, 2 lanes (what they gave where idem is
+    /// built, and why they are a starting point to measure from: `docs/group-commit.md`).
     pub const fn new() -> Self {
         GroupOptions {
             max_size: 32,
