@@ -31,6 +31,7 @@ mod seams;
 mod server;
 mod shapes;
 mod store;
+mod upgrade;
 
 pub(crate) use ambiguous::*;
 pub(crate) use attribute::*;
@@ -62,3 +63,4 @@ pub(crate) use seams::*;
 pub(crate) use server::*;
 pub(crate) use shapes::*;
 pub(crate) use store::*;
+pub(crate) use upgrade::*;
