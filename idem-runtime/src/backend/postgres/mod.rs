@@ -9,6 +9,7 @@ mod outbox;
 use sqlx::{Postgres, SqlStr};
 
 use super::sealed::Dialect;
+use super::upgrade::{Added, Addition};
 use super::{Backend, Table};
 
 /// `in_failed_sql_transaction`: a statement after one that failed.
@@ -68,6 +69,10 @@ const DDL: &[&str] = &[
      WHERE sent_at IS NOT NULL",
 ];
 
+/// What a schema version added to a table an earlier version created: each is in the `CREATE
+/// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
+const ADDED: &[Added] = &[];
+
 /// PostgreSQL's statements for one marker table.
 #[derive(Debug)]
 pub struct PgSql {
@@ -77,6 +82,7 @@ pub struct PgSql {
     outbox: outbox::OutboxSql,
     ops: operators::OperatorSql,
     ddl: Vec<SqlStr>,
+    added: Vec<Addition>,
 }
 
 impl Dialect for Postgres {
@@ -92,6 +98,7 @@ impl Dialect for Postgres {
             outbox: outbox::OutboxSql::new(table),
             ops: operators::OperatorSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
+            added: ADDED.iter().map(|a| a.fill(table, true)).collect(),
         }
     }
 

@@ -1,0 +1,2 @@
+-- idem schema version 2 to 3 (PostgreSQL). `Store::migrate()` applies it to a version 2 schema
+-- (every statement is `IF NOT EXISTS`); copy it into your own migrations if you manage the schema yourself.
