@@ -157,6 +157,15 @@ pub(crate) async fn claim_batch<DB: Backend>(
     })
 }
 
+/// What [`BatchGuard::each`](crate::BatchGuard::each) takes over from a batch claim.
+pub(crate) type EachParts<DB> = (
+    Vec<bool>,
+    Option<TxHeld<'static, DB>>,
+    Vec<Key>,
+    Vec<String>,
+    Option<BatchOutbox>,
+);
+
 /// The answer to [`Store::claim_batch`]: which jobs of the batch this delivery holds, and the
 /// open transaction holding them.
 ///
@@ -271,15 +280,7 @@ impl<DB: Backend> BatchGuard<DB> {
 
     /// What [`each`](BatchGuard::each) runs on: the fresh flags, the transaction, the fresh
     /// keys in order, the keys taken over, and the messages sent so far.
-    pub(crate) fn into_each_parts(
-        self,
-    ) -> (
-        Vec<bool>,
-        Option<TxHeld<'static, DB>>,
-        Vec<Key>,
-        Vec<String>,
-        Option<BatchOutbox>,
-    ) {
+    pub(crate) fn into_each_parts(self) -> EachParts<DB> {
         let BatchGuard {
             fresh,
             held,

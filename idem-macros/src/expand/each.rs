@@ -72,7 +72,7 @@ pub(super) fn expand(
             && let Type::Reference(r) = &mut *pt.ty
         {
             let elem = &r.elem;
-            r.elem = Box::new(syn::parse_quote!([#elem]));
+            *r.elem = syn::parse_quote!([#elem]);
         }
     }
     without_outbox(&mut sig, outbox);

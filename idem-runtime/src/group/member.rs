@@ -3,7 +3,6 @@
 //! Built on the claim core's pieces (the start, the bounded retry, the decision, the one
 //! finish), as every mode is.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use sqlx::Transaction;
@@ -88,26 +87,24 @@ struct InGroup<'a, DB: Backend> {
 impl<DB: Backend> Attempts for InGroup<'_, DB> {
     type Fresh = ();
 
-    fn attempt(&mut self) -> impl Future<Output = Result<Attempt<()>, sqlx::Error>> + Send {
-        async move {
-            if self.turn.tx().is_none() {
-                self.turn.again(self.shared, self.lane).await?;
+    async fn attempt(&mut self) -> Result<Attempt<()>, sqlx::Error> {
+        if self.turn.tx().is_none() {
+            self.turn.again(self.shared, self.lane).await?;
+        }
+        let sql = self.shared.store.sql();
+        self.turn.arm();
+        let tx = self.turn.tx().expect("readied above");
+        match shared_attempt::<DB>(tx, sql, self.request).await {
+            Ok(Ok(Attempt::Fresh((), took_over))) => Ok(Attempt::Fresh((), took_over)),
+            Ok(answer) => {
+                self.turn.disarm();
+                answer
             }
-            let sql = self.shared.store.sql();
-            self.turn.arm();
-            let tx = self.turn.tx().expect("readied above");
-            match shared_attempt::<DB>(tx, sql, self.request).await {
-                Ok(Ok(Attempt::Fresh((), took_over))) => Ok(Attempt::Fresh((), took_over)),
-                Ok(answer) => {
-                    self.turn.disarm();
-                    answer
-                }
-                Err(e) => {
-                    self.turn.disarm();
-                    let reason = format!("its transaction was lost during a claim: {e}");
-                    self.turn.fail(false, &reason);
-                    Err(e)
-                }
+            Err(e) => {
+                self.turn.disarm();
+                let reason = format!("its transaction was lost during a claim: {e}");
+                self.turn.fail(false, &reason);
+                Err(e)
             }
         }
     }

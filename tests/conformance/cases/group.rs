@@ -57,8 +57,8 @@ pub(crate) async fn group_commits_concurrent_deliveries_of_each_key_once<S: Supp
             })
         })
         .collect();
-    let mut applied = vec![0; 17];
-    let mut duplicates = vec![0; 17];
+    let mut applied = [0; 17];
+    let mut duplicates = [0; 17];
     for task in tasks {
         let (id, done) = within(120, "a grouped delivery", task)
             .await
@@ -185,7 +185,7 @@ pub(crate) async fn group_beside_transaction_and_lease_mode_applies_each_key_onc
     let group = group(&ctx, GroupOptions::new());
     let batch = jobs(&ctx, 1..=12);
     let mut tasks = Vec::new();
-    for job in batch.iter().cloned() {
+    for job in &batch {
         for mode in 0..3 {
             let (group, store, job) = (group.clone(), ctx.store.clone(), job.clone());
             tasks.push(tokio::spawn(async move {
@@ -198,7 +198,7 @@ pub(crate) async fn group_beside_transaction_and_lease_mode_applies_each_key_onc
             }));
         }
     }
-    let mut applied = vec![0; 13];
+    let mut applied = [0; 13];
     for task in tasks {
         let (id, mode, done) = within(120, "a delivery", task).await.expect("no panic");
         match done {
@@ -213,8 +213,8 @@ pub(crate) async fn group_beside_transaction_and_lease_mode_applies_each_key_onc
             other => panic!("job {id} in mode {mode}: {other:?}"),
         }
     }
-    for id in 1..=12 {
-        assert_eq!(applied[id], 1, "job {id}");
+    for (id, applied) in applied.iter().enumerate().skip(1) {
+        assert_eq!(*applied, 1, "job {id}");
         assert_eq!(ctx.effects(id as i64).await, 1, "job {id}");
     }
     // Later deliveries of every mode are duplicates.

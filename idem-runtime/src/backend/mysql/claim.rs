@@ -269,10 +269,7 @@ impl Claims for MySql {
         batch::take_over(conn, sql, c, keys).await
     }
 
-    async fn savepoint<'t>(
-        conn: &'t mut Self::Connection,
-        step: Savepoint,
-    ) -> Result<(), sqlx::Error> {
+    async fn savepoint(conn: &mut Self::Connection, step: Savepoint) -> Result<(), sqlx::Error> {
         // MariaDB bounds each claim statement by itself (`within`); MySQL 8, which sets the
         // session's wait at the begin, leaves a job's claim under the transaction's.
         sqlx::raw_sql(step.ansi()).execute(&mut *conn).await?;

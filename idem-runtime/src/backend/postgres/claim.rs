@@ -294,10 +294,7 @@ impl Claims for Postgres {
             .await
     }
 
-    async fn savepoint<'t>(
-        conn: &'t mut Self::Connection,
-        step: Savepoint,
-    ) -> Result<(), sqlx::Error> {
+    async fn savepoint(conn: &mut Self::Connection, step: Savepoint) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(savepoint_sql(step))
             .execute(&mut *conn)
             .await?;

@@ -235,10 +235,7 @@ impl Claims for Sqlite {
         take.scalar().fetch_all(&mut *conn).await
     }
 
-    async fn savepoint<'t>(
-        conn: &'t mut Self::Connection,
-        step: Savepoint,
-    ) -> Result<(), sqlx::Error> {
+    async fn savepoint(conn: &mut Self::Connection, step: Savepoint) -> Result<(), sqlx::Error> {
         // One writer at a time: the transaction holds the write lock, so a claim in it never
         // waits, and `wait` has nothing to bound.
         sqlx::raw_sql(step.ansi()).execute(&mut *conn).await?;
