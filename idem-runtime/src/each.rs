@@ -81,8 +81,14 @@ impl<DB: Backend> BatchGuard<DB> {
     ///     job.finish(done.map(drop).map_err(idem::Error::from)).await?;
     /// }
     /// let each = batch.finish().await?;
-    /// for position in each.acks() { /* ack */ # let _ = position; }
-    /// for (position, error) in each.failures() { /* nack */ # let _ = (position, error); }
+    /// for position in each.acks() {
+    ///     // ack the message at `position`
+    /// #   let _ = position;
+    /// }
+    /// for (position, error) in each.failures() {
+    ///     // nack the message at `position`, logging `error`
+    /// #   let _ = (position, error);
+    /// }
     /// # Ok(()) }
     /// ```
     pub fn each<T, E: From<Error>>(self) -> EachGuard<DB, T, E> {
