@@ -24,6 +24,20 @@ pub enum Error {
     #[error("invalid idempotency key: {0}")]
     InvalidKey(KeyError),
 
+    /// A batch of more jobs than one claim takes ([`MAX_BATCH`](crate::MAX_BATCH)), refused
+    /// before any I/O: nothing was claimed. [`KeyError::BatchTooLarge`] (from
+    /// [`Key::batch`](crate::Key::batch)) converts into this variant.
+    #[error(
+        "a batch of {len} jobs is more than the {max} one claim takes: nothing was claimed; \
+         split it into batches of at most {max} (do not redeliver it unchanged: it would be \
+         refused again)",
+        max = crate::key::MAX_BATCH
+    )]
+    BatchTooLarge {
+        /// How many jobs the batch held.
+        len: usize,
+    },
+
     /// The table name given to [`Store::with_table`](crate::Store::with_table) is not a plain
     /// SQL identifier.
     #[error(
@@ -270,8 +284,21 @@ impl fmt::Display for NestedMessage<'_> {
 }
 
 impl From<KeyError> for Error {
+    /// A refused key is [`Error::InvalidKey`]; a batch over [`MAX_BATCH`](crate::MAX_BATCH)
+    /// is [`Error::BatchTooLarge`], the refusal it names.
     fn from(err: KeyError) -> Self {
-        Error::InvalidKey(err)
+        match err {
+            KeyError::BatchTooLarge { len } => Error::BatchTooLarge { len },
+            other => Error::InvalidKey(other),
+        }
+    }
+}
+
+/// A refused key in a handler that returns `sqlx::Error`: it travels as the [`Error`] it
+/// converts into, as every idem error does (see `From<Error> for sqlx::Error`).
+impl From<KeyError> for sqlx::Error {
+    fn from(err: KeyError) -> Self {
+        sqlx::Error::from(Error::from(err))
     }
 }
 

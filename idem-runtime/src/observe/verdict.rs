@@ -71,6 +71,7 @@ impl Verdict {
             // Refused as given: a redelivery fails the same way until the job or the code
             // changes.
             Error::InvalidKey(_)
+            | Error::BatchTooLarge { .. }
             | Error::InvalidTable { .. }
             | Error::InvalidScope { .. }
             | Error::InvalidLease { .. }
