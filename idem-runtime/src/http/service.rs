@@ -365,15 +365,23 @@ fn not_kept(header: &str) -> Response<Body> {
 /// A 500 for an error of idem's or the database's: the client gets what it may do, never the
 /// database's text (table names, statements); the call's span and its WARN event carry the
 /// error, and so does this log line.
+///
+/// "Retry" only where a retry may succeed ([`Error::is_transient`]): a refusal that lasts (a
+/// principal that makes no key, a schema the database refuses) tells the client that retrying
+/// will not help.
 fn failed(e: &Error, what: &str) -> Response<Body> {
     tracing::warn!(target: "idem", error = %e, "idem: {what}");
     let detail = match e {
         Error::RolledBack { .. } => {
             format!("{what}: the database rolled them back; nothing was kept, retry")
         }
-        _ => format!(
+        _ if e.is_transient() => format!(
             "{what} (the server's log says why); retry with the same key: the retry gets this \
              request's response if its work was kept, or runs it again if not"
+        ),
+        _ => format!(
+            "{what}: the server refused it for a reason a retry does not change (its log says \
+             why); nothing was kept, and retrying will not help until the server is fixed"
         ),
     };
     problem(StatusCode::INTERNAL_SERVER_ERROR, &detail)
