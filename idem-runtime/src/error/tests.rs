@@ -130,3 +130,34 @@ async fn a_missing_marker_table_points_at_migrate() {
     );
     assert!(err.source().is_none());
 }
+
+/// What the docs say of `sqlx::Error` as a handler's error type ("Why not `sqlx::Error`"):
+/// idem's error rides as a database error, prints as one, and comes back with its kind.
+#[test]
+fn sqlx_error_carries_idem_errors_as_database_errors() {
+    let err = sqlx::Error::from(Error::InProgress {
+        scope: "billing.top_up".into(),
+        key: "42".into(),
+    });
+    let text = err.to_string();
+    assert!(
+        text.starts_with(
+            "error returned from database: another delivery of \"billing.top_up\" / \"42\" \
+             is still in progress"
+        ),
+        "{text}"
+    );
+    let back = err
+        .as_database_error()
+        .and_then(|e| e.try_downcast_ref::<Error>());
+    assert!(matches!(back, Some(Error::InProgress { .. })), "{back:?}");
+    let reused = sqlx::Error::from(Error::KeyReused {
+        scope: "s".into(),
+        key: "k".into(),
+    });
+    assert_eq!(
+        reused.as_database_error().map(|e| e.kind()),
+        Some(sqlx::error::ErrorKind::UniqueViolation)
+    );
+    assert!(matches!(Error::from(reused), Error::KeyReused { .. }));
+}
