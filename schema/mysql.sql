@@ -1,10 +1,13 @@
--- idem marker and outbox tables, schema version 2 (MySQL / MariaDB).
+-- idem marker and outbox tables, schema version 3 (MySQL / MariaDB).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
 -- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
 -- adds the outbox table `idem_processed_outbox`; `schema/mysql.v1-to-v2.sql` upgrades a
 -- version 1 schema.
+--
+-- Schema version 3 adds the retention table `idem_processed_retention` (each scope's window
+-- for `purge`); `schema/mysql.v2-to-v3.sql` upgrades a version 2 schema.
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope VARBINARY(255) NOT NULL,
@@ -38,4 +41,13 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
         PRIMARY KEY (id),
         KEY idem_outbox_due (sent_at, parked, next_attempt_at),
         KEY idem_outbox_sent_at (sent_at)
+    ) ENGINE = InnoDB;
+
+-- Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
+CREATE TABLE IF NOT EXISTS idem_processed_retention (
+        scope VARBINARY(255) NOT NULL,
+        keep_ms BIGINT NOT NULL,
+        updated_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (scope),
+        CHECK (keep_ms > 0)
     ) ENGINE = InnoDB;

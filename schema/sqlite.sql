@@ -1,10 +1,13 @@
--- idem marker and outbox tables, schema version 2 (SQLite).
+-- idem marker and outbox tables, schema version 3 (SQLite).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
 -- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
 -- adds the outbox table `idem_processed_outbox`; `schema/sqlite.v1-to-v2.sql` upgrades a
 -- version 1 schema.
+--
+-- Schema version 3 adds the retention table `idem_processed_retention` (each scope's window
+-- for `purge`); `schema/sqlite.v2-to-v3.sql` upgrades a version 2 schema.
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope TEXT NOT NULL,
@@ -40,3 +43,10 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_due ON idem_processed_outbox (next_attempt_at) WHERE sent_at IS NULL AND parked = 0;
 
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_sent_at ON idem_processed_outbox (sent_at) WHERE sent_at IS NOT NULL;
+
+-- Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
+CREATE TABLE IF NOT EXISTS idem_processed_retention (
+        scope TEXT PRIMARY KEY,
+        keep_ms INTEGER NOT NULL CHECK (keep_ms > 0),
+        updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+    ) WITHOUT ROWID;

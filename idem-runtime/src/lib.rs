@@ -32,6 +32,7 @@ pub mod testing;
 mod backend;
 
 mod inspect;
+mod retention;
 mod store;
 
 mod claim;
@@ -67,6 +68,7 @@ pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
 pub use outcome::{Batch, Outcome};
 pub use outgoing::{BatchOutbox, Message, Outbox};
 pub use record::{Fingerprint, MAX_REPLAY_LEN, Recorded};
+pub use retention::{MIN_RETENTION, Retention};
 pub use store::{DEFAULT_TABLE, MAX_TABLE_LEN, PURGE_BATCH, Store};
 #[allow(deprecated)]
 pub use transaction::Claim;

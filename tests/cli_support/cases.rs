@@ -74,7 +74,11 @@ pub(crate) async fn inspect_prints_the_stored_marker<B: Db>() {
         let mut fields = as_fields(&doc);
         assert_eq!(fields.remove("found").as_deref(), Some("true"));
         assert_shows(&fields, &before, if lease == "-" { "-" } else { lease });
-        assert_eq!(fields.len(), 10, "{fields:?}");
+        assert_eq!(fields.len(), 12, "{fields:?}");
+        assert_eq!(
+            (&fields["value_bytes"][..], &fields["response_status"][..]),
+            ("-", "-")
+        );
 
         let text = fx.idem(&["inspect", scope, key]).await.ok().fields();
         assert_shows(&text, &before, lease);
@@ -86,6 +90,44 @@ pub(crate) async fn inspect_prints_the_stored_marker<B: Db>() {
         // The key printed is the key to type.
         let again = fx.idem(&["--json", "inspect", scope, &fields["key"]]).await;
         assert_eq!(again.ok().json()["created_at"], doc["created_at"]);
+    }
+
+    // What is stored with a marker: a handler's `replay` value (its JSON's length), and a
+    // response the HTTP layer stores (its status too; the layer's format is pinned by its
+    // own tests).
+    match fx
+        .store
+        .claim("billing.quote", &Key::new("q-1").unwrap())
+        .await
+    {
+        Ok(idem::Claimed::Fresh(guard)) => {
+            let value = guard.finish_replay(Ok::<_, idem::Error>([7, 8, 9])).await;
+            assert_eq!(value.unwrap(), idem::Outcome::Applied([7, 8, 9]));
+        }
+        other => panic!("billing.quote was claimed before: {other:?}"),
+    }
+    fx.complete("invoices.send", &Key::new("2:_|6:inv-42").unwrap())
+        .await;
+    let response = r#"{"status":201,"headers":[["location","/invoices/42"]],"body":"b2s="}"#;
+    fx.exec(&format!(
+        "UPDATE {} SET result = '{response}' WHERE scope = 'invoices.send'",
+        fx.table()
+    ))
+    .await;
+    for (scope, key, bytes, status) in [
+        ("billing.quote", "q-1", "7", "-"),
+        ("invoices.send", "2:_|6:inv-42", "66", "201"),
+    ] {
+        let doc = fx
+            .idem(&["--json", "inspect", scope, key])
+            .await
+            .ok()
+            .json();
+        let text = fx.idem(&["inspect", scope, key]).await.ok().fields();
+        for fields in [as_fields(&doc), text] {
+            assert_eq!(fields["value_bytes"], bytes, "{scope}: {fields:?}");
+            assert_eq!(fields["response_status"], status, "{scope}: {fields:?}");
+        }
     }
 
     // A tuple key part by part, a key from standard input, the URL from DATABASE_URL.

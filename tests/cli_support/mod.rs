@@ -179,6 +179,8 @@ impl<B: Db> Fixture<B> {
         self.exec(&format!("DROP TABLE {}", self.table())).await;
         self.exec(&format!("DROP TABLE IF EXISTS {}_outbox", self.table()))
             .await;
+        self.exec(&format!("DROP TABLE IF EXISTS {}_retention", self.table()))
+            .await;
         self.pool.close().await;
         B::remove(&self.url);
     }

@@ -284,6 +284,9 @@ macro_rules! every_backend_tests {
             forget_refuses_a_live_lease_and_its_holder_still_completes,
             forget_deletes_a_completed_marker_and_lets_go_of_a_free_lease,
             forced_forget_of_a_live_lease_fences_out_the_old_holder,
+            // Retention per scope (schema version 3).
+            retention_per_scope_decides_what_purge_deletes,
+            retention_refuses_bad_windows_before_any_io,
         );
     };
 }

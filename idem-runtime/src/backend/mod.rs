@@ -24,6 +24,7 @@ mod listen;
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+pub(crate) mod retention;
 mod rows;
 mod sql;
 #[cfg(feature = "sqlite")]
@@ -43,7 +44,10 @@ pub(crate) use sql::Table;
     label = "a store or handler on `{Self}`",
     note = "enable idem's cargo feature for it: `postgres`, `mysql` or `sqlite` (the default), e.g. `idem = {{ version = \"..\", features = [\"postgres\"] }}`"
 )]
-pub trait Backend: sealed::Claims + sealed::Leases + sealed::Outboxes + sealed::Operators {}
+pub trait Backend:
+    sealed::Claims + sealed::Leases + sealed::Outboxes + sealed::Operators + sealed::Retentions
+{
+}
 
 /// One claim's identity in the statements that write its marker.
 #[derive(Debug, Clone, Copy)]
@@ -79,6 +83,9 @@ pub struct Holder<'a> {
 
 pub(crate) mod sealed {
     use super::*;
+
+    // Schema version 3: per-scope retention.
+    pub(crate) use super::retention::Retentions;
 
     /// What every backend is: its name, its statements for one table, how its errors read.
     pub trait Dialect: sqlx::Database {

@@ -159,6 +159,19 @@ pub enum Error {
         lease: std::time::Duration,
     },
 
+    /// A retention window outside [`MIN_RETENTION`](crate::MIN_RETENTION) and a century,
+    /// given to [`Store::set_retention`](crate::Store::set_retention): refused before any
+    /// I/O, nothing was written.
+    #[error(
+        "a retention of {retention:?} is out of bounds: a scope keeps its markers at least 1s \
+         and less than a century (choose a window longer than the time its broker may still \
+         redeliver a job); nothing was written"
+    )]
+    InvalidRetention {
+        /// The window that was refused.
+        retention: std::time::Duration,
+    },
+
     /// [`commit`](crate::commit) of a transaction the database had already rolled back (a
     /// statement in it failed and its error was ignored): nothing of it was kept.
     #[error(
@@ -355,6 +368,7 @@ impl Error {
             | Error::ValueNotStored { .. }
             | Error::InvalidMessage { .. }
             | Error::InvalidLease { .. }
+            | Error::InvalidRetention { .. }
             | Error::Nested { .. }
             | Error::LeaseHeld { .. } => false,
         }

@@ -75,6 +75,7 @@ impl Verdict {
             | Error::InvalidTable { .. }
             | Error::InvalidScope { .. }
             | Error::InvalidLease { .. }
+            | Error::InvalidRetention { .. }
             | Error::InvalidMessage { .. }
             | Error::Nested { .. }
             | Error::Serialize(_) => Verdict::Invalid,

@@ -176,7 +176,30 @@ fn state_name(state: MarkerState) -> &'static str {
     }
 }
 
+/// What is stored with a marker, as `(value_bytes, response_status)`: the length of the stored
+/// JSON (a handler's `replay` value, or a response the HTTP layer replays), and the status of
+/// the HTTP layer's response.
+fn stored(m: &Marker) -> (Option<usize>, Option<u16>) {
+    let Some(json) = m.value.as_deref() else {
+        return (None, None);
+    };
+    (Some(json.len()), response_status(json))
+}
+
+/// The HTTP layer stores `{"status": 201, "headers": [[name, value], ...], "body": base64}`;
+/// any other value is a handler's `replay` value.
+fn response_status(json: &str) -> Option<u16> {
+    let value: Value = serde_json::from_str(json).ok()?;
+    let object = value.as_object()?;
+    let status = u16::try_from(object.get("status")?.as_u64()?).ok()?;
+    let layer = (100..=599).contains(&status)
+        && object.get("headers").is_some_and(Value::is_array)
+        && object.contains_key("body");
+    layer.then_some(status)
+}
+
 fn marker_json(m: &Marker) -> Value {
+    let (value_bytes, response_status) = stored(m);
     json!({
         "scope": m.scope,
         "key": m.key,
@@ -188,11 +211,15 @@ fn marker_json(m: &Marker) -> Value {
         "completed_at": m.completed_at,
         "locked_until": m.locked_until,
         "lease_ms_left": m.lease_ms_left,
+        "value_bytes": value_bytes,
+        "response_status": response_status,
     })
 }
 
 fn marker_fields(m: &Marker) -> Vec<(&'static str, String)> {
     let or_dash = |t: &Option<String>| t.clone().unwrap_or_else(|| "-".to_owned());
+    let (value_bytes, response_status) = stored(m);
+    let or_dash_n = |n: Option<String>| n.unwrap_or_else(|| "-".to_owned());
     vec![
         ("scope", m.scope.clone()),
         ("key", m.key.clone()),
@@ -204,6 +231,11 @@ fn marker_fields(m: &Marker) -> Vec<(&'static str, String)> {
         ("completed_at", or_dash(&m.completed_at)),
         ("locked_until", or_dash(&m.locked_until)),
         ("lease_ms_left", optional(m.lease_ms_left)),
+        ("value_bytes", or_dash_n(value_bytes.map(|n| n.to_string()))),
+        (
+            "response_status",
+            or_dash_n(response_status.map(|n| n.to_string())),
+        ),
     ]
 }
 

@@ -5,6 +5,7 @@ mod claim;
 mod lease;
 mod operators;
 mod outbox;
+mod retention;
 
 use sqlx::{Postgres, SqlStr};
 
@@ -66,6 +67,12 @@ const DDL: &[&str] = &[
      WHERE sent_at IS NULL AND NOT parked",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
      WHERE sent_at IS NOT NULL",
+    // Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
+    "CREATE TABLE IF NOT EXISTS {t}_retention (
+        scope text PRIMARY KEY,
+        keep_ms bigint NOT NULL CHECK (keep_ms > 0),
+        updated_at timestamptz NOT NULL DEFAULT now()
+    )",
 ];
 
 /// PostgreSQL's statements for one marker table.
