@@ -31,6 +31,7 @@ pub mod testing;
 
 mod backend;
 
+mod doctor;
 mod inspect;
 mod retention;
 mod store;
@@ -53,6 +54,7 @@ pub use batch::BatchClaim;
 pub use batch::BatchGuard;
 pub use claim::Claimed;
 pub use claim::nested::Body;
+pub use doctor::{Checkup, Diagnosis, Finding, Severity};
 pub use error::Error;
 pub use inspect::{Marker, MarkerState};
 pub use job_id::{JobId, job_id};

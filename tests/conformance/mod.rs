@@ -287,6 +287,9 @@ macro_rules! every_backend_tests {
             // Retention per scope (schema version 3).
             retention_per_scope_decides_what_purge_deletes,
             retention_refuses_bad_windows_before_any_io,
+            // `Store::doctor`.
+            doctor_finds_a_healthy_deployment_healthy,
+            doctor_finds_each_breakage_and_says_what_to_do,
         );
     };
 }

@@ -19,6 +19,7 @@ use sqlx::{Pool, Transaction};
 use crate::options::ClaimOptions;
 use crate::outgoing::Pending;
 
+pub(crate) mod health;
 mod listen;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -45,7 +46,12 @@ pub(crate) use sql::Table;
     note = "enable idem's cargo feature for it: `postgres`, `mysql` or `sqlite` (the default), e.g. `idem = {{ version = \"..\", features = [\"postgres\"] }}`"
 )]
 pub trait Backend:
-    sealed::Claims + sealed::Leases + sealed::Outboxes + sealed::Operators + sealed::Retentions
+    sealed::Claims
+    + sealed::Leases
+    + sealed::Outboxes
+    + sealed::Operators
+    + sealed::Retentions
+    + sealed::Health
 {
 }
 
@@ -84,7 +90,8 @@ pub struct Holder<'a> {
 pub(crate) mod sealed {
     use super::*;
 
-    // Schema version 3: per-scope retention.
+    // Schema version 3: per-scope retention; and what `Store::doctor` reads.
+    pub(crate) use super::health::Health;
     pub(crate) use super::retention::Retentions;
 
     /// What every backend is: its name, its statements for one table, how its errors read.

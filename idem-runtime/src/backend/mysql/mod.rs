@@ -5,6 +5,7 @@
 
 mod batch;
 mod claim;
+mod health;
 mod lease;
 mod operators;
 mod outbox;

@@ -2,6 +2,7 @@
 //! concern (claims in a transaction, leases, the outbox, operators).
 
 mod claim;
+mod health;
 mod lease;
 mod operators;
 mod outbox;

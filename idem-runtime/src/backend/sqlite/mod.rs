@@ -3,6 +3,7 @@
 //! database's one write lock, which every claim takes up front (`BEGIN IMMEDIATE`).
 
 mod claim;
+mod health;
 mod lease;
 mod operators;
 mod outbox;
