@@ -1,11 +1,13 @@
 //! One case's database, table and markers, and the runs of the binary against them.
 
 pub(crate) mod cases;
+pub(crate) mod doctor;
 pub(crate) mod forget;
 pub(crate) mod outbox;
 
 // The cases of every file, under one path for `every_backend!`.
 pub(crate) use cases::*;
+pub(crate) use doctor::*;
 pub(crate) use forget::*;
 pub(crate) use outbox::*;
 

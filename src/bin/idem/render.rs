@@ -70,21 +70,28 @@ pub(crate) fn forget(table: &str, scope: &str, key: &Key, gone: bool, json: bool
     }
 }
 
-pub(crate) fn purge(age: &Age, table: &str, deleted: u64, json: bool) -> String {
+pub(crate) fn purge(age: Option<&Age>, table: &str, deleted: u64, json: bool) -> String {
     if json {
-        let ms = u64::try_from(age.duration.as_millis()).unwrap_or(u64::MAX);
+        let ms = age.map(|a| u64::try_from(a.duration.as_millis()).unwrap_or(u64::MAX));
         return document(&json!({
             "table": table,
-            "older_than": age.text,
+            "older_than": age.map(|a| &a.text),
             "older_than_ms": ms,
             "deleted": deleted,
         }));
     }
-    format!(
-        "deleted {deleted} marker{} of jobs completed more than {} ago from {table}\n",
-        if deleted == 1 { "" } else { "s" },
-        age.text
-    )
+    let markers = if deleted == 1 { "marker" } else { "markers" };
+    match age {
+        Some(age) => format!(
+            "deleted {deleted} {markers} of jobs completed more than {} ago (or longer ago \
+             than their scope's retention window) from {table}\n",
+            age.text
+        ),
+        None => format!(
+            "deleted {deleted} {markers} of jobs completed longer ago than their scope's \
+             retention window from {table} (scopes without a window: give --older-than)\n"
+        ),
+    }
 }
 
 pub(crate) fn stuck(
@@ -251,7 +258,7 @@ fn optional(n: Option<i64>) -> String {
     n.map_or_else(|| "-".to_owned(), |n| n.to_string())
 }
 
-fn document(value: &Value) -> String {
+pub(crate) fn document(value: &Value) -> String {
     format!("{value:#}\n")
 }
 
