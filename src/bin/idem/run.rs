@@ -182,9 +182,15 @@ async fn missing_table<DB: Backend>(store: &Store<DB>, cx: &Context, failure: Fa
         Ok(tables) if !tables.iter().any(|t| t.eq_ignore_ascii_case(store.table())) => tables,
         _ => return failure,
     };
+    const SHOWN: usize = 10;
     let there = match tables.as_slice() {
         [] => "it holds no marker table".to_owned(),
-        some => format!("its marker tables: {}", some.join(", ")),
+        some if some.len() <= SHOWN => format!("its marker tables: {}", some.join(", ")),
+        some => format!(
+            "its marker tables: {} and {} more",
+            some[..SHOWN].join(", "),
+            some.len() - SHOWN
+        ),
     };
     Failure::database(format!(
         "no table {} in the database at {} ({there}): pass the table your handlers' store \
