@@ -65,6 +65,7 @@ pub use key::{IntoKey, Key, KeyError, KeyWriter, MAX_BATCH, MAX_KEY_LEN};
 pub use lease::Lease;
 #[allow(deprecated)]
 pub use lease::Leased;
+pub use observe::semconv::{MESSAGING_PROCESS_DURATION, Messaging, observe_messaging};
 pub use observe::{CLAIM_SECONDS, KeyInSpans, OUTCOMES_TOTAL, describe_metrics, observe_keys};
 pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
 pub use outcome::{Batch, Outcome};

@@ -222,6 +222,8 @@ pub(crate) struct Config<DB: Backend> {
     pub(crate) retry_after: u64,
     pub(crate) bare: bool,
     pub(crate) lease: Option<LeaseOptions>,
+    /// The route template, for OpenTelemetry's `http.route`.
+    pub(crate) route: Option<&'static str>,
 }
 
 impl<DB: Backend> Clone for Config<DB> {
@@ -241,6 +243,7 @@ impl<DB: Backend> Clone for Config<DB> {
             retry_after: self.retry_after,
             bare: self.bare,
             lease: self.lease,
+            route: self.route,
         }
     }
 }
@@ -286,6 +289,7 @@ impl<DB: Backend> IdempotencyLayer<DB> {
                 retry_after: 1,
                 bare: true,
                 lease: None,
+                route: None,
             },
             principal: NoPrincipal,
         })
@@ -410,6 +414,16 @@ impl<DB: Backend, P> IdempotencyLayer<DB, P> {
             panic!("IdempotencyLayer::lease: {e}");
         }
         self.config.lease = Some(lease);
+        self
+    }
+
+    /// The route this layer serves, as a template (`/invoices/{id}`): the claim's span gets it
+    /// as OpenTelemetry's `http.route` (beside `http.request.method`, which it always has). A
+    /// tower layer cannot see axum's `MatchedPath` without depending on axum, so it is given
+    /// here; without it the span has no `http.route` (never the raw path, whose values are
+    /// unbounded).
+    pub fn route(mut self, template: &'static str) -> Self {
+        self.config.route = Some(template);
         self
     }
 

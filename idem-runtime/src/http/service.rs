@@ -24,6 +24,7 @@ use crate::error::Error;
 use crate::job_id::job_id;
 use crate::key::Key;
 use crate::lease::claim_lease;
+use crate::observe::semconv::{self, About};
 use crate::record::Fingerprint;
 
 /// The service an [`IdempotencyLayer`](super::IdempotencyLayer) wraps around `S`.
@@ -121,7 +122,7 @@ where
     };
     // A replay, a conflict or a refusal is answered here. A client that hangs up during the
     // claim drops it, which rolls it back: nothing ran yet, and the retry claims again.
-    let hold = match claim(&config, &key, &fingerprint).await {
+    let hold = match claim(&config, &key, &fingerprint, &parts.method).await {
         Ok(hold) => hold,
         Err(early) => return Ok(early),
     };
@@ -145,15 +146,21 @@ async fn claim<DB: Backend>(
     config: &Config<DB>,
     key: &Key,
     fingerprint: &Fingerprint,
+    method: &::http::Method,
 ) -> Result<Holding<DB>, Early> {
     let options = config.options.fingerprint(*fingerprint);
-    let request = claim::Request::of(
+    let mut request = claim::Request::of(
         config.scope.clone().into(),
         key.clone(),
         options,
         config.site,
         CALLER.into(),
     );
+    // OpenTelemetry's HTTP attributes on the claim's span.
+    request.about = Some(About::Http {
+        method: semconv::http_method(method),
+        route: config.route,
+    });
     let claim = match config.lease {
         None => run::own(&config.store, request)
             .await
