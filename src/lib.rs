@@ -73,6 +73,11 @@ pub mod by_hand {
     #![doc = include_str!("../docs/by-hand.md")]
 }
 
+pub mod observability {
+    // An inner attribute, so that the page's links resolve inside the module.
+    #![doc = include_str!("../docs/observability.md")]
+}
+
 #[doc(hidden)]
 pub mod __private {
     pub use idem_runtime::__private::*;
