@@ -1,5 +1,5 @@
--- idem schema version 2 to 3 (PostgreSQL). `Store::migrate()` applies it (every statement
--- is `IF NOT EXISTS`); copy it into your own migrations if you manage the schema yourself.
+-- idem schema version 2 to 3 (PostgreSQL). `Store::migrate()` applies it to a version 2 schema
+-- (every statement is `IF NOT EXISTS`); copy it into your own migrations if you manage the schema yourself.
 
 -- Per-scope retention: the window `purge` keeps each scope's markers (`Store::set_retention`,
 -- `idem retention set`).

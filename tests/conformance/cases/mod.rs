@@ -33,6 +33,7 @@ mod seams;
 mod server;
 mod shapes;
 mod store;
+mod upgrade;
 
 pub(crate) use ambiguous::*;
 pub(crate) use attribute::*;
@@ -66,3 +67,4 @@ pub(crate) use seams::*;
 pub(crate) use server::*;
 pub(crate) use shapes::*;
 pub(crate) use store::*;
+pub(crate) use upgrade::*;

@@ -11,6 +11,7 @@ mod retention;
 use sqlx::{Postgres, SqlStr};
 
 use super::sealed::Dialect;
+use super::upgrade::{Added, Addition};
 use super::{Backend, Table};
 
 /// `in_failed_sql_transaction`: a statement after one that failed.
@@ -76,6 +77,10 @@ const DDL: &[&str] = &[
     )",
 ];
 
+/// What a schema version added to a table an earlier version created: each is in the `CREATE
+/// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
+const ADDED: &[Added] = &[];
+
 /// PostgreSQL's statements for one marker table.
 #[derive(Debug)]
 pub struct PgSql {
@@ -85,6 +90,7 @@ pub struct PgSql {
     outbox: outbox::OutboxSql,
     ops: operators::OperatorSql,
     ddl: Vec<SqlStr>,
+    added: Vec<Addition>,
 }
 
 impl Dialect for Postgres {
@@ -100,6 +106,7 @@ impl Dialect for Postgres {
             outbox: outbox::OutboxSql::new(table),
             ops: operators::OperatorSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
+            added: ADDED.iter().map(|a| a.fill(table, true)).collect(),
         }
     }
 

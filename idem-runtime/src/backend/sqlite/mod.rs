@@ -13,6 +13,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{SqlStr, Sqlite};
 
 use super::sealed::Dialect;
+use super::upgrade::{Added, Addition};
 use super::{Backend, Table};
 
 /// `SQLITE_BUSY`: the busy timeout ran out waiting for the write lock.
@@ -80,6 +81,10 @@ const DDL: &[&str] = &[
     ) WITHOUT ROWID",
 ];
 
+/// What a schema version added to a table an earlier version created: each is in the `CREATE
+/// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
+const ADDED: &[Added] = &[];
+
 /// SQLite's statements for one marker table.
 #[derive(Debug)]
 pub struct SqliteSql {
@@ -89,6 +94,7 @@ pub struct SqliteSql {
     outbox: outbox::OutboxSql,
     ops: operators::OperatorSql,
     ddl: Vec<SqlStr>,
+    added: Vec<Addition>,
 }
 
 impl Dialect for Sqlite {
@@ -104,6 +110,7 @@ impl Dialect for Sqlite {
             outbox: outbox::OutboxSql::new(table),
             ops: operators::OperatorSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
+            added: ADDED.iter().map(|a| a.fill(table, false)).collect(),
         }
     }
 
