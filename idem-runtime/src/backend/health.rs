@@ -11,6 +11,10 @@ use super::sealed::Dialect;
 /// Counts past this are reported as "at least": each count reads at most this many rows.
 pub(crate) const COUNT_CAP: i64 = 10_000;
 
+/// The schema's tables (named like the marker table, or with its name and `_` as prefix),
+/// and their indexes as `(table, index)`.
+pub(crate) type Catalog = (Vec<String>, Vec<(String, String)>);
+
 /// Dead space in the marker table, as the database measures it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bloat {
@@ -30,7 +34,7 @@ pub trait Health: Dialect {
     fn catalog<'p>(
         pool: &'p Pool<Self>,
         sql: &'p Self::Sql,
-    ) -> impl Future<Output = Result<(Vec<String>, Vec<(String, String)>), sqlx::Error>> + Send + 'p;
+    ) -> impl Future<Output = Result<Catalog, sqlx::Error>> + Send + 'p;
 
     /// The tables of the current schema that have a marker table's columns.
     fn marker_tables<'p>(

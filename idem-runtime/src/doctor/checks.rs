@@ -22,9 +22,9 @@ fn count(n: i64) -> String {
 fn age(d: Duration) -> String {
     let s = d.as_secs();
     match s {
-        _ if s % 86_400 == 0 && s > 0 => format!("{}d", s / 86_400),
-        _ if s % 3_600 == 0 && s > 0 => format!("{}h", s / 3_600),
-        _ if s % 60 == 0 && s > 0 => format!("{}m", s / 60),
+        _ if s.is_multiple_of(86_400) && s > 0 => format!("{}d", s / 86_400),
+        _ if s.is_multiple_of(3_600) && s > 0 => format!("{}h", s / 3_600),
+        _ if s.is_multiple_of(60) && s > 0 => format!("{}m", s / 60),
         _ if d.subsec_millis() == 0 => format!("{s}s"),
         _ => format!("{}ms", d.as_millis()),
     }

@@ -48,12 +48,11 @@ pub(crate) fn exit_code(diagnosis: &Diagnosis) -> u8 {
 
 pub(crate) fn render(diagnosis: &Diagnosis, url: &str, json: bool) -> String {
     let count = |s| {
-        let n = diagnosis
+        diagnosis
             .findings
             .iter()
             .filter(|f| f.severity == s)
-            .count();
-        n
+            .count()
     };
     let (problems, warnings) = (count(Severity::Problem), count(Severity::Warning));
     if json {

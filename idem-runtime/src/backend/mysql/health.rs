@@ -3,7 +3,7 @@
 use sqlx::{MySql, Pool};
 
 use super::MySqlSql;
-use crate::backend::health::{Bloat, COUNT_CAP, Health};
+use crate::backend::health::{Bloat, COUNT_CAP, Catalog, Health};
 use crate::backend::sealed::Dialect as _;
 use crate::backend::sql::statements;
 
@@ -43,10 +43,7 @@ statements! {
 }
 
 impl Health for MySql {
-    async fn catalog<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p MySqlSql,
-    ) -> Result<(Vec<String>, Vec<(String, String)>), sqlx::Error> {
+    async fn catalog<'p>(pool: &'p Pool<Self>, sql: &'p MySqlSql) -> Result<Catalog, sqlx::Error> {
         let name = Self::table(sql).as_str();
         let statements = HealthSql::new(Self::table(sql));
         let tables = statements.tables(name, name, name);
@@ -56,7 +53,7 @@ impl Health for MySql {
         Ok((tables, indexes))
     }
 
-    async fn marker_tables<'p>(pool: &'p Pool<Self>) -> Result<Vec<String>, sqlx::Error> {
+    async fn marker_tables(pool: &Pool<Self>) -> Result<Vec<String>, sqlx::Error> {
         sqlx::query_scalar(
             "SELECT CAST(TABLE_NAME AS CHAR) FROM information_schema.COLUMNS \
              WHERE TABLE_SCHEMA = DATABASE() AND COLUMN_NAME IN ('scope', 'key', 'state', \
@@ -116,7 +113,7 @@ impl Health for MySql {
         Ok(row.map(|(free, used)| Bloat::Bytes { free, used }))
     }
 
-    async fn clock_ms<'p>(pool: &'p Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
+    async fn clock_ms(pool: &Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
         sqlx::query_scalar(
             "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) \
              DIV 1000 AS SIGNED)",
@@ -126,14 +123,14 @@ impl Health for MySql {
         .map(Some)
     }
 
-    async fn max_connections<'p>(pool: &'p Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
+    async fn max_connections(pool: &Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
         sqlx::query_scalar("SELECT CAST(@@max_connections AS SIGNED)")
             .fetch_one(pool)
             .await
             .map(Some)
     }
 
-    async fn ports<'p>(_pool: &'p Pool<Self>) -> Result<Option<(u16, i64)>, sqlx::Error> {
+    async fn ports(_pool: &Pool<Self>) -> Result<Option<(u16, i64)>, sqlx::Error> {
         Ok(None)
     }
 }

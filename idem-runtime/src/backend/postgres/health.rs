@@ -3,7 +3,7 @@
 use sqlx::{Pool, Postgres};
 
 use super::PgSql;
-use crate::backend::health::{Bloat, COUNT_CAP, Health};
+use crate::backend::health::{Bloat, COUNT_CAP, Catalog, Health};
 use crate::backend::sealed::Dialect as _;
 use crate::backend::sql::statements;
 
@@ -44,10 +44,7 @@ statements! {
 }
 
 impl Health for Postgres {
-    async fn catalog<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p PgSql,
-    ) -> Result<(Vec<String>, Vec<(String, String)>), sqlx::Error> {
+    async fn catalog<'p>(pool: &'p Pool<Self>, sql: &'p PgSql) -> Result<Catalog, sqlx::Error> {
         let name = Self::table(sql).as_str();
         let statements = HealthSql::new(Self::table(sql));
         let tables = statements.tables(name).scalar().fetch_all(pool).await?;
@@ -55,7 +52,7 @@ impl Health for Postgres {
         Ok((tables, indexes))
     }
 
-    async fn marker_tables<'p>(pool: &'p Pool<Self>) -> Result<Vec<String>, sqlx::Error> {
+    async fn marker_tables(pool: &Pool<Self>) -> Result<Vec<String>, sqlx::Error> {
         let query = format!(
             "SELECT table_name::text FROM information_schema.columns \
              WHERE table_schema = current_schema() AND column_name IN {MARKER_COLUMNS} \
@@ -109,21 +106,21 @@ impl Health for Postgres {
         Ok(row.map(|(dead, live)| Bloat::Rows { dead, live }))
     }
 
-    async fn clock_ms<'p>(pool: &'p Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
+    async fn clock_ms(pool: &Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
         sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8")
             .fetch_one(pool)
             .await
             .map(Some)
     }
 
-    async fn max_connections<'p>(pool: &'p Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
+    async fn max_connections(pool: &Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
         sqlx::query_scalar("SELECT current_setting('max_connections')::int8")
             .fetch_one(pool)
             .await
             .map(Some)
     }
 
-    async fn ports<'p>(pool: &'p Pool<Self>) -> Result<Option<(u16, i64)>, sqlx::Error> {
+    async fn ports(pool: &Pool<Self>) -> Result<Option<(u16, i64)>, sqlx::Error> {
         let server: Option<i32> = sqlx::query_scalar("SELECT inet_server_port()")
             .fetch_one(pool)
             .await?;

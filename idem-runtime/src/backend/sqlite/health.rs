@@ -3,7 +3,7 @@
 use sqlx::{Pool, Sqlite};
 
 use super::SqliteSql;
-use crate::backend::health::{Bloat, COUNT_CAP, Health};
+use crate::backend::health::{Bloat, COUNT_CAP, Catalog, Health};
 use crate::backend::sealed::Dialect as _;
 use crate::backend::sql::statements;
 
@@ -49,10 +49,7 @@ statements! {
 }
 
 impl Health for Sqlite {
-    async fn catalog<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p SqliteSql,
-    ) -> Result<(Vec<String>, Vec<(String, String)>), sqlx::Error> {
+    async fn catalog<'p>(pool: &'p Pool<Self>, sql: &'p SqliteSql) -> Result<Catalog, sqlx::Error> {
         let name = Self::table(sql).as_str();
         let statements = HealthSql::new(Self::table(sql));
         let tables = statements.tables(name).scalar().fetch_all(pool).await?;
@@ -60,7 +57,7 @@ impl Health for Sqlite {
         Ok((tables, indexes))
     }
 
-    async fn marker_tables<'p>(pool: &'p Pool<Self>) -> Result<Vec<String>, sqlx::Error> {
+    async fn marker_tables(pool: &Pool<Self>) -> Result<Vec<String>, sqlx::Error> {
         sqlx::query_scalar(
             "SELECT m.name FROM sqlite_master m, pragma_table_info(m.name) c \
              WHERE m.type = 'table' AND c.name IN ('scope', 'key', 'state', 'token', \
@@ -121,15 +118,15 @@ impl Health for Sqlite {
         Ok(Some(Bloat::Pages { free, total }))
     }
 
-    async fn clock_ms<'p>(_pool: &'p Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
+    async fn clock_ms(_pool: &Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
         Ok(None)
     }
 
-    async fn max_connections<'p>(_pool: &'p Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
+    async fn max_connections(_pool: &Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
         Ok(None)
     }
 
-    async fn ports<'p>(_pool: &'p Pool<Self>) -> Result<Option<(u16, i64)>, sqlx::Error> {
+    async fn ports(_pool: &Pool<Self>) -> Result<Option<(u16, i64)>, sqlx::Error> {
         Ok(None)
     }
 }
