@@ -40,3 +40,12 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
         KEY idem_outbox_due (sent_at, parked, next_attempt_at),
         KEY idem_outbox_sent_at (sent_at)
     ) ENGINE = InnoDB;
+
+-- Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
+CREATE TABLE IF NOT EXISTS idem_processed_retention (
+        scope VARBINARY(255) NOT NULL,
+        keep_ms BIGINT NOT NULL,
+        updated_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (scope),
+        CHECK (keep_ms > 0)
+    ) ENGINE = InnoDB;

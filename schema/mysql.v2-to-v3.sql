@@ -1,2 +1,12 @@
 -- idem schema version 2 to 3 (MySQL / MariaDB). `Store::migrate()` applies it to a version 2 schema
 -- (it asks the catalog before each `ALTER TABLE` and `CREATE INDEX`, which MySQL 8 cannot write `IF NOT EXISTS`); copy it into your own migrations if you manage the schema yourself.
+
+-- Per-scope retention: the window `purge` keeps each scope's markers (`Store::set_retention`,
+-- `idem retention set`).
+CREATE TABLE IF NOT EXISTS idem_processed_retention (
+        scope VARBINARY(255) NOT NULL,
+        keep_ms BIGINT NOT NULL,
+        updated_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (scope),
+        CHECK (keep_ms > 0)
+    ) ENGINE = InnoDB;

@@ -41,3 +41,10 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_due ON idem_processed_outbox (next_attempt_at) WHERE sent_at IS NULL AND NOT parked;
 
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_sent_at ON idem_processed_outbox (sent_at) WHERE sent_at IS NOT NULL;
+
+-- Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
+CREATE TABLE IF NOT EXISTS idem_processed_retention (
+        scope text PRIMARY KEY,
+        keep_ms bigint NOT NULL CHECK (keep_ms > 0),
+        updated_at timestamptz NOT NULL DEFAULT now()
+    );

@@ -1,2 +1,10 @@
 -- idem schema version 2 to 3 (PostgreSQL). `Store::migrate()` applies it to a version 2 schema
 -- (every statement is `IF NOT EXISTS`); copy it into your own migrations if you manage the schema yourself.
+
+-- Per-scope retention: the window `purge` keeps each scope's markers (`Store::set_retention`,
+-- `idem retention set`).
+CREATE TABLE IF NOT EXISTS idem_processed_retention (
+        scope text PRIMARY KEY,
+        keep_ms bigint NOT NULL CHECK (keep_ms > 0),
+        updated_at timestamptz NOT NULL DEFAULT now()
+    );

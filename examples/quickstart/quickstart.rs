@@ -92,14 +92,16 @@ pub async fn run(
     Ok((outcomes, balances))
 }
 
+// The runtime is built by hand rather than with `#[tokio::main]`, which would compile tokio's
+// macro crate into this first build for one line.
 #[allow(dead_code)]
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("idem-quickstart-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("jobs.db");
     println!("idem quickstart on SQLite at {}", path.display());
-    let result = run(&path, &mut std::io::stdout()).await;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let result = runtime.block_on(run(&path, &mut std::io::stdout()));
     std::fs::remove_dir_all(&dir)?;
     result.map(|_| ())
 }

@@ -202,7 +202,7 @@ impl Spec {
     /// A call refused before its claim (a bad key, a payload that cannot be fingerprinted):
     /// observed as any other call.
     fn refused(&'static self, mode: Mode, error: Error) -> Error {
-        Observed::start(&self.site, self.scope, mode, None).refused(&error);
+        Observed::start(&self.site, self.scope, mode, None, None).refused(&error);
         error
     }
 }
@@ -487,7 +487,7 @@ pub async fn claim_batch<DB: Backend>(
     let keys = match keys {
         Ok(keys) => keys,
         Err(e) => {
-            Observed::batch(&spec.site, spec.scope, jobs).refused(&e);
+            Observed::batch(&spec.site, spec.scope, jobs, None).refused(&e);
             return Err(e);
         }
     };

@@ -11,7 +11,7 @@ use crate::backend::Backend;
 use crate::claim::nested::Body;
 use crate::claim::{Request, TxHeld, end, run};
 use crate::error::Error;
-use crate::key::{Key, KeyError, MAX_BATCH};
+use crate::key::{Key, MAX_BATCH};
 use crate::options::ClaimOptions;
 use crate::outcome::{Batch, Failed};
 use crate::outgoing::BatchOutbox;
@@ -37,8 +37,8 @@ impl<DB: Backend> Store<DB> {
     /// keys by their single-job handlers.
     ///
     /// Refused before any I/O: a bad scope ([`Error::InvalidScope`]), more than
-    /// [`MAX_BATCH`] keys ([`Error::InvalidKey`] with [`KeyError::BatchTooLarge`]; build the
-    /// keys with [`Key::batch`] to learn which job's key is bad), and a claim inside the open
+    /// [`MAX_BATCH`] keys ([`Error::BatchTooLarge`]; build the keys with [`Key::batch`] to
+    /// learn which job's key is bad), and a claim inside the open
     /// transaction of another claim of this task ([`Error::Nested`]). An empty batch does no
     /// I/O.
     ///
@@ -90,7 +90,7 @@ impl<DB: Backend> Store<DB> {
     ) -> Result<BatchGuard<DB>, Error> {
         check_scope(scope)?;
         if keys.len() > MAX_BATCH {
-            return Err(KeyError::BatchTooLarge { len: keys.len() }.into());
+            return Err(Error::BatchTooLarge { len: keys.len() });
         }
         let scope = Cow::Owned(scope.to_owned());
         claim_batch(self, scope, keys, options, None).await

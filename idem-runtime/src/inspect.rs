@@ -40,6 +40,10 @@ pub struct Marker {
     /// Milliseconds from the database's now to `locked_until`: negative once the lease has
     /// run out (the next delivery takes it over), none when there is no lease.
     pub lease_ms_left: Option<i64>,
+    /// The value stored with the marker, as the JSON text it was stored as: a `replay`
+    /// handler's `Ok` value, or the response the HTTP layer replays (its status, chosen
+    /// headers and base64 body). `None` when nothing was stored.
+    pub value: Option<String>,
 }
 
 impl Marker {
@@ -61,6 +65,7 @@ impl Marker {
             completed_at,
             locked_until,
             lease_ms_left: left,
+            value: None,
         }
     }
 }
@@ -76,7 +81,16 @@ impl<DB: Backend> Store<DB> {
         check_scope(scope)?;
         let key = Key::new(key)?;
         let row = DB::inspect(self.pool(), self.sql(), scope, key.as_str()).await?;
-        Ok(row.map(Marker::from_row))
+        let Some(mut marker) = row.map(Marker::from_row) else {
+            return Ok(None);
+        };
+        // The stored value on its own read: the claims' statement that reads it, where a
+        // stored response of up to a megabyte stays out of the listings that share the row.
+        let mut conn = self.pool().acquire().await?;
+        if let Some(found) = DB::marker(&mut conn, self.sql(), scope, key.as_str()).await? {
+            marker.value = found.recorded.result;
+        }
+        Ok(Some(marker))
     }
 
     /// At most `limit` markers of `scope` still in progress (lease mode), those whose lease ran

@@ -31,7 +31,9 @@ pub mod testing;
 
 mod backend;
 
+mod doctor;
 mod inspect;
+mod retention;
 mod store;
 
 mod claim;
@@ -55,6 +57,7 @@ pub use batch::BatchGuard;
 pub use claim::Claimed;
 pub use claim::nested::Body;
 pub use each::{EachGuard, JobGuard};
+pub use doctor::{Checkup, Diagnosis, Finding, Severity};
 pub use error::Error;
 pub use group::{Group, GroupGuard, GroupOptions, MAX_GROUP, MAX_GROUP_DELAY, MAX_LANES};
 pub use inspect::{Marker, MarkerState};
@@ -66,11 +69,13 @@ pub use key::{IntoKey, Key, KeyError, KeyWriter, MAX_BATCH, MAX_KEY_LEN};
 pub use lease::Lease;
 #[allow(deprecated)]
 pub use lease::Leased;
+pub use observe::semconv::{MESSAGING_PROCESS_DURATION, Messaging, observe_messaging};
 pub use observe::{CLAIM_SECONDS, KeyInSpans, OUTCOMES_TOTAL, describe_metrics, observe_keys};
 pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
 pub use outcome::{Batch, Each, Outcome};
 pub use outgoing::{BatchOutbox, Message, Outbox};
 pub use record::{Fingerprint, MAX_REPLAY_LEN, Recorded};
+pub use retention::{MIN_RETENTION, Retention};
 pub use store::{DEFAULT_TABLE, MAX_TABLE_LEN, PURGE_BATCH, Store};
 #[allow(deprecated)]
 pub use transaction::Claim;

@@ -317,6 +317,12 @@ macro_rules! every_backend_tests {
             cancelled_caller_in_a_group_keeps_nothing_and_others_commit,
             group_beside_transaction_and_lease_mode_applies_each_key_once,
             group_keeps_replay_fingerprint_and_outbox,
+            // Retention per scope (schema version 3).
+            retention_per_scope_decides_what_purge_deletes,
+            retention_refuses_bad_windows_before_any_io,
+            // `Store::doctor`.
+            doctor_finds_a_healthy_deployment_healthy,
+            doctor_finds_each_breakage_and_says_what_to_do,
         );
     };
 }

@@ -19,11 +19,13 @@ use sqlx::{Pool, Transaction};
 use crate::options::ClaimOptions;
 use crate::outgoing::Pending;
 
+pub(crate) mod health;
 mod listen;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+pub(crate) mod retention;
 mod rows;
 mod sql;
 #[cfg(feature = "sqlite")]
@@ -44,7 +46,15 @@ pub(crate) use sql::Table;
     label = "a store or handler on `{Self}`",
     note = "enable idem's cargo feature for it: `postgres`, `mysql` or `sqlite` (the default), e.g. `idem = {{ version = \"..\", features = [\"postgres\"] }}`"
 )]
-pub trait Backend: sealed::Claims + sealed::Leases + sealed::Outboxes + sealed::Operators {}
+pub trait Backend:
+    sealed::Claims
+    + sealed::Leases
+    + sealed::Outboxes
+    + sealed::Operators
+    + sealed::Retentions
+    + sealed::Health
+{
+}
 
 /// One claim's identity in the statements that write its marker.
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +120,10 @@ pub struct Holder<'a> {
 
 pub(crate) mod sealed {
     use super::*;
+
+    // Schema version 3: per-scope retention; and what `Store::doctor` reads.
+    pub(crate) use super::health::Health;
+    pub(crate) use super::retention::Retentions;
 
     /// What every backend is: its name, its statements for one table, how its errors read.
     pub trait Dialect: sqlx::Database {

@@ -129,7 +129,9 @@ pub(crate) async fn end<H: Hold, T, E>(
             hold.release(request).await;
             return Err(Failed::Idem(Error::Serialize(format!(
                 "the value of {:?} / {:?} cannot be stored for `replay`: {reason}; the \
-                 transaction was rolled back, nothing was kept (the redelivery runs again)",
+                 transaction was rolled back, nothing was kept; a redelivery runs the job \
+                 again and fails the same way unless its value changes: make the value \
+                 storable, or drop `replay`",
                 request.scope,
                 request.key.as_str()
             ))));

@@ -29,6 +29,7 @@ use crate::backend::{Claimant, Found, Status};
 use crate::error::Error;
 use crate::key::Key;
 use crate::observe::Site;
+use crate::observe::semconv::About;
 use crate::options::ClaimOptions;
 use crate::record::Recorded;
 
@@ -83,6 +84,8 @@ pub(crate) struct Request {
     pub(crate) site: &'static Site,
     /// Who claims, as a refused nested call names it (`Store::claim`, a handler's name).
     pub(crate) caller: Cow<'static, str>,
+    /// What the call serves, for OpenTelemetry's attributes (else the scope's, if named).
+    pub(crate) about: Option<About>,
 }
 
 impl Request {
@@ -109,6 +112,7 @@ impl Request {
         Request {
             scope,
             key,
+            about: options.messaging.map(About::Message),
             options,
             nonce: nonce(),
             site,

@@ -35,6 +35,7 @@ pub(crate) fn start(request: &Request, mode: Mode, nested_check: bool) -> Result
         &request.scope,
         mode,
         Some(request.key.as_str()),
+        request.about,
     );
     #[cfg(feature = "testing")]
     crate::testing::probe::claiming(mode);
@@ -440,7 +441,7 @@ pub(crate) async fn batch<DB: Backend>(
     keys: &[&str],
     jobs: usize,
 ) -> Result<(Keys, Option<TxHeld<'static, DB>>), Error> {
-    let mut observed = Observed::batch(request.site, &request.scope, jobs);
+    let mut observed = Observed::batch(request.site, &request.scope, jobs, request.about);
     #[cfg(feature = "testing")]
     crate::testing::probe::claiming(Mode::Batch);
     if let Err(e) = nested::refuse_nested(&request.caller) {

@@ -14,6 +14,7 @@ use crate::claim::{Claimed, Decision, RECHECKS, Request, decide};
 use crate::error::Error;
 use crate::key::Key;
 use crate::observe;
+use crate::observe::semconv::About;
 use crate::options::{ClaimOptions, LeaseOptions, Mode};
 use crate::outgoing::Pending;
 use crate::record::Fingerprint;
@@ -92,15 +93,19 @@ pub(crate) fn claim_options(options: &LeaseOptions) -> ClaimOptions {
         isolation: None,
         replay: options.replay,
         fingerprint: options.fingerprint,
+        messaging: options.messaging,
     }
 }
 
 /// A lease claim of `request` (whose options are `options`' own).
 pub(crate) async fn claim_lease<DB: Backend>(
     store: &Store<DB>,
-    request: Request,
+    mut request: Request,
     options: LeaseOptions,
 ) -> Result<Claimed<Lease>, Error> {
+    if let Some(messaging) = options.messaging {
+        request.about = Some(About::Message(messaging));
+    }
     let mut observed = run::start(&request, Mode::Lease, true)?;
     let span = observed.span().clone();
     let mut attempts = Leasing {

@@ -34,12 +34,14 @@ use crate::outcome::{Batch, Failed, Outcome};
 
 mod in_span;
 mod keys;
+pub(crate) mod semconv;
 mod site;
 mod verdict;
 
 pub(crate) use in_span::in_span;
 
 pub use keys::{KeyInSpans, observe_keys};
+use semconv::About;
 pub use site::Site;
 use verdict::{Ended, Verdict};
 
@@ -60,8 +62,11 @@ pub const OUTCOMES_TOTAL: &str = "idem_outcomes_total";
 /// included.
 pub const CLAIM_SECONDS: &str = "idem_claim_seconds";
 
-/// Describes [`OUTCOMES_TOTAL`] and [`CLAIM_SECONDS`] to the installed `metrics` recorder
-/// (their help text and unit), for exporters that publish descriptions, such as Prometheus's.
+/// Describes [`OUTCOMES_TOTAL`], [`CLAIM_SECONDS`] and
+/// [`MESSAGING_PROCESS_DURATION`](semconv::MESSAGING_PROCESS_DURATION) to the installed
+/// `metrics` recorder
+/// (their help text and unit), for exporters that publish descriptions, such as
+/// Prometheus's.
 ///
 /// Call it once after installing the recorder; recording works without it.
 pub fn describe_metrics() {
@@ -75,6 +80,12 @@ pub fn describe_metrics() {
         CLAIM_SECONDS,
         metrics::Unit::Seconds,
         "Time from the claim's first statement to its answer, by scope."
+    );
+    metrics::describe_histogram!(
+        semconv::MESSAGING_PROCESS_DURATION,
+        metrics::Unit::Seconds,
+        "Duration of processing operation (OpenTelemetry messaging conventions): from the \
+         claim's start to the call's end, for calls that know their broker."
     );
 }
 
@@ -102,6 +113,8 @@ pub(crate) struct Observed {
     attempts: u32,
     waited: Duration,
     jobs: Option<u64>,
+    /// What the call serves, in OpenTelemetry's terms (a broker's message, an HTTP request).
+    about: Option<About>,
     ended: bool,
 }
 
@@ -117,7 +130,26 @@ impl std::fmt::Debug for Observed {
 impl Observed {
     /// Opens the `idem.claim` span of a call (when a subscriber wants it; `key` is read only
     /// then, and shown as [`observe_keys`] says).
-    pub(crate) fn start(site: &'static Site, scope: &str, mode: Mode, key: Option<&str>) -> Self {
+    ///
+    /// `about` is what the call serves, for OpenTelemetry's attributes; without it, what
+    /// [`semconv::observe_messaging`] said of the scope, if anything.
+    pub(crate) fn start(
+        site: &'static Site,
+        scope: &str,
+        mode: Mode,
+        key: Option<&str>,
+        about: Option<About>,
+    ) -> Self {
+        let about = about.or_else(|| semconv::of_scope(scope).map(About::Message));
+        let message = match about {
+            Some(About::Message(m)) => Some(m),
+            _ => None,
+        };
+        let http = match about {
+            Some(About::Http { method, route }) => Some((method, route)),
+            _ => None,
+        };
+        // The field values are read only when the span is enabled.
         let span = tracing::info_span!(
             target: "idem",
             "idem.claim",
@@ -131,11 +163,22 @@ impl Observed {
             jobs = Empty,
             applied = Empty,
             duplicate = Empty,
+            otel.kind = about.map(|a| a.kind()),
+            messaging.system = message.map(|m| m.system()),
+            messaging.operation.type = message.map(|_| "process"),
+            messaging.destination.name = message.and_then(|m| m.destination_name()),
+            messaging.message.id = Empty,
+            http.request.method = http.map(|(method, _)| method),
+            http.route = http.and_then(|(_, route)| route),
         );
         if let Some(key) = key.filter(|_| !span.is_disabled()) {
             match keys::setting() {
                 KeyInSpans::Plain => {
                     span.record("key", key);
+                    // One key end to end: a consumer claims the message's id.
+                    if message.is_some() {
+                        span.record("messaging.message.id", key);
+                    }
                 }
                 KeyInSpans::Hashed => {
                     span.record("key_hash", keys::hash(key).as_str());
@@ -150,13 +193,19 @@ impl Observed {
             attempts: 0,
             waited: Duration::ZERO,
             jobs: None,
+            about,
             ended: false,
         }
     }
 
     /// [`start`](Observed::start) for a batch of `jobs` jobs, whose span names no key.
-    pub(crate) fn batch(site: &'static Site, scope: &str, jobs: usize) -> Self {
-        let mut observed = Observed::start(site, scope, Mode::Batch, None);
+    pub(crate) fn batch(
+        site: &'static Site,
+        scope: &str,
+        jobs: usize,
+        about: Option<About>,
+    ) -> Self {
+        let mut observed = Observed::start(site, scope, Mode::Batch, None, about);
         let jobs = jobs as u64;
         observed.span.record("jobs", jobs);
         observed.jobs = Some(jobs);
@@ -310,6 +359,12 @@ impl Observed {
             for &(verdict, n) in counts.iter().filter(|(_, n)| *n > 0) {
                 let key = self.site.outcome_key(verdict);
                 recorder.register_counter(key, &METADATA).increment(n);
+            }
+            if let Some(About::Message(m)) = self.about {
+                let took = self.started.elapsed().as_secs_f64();
+                semconv::Keys::with(m, verdict, |key| {
+                    recorder.register_histogram(key, &METADATA).record(took);
+                });
             }
         });
     }

@@ -71,9 +71,11 @@ impl Verdict {
             // Refused as given: a redelivery fails the same way until the job or the code
             // changes.
             Error::InvalidKey(_)
+            | Error::BatchTooLarge { .. }
             | Error::InvalidTable { .. }
             | Error::InvalidScope { .. }
             | Error::InvalidLease { .. }
+            | Error::InvalidRetention { .. }
             | Error::InvalidMessage { .. }
             | Error::InvalidGroup { .. }
             | Error::Nested { .. }

@@ -10,10 +10,11 @@ use sqlx::pool::PoolOptions;
 use sqlx::{ConnectOptions as _, Connection as _};
 
 use crate::Failure;
-use crate::args::{Age, Cli, Command, OutboxCommand};
+use crate::args::{Age, Cli, Command, DoctorArgs, OutboxCommand, RetentionCommand};
 use crate::outbox::{self, Filter};
 use crate::render;
 use crate::target::{DatabaseUrl, Scheme};
+use crate::{doctor, retention};
 
 /// How long the tool waits for the database to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -38,7 +39,16 @@ enum Request {
         key: Key,
         force: bool,
     },
-    Purge(Age),
+    Purge(Option<Age>),
+    RetentionSet {
+        scope: String,
+        keep: Age,
+    },
+    RetentionList,
+    RetentionClear {
+        scope: String,
+    },
+    Doctor(DoctorArgs),
     Stuck {
         scope: Option<String>,
         limit: u32,
@@ -71,6 +81,12 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             force,
         },
         Command::Purge { older_than } => Request::Purge(older_than),
+        Command::Retention(RetentionCommand::Set { scope, keep }) => {
+            Request::RetentionSet { scope, keep }
+        }
+        Command::Retention(RetentionCommand::List) => Request::RetentionList,
+        Command::Retention(RetentionCommand::Clear { scope }) => Request::RetentionClear { scope },
+        Command::Doctor(args) => Request::Doctor(args),
         Command::Stuck { scope, limit } => Request::Stuck { scope, limit },
         Command::Outbox(OutboxCommand::List {
             parked,
@@ -129,6 +145,13 @@ async fn execute<DB: Backend>(
     // then reports only that it timed out, not why.
     match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
         Ok(Ok(conn)) => drop(conn.close().await),
+        Ok(Err(e)) if cx.db.scheme == Scheme::Sqlite => {
+            return Err(Failure::database(format!(
+                "cannot open the SQLite database at {}: {e}; check the path: the file must \
+                 exist (the tool never creates one) and be readable and writable by this user",
+                cx.db.shown
+            )));
+        }
         Ok(Err(e)) => {
             return Err(Failure::database(format!(
                 "cannot reach the database at {}: {e}; check the URL and that the server is \
@@ -145,6 +168,45 @@ async fn execute<DB: Backend>(
             )));
         }
     }
+    match command(&store, cx, request).await {
+        Err(failure) if failure.is_database() => Err(missing_table(&store, cx, failure).await),
+        done => done,
+    }
+}
+
+/// A statement the database refused because the marker table is not there: say so, and
+/// which tables there hold markers, rather than advise a migration (the operator more likely
+/// mistyped `--table`).
+async fn missing_table<DB: Backend>(store: &Store<DB>, cx: &Context, failure: Failure) -> Failure {
+    let tables = match store.marker_tables().await {
+        Ok(tables) if !tables.iter().any(|t| t.eq_ignore_ascii_case(store.table())) => tables,
+        _ => return failure,
+    };
+    const SHOWN: usize = 10;
+    let there = match tables.as_slice() {
+        [] => "it holds no marker table".to_owned(),
+        some if some.len() <= SHOWN => format!("its marker tables: {}", some.join(", ")),
+        some => format!(
+            "its marker tables: {} and {} more",
+            some[..SHOWN].join(", "),
+            some.len() - SHOWN
+        ),
+    };
+    Failure::database(format!(
+        "no table {} in the database at {} ({there}): pass the table your handlers' store \
+         was given with `Store::with_table` as --table (or IDEM_TABLE); without either the \
+         tool reads {}",
+        store.table(),
+        cx.db.shown,
+        idem::DEFAULT_TABLE
+    ))
+}
+
+async fn command<DB: Backend>(
+    store: &Store<DB>,
+    cx: &Context,
+    request: Request,
+) -> Result<ExitCode, Failure> {
     let refused = |e: idem::Error| {
         Failure::database(format!(
             "the database at {} (table {}): {e}",
@@ -178,8 +240,38 @@ async fn execute<DB: Backend>(
             )
         }
         Request::Purge(age) => {
-            let deleted = store.purge(age.duration).await.map_err(refused)?;
-            (render::purge(&age, store.table(), deleted, cx.json), 0)
+            let deleted = match &age {
+                Some(age) => store.purge(age.duration).await,
+                None => store.purge_by_retention().await,
+            };
+            let deleted = deleted.map_err(refused)?;
+            (
+                render::purge(age.as_ref(), store.table(), deleted, cx.json),
+                0,
+            )
+        }
+        Request::RetentionSet { scope, keep } => {
+            store
+                .set_retention(&scope, keep.duration)
+                .await
+                .map_err(refused)?;
+            (retention::set(store.table(), &scope, &keep, cx.json), 0)
+        }
+        Request::RetentionList => {
+            let windows = store.retentions().await.map_err(refused)?;
+            (retention::list(store.table(), &windows, cx.json), 0)
+        }
+        Request::RetentionClear { scope } => {
+            let had = store.clear_retention(&scope).await.map_err(refused)?;
+            (retention::clear(store.table(), &scope, had, cx.json), 0)
+        }
+        Request::Doctor(args) => {
+            let diagnosis = store
+                .doctor(&doctor::checkup(&args))
+                .await
+                .map_err(refused)?;
+            let code = doctor::exit_code(&diagnosis);
+            (doctor::render(&diagnosis, &cx.db.shown, cx.json), code)
         }
         Request::Stuck { scope, limit } => {
             let markers = match &scope {

@@ -5,9 +5,11 @@
 
 mod batch;
 mod claim;
+mod health;
 mod lease;
 mod operators;
 mod outbox;
+mod retention;
 
 use std::time::Duration;
 
@@ -76,6 +78,14 @@ const DDL: &[&str] = &[
         PRIMARY KEY (id),
         KEY idem_outbox_due (sent_at, parked, next_attempt_at),
         KEY idem_outbox_sent_at (sent_at)
+    ) ENGINE = InnoDB",
+    // Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
+    "CREATE TABLE IF NOT EXISTS {t}_retention (
+        scope VARBINARY(255) NOT NULL,
+        keep_ms BIGINT NOT NULL,
+        updated_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (scope),
+        CHECK (keep_ms > 0)
     ) ENGINE = InnoDB",
 ];
 

@@ -48,6 +48,7 @@ statements! {
         purge(age_ms: i64, limit: i64) =
             "DELETE FROM {t} WHERE state = 'completed' \
              AND completed_at < UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
+             AND scope NOT IN (SELECT scope FROM {t}_retention) \
              ORDER BY completed_at LIMIT ?";
     }
 }

@@ -2,9 +2,11 @@
 //! concern (claims in a transaction, leases, the outbox, operators).
 
 mod claim;
+mod health;
 mod lease;
 mod operators;
 mod outbox;
+mod retention;
 
 use sqlx::{Postgres, SqlStr};
 
@@ -67,6 +69,12 @@ const DDL: &[&str] = &[
      WHERE sent_at IS NULL AND NOT parked",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
      WHERE sent_at IS NOT NULL",
+    // Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
+    "CREATE TABLE IF NOT EXISTS {t}_retention (
+        scope text PRIMARY KEY,
+        keep_ms bigint NOT NULL CHECK (keep_ms > 0),
+        updated_at timestamptz NOT NULL DEFAULT now()
+    )",
 ];
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE

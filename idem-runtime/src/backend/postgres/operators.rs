@@ -48,7 +48,8 @@ statements! {
         purge(age_ms: i64, limit: i64) =
             "DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t} \
              WHERE state = 'completed' \
-             AND completed_at < now() - $1 * interval '1 millisecond' LIMIT $2))";
+             AND completed_at < now() - $1 * interval '1 millisecond' \
+             AND scope NOT IN (SELECT scope FROM {t}_retention) LIMIT $2))";
     }
 }
 

@@ -3,9 +3,11 @@
 //! database's one write lock, which every claim takes up front (`BEGIN IMMEDIATE`).
 
 mod claim;
+mod health;
 mod lease;
 mod operators;
 mod outbox;
+mod retention;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{SqlStr, Sqlite};
@@ -71,6 +73,12 @@ const DDL: &[&str] = &[
      WHERE sent_at IS NULL AND parked = 0",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
      WHERE sent_at IS NOT NULL",
+    // Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
+    "CREATE TABLE IF NOT EXISTS {t}_retention (
+        scope TEXT PRIMARY KEY,
+        keep_ms INTEGER NOT NULL CHECK (keep_ms > 0),
+        updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+    ) WITHOUT ROWID",
 ];
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE

@@ -45,7 +45,7 @@ statements! {
             "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
              WHERE state = 'completed' AND completed_at < \
              strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds') \
-             LIMIT ?2)";
+             AND scope NOT IN (SELECT scope FROM {t}_retention) LIMIT ?2)";
     }
 }
 

@@ -1,0 +1,78 @@
+//! Schema version 3 on SQLite: each scope's retention window, and its purge.
+
+use sqlx::{Pool, Sqlite};
+
+use super::SqliteSql;
+use crate::backend::retention::Retentions;
+use crate::backend::sealed::Dialect as _;
+use crate::backend::sql::statements;
+
+statements! {
+    /// The statements of `{t}_retention`, made when an operator's call needs them.
+    pub(super) struct RetentionSql<Sqlite> {
+        set(scope: &str, keep_ms: i64) =
+            "INSERT INTO {t}_retention (scope, keep_ms) VALUES (?1, ?2) \
+             ON CONFLICT (scope) DO UPDATE SET keep_ms = excluded.keep_ms, \
+             updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+        clear(scope: &str) = "DELETE FROM {t}_retention WHERE scope = ?1";
+        list() = "SELECT scope, keep_ms FROM {t}_retention ORDER BY scope";
+        purge(scope: &str, age_ms: i64, limit: i64) =
+            "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
+             WHERE scope = ?1 AND state = 'completed' AND completed_at < \
+             strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?2 / 1000.0) || ' seconds') \
+             LIMIT ?3)";
+    }
+}
+
+impl Retentions for Sqlite {
+    async fn retention_set<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+        scope: &'p str,
+        keep_ms: i64,
+    ) -> Result<(), sqlx::Error> {
+        let statements = RetentionSql::new(Self::table(sql));
+        statements.set(scope, keep_ms).query().execute(pool).await?;
+        Ok(())
+    }
+
+    async fn retention_clear<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+        scope: &'p str,
+    ) -> Result<bool, sqlx::Error> {
+        let statements = RetentionSql::new(Self::table(sql));
+        let done = statements.clear(scope).query().execute(pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn retention_list<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        let statements = RetentionSql::new(Self::table(sql));
+        statements.list().rows().fetch_all(pool).await
+    }
+
+    async fn purge_scope_batch<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+        scope: &'p str,
+        age_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let statements = RetentionSql::new(Self::table(sql));
+        let done = statements.purge(scope, age_ms, limit).query();
+        Ok(done.execute(pool).await?.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::sql::{Placeholders, check_binds};
+
+    #[test]
+    fn every_statement_has_as_many_placeholders_as_binds() {
+        check_binds(&super::RetentionSql::templates(), Placeholders::Numbered);
+    }
+}
