@@ -1,10 +1,11 @@
--- idem marker and outbox tables, schema version 2 (PostgreSQL).
+-- idem marker and outbox tables, schema version 3 (PostgreSQL).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
 -- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
 -- adds the outbox table `idem_processed_outbox`; `schema/postgres.v1-to-v2.sql` upgrades a
--- version 1 schema.
+-- version 1 schema. Version 3 adds the steps table `idem_processed_steps`;
+-- `schema/postgres.v2-to-v3.sql` upgrades a version 2 schema.
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope text NOT NULL,
@@ -40,3 +41,17 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_due ON idem_processed_outbox (next_attempt_at) WHERE sent_at IS NULL AND NOT parked;
 
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_sent_at ON idem_processed_outbox (sent_at) WHERE sent_at IS NOT NULL;
+
+-- Schema version 3: lease steps (`Lease::step`), each step's value recorded until its
+-- marker is forgotten or purged.
+
+CREATE TABLE IF NOT EXISTS idem_processed_steps (
+        scope text NOT NULL,
+        key text NOT NULL,
+        name text NOT NULL,
+        seq integer NOT NULL,
+        token bigint NOT NULL,
+        result json NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (scope, key, name)
+    );

@@ -1,6 +1,6 @@
 //! What operators read of the markers: one marker by key, and the jobs still in progress.
 
-use crate::backend::{Backend, MarkerRow};
+use crate::backend::{Backend, MarkerRow, StepRow};
 use crate::error::Error;
 use crate::key::{IntoKey, Key};
 use crate::scope::check_scope;
@@ -65,7 +65,51 @@ impl Marker {
     }
 }
 
+/// A step a lease-mode body recorded ([`Lease::step`](crate::Lease::step)), as
+/// [`Store::steps`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordedStep {
+    /// The step's name.
+    pub name: String,
+    /// Where the step was in its body: 1 for the first.
+    pub position: u32,
+    /// The fencing token of the holder that recorded it.
+    pub token: i64,
+    /// Its value, as JSON.
+    pub value: String,
+    /// When it was recorded (ISO-8601 UTC).
+    pub recorded_at: String,
+}
+
+impl RecordedStep {
+    fn from_row(row: StepRow) -> RecordedStep {
+        let (name, position, token, value, recorded_at) = row;
+        RecordedStep {
+            name,
+            position: u32::try_from(position).unwrap_or(u32::MAX),
+            token,
+            value,
+            recorded_at,
+        }
+    }
+}
+
 impl<DB: Backend> Store<DB> {
+    /// The steps the lease-mode deliveries of `(scope, key)` recorded, in their body's order:
+    /// what a delivery that takes the key over gets back instead of running them. Empty for a
+    /// job without steps, and once its marker was forgotten or purged.
+    pub async fn steps<K: IntoKey + ?Sized>(
+        &self,
+        scope: &str,
+        key: &K,
+    ) -> Result<Vec<RecordedStep>, Error> {
+        check_scope(scope)?;
+        let key = Key::new(key)?;
+        let rows = DB::steps_read(self.pool(), self.sql(), scope, key.as_str()).await?;
+        Ok(rows.into_iter().map(RecordedStep::from_row).collect())
+    }
+
     /// The marker of `(scope, key)`, or `None` if no delivery claimed it (or it was forgotten
     /// or purged). For operators: what did idem do with this job?
     pub async fn inspect<K: IntoKey + ?Sized>(

@@ -53,13 +53,13 @@ pub use batch::BatchGuard;
 pub use claim::Claimed;
 pub use claim::nested::Body;
 pub use error::Error;
-pub use inspect::{Marker, MarkerState};
+pub use inspect::{Marker, MarkerState, RecordedStep};
 pub use job_id::{JobId, job_id};
 #[allow(deprecated)]
 pub use join::JoinedClaim;
 pub use join::{Joined, JoinedGuard, Target, commit};
 pub use key::{IntoKey, Key, KeyError, KeyWriter, MAX_BATCH, MAX_KEY_LEN};
-pub use lease::Lease;
+pub use lease::{Lease, MAX_ERROR_LEN, MAX_STEP_NAME, Step, Verified};
 #[allow(deprecated)]
 pub use lease::Leased;
 pub use observe::{CLAIM_SECONDS, KeyInSpans, OUTCOMES_TOTAL, describe_metrics, observe_keys};

@@ -37,6 +37,7 @@ pub(crate) mod handlers;
 pub(crate) mod lease_handlers;
 pub(crate) mod proxy;
 pub(crate) mod replay_handlers;
+pub(crate) mod step_handlers;
 pub(crate) mod util;
 pub(crate) mod worker;
 
@@ -284,6 +285,16 @@ macro_rules! every_backend_tests {
             forget_refuses_a_live_lease_and_its_holder_still_completes,
             forget_deletes_a_completed_marker_and_lets_go_of_a_free_lease,
             forced_forget_of_a_live_lease_fences_out_the_old_holder,
+        );
+        // Lease steps.
+        $crate::conformance::tests!($support;
+            steps_of_a_failed_attempt_are_replayed_not_run_again,
+            steps_are_replayed_after_the_worker_is_killed_after_each_step,
+            stale_holder_cannot_record_a_step,
+            steps_out_of_order_or_repeated_are_refused_before_they_run,
+            steps_with_replay_and_fingerprint,
+            database_step_keeps_its_writes_only_with_its_record,
+            forget_and_purge_remove_steps_with_their_marker,
         );
     };
 }

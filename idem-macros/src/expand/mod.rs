@@ -49,6 +49,9 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     } else if let (Some(handler), Some((_, expr))) = (&handler, &args.key) {
         validate::key(expr, handler, &mut diag);
     }
+    if let (Some(handler), Mode::Lease) = (&handler, mode) {
+        validate::steps(&item, handler, &mut diag);
+    }
     // A batch refuses `fingerprint` altogether (`validate::mode`).
     if let (Some(handler), Some((_, expr)), false) =
         (&handler, &args.fingerprint, mode == Mode::Batch)

@@ -2,9 +2,10 @@
 //! mode; the claim core (`claim`) decides what the rows mean.
 //!
 //! [`Backend`] is the public, sealed name of a database idem supports. What a backend does is
-//! split by concern into four traits that no other crate can name: [`Claims`](sealed::Claims)
+//! split by concern into traits that no other crate can name: [`Claims`](sealed::Claims)
 //! (a claim in a transaction, its verified commit), [`Leases`](sealed::Leases) (lease mode's
-//! statements), [`Outboxes`](sealed::Outboxes) (the outbox's writes and the relay's) and
+//! statements), [`Steps`](sealed::Steps) (a lease's recorded steps),
+//! [`Outboxes`](sealed::Outboxes) (the outbox's writes and the relay's) and
 //! [`Operators`](sealed::Operators) (migrate, forget, inspect, purge). Every statement takes
 //! the backend's own [`Dialect::Sql`](sealed::Dialect::Sql), which only a
 //! [`Store`](crate::store::Store) builds from a validated [`Table`]: no caller outside idem
@@ -30,7 +31,7 @@ mod sql;
 mod sqlite;
 
 pub(crate) use listen::Listen;
-pub(crate) use rows::{Found, LeaseState, MarkerRow, OutboxRow, Status, Taken};
+pub(crate) use rows::{Found, LeaseState, MarkerRow, OutboxRow, Status, StepRow, Taken};
 pub use sql::MAX_TABLE_LEN;
 pub(crate) use sql::Table;
 
@@ -43,7 +44,10 @@ pub(crate) use sql::Table;
     label = "a store or handler on `{Self}`",
     note = "enable idem's cargo feature for it: `postgres`, `mysql` or `sqlite` (the default), e.g. `idem = {{ version = \"..\", features = [\"postgres\"] }}`"
 )]
-pub trait Backend: sealed::Claims + sealed::Leases + sealed::Outboxes + sealed::Operators {}
+pub trait Backend:
+    sealed::Claims + sealed::Leases + sealed::Steps + sealed::Outboxes + sealed::Operators
+{
+}
 
 /// One claim's identity in the statements that write its marker.
 #[derive(Debug, Clone, Copy)]
@@ -260,6 +264,39 @@ pub(crate) mod sealed {
         ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
     }
 
+    /// A lease's steps (`Lease::step`): each step's value, recorded only while its holder's
+    /// token is the marker's, and read back by a later holder of the key.
+    pub trait Steps: Dialect {
+        /// The recorded steps of `(scope, key)`, in the order they were recorded.
+        fn steps_read<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            scope: &'p str,
+            key: &'p str,
+        ) -> impl Future<Output = Result<Vec<StepRow>, sqlx::Error>> + Send + 'p;
+
+        /// Records the step `name` (the `seq`-th of its body) with its value `json`, on `conn`
+        /// (a transaction for a database step), if `holder` still holds the key; `Ok(false)`
+        /// if not, and nothing was written.
+        fn step_record<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            holder: Holder<'t>,
+            name: &'t str,
+            seq: i64,
+            json: &'t str,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
+
+        /// Deletes the steps of `(scope, key)` if its marker is gone: what `forget` does in
+        /// the transaction that deleted the marker.
+        fn steps_forget<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            scope: &'t str,
+            key: &'t str,
+        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 't;
+    }
+
     /// The outbox: the claim's writes, the relay's rounds, what operators read and change.
     pub trait Outboxes: Dialect {
         /// Writes the outbox's messages in the claim's transaction; where a statement could
@@ -406,7 +443,8 @@ pub(crate) mod sealed {
             limit: i64,
         ) -> impl Future<Output = Result<Vec<MarkerRow>, sqlx::Error>> + Send + 'p;
 
-        /// Deletes at most `limit` completed markers older than `age_ms`; returns how many.
+        /// Deletes at most `limit` completed markers older than `age_ms`, and their steps with
+        /// them (one transaction); returns how many markers.
         fn purge_batch<'p>(
             pool: &'p Pool<Self>,
             sql: &'p Self::Sql,

@@ -83,6 +83,10 @@ pub(crate) type MarkerRow = (
     Option<i64>,
 );
 
+/// A recorded step as the backends' statements return it: name, position in its body (from
+/// 1), the recording holder's token, value (JSON), when it was recorded (ISO-8601 UTC).
+pub(crate) type StepRow = (String, i64, i64, String, String);
+
 /// The columns of the outbox's operator statements: id, destination, scope, key, seq,
 /// attempts, last error, parked (0 or 1), sent (0 or 1), created (ISO-8601 UTC), age ms, ms
 /// until due (negative once due).

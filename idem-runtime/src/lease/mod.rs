@@ -5,19 +5,26 @@
 //! token is still the current one, through the claim core's one finish.
 
 mod claim;
+mod class;
 mod clock;
+mod db_step;
+mod keep_alive;
+mod steps;
 
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use claim::LeaseStore;
 pub(crate) use claim::claim_lease;
+pub(crate) use class::Class;
+pub use class::MAX_ERROR_LEN;
 pub(crate) use clock::Clock;
+pub use steps::{MAX_STEP_NAME, Step, Verified};
 
 use crate::backend::Holder;
 use crate::claim::{Claimed, Hold, Request, Ticket, finish};
@@ -51,6 +58,10 @@ pub struct Lease {
     attempt: u32,
     options: LeaseOptions,
     clock: Arc<Clock>,
+    /// The body's steps: the names used, the one running, the ones recorded before.
+    steps: steps::Steps,
+    /// What the body said of its error.
+    class: Mutex<Class>,
 }
 
 impl fmt::Debug for Lease {
@@ -90,6 +101,8 @@ impl Lease {
                 options.lease,
                 options.timeout,
             )),
+            steps: steps::Steps::default(),
+            class: Mutex::new(Class::Plain),
         }
     }
 
@@ -212,6 +225,22 @@ impl Lease {
         }
     }
 
+    /// The body of a step that holds a transaction: marked so that a claim in it is refused as
+    /// nested.
+    fn ticket_body(&self) -> crate::claim::nested::Body {
+        self.ticket
+            .as_ref()
+            .expect("a lease keeps its ticket until it finishes")
+            .body()
+    }
+
+    fn rolled_back(&self) -> Error {
+        Error::RolledBack {
+            scope: self.scope().to_owned(),
+            key: self.key().to_owned(),
+        }
+    }
+
     /// Ends the call, with `outbox`'s messages if the body had its own. `Ok` completes the
     /// marker if this delivery still holds the key (else [`Error::LeaseLost`], and the value
     /// is not reported as applied), storing what `encode` makes of the value (`replay`). The
@@ -226,13 +255,25 @@ impl Lease {
         outbox: Option<&Pending>,
     ) -> Result<Outcome<T>, Failed<E>> {
         let ticket = self.ticket.take().expect("a lease finishes once");
+        let class = self.class();
         let hold = Ends {
             store: self.store.clone(),
             token: self.token,
+            // An error that may have had its effect keeps the lease until it runs out.
+            keep: class == Class::Unknown,
         };
         let result = match result {
             Ok(result) => result.map_err(Failed::Handler),
             Err(e) => Err(Failed::Idem(e)),
+        };
+        #[cfg(feature = "testing")]
+        let result = match class {
+            // The kit crashed the delivery after a step: nothing after it is kept.
+            Class::Crashed => Err(Failed::Idem(crate::testing::probe::crashed(
+                &ticket.request.scope,
+                ticket.request.key.as_str(),
+            ))),
+            _ => result,
         };
         finish(hold, ticket, outbox, result, encode).await
     }
@@ -272,6 +313,8 @@ impl Lease {
 struct Ends {
     store: Arc<dyn LeaseStore>,
     token: i64,
+    /// Keep the lease instead of releasing it (an unknown error).
+    keep: bool,
 }
 
 impl Ends {
@@ -323,6 +366,9 @@ impl Hold for Ends {
     }
 
     async fn release(self, request: &Request) {
+        if self.keep {
+            return;
+        }
         drop(self.store.release(self.holder(request)).await);
     }
 }

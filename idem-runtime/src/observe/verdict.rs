@@ -76,10 +76,11 @@ impl Verdict {
             | Error::InvalidLease { .. }
             | Error::InvalidMessage { .. }
             | Error::Nested { .. }
+            | Error::InvalidStep { .. }
             | Error::Serialize(_) => Verdict::Invalid,
             // An operator's refusal: it ends no call.
             Error::LeaseHeld { .. } => Verdict::Invalid,
-            Error::Database(_) => Verdict::Error,
+            Error::Database(_) | Error::Unverified { .. } => Verdict::Error,
             #[cfg(feature = "testing")]
             Error::Injected { .. } => Verdict::Error,
         }

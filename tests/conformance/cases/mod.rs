@@ -30,6 +30,8 @@ mod rollback;
 mod seams;
 mod server;
 mod shapes;
+mod steps;
+mod steps_processes;
 mod store;
 
 pub(crate) use ambiguous::*;
@@ -61,4 +63,6 @@ pub(crate) use rollback::*;
 pub(crate) use seams::*;
 pub(crate) use server::*;
 pub(crate) use shapes::*;
+pub(crate) use steps::*;
+pub(crate) use steps_processes::*;
 pub(crate) use store::*;

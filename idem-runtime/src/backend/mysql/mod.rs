@@ -8,6 +8,7 @@ mod claim;
 mod lease;
 mod operators;
 mod outbox;
+mod steps;
 
 use std::time::Duration;
 
@@ -76,6 +77,18 @@ const DDL: &[&str] = &[
         KEY idem_outbox_due (sent_at, parked, next_attempt_at),
         KEY idem_outbox_sent_at (sent_at)
     ) ENGINE = InnoDB",
+    // Schema version 3: lease steps, each step's value recorded (fenced by its holder's token)
+    // until its marker is forgotten or purged.
+    "CREATE TABLE IF NOT EXISTS {t}_steps (
+        scope VARBINARY(255) NOT NULL,
+        `key` VARBINARY(255) NOT NULL,
+        name VARBINARY(255) NOT NULL,
+        seq INT NOT NULL,
+        token BIGINT NOT NULL,
+        result JSON NOT NULL,
+        created_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (scope, `key`, name)
+    ) ENGINE = InnoDB",
 ];
 
 /// MySQL's and MariaDB's statements for one marker table.
@@ -86,6 +99,7 @@ pub struct MySqlSql {
     lease: lease::LeaseSql,
     outbox: outbox::OutboxSql,
     ops: operators::OperatorSql,
+    steps: steps::StepSql,
     ddl: Vec<SqlStr>,
 }
 
@@ -101,6 +115,7 @@ impl Dialect for MySql {
             lease: lease::LeaseSql::new(table),
             outbox: outbox::OutboxSql::new(table),
             ops: operators::OperatorSql::new(table),
+            steps: steps::StepSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
         }
     }
@@ -162,6 +177,7 @@ mod tests {
             lease::LeaseSql::templates(),
             outbox::OutboxSql::templates(),
             operators::OperatorSql::templates(),
+            steps::StepSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Question);
         }

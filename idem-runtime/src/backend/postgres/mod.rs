@@ -5,6 +5,7 @@ mod claim;
 mod lease;
 mod operators;
 mod outbox;
+mod steps;
 
 use sqlx::{Postgres, SqlStr};
 
@@ -66,6 +67,18 @@ const DDL: &[&str] = &[
      WHERE sent_at IS NULL AND NOT parked",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
      WHERE sent_at IS NOT NULL",
+    // Schema version 3: lease steps, each step's value recorded (fenced by its holder's token)
+    // until its marker is forgotten or purged.
+    "CREATE TABLE IF NOT EXISTS {t}_steps (
+        scope text NOT NULL,
+        key text NOT NULL,
+        name text NOT NULL,
+        seq integer NOT NULL,
+        token bigint NOT NULL,
+        result json NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (scope, key, name)
+    )",
 ];
 
 /// PostgreSQL's statements for one marker table.
@@ -76,6 +89,7 @@ pub struct PgSql {
     lease: lease::LeaseSql,
     outbox: outbox::OutboxSql,
     ops: operators::OperatorSql,
+    steps: steps::StepSql,
     ddl: Vec<SqlStr>,
 }
 
@@ -91,6 +105,7 @@ impl Dialect for Postgres {
             lease: lease::LeaseSql::new(table),
             outbox: outbox::OutboxSql::new(table),
             ops: operators::OperatorSql::new(table),
+            steps: steps::StepSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
         }
     }
@@ -131,6 +146,7 @@ mod tests {
             lease::LeaseSql::templates(),
             outbox::OutboxSql::templates(),
             operators::OperatorSql::templates(),
+            steps::StepSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Dollar);
         }

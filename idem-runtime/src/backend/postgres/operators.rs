@@ -44,11 +44,15 @@ statements! {
              AND state = 'in_progress' ORDER BY locked_until NULLS FIRST, scope LIMIT $2"
         );
         // Selecting the batch by ctid makes each batch a TID scan; an `IN (SELECT scope, key
-        // ...)` ran as a hash join over the whole table, every batch.
+        // ...)` ran as a hash join over the whole table, every batch. The batch's steps go in
+        // the same statement (a data-modifying `WITH` runs whatever reads it).
         purge(age_ms: i64, limit: i64) =
-            "DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t} \
+            "WITH batch AS MATERIALIZED (SELECT ctid, scope, key FROM {t} \
              WHERE state = 'completed' \
-             AND completed_at < now() - $1 * interval '1 millisecond' LIMIT $2))";
+             AND completed_at < now() - $1 * interval '1 millisecond' LIMIT $2), \
+             steps AS (DELETE FROM {t}_steps AS s USING batch AS b \
+             WHERE s.scope = b.scope AND s.key = b.key) \
+             DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM batch))";
     }
 }
 

@@ -6,6 +6,7 @@ mod claim;
 mod lease;
 mod operators;
 mod outbox;
+mod steps;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{SqlStr, Sqlite};
@@ -70,6 +71,18 @@ const DDL: &[&str] = &[
      WHERE sent_at IS NULL AND parked = 0",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
      WHERE sent_at IS NOT NULL",
+    // Schema version 3: lease steps, each step's value recorded (fenced by its holder's token)
+    // until its marker is forgotten or purged.
+    "CREATE TABLE IF NOT EXISTS {t}_steps (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        name TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        token INTEGER NOT NULL,
+        result TEXT NOT NULL,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        PRIMARY KEY (scope, key, name)
+    ) WITHOUT ROWID",
 ];
 
 /// SQLite's statements for one marker table.
@@ -80,6 +93,7 @@ pub struct SqliteSql {
     lease: lease::LeaseSql,
     outbox: outbox::OutboxSql,
     ops: operators::OperatorSql,
+    steps: steps::StepSql,
     ddl: Vec<SqlStr>,
 }
 
@@ -95,6 +109,7 @@ impl Dialect for Sqlite {
             lease: lease::LeaseSql::new(table),
             outbox: outbox::OutboxSql::new(table),
             ops: operators::OperatorSql::new(table),
+            steps: steps::StepSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
         }
     }
@@ -168,6 +183,7 @@ mod tests {
             lease::LeaseSql::templates(),
             outbox::OutboxSql::templates(),
             operators::OperatorSql::templates(),
+            steps::StepSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Numbered);
         }

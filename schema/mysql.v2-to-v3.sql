@@ -1,0 +1,16 @@
+-- idem schema version 2 to 3 (MySQL and MariaDB). `Store::migrate()` applies it; copy it into your
+-- own migrations if you manage the schema yourself (with `Store::with_table`, replace
+-- `idem_processed` by your table's name).
+
+-- Lease steps (`Lease::step`): each step's value, recorded (fenced by its holder's token)
+-- until its marker is forgotten or purged.
+CREATE TABLE IF NOT EXISTS idem_processed_steps (
+        scope VARBINARY(255) NOT NULL,
+        `key` VARBINARY(255) NOT NULL,
+        name VARBINARY(255) NOT NULL,
+        seq INT NOT NULL,
+        token BIGINT NOT NULL,
+        result JSON NOT NULL,
+        created_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (scope, `key`, name)
+    ) ENGINE = InnoDB;

@@ -1,0 +1,16 @@
+-- idem schema version 2 to 3 (PostgreSQL). `Store::migrate()` applies it; copy it into your
+-- own migrations if you manage the schema yourself (with `Store::with_table`, replace
+-- `idem_processed` by your table's name).
+
+-- Lease steps (`Lease::step`): each step's value, recorded (fenced by its holder's token)
+-- until its marker is forgotten or purged.
+CREATE TABLE IF NOT EXISTS idem_processed_steps (
+        scope text NOT NULL,
+        key text NOT NULL,
+        name text NOT NULL,
+        seq integer NOT NULL,
+        token bigint NOT NULL,
+        result json NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (scope, key, name)
+    );

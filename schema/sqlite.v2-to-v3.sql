@@ -1,0 +1,16 @@
+-- idem schema version 2 to 3 (SQLite). `Store::migrate()` applies it; copy it into your
+-- own migrations if you manage the schema yourself (with `Store::with_table`, replace
+-- `idem_processed` by your table's name).
+
+-- Lease steps (`Lease::step`): each step's value, recorded (fenced by its holder's token)
+-- until its marker is forgotten or purged.
+CREATE TABLE IF NOT EXISTS idem_processed_steps (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        name TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        token INTEGER NOT NULL,
+        result TEXT NOT NULL,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        PRIMARY KEY (scope, key, name)
+    ) WITHOUT ROWID;
