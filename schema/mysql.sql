@@ -3,9 +3,9 @@
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
 -- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
--- adds the outbox table `idem_processed_outbox`; `schema/mysql.v1-to-v2.sql` upgrades a
--- version 1 schema. Version 3 adds the steps table `idem_processed_steps`;
--- `schema/mysql.v2-to-v3.sql` upgrades a version 2 schema.
+-- added the outbox table `idem_processed_outbox`, version 3 the tables and columns listed in
+-- `schema/mysql.v2-to-v3.sql`, which upgrades a version 2 schema (`schema/mysql.v1-to-v2.sql`
+-- a version 1 schema).
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope VARBINARY(255) NOT NULL,

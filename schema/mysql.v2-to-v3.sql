@@ -1,6 +1,5 @@
--- idem schema version 2 to 3 (MySQL and MariaDB). `Store::migrate()` applies it; copy it into your
--- own migrations if you manage the schema yourself (with `Store::with_table`, replace
--- `idem_processed` by your table's name).
+-- idem schema version 2 to 3 (MySQL / MariaDB). `Store::migrate()` applies it to a version 2 schema
+-- (it asks the catalog before each `ALTER TABLE` and `CREATE INDEX`, which MySQL 8 cannot write `IF NOT EXISTS`); copy it into your own migrations if you manage the schema yourself.
 
 -- Lease steps (`Lease::step`): each step's value, recorded (fenced by its holder's token)
 -- until its marker is forgotten or purged.

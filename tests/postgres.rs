@@ -23,6 +23,13 @@ impl conformance::Support for Pg {
          AND query LIKE '%INSERT INTO ' || $1 || ' %'",
     );
     const STATEMENT_AFTER_ROLLBACK_KEPT: bool = false;
+    const SCHEMA_V2: &'static str = include_str!("conformance/schema_v2/postgres.sql");
+    const UPGRADE_V2_TO_V3: &'static str = include_str!("../schema/postgres.v2-to-v3.sql");
+    const COLUMNS_OF: &'static str = "SELECT column_name || ' ' || data_type || ' ' || is_nullable \
+         || ' ' || coalesce(column_default, '') FROM information_schema.columns \
+         WHERE table_schema = current_schema() AND table_name = '{table}'";
+    const INDEXES_OF: &'static str = "SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() \
+         AND tablename = '{table}'";
     const LOCK_WAIT_MS: &'static str = "SELECT CAST(EXTRACT(EPOCH FROM \
          current_setting('lock_timeout')::interval) * 1000 AS BIGINT)";
     // `query_start` is when the session's running statement began; a `Lock` wait is a row lock.

@@ -112,6 +112,20 @@ pub(crate) trait Support: Send + Sync + 'static {
         Self::connect(url, max)
     }
 
+    /// The published schema of version 2, as it was (`idem_processed` for the table's name).
+    const SCHEMA_V2: &'static str;
+
+    /// The published upgrade from version 2 to version 3 (`schema/<db>.v2-to-v3.sql`).
+    const UPGRADE_V2_TO_V3: &'static str;
+
+    /// A query of one text column describing each column of the table `{table}`: its name,
+    /// type, nullability and default.
+    const COLUMNS_OF: &'static str;
+
+    /// A query of one text column describing each index of the table `{table}`: its name and
+    /// columns.
+    const INDEXES_OF: &'static str;
+
     /// Removes what [`url`](Support::url) created outside the database (files), if anything.
     fn remove(_url: &str) {}
 }
@@ -179,6 +193,7 @@ macro_rules! every_backend_tests {
             a_megabyte_of_error_text_is_stored_bounded,
             outbox_refuses_a_bad_message_and_nothing_is_kept,
             migrate_adds_the_outbox_to_a_version_1_schema,
+            migrate_brings_a_version_2_schema_to_the_current_one,
             outbox_of_a_joined_call_goes_with_the_callers_transaction,
             outbox_of_a_lease_is_written_as_it_completes,
             batch_outbox_messages_commit_with_the_batch,

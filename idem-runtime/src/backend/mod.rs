@@ -29,6 +29,7 @@ mod rows;
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod upgrade;
 
 pub(crate) use listen::Listen;
 pub(crate) use rows::{Found, LeaseState, MarkerRow, OutboxRow, Status, StepRow, Taken};

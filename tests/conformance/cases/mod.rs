@@ -33,6 +33,7 @@ mod shapes;
 mod steps;
 mod steps_processes;
 mod store;
+mod upgrade;
 
 pub(crate) use ambiguous::*;
 pub(crate) use attribute::*;
@@ -66,3 +67,4 @@ pub(crate) use shapes::*;
 pub(crate) use steps::*;
 pub(crate) use steps_processes::*;
 pub(crate) use store::*;
+pub(crate) use upgrade::*;

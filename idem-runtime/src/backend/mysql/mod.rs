@@ -16,6 +16,7 @@ use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySql, SqlSafeStr as _, SqlStr};
 
 use super::sealed::Dialect;
+use super::upgrade::{Added, Addition};
 use super::{Backend, Table};
 
 impl Backend for MySql {}
@@ -91,6 +92,10 @@ const DDL: &[&str] = &[
     ) ENGINE = InnoDB",
 ];
 
+/// What a schema version added to a table an earlier version created: each is in the `CREATE
+/// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
+const ADDED: &[Added] = &[];
+
 /// MySQL's and MariaDB's statements for one marker table.
 #[derive(Debug)]
 pub struct MySqlSql {
@@ -101,6 +106,7 @@ pub struct MySqlSql {
     ops: operators::OperatorSql,
     steps: steps::StepSql,
     ddl: Vec<SqlStr>,
+    added: Vec<Addition>,
 }
 
 impl Dialect for MySql {
@@ -117,6 +123,7 @@ impl Dialect for MySql {
             ops: operators::OperatorSql::new(table),
             steps: steps::StepSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
+            added: ADDED.iter().map(|a| a.fill(table, false)).collect(),
         }
     }
 

@@ -1,10 +1,11 @@
 //! What operators do with the markers on MySQL and MariaDB: migrate, forget, inspect, purge.
 
-use sqlx::{MySql, Pool, SqlStr};
+use sqlx::{MySql, MySqlConnection, Pool, SqlStr};
 
 use super::{LEASE_OVER, MySqlSql};
 use crate::backend::sealed::Operators;
 use crate::backend::sql::statements;
+use crate::backend::upgrade::Kind;
 use crate::backend::{MarkerRow, Status};
 
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text (idem writes them in UTC), and
@@ -85,13 +86,7 @@ impl Operators for MySql {
                  the lock for 60 s; try again"
             )));
         }
-        let mut result = Ok(());
-        for stmt in &sql.ddl {
-            if let Err(e) = sqlx::query(stmt.clone()).execute(&mut conn).await {
-                result = Err(e);
-                break;
-            }
-        }
+        let result = upgrade(&mut conn, sql).await;
         // The DDL's own error, if any, is the one worth reporting.
         let released = sqlx::query("SELECT RELEASE_LOCK(?)")
             .bind(&lock)
@@ -181,4 +176,36 @@ impl Operators for MySql {
         tx.commit().await?;
         Ok(done.rows_affected())
     }
+}
+
+/// The DDL, then what a table made by an earlier version lacks: MySQL 8 has no `ADD COLUMN IF
+/// NOT EXISTS` (MariaDB has), so the catalog is asked first. Each statement commits on its
+/// own; the caller's named lock keeps other workers out meanwhile.
+async fn upgrade(conn: &mut MySqlConnection, sql: &MySqlSql) -> Result<(), sqlx::Error> {
+    for stmt in &sql.ddl {
+        sqlx::query(stmt.clone()).execute(&mut *conn).await?;
+    }
+    for added in &sql.added {
+        let catalog = match added.kind {
+            Kind::Column => {
+                "SELECT COUNT(*) FROM information_schema.columns \
+                 WHERE table_schema = DATABASE() AND table_name = ? AND column_name = ?"
+            }
+            Kind::Index => {
+                "SELECT COUNT(*) FROM information_schema.statistics \
+                 WHERE table_schema = DATABASE() AND table_name = ? AND index_name = ?"
+            }
+        };
+        let there: i64 = sqlx::query_scalar(catalog)
+            .bind(&added.table)
+            .bind(&added.name)
+            .fetch_one(&mut *conn)
+            .await?;
+        if there == 0 {
+            sqlx::query(added.statement.clone())
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    Ok(())
 }

@@ -10,6 +10,7 @@ mod steps;
 use sqlx::{Postgres, SqlStr};
 
 use super::sealed::Dialect;
+use super::upgrade::{Added, Addition};
 use super::{Backend, Table};
 
 /// `in_failed_sql_transaction`: a statement after one that failed.
@@ -81,6 +82,10 @@ const DDL: &[&str] = &[
     )",
 ];
 
+/// What a schema version added to a table an earlier version created: each is in the `CREATE
+/// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
+const ADDED: &[Added] = &[];
+
 /// PostgreSQL's statements for one marker table.
 #[derive(Debug)]
 pub struct PgSql {
@@ -91,6 +96,7 @@ pub struct PgSql {
     ops: operators::OperatorSql,
     steps: steps::StepSql,
     ddl: Vec<SqlStr>,
+    added: Vec<Addition>,
 }
 
 impl Dialect for Postgres {
@@ -107,6 +113,7 @@ impl Dialect for Postgres {
             ops: operators::OperatorSql::new(table),
             steps: steps::StepSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
+            added: ADDED.iter().map(|a| a.fill(table, true)).collect(),
         }
     }
 

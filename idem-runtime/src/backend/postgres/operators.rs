@@ -77,6 +77,12 @@ impl Operators for Postgres {
         for stmt in &sql.ddl {
             sqlx::query(stmt.clone()).execute(&mut *tx).await?;
         }
+        // `IF NOT EXISTS`: a table that has the addition already is left as it is.
+        for added in &sql.added {
+            sqlx::query(added.statement.clone())
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await
     }
 

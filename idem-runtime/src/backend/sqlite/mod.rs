@@ -12,6 +12,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{SqlStr, Sqlite};
 
 use super::sealed::Dialect;
+use super::upgrade::{Added, Addition};
 use super::{Backend, Table};
 
 /// `SQLITE_BUSY`: the busy timeout ran out waiting for the write lock.
@@ -85,6 +86,10 @@ const DDL: &[&str] = &[
     ) WITHOUT ROWID",
 ];
 
+/// What a schema version added to a table an earlier version created: each is in the `CREATE
+/// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
+const ADDED: &[Added] = &[];
+
 /// SQLite's statements for one marker table.
 #[derive(Debug)]
 pub struct SqliteSql {
@@ -95,6 +100,7 @@ pub struct SqliteSql {
     ops: operators::OperatorSql,
     steps: steps::StepSql,
     ddl: Vec<SqlStr>,
+    added: Vec<Addition>,
 }
 
 impl Dialect for Sqlite {
@@ -111,6 +117,7 @@ impl Dialect for Sqlite {
             ops: operators::OperatorSql::new(table),
             steps: steps::StepSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
+            added: ADDED.iter().map(|a| a.fill(table, false)).collect(),
         }
     }
 

@@ -5,6 +5,7 @@ use sqlx::{Pool, SqlStr, Sqlite};
 use super::{BEGIN, LEASE_OVER, SqliteSql};
 use crate::backend::sealed::Operators;
 use crate::backend::sql::statements;
+use crate::backend::upgrade::Kind;
 use crate::backend::{MarkerRow, Status};
 
 /// The columns of `Store::inspect`: times are already ISO-8601 UTC text here; the lease's time
@@ -65,6 +66,23 @@ impl Operators for Sqlite {
         let mut tx = pool.begin_with(BEGIN).await?;
         for stmt in &sql.ddl {
             sqlx::query(stmt.clone()).execute(&mut *tx).await?;
+        }
+        // SQLite's `ADD COLUMN` cannot skip a column that exists: the catalog is asked first.
+        for added in &sql.added {
+            let catalog = match added.kind {
+                Kind::Column => "SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = ?2",
+                Kind::Index => "SELECT COUNT(*) FROM pragma_index_list(?1) WHERE name = ?2",
+            };
+            let there: i64 = sqlx::query_scalar(catalog)
+                .bind(&added.table)
+                .bind(&added.name)
+                .fetch_one(&mut *tx)
+                .await?;
+            if there == 0 {
+                sqlx::query(added.statement.clone())
+                    .execute(&mut *tx)
+                    .await?;
+            }
         }
         tx.commit().await
     }
