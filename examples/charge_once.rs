@@ -85,6 +85,7 @@ pub async fn run(
                 writeln!(out, "{}: duplicate, nothing sent to the API", job.id)?;
                 Delivery::Duplicate
             }
+            Ok(Outcome::Failed(failure)) => return Err(failure.to_string().into()),
             // The call's own timeout is what the body had left (`lease.remaining()`), so it
             // gives up by the time idem would cut the body off; either way the key was
             // released and the redelivery sends the same idempotency key.

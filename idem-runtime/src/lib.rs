@@ -64,7 +64,7 @@ pub use lease::{Lease, MAX_ERROR_LEN, MAX_STEP_NAME, Step, Verified};
 pub use lease::Leased;
 pub use observe::{CLAIM_SECONDS, KeyInSpans, OUTCOMES_TOTAL, describe_metrics, observe_keys};
 pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
-pub use outcome::{Batch, Outcome};
+pub use outcome::{Batch, Failure, Outcome};
 pub use outgoing::{BatchOutbox, Message, Outbox};
 pub use record::{Fingerprint, MAX_REPLAY_LEN, Recorded};
 pub use store::{DEFAULT_TABLE, MAX_TABLE_LEN, PURGE_BATCH, Store};

@@ -26,6 +26,9 @@ pub enum Got {
     Duplicate,
     /// `Ok(Outcome::Replayed(_))`: the same, with the earlier delivery's value (`replay`).
     Replayed,
+    /// `Ok(Outcome::Failed(_))`: the job failed for good (a permanent error, this delivery's
+    /// or an earlier one's).
+    FailedForGood,
     /// `Err` from [`Error::InProgress`](crate::Error::InProgress): another delivery held the
     /// key. The broker redelivers such a job later.
     InProgress,
@@ -49,6 +52,7 @@ impl Got {
             Got::Applied => "ran the body and committed",
             Got::Duplicate => "an earlier delivery had handled the job",
             Got::Replayed => "an earlier delivery had handled the job; its value replayed",
+            Got::FailedForGood => "the job failed for good (a permanent error); acked",
             Got::InProgress => "another delivery held the key (nack, redeliver later)",
             Got::LeaseLost => "its lease had been taken over; its result was not recorded",
             Got::Injected => "failed on purpose by the kit before its commit",

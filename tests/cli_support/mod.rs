@@ -146,7 +146,7 @@ impl<B: Db> Fixture<B> {
                 let done = guard.finish(Ok::<(), idem::Error>(())).await;
                 assert_eq!(done.expect("commit"), Outcome::Applied(()));
             }
-            Claimed::Duplicate | Claimed::Replayed(_) => {
+            Claimed::Duplicate | Claimed::Replayed(_) | Claimed::Failed(_) => {
                 panic!("{scope} / {key} was claimed before")
             }
         }
@@ -158,7 +158,7 @@ impl<B: Db> Fixture<B> {
         let options = LeaseOptions::new(Duration::from_secs(secs));
         match self.store.lease(scope, &key, options).await.expect("lease") {
             Claimed::Fresh(lease) => lease,
-            Claimed::Duplicate | Claimed::Replayed(_) => {
+            Claimed::Duplicate | Claimed::Replayed(_) | Claimed::Failed(_) => {
                 panic!("{scope} / {key} was leased before")
             }
         }

@@ -242,6 +242,7 @@ pub(crate) async fn child_process<S: Support>() {
                                     a += 1;
                                 }
                                 Ok(Outcome::Duplicate | Outcome::Replayed(_)) => d += 1,
+                                Ok(Outcome::Failed(f)) => panic!("{} failed: {f:?}", job.key),
                                 Err(e) => panic!("delivery of {} failed: {e:?}", job.key),
                             }
                         }

@@ -247,6 +247,15 @@ pub(crate) mod sealed {
             result: Option<&'t str>,
         ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
 
+        /// Completes the lease of `holder` as failed for good, with `error` and no value;
+        /// `Ok(false)` if that holder no longer had the key.
+        fn lease_fail<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            holder: Holder<'p>,
+            error: &'p str,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
+
         /// Releases the lease of `holder` now (the marker stays, free for the next delivery);
         /// `Ok(false)` if that holder no longer had the key.
         fn lease_release<'p>(

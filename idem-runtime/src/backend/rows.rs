@@ -32,27 +32,32 @@ pub struct Found {
     pub(crate) recorded: Recorded,
 }
 
-/// A row of a `marker` statement: `(state, lease over (0 or 1), fingerprint, result)`.
-pub(crate) type MarkerState = (String, i64, Option<Vec<u8>>, Option<String>);
+/// A row of a `marker` statement: `(state, lease over (0 or 1), fingerprint, result, error)`.
+pub(crate) type MarkerState = (String, i64, Option<Vec<u8>>, Option<String>, Option<String>);
 
 impl Found {
     /// From a row of a `marker` statement.
     pub(crate) fn of_row(row: MarkerState) -> Found {
-        let (state, over, fingerprint, result) = row;
+        let (state, over, fingerprint, result, error) = row;
         Found {
             status: Status::of(&state, over != 0),
             recorded: Recorded {
                 fingerprint,
                 result,
+                error,
             },
         }
     }
 
-    /// A marker of which only the status was read (a batch's).
-    pub(crate) fn of_status(state: &str, over: i64) -> Found {
+    /// A marker of which only the status (and a failure it completed with) was read (a
+    /// batch's).
+    pub(crate) fn of_status(state: &str, over: i64, error: Option<String>) -> Found {
         Found {
             status: Status::of(state, over != 0),
-            recorded: Recorded::default(),
+            recorded: Recorded {
+                error,
+                ..Recorded::default()
+            },
         }
     }
 }

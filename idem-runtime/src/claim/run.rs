@@ -14,7 +14,7 @@ use crate::backend::Backend;
 use crate::error::Error;
 use crate::observe::{self, Answer, Observed};
 use crate::options::Mode;
-use crate::outcome::{Batch, Outcome};
+use crate::outcome::{Batch, Failure, Outcome};
 use crate::store::Store;
 
 /// What one attempt of a claim came to, once its statements answered.
@@ -104,6 +104,10 @@ pub(crate) fn conclude<H, F>(
                 Claimed::Replayed(_) => {
                     observed.decided(Answer::Replayed);
                     Outcome::Replayed(())
+                }
+                Claimed::Failed(failure) => {
+                    observed.decided(Answer::Duplicate);
+                    Outcome::Failed(failure.clone())
                 }
                 _ => {
                     observed.decided(Answer::Duplicate);
@@ -308,6 +312,7 @@ async fn claim_keys<DB: Backend>(
     sql: &DB::Sql,
     request: &Request,
     keys: &[&str],
+    failed: &mut Vec<(String, Failure)>,
 ) -> Result<Result<Vec<String>, Error>, sqlx::Error> {
     let c = request.claimant();
     let mut fresh = DB::claim_batch(conn, sql, c, keys).await?;
@@ -329,6 +334,7 @@ async fn claim_keys<DB: Backend>(
     let mut free = Vec::new();
     for (key, found) in found {
         match decide(found, request) {
+            Ok(Decision::Done(Claimed::Failed(failure))) => failed.push((key, failure)),
             Ok(Decision::Done(_)) => {}
             Ok(Decision::TakeOver) => free.push(key),
             Err(e) => return Ok(Err(e)),
@@ -350,6 +356,8 @@ struct Batched<'a, DB: Backend> {
     store: &'a Store<DB>,
     request: &'a Request,
     keys: &'a [&'a str],
+    /// The keys the last attempt found failed for good, each with its failure.
+    failed: Vec<(String, Failure)>,
 }
 
 impl<DB: Backend> Attempts for Batched<'_, DB> {
@@ -358,7 +366,8 @@ impl<DB: Backend> Attempts for Batched<'_, DB> {
     fn attempt(
         &mut self,
     ) -> impl Future<Output = Result<Attempt<Self::Fresh>, sqlx::Error>> + Send {
-        batch_attempt(self.store, self.request, self.keys)
+        self.failed.clear();
+        batch_attempt(self.store, self.request, self.keys, &mut self.failed)
     }
 }
 
@@ -368,11 +377,12 @@ async fn batch_attempt<DB: Backend>(
     store: &Store<DB>,
     request: &Request,
     keys: &[&str],
+    failed: &mut Vec<(String, Failure)>,
 ) -> Result<Attempt<(Transaction<'static, DB>, Vec<String>)>, sqlx::Error> {
     let (sql, options) = (store.sql(), &request.options);
     let mut tx = DB::begin(store.pool(), sql, options).await?;
     let claimed = async {
-        let fresh = claim_keys::<DB>(&mut tx, sql, request, keys).await?;
+        let fresh = claim_keys::<DB>(&mut tx, sql, request, keys, failed).await?;
         if matches!(&fresh, Ok(fresh) if !fresh.is_empty()) {
             DB::batch_claimed(&mut tx, sql, options).await?;
         }
@@ -395,15 +405,15 @@ async fn batch_attempt<DB: Backend>(
     }
 }
 
-/// A batch claim in a transaction of its own: the keys this delivery holds and the open
-/// transaction with its ticket, if it holds any (else the call has ended: every job was a
-/// duplicate).
+/// A batch claim in a transaction of its own: the keys this delivery holds, those that failed
+/// for good in an earlier delivery, and the open transaction with its ticket, if it holds any
+/// (else the call has ended: every job was a duplicate or a failure).
 pub(crate) async fn batch<DB: Backend>(
     store: &Store<DB>,
     request: Request,
     keys: &[&str],
     jobs: usize,
-) -> Result<(Vec<String>, Option<TxHeld<'static, DB>>), Error> {
+) -> Result<(Vec<String>, Vec<(String, Failure)>, Option<TxHeld<'static, DB>>), Error> {
     let mut observed = Observed::batch(request.site, &request.scope, jobs);
     #[cfg(feature = "testing")]
     crate::testing::probe::claiming(Mode::Batch);
@@ -416,17 +426,19 @@ pub(crate) async fn batch<DB: Backend>(
         store,
         request: &request,
         keys,
+        failed: Vec::new(),
     };
     let answer = observe::in_span(
         span,
         retrying::<DB, _>(&mut observed, &request, true, &mut attempts),
     )
     .await;
+    let failed = attempts.failed;
     match answer {
         Ok(Attempt::Done(_)) => {
             observed.decided(Answer::Duplicate);
             observed.ended_batch::<(), ()>(&Ok(Batch::new(&vec![false; jobs], None)));
-            Ok((Vec::new(), None))
+            Ok((Vec::new(), failed, None))
         }
         other => {
             let sql = store.shared_sql().clone();
@@ -434,7 +446,7 @@ pub(crate) async fn batch<DB: Backend>(
                 (fresh, TxHeld::new(tx, sql, false, ticket))
             })?;
             match held {
-                Claimed::Fresh((fresh, held)) => Ok((fresh, Some(held))),
+                Claimed::Fresh((fresh, held)) => Ok((fresh, failed, Some(held))),
                 _ => unreachable!("a batch's duplicates end above"),
             }
         }

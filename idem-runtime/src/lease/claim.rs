@@ -188,6 +188,13 @@ pub(crate) trait LeaseStore: Send + Sync + 'static {
         outbox: Option<&'a Pending>,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
     fn release<'a>(&'a self, holder: Holder<'a>) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+    /// Completes the lease as failed for good, with `error`; `Ok(false)` if the holder no
+    /// longer had the key.
+    fn fail<'a>(
+        &'a self,
+        holder: Holder<'a>,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
     /// The steps recorded for `(scope, key)`.
     fn steps_read<'a>(
         &'a self,
@@ -239,6 +246,14 @@ impl<DB: Backend> LeaseStore for Store<DB> {
 
     fn release<'a>(&'a self, holder: Holder<'a>) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(DB::lease_release(self.pool(), self.sql(), holder))
+    }
+
+    fn fail<'a>(
+        &'a self,
+        holder: Holder<'a>,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(DB::lease_fail(self.pool(), self.sql(), holder, error))
     }
 
     fn steps_read<'a>(

@@ -27,11 +27,11 @@ pub(crate) use clock::Clock;
 pub use steps::{MAX_STEP_NAME, Step, Verified};
 
 use crate::backend::Holder;
-use crate::claim::{Claimed, Hold, Request, Ticket, finish};
+use crate::claim::{Claimed, Hold, Request, Ticket, finish, finish_failed};
 use crate::error::Error;
 use crate::key::Key;
 use crate::options::LeaseOptions;
-use crate::outcome::{Failed, Outcome};
+use crate::outcome::{Failed, Failure, Outcome};
 use crate::outgoing::{Outbox, Pending};
 use crate::record::{self, NotStorable};
 
@@ -256,12 +256,18 @@ impl Lease {
     ) -> Result<Outcome<T>, Failed<E>> {
         let ticket = self.ticket.take().expect("a lease finishes once");
         let class = self.class();
-        let hold = Ends {
+        let mut hold = Ends {
             store: self.store.clone(),
             token: self.token,
             // An error that may have had its effect keeps the lease until it runs out.
             keep: class == Class::Unknown,
+            failing: None,
         };
+        // The body's own error, said to be permanent: the marker completes as failed.
+        if let (Class::Permanent(error), Ok(Err(_))) = (&class, &result) {
+            hold.failing = Some(error.clone());
+            return finish_failed(hold, ticket, Failure::new(error.clone())).await;
+        }
         let result = match result {
             Ok(result) => result.map_err(Failed::Handler),
             Err(e) => Err(Failed::Idem(e)),
@@ -302,8 +308,10 @@ impl Lease {
         drop(self.finish_with(result, |_| Ok(None), None).await);
     }
 
-    /// Gives up: releases the key now, so that the next delivery takes it over.
+    /// Gives up: releases the key now, so that the next delivery takes it over (whatever the
+    /// body said of its error).
     pub async fn release(self) {
+        self.classify(Class::Plain);
         let result: Result<(), ()> = Err(());
         drop(self.finish_with(Ok(result), |_| Ok(None), None).await);
     }
@@ -315,6 +323,8 @@ struct Ends {
     token: i64,
     /// Keep the lease instead of releasing it (an unknown error).
     keep: bool,
+    /// Complete the marker as failed with this error, not with a value (a permanent error).
+    failing: Option<String>,
 }
 
 impl Ends {
@@ -352,7 +362,11 @@ impl Hold for Ends {
         outbox: Option<&Pending>,
     ) -> Result<(), Error> {
         let holder = self.holder(request);
-        match self.store.complete(holder, value, outbox).await {
+        let kept = match &self.failing {
+            Some(error) => self.store.fail(holder, error).await,
+            None => self.store.complete(holder, value, outbox).await,
+        };
+        match kept {
             Ok(true) => Ok(()),
             Ok(false) => Err(lost(request)),
             // Not completed: give the key back now rather than at the lease's end, as for any

@@ -411,6 +411,7 @@ fn delivery<T: Debug, E: Debug>(
         (Ok(Outcome::Applied(_)), _) => Got::Applied,
         (Ok(Outcome::Duplicate), _) => Got::Duplicate,
         (Ok(Outcome::Replayed(_)), _) => Got::Replayed,
+        (Ok(Outcome::Failed(_)), _) => Got::FailedForGood,
         (Err(_), Some(Ended::InProgress)) => Got::InProgress,
         (Err(_), Some(Ended::LeaseLost)) => Got::LeaseLost,
         (Err(_), Some(Ended::Injected)) => Got::Injected,

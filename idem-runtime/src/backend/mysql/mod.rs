@@ -55,6 +55,7 @@ const DDL: &[&str] = &[
         attempts INT NOT NULL DEFAULT 1,
         created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
         completed_at DATETIME(6) NULL,
+        error TEXT NULL,
         PRIMARY KEY (scope, `key`),
         KEY idem_completed_at (state, completed_at),
         CHECK (state IN ('in_progress', 'completed'))
@@ -94,7 +95,14 @@ const DDL: &[&str] = &[
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE
 /// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
-const ADDED: &[Added] = &[];
+const ADDED: &[Added] = &[
+    // Schema version 3: the error a lease's permanent failure completed its marker with.
+    Added::Column {
+        table: "{t}",
+        name: "error",
+        definition: "TEXT NULL",
+    },
+];
 
 /// MySQL's and MariaDB's statements for one marker table.
 #[derive(Debug)]

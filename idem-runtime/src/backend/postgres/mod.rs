@@ -46,6 +46,7 @@ const DDL: &[&str] = &[
         attempts integer NOT NULL DEFAULT 1,
         created_at timestamptz NOT NULL DEFAULT now(),
         completed_at timestamptz,
+        error text,
         PRIMARY KEY (scope, key)
     )",
     "CREATE INDEX IF NOT EXISTS {t}_completed_at ON {t} (completed_at) WHERE state = 'completed'",
@@ -84,7 +85,14 @@ const DDL: &[&str] = &[
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE
 /// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
-const ADDED: &[Added] = &[];
+const ADDED: &[Added] = &[
+    // Schema version 3: the error a lease's permanent failure completed its marker with.
+    Added::Column {
+        table: "{t}",
+        name: "error",
+        definition: "text",
+    },
+];
 
 /// PostgreSQL's statements for one marker table.
 #[derive(Debug)]

@@ -50,6 +50,7 @@ const DDL: &[&str] = &[
         attempts INTEGER NOT NULL DEFAULT 1,
         created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
         completed_at TEXT,
+        error TEXT,
         PRIMARY KEY (scope, key)
     ) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS {t}_completed_at ON {t} (completed_at) WHERE state = 'completed'",
@@ -88,7 +89,14 @@ const DDL: &[&str] = &[
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE
 /// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
-const ADDED: &[Added] = &[];
+const ADDED: &[Added] = &[
+    // Schema version 3: the error a lease's permanent failure completed its marker with.
+    Added::Column {
+        table: "{t}",
+        name: "error",
+        definition: "TEXT",
+    },
+];
 
 /// SQLite's statements for one marker table.
 #[derive(Debug)]
