@@ -13,3 +13,6 @@ CREATE TABLE IF NOT EXISTS idem_processed_steps (
         created_at DATETIME(6) NOT NULL,
         PRIMARY KEY (scope, `key`, name)
     ) ENGINE = InnoDB;
+
+-- Lease error classes: the error a permanent failure completed its marker with (`Lease::permanent`).
+ALTER TABLE idem_processed ADD COLUMN error TEXT NULL;

@@ -18,6 +18,7 @@ CREATE TABLE IF NOT EXISTS idem_processed (
         attempts integer NOT NULL DEFAULT 1,
         created_at timestamptz NOT NULL DEFAULT now(),
         completed_at timestamptz,
+        error text,
         PRIMARY KEY (scope, key)
     );
 

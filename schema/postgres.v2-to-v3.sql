@@ -13,3 +13,6 @@ CREATE TABLE IF NOT EXISTS idem_processed_steps (
         created_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (scope, key, name)
     );
+
+-- Lease error classes: the error a permanent failure completed its marker with (`Lease::permanent`).
+ALTER TABLE idem_processed ADD COLUMN IF NOT EXISTS error text;

@@ -13,3 +13,6 @@ CREATE TABLE IF NOT EXISTS idem_processed_steps (
         created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
         PRIMARY KEY (scope, key, name)
     ) WITHOUT ROWID;
+
+-- Lease error classes: the error a permanent failure completed its marker with (`Lease::permanent`).
+ALTER TABLE idem_processed ADD COLUMN error TEXT;

@@ -208,6 +208,12 @@ impl<DB: Backend> BatchGuard<DB> {
         self.fresh[position]
     }
 
+    /// The outcomes of a batch none of whose jobs is fresh: duplicates, and the failures of
+    /// the jobs that failed for good.
+    pub(crate) fn settled<T>(&self) -> Batch<T> {
+        Batch::new(&self.fresh, None).failed_at(&self.failed)
+    }
+
     /// The failure of the job at `position` if an earlier delivery failed it for good (a
     /// lease-mode body's permanent error under the same scope): the job is not fresh, and its
     /// outcome is [`Outcome::Failed`](crate::Outcome::Failed).
@@ -298,12 +304,13 @@ impl<DB: Backend> BatchGuard<DB> {
         } = self;
         let Some(held) = held else {
             result?;
-            return Ok(Batch::new(&vec![false; fresh.len()], None).failed_at(&failed));
+            return Ok(Batch::new(&fresh, None).failed_at(&failed));
         };
         let (hold, ticket) = held.into_parts();
         let pending = outbox.map(BatchOutbox::into_pending);
         let ended = end(hold, &ticket, pending.as_ref(), result, |_| Ok(None)).await;
-        let batch = ended.map(|outcome| Batch::new(&fresh, outcome.into_value()).failed_at(&failed));
+        let batch =
+            ended.map(|outcome| Batch::new(&fresh, outcome.into_value()).failed_at(&failed));
         ticket.observed.ended_batch(&batch);
         batch
     }

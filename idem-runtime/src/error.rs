@@ -203,9 +203,7 @@ pub enum Error {
     /// ran: its name is empty, too long or holds a NUL byte, the body already ran a step of
     /// that name, another step of the body was still running, or a database step named
     /// another database than the lease's. Nothing of the step ran or was recorded.
-    #[error(
-        "the step {step:?} of {scope:?} / {key:?} was refused: {reason}; nothing of it ran"
-    )]
+    #[error("the step {step:?} of {scope:?} / {key:?} was refused: {reason}; nothing of it ran")]
     InvalidStep {
         /// The scope of the call.
         scope: String,

@@ -14,6 +14,11 @@ pub enum MarkerState {
     InProgress,
     /// The job's effect was committed (transaction mode) or its call completed (lease mode).
     Completed,
+    /// The job failed for good (a lease-mode body's permanent error): completed, with its
+    /// error ([`Marker::error`]); every delivery gets
+    /// [`Outcome::Failed`](crate::Outcome::Failed) until an operator requeues it
+    /// ([`Store::requeue`]).
+    Failed,
 }
 
 /// One marker as [`Store::inspect`] reads it. Times are ISO-8601 UTC text as the database
@@ -40,19 +45,31 @@ pub struct Marker {
     /// Milliseconds from the database's now to `locked_until`: negative once the lease has
     /// run out (the next delivery takes it over), none when there is no lease.
     pub lease_ms_left: Option<i64>,
+    /// The error a failed job recorded ([`MarkerState::Failed`]).
+    pub error: Option<String>,
 }
 
 impl Marker {
     pub(crate) fn from_row(row: MarkerRow) -> Marker {
-        let (scope, key, state, attempts, token, created_at, completed_at, locked_until, left) =
-            row;
+        let (
+            scope,
+            key,
+            state,
+            attempts,
+            token,
+            created_at,
+            completed_at,
+            locked_until,
+            left,
+            error,
+        ) = row;
         Marker {
             scope,
             key,
-            state: if state == "completed" {
-                MarkerState::Completed
-            } else {
-                MarkerState::InProgress
+            state: match (state.as_str(), &error) {
+                ("completed", Some(_)) => MarkerState::Failed,
+                ("completed", None) => MarkerState::Completed,
+                _ => MarkerState::InProgress,
             },
             attempts,
             // A negative token is a transaction claim's nonce, not a lease's.
@@ -61,6 +78,7 @@ impl Marker {
             completed_at,
             locked_until,
             lease_ms_left: left,
+            error,
         }
     }
 }
@@ -130,6 +148,30 @@ impl<DB: Backend> Store<DB> {
         let limit = i64::from(limit);
         let rows = DB::in_progress(self.pool(), self.sql(), Some(scope), limit).await?;
         Ok(rows.into_iter().map(Marker::from_row).collect())
+    }
+
+    /// At most `limit` markers of jobs that failed for good ([`MarkerState::Failed`]: a
+    /// lease-mode body's permanent error), of `scope` or of every scope (`None`), newest
+    /// first, each with its [`error`](Marker::error). A scan of the completed markers: an
+    /// operator's query, not a worker's.
+    pub async fn list_failed(&self, scope: Option<&str>, limit: u32) -> Result<Vec<Marker>, Error> {
+        if let Some(scope) = scope {
+            check_scope(scope)?;
+        }
+        let rows = DB::failed(self.pool(), self.sql(), scope, i64::from(limit)).await?;
+        Ok(rows.into_iter().map(Marker::from_row).collect())
+    }
+
+    /// Lets the next delivery of a job that failed for good run it again: its marker becomes
+    /// a released lease (its fencing token up, its attempts, fingerprint and recorded steps
+    /// kept), which the next delivery takes over, resuming after the recorded steps. Returns
+    /// whether the marker was a failed one (`false`: no marker, or one that did not fail, and
+    /// nothing was changed). For operators, once what made the job fail was fixed (a card
+    /// updated, a bug deployed away).
+    pub async fn requeue<K: IntoKey + ?Sized>(&self, scope: &str, key: &K) -> Result<bool, Error> {
+        check_scope(scope)?;
+        let key = Key::new(key)?;
+        Ok(DB::requeue(self.pool(), self.sql(), scope, key.as_str()).await?)
     }
 
     /// [`list_in_progress`](Store::list_in_progress) across every scope: at most `limit`

@@ -59,9 +59,9 @@ pub use job_id::{JobId, job_id};
 pub use join::JoinedClaim;
 pub use join::{Joined, JoinedGuard, Target, commit};
 pub use key::{IntoKey, Key, KeyError, KeyWriter, MAX_BATCH, MAX_KEY_LEN};
-pub use lease::{Lease, MAX_ERROR_LEN, MAX_STEP_NAME, Step, Verified};
 #[allow(deprecated)]
 pub use lease::Leased;
+pub use lease::{Lease, MAX_ERROR_LEN, MAX_STEP_NAME, Step, Verified};
 pub use observe::{CLAIM_SECONDS, KeyInSpans, OUTCOMES_TOTAL, describe_metrics, observe_keys};
 pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
 pub use outcome::{Batch, Failure, Outcome};

@@ -52,7 +52,7 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 /// | joined to a transaction you hold | [`join`](Store::join) |
 /// | lease mode | [`lease`](Store::lease) |
 /// | batches | [`claim_batch`](Store::claim_batch), [`claim_batch_with`](Store::claim_batch_with) |
-/// | operators | [`inspect`](Store::inspect), [`steps`](Store::steps), [`list_in_progress`](Store::list_in_progress), [`list_all_in_progress`](Store::list_all_in_progress), [`forget`](Store::forget), [`forget_forced`](Store::forget_forced), [`purge`](Store::purge) |
+/// | operators | [`inspect`](Store::inspect), [`steps`](Store::steps), [`list_failed`](Store::list_failed), [`requeue`](Store::requeue), [`list_in_progress`](Store::list_in_progress), [`list_all_in_progress`](Store::list_all_in_progress), [`forget`](Store::forget), [`forget_forced`](Store::forget_forced), [`purge`](Store::purge) |
 /// | the outbox's operators | [`list_outbox`](Store::list_outbox), [`outbox_message`](Store::outbox_message), [`requeue_outbox`](Store::requeue_outbox), [`purge_outbox`](Store::purge_outbox) |
 ///
 /// # Backends

@@ -311,6 +311,14 @@ macro_rules! every_backend_tests {
             database_step_keeps_its_writes_only_with_its_record,
             forget_and_purge_remove_steps_with_their_marker,
         );
+        // Error classes.
+        $crate::conformance::tests!($support;
+            permanent_error_completes_the_marker_as_failed_for_every_mode,
+            requeued_failed_job_runs_again_after_its_recorded_steps,
+            unknown_error_keeps_the_lease_until_it_runs_out,
+            unknown_error_with_a_verify_step_is_decided_at_once,
+            takeover_verifies_a_step_its_predecessor_may_have_run,
+        );
     };
 }
 

@@ -77,14 +77,18 @@ pub(crate) async fn checkout<DB: TestDb>(
     let attempt = lease.attempt();
     let charge = lease
         .step("charge", |step| async move {
-            provider.charge(step.idempotency_key(), lease.token()).await?;
+            provider
+                .charge(step.idempotency_key(), lease.token())
+                .await?;
             Ok::<_, TestError>(format!("ch-{}-attempt-{attempt}", job.id))
         })
         .await?;
     stop.after(1).await?;
     let mail = lease
         .step("mail", |step| async move {
-            provider.charge(step.idempotency_key(), lease.token()).await?;
+            provider
+                .charge(step.idempotency_key(), lease.token())
+                .await?;
             Ok::<_, TestError>(format!("mail-{}-attempt-{attempt}", job.id))
         })
         .await?;
@@ -112,7 +116,12 @@ pub(crate) fn applied_checkout(result: Result<Outcome<Checkout>, TestError>) -> 
 
 /// The idempotency key of step `name` of the checkout of `key`.
 pub(crate) fn step_key(key: &str, name: &str) -> String {
-    format!("{}:{CHECKOUT}|{}:{key}|{}:{name}", CHECKOUT.len(), key.len(), name.len())
+    format!(
+        "{}:{CHECKOUT}|{}:{key}|{}:{name}",
+        CHECKOUT.len(),
+        key.len(),
+        name.len()
+    )
 }
 
 impl<S: Support> Ctx<S> {
@@ -129,7 +138,8 @@ impl<S: Support> Ctx<S> {
         [
             self.requests_for(charges, &step_key(&job.key, "charge"))
                 .await,
-            self.requests_for(charges, &step_key(&job.key, "mail")).await,
+            self.requests_for(charges, &step_key(&job.key, "mail"))
+                .await,
             self.effects_from(job.id, "ledger").await,
         ]
     }
@@ -146,7 +156,142 @@ impl<S: Support> Ctx<S> {
 
     /// Rows of the steps table, all jobs.
     pub(crate) async fn steps_total(&self) -> i64 {
-        self.scalar(&format!("SELECT COUNT(*) FROM {}_steps", self.store.table()))
-            .await
+        self.scalar(&format!(
+            "SELECT COUNT(*) FROM {}_steps",
+            self.store.table()
+        ))
+        .await
     }
+}
+
+impl std::fmt::Display for TestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TestError::Idem(e) => write!(f, "{e}"),
+            TestError::Db(e) => write!(f, "{e}"),
+            TestError::Refused => f.write_str("refused on purpose (conformance test)"),
+        }
+    }
+}
+
+/// The text a declined checkout's marker records.
+pub(crate) const DECLINED: &str = "refused on purpose (conformance test)";
+
+/// Charges (a step), then fails for good if `decline`: the marker completes as failed.
+#[idem::idempotent(
+    key = "job.key",
+    scope = "shop.checkout",
+    lease = "30s",
+    timeout = "10s"
+)]
+pub(crate) async fn pay_or_decline<DB: TestDb>(
+    lease: &Lease,
+    job: &Job,
+    provider: &Provider<DB>,
+    decline: bool,
+) -> Result<u32, TestError> {
+    let _ = job;
+    let attempt = lease.attempt();
+    let charged = lease
+        .step("charge", |step| async move {
+            provider
+                .charge(step.idempotency_key(), lease.token())
+                .await?;
+            Ok::<_, TestError>(attempt)
+        })
+        .await?;
+    if decline {
+        return Err(lease.permanent(TestError::Refused));
+    }
+    Ok(charged)
+}
+
+/// A transaction-mode handler of the checkouts' scope: the effect row, origin `tx`.
+#[idem::idempotent(key = "job.key", scope = "shop.checkout")]
+pub(crate) async fn checkout_in_tx<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    job: &Job,
+) -> Result<i64, TestError> {
+    insert_effect(tx, job, "tx").await?;
+    Ok(job.amount)
+}
+
+/// A batch handler of the checkouts' scope: an effect row per fresh job, origin `batch`.
+#[idem::idempotent(key = "job.key", scope = "shop.checkout", batch = "jobs")]
+pub(crate) async fn checkout_batch<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    jobs: &[Job],
+) -> Result<usize, TestError> {
+    for job in jobs {
+        insert_effect(tx, job, "batch").await?;
+    }
+    Ok(jobs.len())
+}
+
+/// How the step of [`pay_verified`] ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StepEnd {
+    /// `Ok`.
+    Ok,
+    /// Its error, marked unknown (the call may have happened).
+    Unknown,
+    /// Its error, plain (transient).
+    Fails,
+}
+
+/// What [`pay_verified`]'s step does, and what its verify answers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Act {
+    /// The request reaches the provider.
+    pub(crate) send: bool,
+    pub(crate) end: StepEnd,
+    /// The verify cannot tell (else it answers by what the provider saw).
+    pub(crate) verify_unknown: bool,
+}
+
+/// One step with a verify that asks the provider whether it saw the step's key; counts the
+/// verifies in `verified`.
+#[idem::idempotent(
+    key = "job.key",
+    scope = "shop.checkout",
+    lease = "30s",
+    timeout = "10s"
+)]
+pub(crate) async fn pay_verified<DB: TestDb>(
+    lease: &Lease,
+    job: &Job,
+    provider: &Provider<DB>,
+    act: Act,
+    verified: &std::sync::atomic::AtomicUsize,
+) -> Result<String, TestError> {
+    let _ = job;
+    let attempt = lease.attempt();
+    lease
+        .step_verified(
+            "charge",
+            |step| async move {
+                if act.send {
+                    provider
+                        .charge(step.idempotency_key(), lease.token())
+                        .await?;
+                }
+                match act.end {
+                    StepEnd::Ok => Ok(format!("ch-attempt-{attempt}")),
+                    StepEnd::Unknown => Err(lease.unknown(TestError::Refused)),
+                    StepEnd::Fails => Err(TestError::Refused),
+                }
+            },
+            |step| {
+                verified.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let answer = match (act.verify_unknown, provider.saw(step.idempotency_key())) {
+                    (true, _) => idem::Verified::Unknown,
+                    (false, true) => {
+                        idem::Verified::Happened(format!("found-by-attempt-{attempt}"))
+                    }
+                    (false, false) => idem::Verified::NotHappened,
+                };
+                async move { Ok::<_, TestError>(answer) }
+            },
+        )
+        .await
 }

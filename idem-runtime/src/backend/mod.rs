@@ -5,6 +5,7 @@
 //! split by concern into traits that no other crate can name: [`Claims`](sealed::Claims)
 //! (a claim in a transaction, its verified commit), [`Leases`](sealed::Leases) (lease mode's
 //! statements), [`Steps`](sealed::Steps) (a lease's recorded steps),
+//! [`Failures`](sealed::Failures) (jobs that failed for good, for operators),
 //! [`Outboxes`](sealed::Outboxes) (the outbox's writes and the relay's) and
 //! [`Operators`](sealed::Operators) (migrate, forget, inspect, purge). Every statement takes
 //! the backend's own [`Dialect::Sql`](sealed::Dialect::Sql), which only a
@@ -46,7 +47,12 @@ pub(crate) use sql::Table;
     note = "enable idem's cargo feature for it: `postgres`, `mysql` or `sqlite` (the default), e.g. `idem = {{ version = \"..\", features = [\"postgres\"] }}`"
 )]
 pub trait Backend:
-    sealed::Claims + sealed::Leases + sealed::Steps + sealed::Outboxes + sealed::Operators
+    sealed::Claims
+    + sealed::Leases
+    + sealed::Steps
+    + sealed::Failures
+    + sealed::Outboxes
+    + sealed::Operators
 {
 }
 
@@ -305,6 +311,27 @@ pub(crate) mod sealed {
             scope: &'t str,
             key: &'t str,
         ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 't;
+    }
+
+    /// Jobs that failed for good (a lease's permanent error), for operators.
+    pub trait Failures: Dialect {
+        /// At most `limit` failed markers of `scope` (every scope: `None`), newest first.
+        fn failed<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            scope: Option<&'p str>,
+            limit: i64,
+        ) -> impl Future<Output = Result<Vec<MarkerRow>, sqlx::Error>> + Send + 'p;
+
+        /// Makes the failed marker of `(scope, key)` a released lease (its token up, its
+        /// steps kept), so that the next delivery runs the job again; `Ok(false)` if it is not
+        /// a failed marker.
+        fn requeue<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            scope: &'p str,
+            key: &'p str,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
     }
 
     /// The outbox: the claim's writes, the relay's rounds, what operators read and change.

@@ -75,7 +75,8 @@ pub enum LeaseState {
 }
 
 /// The columns of `Store::inspect` in the order the backends' statements return them:
-/// scope, key, state, attempts, token, created, completed, locked until, lease ms left.
+/// scope, key, state, attempts, token, created, completed, locked until, lease ms left, the
+/// error a failed job recorded.
 pub(crate) type MarkerRow = (
     String,
     String,
@@ -86,6 +87,7 @@ pub(crate) type MarkerRow = (
     Option<String>,
     Option<String>,
     Option<i64>,
+    Option<String>,
 );
 
 /// A recorded step as the backends' statements return it: name, position in its body (from

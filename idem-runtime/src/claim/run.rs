@@ -413,7 +413,14 @@ pub(crate) async fn batch<DB: Backend>(
     request: Request,
     keys: &[&str],
     jobs: usize,
-) -> Result<(Vec<String>, Vec<(String, Failure)>, Option<TxHeld<'static, DB>>), Error> {
+) -> Result<
+    (
+        Vec<String>,
+        Vec<(String, Failure)>,
+        Option<TxHeld<'static, DB>>,
+    ),
+    Error,
+> {
     let mut observed = Observed::batch(request.site, &request.scope, jobs);
     #[cfg(feature = "testing")]
     crate::testing::probe::claiming(Mode::Batch);

@@ -288,7 +288,11 @@ impl Lease {
         if let Some(value) = self.replayed(&step).await? {
             return Ok(value);
         }
-        let Some(store) = self.store.as_any().downcast_ref::<crate::store::Store<DB>>() else {
+        let Some(store) = self
+            .store
+            .as_any()
+            .downcast_ref::<crate::store::Store<DB>>()
+        else {
             return Err(E::from(self.invalid_step(
                 &step.name,
                 format!(
@@ -341,9 +345,8 @@ impl Lease {
         book.running = Some(name.clone());
         let position = u32::try_from(book.used.len()).unwrap_or(u32::MAX);
         drop(book);
-        let idempotency_key =
-            crate::job_id::bounded_encoding(&(self.scope(), self.key(), &*name))
-                .expect("a checked scope, a valid key and a checked name always encode");
+        let idempotency_key = crate::job_id::bounded_encoding(&(self.scope(), self.key(), &*name))
+            .expect("a checked scope, a valid key and a checked name always encode");
         let step = Step {
             name,
             position,

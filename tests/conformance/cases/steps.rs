@@ -172,7 +172,10 @@ pub(crate) async fn steps_out_of_order_or_repeated_are_refused_before_they_run<S
     refused(lease.step("", |_| step("empty")).await, "cannot be empty");
     refused(lease.step("a\0b", |_| step("nul")).await, "NUL");
     let long = "x".repeat(idem::MAX_STEP_NAME + 1);
-    refused(lease.step(&long, |_| step("long")).await, "at most 255 bytes");
+    refused(
+        lease.step(&long, |_| step("long")).await,
+        "at most 255 bytes",
+    );
     // Two steps polled together: the second is refused while the first runs.
     let (gate_tx, gate_rx) = tokio::sync::oneshot::channel::<()>();
     let slow = lease.step("slow", |_| async move {

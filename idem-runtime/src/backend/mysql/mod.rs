@@ -5,6 +5,7 @@
 
 mod batch;
 mod claim;
+mod failed;
 mod lease;
 mod operators;
 mod outbox;
@@ -113,6 +114,7 @@ pub struct MySqlSql {
     outbox: outbox::OutboxSql,
     ops: operators::OperatorSql,
     steps: steps::StepSql,
+    failed: failed::FailedSql,
     ddl: Vec<SqlStr>,
     added: Vec<Addition>,
 }
@@ -130,6 +132,7 @@ impl Dialect for MySql {
             outbox: outbox::OutboxSql::new(table),
             ops: operators::OperatorSql::new(table),
             steps: steps::StepSql::new(table),
+            failed: failed::FailedSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
             added: ADDED.iter().map(|a| a.fill(table, false)).collect(),
         }
@@ -193,6 +196,7 @@ mod tests {
             outbox::OutboxSql::templates(),
             operators::OperatorSql::templates(),
             steps::StepSql::templates(),
+            failed::FailedSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Question);
         }

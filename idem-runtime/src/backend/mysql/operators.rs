@@ -10,12 +10,12 @@ use crate::backend::{MarkerRow, Status};
 
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text (idem writes them in UTC), and
 /// the lease's time left on the database's clock.
-const MARKER_COLUMNS: &str = "CONVERT(scope USING utf8mb4), CONVERT(`key` USING utf8mb4), state, \
+pub(super) const MARKER_COLUMNS: &str = "CONVERT(scope USING utf8mb4), CONVERT(`key` USING utf8mb4), state, \
     CAST(attempts AS SIGNED), token, \
     DATE_FORMAT(created_at, '%Y-%m-%dT%H:%i:%s.%fZ'), \
     DATE_FORMAT(completed_at, '%Y-%m-%dT%H:%i:%s.%fZ'), \
     DATE_FORMAT(locked_until, '%Y-%m-%dT%H:%i:%s.%fZ'), \
-    CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), locked_until) DIV 1000 AS SIGNED)";
+    CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), locked_until) DIV 1000 AS SIGNED), error";
 
 statements! {
     /// The operators' statements.
@@ -172,7 +172,12 @@ impl Operators for MySql {
         let cutoff: String = sql.ops.cutoff(age_ms).scalar().fetch_one(&mut *tx).await?;
         let steps = sql.ops.purge_steps(&cutoff, limit);
         steps.query().execute(&mut *tx).await?;
-        let done = sql.ops.purge(&cutoff, limit).query().execute(&mut *tx).await?;
+        let done = sql
+            .ops
+            .purge(&cutoff, limit)
+            .query()
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(done.rows_affected())
     }

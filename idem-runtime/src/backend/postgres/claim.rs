@@ -183,8 +183,8 @@ impl Claims for Postgres {
         let Some((state, over, fingerprint, result, error)) = row else {
             return Ok((true, None));
         };
-        let found =
-            state.map(|state| Found::of_row((state, over.unwrap_or(1), fingerprint, result, error)));
+        let found = state
+            .map(|state| Found::of_row((state, over.unwrap_or(1), fingerprint, result, error)));
         Ok((false, found))
     }
 

@@ -2,6 +2,7 @@
 //! concern (claims in a transaction, leases, the outbox, operators).
 
 mod claim;
+mod failed;
 mod lease;
 mod operators;
 mod outbox;
@@ -103,6 +104,7 @@ pub struct PgSql {
     outbox: outbox::OutboxSql,
     ops: operators::OperatorSql,
     steps: steps::StepSql,
+    failed: failed::FailedSql,
     ddl: Vec<SqlStr>,
     added: Vec<Addition>,
 }
@@ -120,6 +122,7 @@ impl Dialect for Postgres {
             outbox: outbox::OutboxSql::new(table),
             ops: operators::OperatorSql::new(table),
             steps: steps::StepSql::new(table),
+            failed: failed::FailedSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
             added: ADDED.iter().map(|a| a.fill(table, true)).collect(),
         }
@@ -162,6 +165,7 @@ mod tests {
             outbox::OutboxSql::templates(),
             operators::OperatorSql::templates(),
             steps::StepSql::templates(),
+            failed::FailedSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Dollar);
         }

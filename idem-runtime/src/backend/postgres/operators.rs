@@ -9,11 +9,11 @@ use crate::backend::{MarkerRow, Status};
 
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text, and the lease's time left on the
 /// database's clock.
-const MARKER_COLUMNS: &str = "scope, key, state, attempts::bigint, token, \
+pub(super) const MARKER_COLUMNS: &str = "scope, key, state, attempts::bigint, token, \
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
     to_char(completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
     to_char(locked_until AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
-    (EXTRACT(EPOCH FROM (locked_until - now())) * 1000)::bigint";
+    (EXTRACT(EPOCH FROM (locked_until - now())) * 1000)::bigint, error";
 
 statements! {
     /// The operators' statements.

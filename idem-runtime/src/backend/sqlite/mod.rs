@@ -3,6 +3,7 @@
 //! database's one write lock, which every claim takes up front (`BEGIN IMMEDIATE`).
 
 mod claim;
+mod failed;
 mod lease;
 mod operators;
 mod outbox;
@@ -107,6 +108,7 @@ pub struct SqliteSql {
     outbox: outbox::OutboxSql,
     ops: operators::OperatorSql,
     steps: steps::StepSql,
+    failed: failed::FailedSql,
     ddl: Vec<SqlStr>,
     added: Vec<Addition>,
 }
@@ -124,6 +126,7 @@ impl Dialect for Sqlite {
             outbox: outbox::OutboxSql::new(table),
             ops: operators::OperatorSql::new(table),
             steps: steps::StepSql::new(table),
+            failed: failed::FailedSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
             added: ADDED.iter().map(|a| a.fill(table, false)).collect(),
         }
@@ -199,6 +202,7 @@ mod tests {
             outbox::OutboxSql::templates(),
             operators::OperatorSql::templates(),
             steps::StepSql::templates(),
+            failed::FailedSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Numbered);
         }

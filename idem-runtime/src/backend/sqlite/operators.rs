@@ -10,8 +10,9 @@ use crate::backend::{MarkerRow, Status};
 
 /// The columns of `Store::inspect`: times are already ISO-8601 UTC text here; the lease's time
 /// left on the database's clock.
-const MARKER_COLUMNS: &str = "scope, key, state, attempts, token, created_at, completed_at, \
-    locked_until, CAST((julianday(locked_until) - julianday('now')) * 86400000.0 AS INTEGER)";
+pub(super) const MARKER_COLUMNS: &str = "scope, key, state, attempts, token, created_at, completed_at, \
+    locked_until, CAST((julianday(locked_until) - julianday('now')) * 86400000.0 AS INTEGER), \
+    error";
 
 /// One purge batch: the oldest completed markers before `?1`, at most `?2`, in one order.
 const PURGE_BATCH: &str = "SELECT scope, key FROM {t} WHERE state = 'completed' \
@@ -165,7 +166,12 @@ impl Operators for Sqlite {
         let cutoff: String = sql.ops.cutoff(age_ms).scalar().fetch_one(&mut *tx).await?;
         let steps = sql.ops.purge_steps(&cutoff, limit);
         steps.query().execute(&mut *tx).await?;
-        let done = sql.ops.purge(&cutoff, limit).query().execute(&mut *tx).await?;
+        let done = sql
+            .ops
+            .purge(&cutoff, limit)
+            .query()
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(done.rows_affected())
     }
