@@ -211,4 +211,5 @@ every_backend!(
     unreachable_database_exits_1_naming_the_url,
     idem_table_names_the_table,
     outbox_lists_and_requeues_parked_messages,
+    failed_jobs_are_listed_requeued_and_their_steps_shown,
 );

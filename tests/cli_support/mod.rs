@@ -1,11 +1,13 @@
 //! One case's database, table and markers, and the runs of the binary against them.
 
 pub(crate) mod cases;
+pub(crate) mod failed;
 pub(crate) mod forget;
 pub(crate) mod outbox;
 
 // The cases of every file, under one path for `every_backend!`.
 pub(crate) use cases::*;
+pub(crate) use failed::*;
 pub(crate) use forget::*;
 pub(crate) use outbox::*;
 
@@ -178,6 +180,8 @@ impl<B: Db> Fixture<B> {
     pub(crate) async fn cleanup(self) {
         self.exec(&format!("DROP TABLE {}", self.table())).await;
         self.exec(&format!("DROP TABLE IF EXISTS {}_outbox", self.table()))
+            .await;
+        self.exec(&format!("DROP TABLE IF EXISTS {}_steps", self.table()))
             .await;
         self.pool.close().await;
         B::remove(&self.url);

@@ -5,6 +5,7 @@
 //! finds no marker with code 3. See `docs/cli.md`.
 
 mod args;
+mod failed;
 mod outbox;
 mod render;
 mod run;

@@ -169,14 +169,15 @@ fn lease_text(m: &Marker) -> String {
     }
 }
 
-fn state_name(state: MarkerState) -> &'static str {
+pub(crate) fn state_name(state: MarkerState) -> &'static str {
     match state {
         MarkerState::Completed => "completed",
+        MarkerState::Failed => "failed",
         _ => "in_progress",
     }
 }
 
-fn marker_json(m: &Marker) -> Value {
+pub(crate) fn marker_json(m: &Marker) -> Value {
     json!({
         "scope": m.scope,
         "key": m.key,
@@ -188,6 +189,7 @@ fn marker_json(m: &Marker) -> Value {
         "completed_at": m.completed_at,
         "locked_until": m.locked_until,
         "lease_ms_left": m.lease_ms_left,
+        "error": m.error,
     })
 }
 
@@ -204,6 +206,14 @@ fn marker_fields(m: &Marker) -> Vec<(&'static str, String)> {
         ("completed_at", or_dash(&m.completed_at)),
         ("locked_until", or_dash(&m.locked_until)),
         ("lease_ms_left", optional(m.lease_ms_left)),
+        // One line, whatever the error said.
+        (
+            "error",
+            m.error.as_deref().map_or_else(
+                || "-".to_owned(),
+                |e| e.split_whitespace().collect::<Vec<_>>().join(" "),
+            ),
+        ),
     ]
 }
 
