@@ -319,6 +319,11 @@ macro_rules! every_backend_tests {
             unknown_error_with_a_verify_step_is_decided_at_once,
             takeover_verifies_a_step_its_predecessor_may_have_run,
         );
+        // Keep-alive.
+        $crate::conformance::tests!($support;
+            keep_alive_outlives_the_lease_and_its_timeout,
+            keep_alive_stops_the_call_once_the_lease_is_taken,
+        );
     };
 }
 
