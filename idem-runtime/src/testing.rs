@@ -10,11 +10,13 @@
 mod all;
 mod cases;
 pub(crate) mod probe;
+mod steps;
 
 use std::fmt;
 
 pub use all::{CONCURRENT_DELIVERIES, all_cases};
 pub use cases::{deliver_concurrently, deliver_twice, expire_lease, fail_before_commit};
+pub use steps::{MAX_CRASHES, crash_after_each_step};
 
 /// What one delivery of the job got, as the kit classifies it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -138,7 +140,7 @@ impl Report {
         self.deliveries.iter().map(|d| d.got).collect()
     }
 
-    fn push(&mut self, delivery: Delivery) -> &Delivery {
+    pub(crate) fn push(&mut self, delivery: Delivery) -> &Delivery {
         self.deliveries.push(delivery);
         self.deliveries.last().expect("just pushed")
     }

@@ -326,6 +326,11 @@ impl Lease {
         if let Some(reason) = reason {
             return Err(self.invalid_step(name, reason));
         }
+        #[cfg(feature = "testing")]
+        if self.class() == super::Class::Crashed {
+            // The kit crashed this delivery after a step: nothing after it runs.
+            return Err(crate::testing::probe::crashed(self.scope(), self.key()));
+        }
         let mut book = self.steps.book();
         if let Some(other) = &book.running {
             let reason = format!(
