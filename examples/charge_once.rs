@@ -31,7 +31,7 @@ use idem::{Outcome, Store};
 // The job and its handler live in the examples' library, where the test kit's tests use them
 // too (`examples/src/charge.rs`).
 pub use idem_examples::charge::{Api, Charge, ChargeError, charge_once};
-pub use idem_examples::checkout::{Done, LEDGER_DDL, Order, Shop, ShopError, checkout};
+pub use idem_examples::checkout::{Done, LEDGER_DDL, Order, Shop, checkout};
 pub use idem_examples::mail::MailSink;
 use idem_examples::payments::{DECLINED, PaymentsApi, Receipt, Totals};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};

@@ -58,8 +58,9 @@ pub struct Lease {
     attempt: u32,
     options: LeaseOptions,
     clock: Arc<Clock>,
-    /// The body's steps: the names used, the one running, the ones recorded before.
-    steps: steps::Steps,
+    /// The body's steps: the names used, the one running, the ones recorded before (boxed: a
+    /// lease is moved around whole, and most bodies have no step).
+    steps: Box<steps::Steps>,
     /// What the body said of its error.
     class: Mutex<Class>,
 }
@@ -101,7 +102,7 @@ impl Lease {
                 options.lease,
                 options.timeout,
             )),
-            steps: steps::Steps::default(),
+            steps: Box::default(),
             class: Mutex::new(Class::Plain),
         }
     }

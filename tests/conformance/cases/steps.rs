@@ -158,9 +158,9 @@ pub(crate) async fn steps_out_of_order_or_repeated_are_refused_before_they_run<S
         }
         other => panic!("expected InvalidStep ({why}), got {other:?}"),
     };
-    let mut ran = 0;
-    let mut step = |name: &'static str| {
-        ran += 1;
+    let ran = std::sync::atomic::AtomicUsize::new(0);
+    let step = |name: &'static str| {
+        ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let _ = name;
         async { Ok::<_, TestError>(7_u32) }
     };
@@ -200,8 +200,11 @@ pub(crate) async fn steps_out_of_order_or_repeated_are_refused_before_they_run<S
             .unwrap(),
         3
     );
-    drop(step);
-    assert_eq!(ran, 1, "no refused step ran");
+    assert_eq!(
+        ran.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "no refused step ran"
+    );
     let names: Vec<String> = ctx
         .recorded_steps(CHECKOUT, "order-s3")
         .await
