@@ -49,6 +49,12 @@ pub type Leased = Claimed<Lease>;
 /// future) releases the key in the background when a tokio runtime is there, else it expires.
 /// Its call has the `idem.claim` span and the `idem_outcomes_total` count of an
 /// `#[idempotent]` handler's.
+///
+/// A body of several outside calls runs each as a [`step`](Lease::step), whose value is
+/// recorded as it returns, so that a redelivery resumes after the last recorded one; says of
+/// its error whether it is [`permanent`](Lease::permanent), [`transient`](Lease::transient)
+/// or [`unknown`](Lease::unknown); and keeps the lease alive around a slow call with
+/// [`keep_alive`](Lease::keep_alive) (`docs/steps.md`).
 pub struct Lease {
     store: Arc<dyn LeaseStore>,
     /// Taken by the finish; still here when the lease is dropped unfinished.
