@@ -18,6 +18,7 @@ CREATE TABLE IF NOT EXISTS idem_processed (
         attempts INT NOT NULL DEFAULT 1,
         created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
         completed_at DATETIME(6) NULL,
+        error TEXT NULL,
         PRIMARY KEY (scope, `key`),
         KEY idem_completed_at (state, completed_at),
         CHECK (state IN ('in_progress', 'completed'))
@@ -48,4 +49,18 @@ CREATE TABLE IF NOT EXISTS idem_processed_retention (
         updated_at DATETIME(6) NOT NULL,
         PRIMARY KEY (scope),
         CHECK (keep_ms > 0)
+    ) ENGINE = InnoDB;
+
+-- Schema version 3: lease steps (`Lease::step`), each step's value recorded until its
+-- marker is forgotten or purged.
+
+CREATE TABLE IF NOT EXISTS idem_processed_steps (
+        scope VARBINARY(255) NOT NULL,
+        `key` VARBINARY(255) NOT NULL,
+        name VARBINARY(255) NOT NULL,
+        seq INT NOT NULL,
+        token BIGINT NOT NULL,
+        result JSON NOT NULL,
+        created_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (scope, `key`, name)
     ) ENGINE = InnoDB;

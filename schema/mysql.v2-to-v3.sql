@@ -10,3 +10,19 @@ CREATE TABLE IF NOT EXISTS idem_processed_retention (
         PRIMARY KEY (scope),
         CHECK (keep_ms > 0)
     ) ENGINE = InnoDB;
+
+-- Lease steps (`Lease::step`): each step's value, recorded (fenced by its holder's token)
+-- until its marker is forgotten or purged.
+CREATE TABLE IF NOT EXISTS idem_processed_steps (
+        scope VARBINARY(255) NOT NULL,
+        `key` VARBINARY(255) NOT NULL,
+        name VARBINARY(255) NOT NULL,
+        seq INT NOT NULL,
+        token BIGINT NOT NULL,
+        result JSON NOT NULL,
+        created_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (scope, `key`, name)
+    ) ENGINE = InnoDB;
+
+-- Lease error classes: the error a permanent failure completed its marker with (`Lease::permanent`).
+ALTER TABLE idem_processed ADD COLUMN error TEXT NULL;

@@ -18,6 +18,7 @@ CREATE TABLE IF NOT EXISTS idem_processed (
         attempts integer NOT NULL DEFAULT 1,
         created_at timestamptz NOT NULL DEFAULT now(),
         completed_at timestamptz,
+        error text,
         PRIMARY KEY (scope, key)
     );
 
@@ -47,4 +48,18 @@ CREATE TABLE IF NOT EXISTS idem_processed_retention (
         scope text PRIMARY KEY,
         keep_ms bigint NOT NULL CHECK (keep_ms > 0),
         updated_at timestamptz NOT NULL DEFAULT now()
+    );
+
+-- Schema version 3: lease steps (`Lease::step`), each step's value recorded until its
+-- marker is forgotten or purged.
+
+CREATE TABLE IF NOT EXISTS idem_processed_steps (
+        scope text NOT NULL,
+        key text NOT NULL,
+        name text NOT NULL,
+        seq integer NOT NULL,
+        token bigint NOT NULL,
+        result json NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (scope, key, name)
     );

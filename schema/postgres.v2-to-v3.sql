@@ -8,3 +8,19 @@ CREATE TABLE IF NOT EXISTS idem_processed_retention (
         keep_ms bigint NOT NULL CHECK (keep_ms > 0),
         updated_at timestamptz NOT NULL DEFAULT now()
     );
+
+-- Lease steps (`Lease::step`): each step's value, recorded (fenced by its holder's token)
+-- until its marker is forgotten or purged.
+CREATE TABLE IF NOT EXISTS idem_processed_steps (
+        scope text NOT NULL,
+        key text NOT NULL,
+        name text NOT NULL,
+        seq integer NOT NULL,
+        token bigint NOT NULL,
+        result json NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (scope, key, name)
+    );
+
+-- Lease error classes: the error a permanent failure completed its marker with (`Lease::permanent`).
+ALTER TABLE idem_processed ADD COLUMN IF NOT EXISTS error text;

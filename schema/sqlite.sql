@@ -18,6 +18,7 @@ CREATE TABLE IF NOT EXISTS idem_processed (
         attempts INTEGER NOT NULL DEFAULT 1,
         created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
         completed_at TEXT,
+        error TEXT,
         PRIMARY KEY (scope, key)
     ) WITHOUT ROWID;
 
@@ -47,4 +48,18 @@ CREATE TABLE IF NOT EXISTS idem_processed_retention (
         scope TEXT PRIMARY KEY,
         keep_ms INTEGER NOT NULL CHECK (keep_ms > 0),
         updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+    ) WITHOUT ROWID;
+
+-- Schema version 3: lease steps (`Lease::step`), each step's value recorded until its
+-- marker is forgotten or purged.
+
+CREATE TABLE IF NOT EXISTS idem_processed_steps (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        name TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        token INTEGER NOT NULL,
+        result TEXT NOT NULL,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        PRIMARY KEY (scope, key, name)
     ) WITHOUT ROWID;

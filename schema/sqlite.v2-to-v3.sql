@@ -8,3 +8,19 @@ CREATE TABLE IF NOT EXISTS idem_processed_retention (
         keep_ms INTEGER NOT NULL CHECK (keep_ms > 0),
         updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
     ) WITHOUT ROWID;
+
+-- Lease steps (`Lease::step`): each step's value, recorded (fenced by its holder's token)
+-- until its marker is forgotten or purged.
+CREATE TABLE IF NOT EXISTS idem_processed_steps (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        name TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        token INTEGER NOT NULL,
+        result TEXT NOT NULL,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        PRIMARY KEY (scope, key, name)
+    ) WITHOUT ROWID;
+
+-- Lease error classes: the error a permanent failure completed its marker with (`Lease::permanent`).
+ALTER TABLE idem_processed ADD COLUMN error TEXT;

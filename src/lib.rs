@@ -40,6 +40,7 @@
 //!     Outcome::Applied(()) => { /* this delivery did the work: ack */ }
 //!     Outcome::Duplicate => { /* an earlier delivery did: ack, nothing ran */ }
 //!     Outcome::Replayed(()) => { /* the same, with its stored value (`replay` only) */ }
+//!     Outcome::Failed(_) => { /* failed for good (a lease's permanent error): ack */ }
 //! }
 //! # Ok(()) }
 //! ```

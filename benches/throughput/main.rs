@@ -7,6 +7,7 @@
 //! cargo bench --bench throughput -- --http       # idem::http's layer against a hand-written claim
 //! cargo bench --bench throughput -- --outbox     # the outbox: handler cost, relay vs direct
 //! cargo bench --bench throughput -- --group      # group commit, and a poisoned batch
+//! cargo bench --bench throughput -- --steps      # lease steps: 3 steps vs 3 lease jobs
 //! ```
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
 //! sqlite|mysql`, `--rounds N`, `--run-ms N`, `--pool lean|sqlx` (the pool settings the docs
@@ -51,6 +52,7 @@ mod pgbench;
 mod plot;
 mod report;
 mod setup;
+mod steps;
 mod variants;
 mod wire;
 
@@ -190,6 +192,14 @@ fn main() -> Res<()> {
                 print!("{report}");
                 Ok(())
             });
+    }
+    // Lease steps: one job of three steps against three jobs (`steps.rs`).
+    if argv.iter().any(|a| a == "--steps") {
+        let quick = argv.iter().any(|a| a == "--quick");
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(steps::run(quick));
     }
     if argv.iter().any(|a| a == "--instructions") {
         std::fs::create_dir_all(&dir)?;

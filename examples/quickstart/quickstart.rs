@@ -62,8 +62,11 @@ pub async fn run(
     for (n, (job, crash)) in deliveries.into_iter().enumerate() {
         let what = match apply_top_up(&store, job, crash).await {
             Ok(Outcome::Applied(())) => "applied".to_owned(),
-            // `Replayed` only comes with `replay`; a duplicate either way.
-            Ok(Outcome::Duplicate | Outcome::Replayed(())) => "duplicate, skipped".to_owned(),
+            // `Replayed` only comes with `replay`, `Failed` only from a lease-mode handler
+            // of the same scope that gave up for good; handled before, either way.
+            Ok(Outcome::Duplicate | Outcome::Replayed(()) | Outcome::Failed(_)) => {
+                "duplicate, skipped".to_owned()
+            }
             Err(e) => format!("failed ({e}), rolled back"),
         };
         let credits: i64 = sqlx::query_scalar("SELECT credits FROM accounts WHERE name = ?1")

@@ -3,6 +3,8 @@
 //! `examples/quickstart/`, so that its first build compiles none of the web and broker crates.
 
 pub mod charge;
+pub mod checkout;
+pub mod mail;
 pub mod payments;
 pub mod top_up;
 

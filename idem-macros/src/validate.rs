@@ -13,8 +13,10 @@ use crate::signature::{self, Handler};
 
 mod batch;
 mod each;
+mod steps;
 pub(crate) use batch::{BatchParam, batch};
 pub(crate) use each::{EachParam, each};
+pub(crate) use steps::steps;
 
 /// `lease` selects lease mode. Reports the arguments that do not fit the mode.
 pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {

@@ -568,7 +568,7 @@ pub fn batch_body<DB: Backend>(claim: &BatchGuard<DB>) -> Body {
 
 /// The answer of a batch whose every job is a duplicate; the body did not run.
 pub fn all_duplicates<T, DB: Backend>(claim: &BatchGuard<DB>) -> Batch<T> {
-    Batch::new(claim.fresh(), None)
+    claim.settled()
 }
 
 /// [`BatchGuard::finish`] without converting idem's errors yet.

@@ -22,13 +22,13 @@ use crate::claim::nested::Body;
 use crate::claim::{Hold as _, TxHeld, end};
 use crate::error::Error;
 use crate::key::Key;
-use crate::outcome::{Each, Failed, Outcome};
+use crate::outcome::{Each, Failed, Failure, Outcome};
 use crate::outgoing::{Outbox, Pending};
 
 /// One position of the batch.
 enum Slot<T, E> {
-    /// An earlier delivery committed it.
-    Duplicate,
+    /// An earlier delivery committed it, or failed it for good (its failure).
+    Done(Option<Failure>),
     /// Fresh and not run yet: its index among the fresh jobs.
     Fresh(usize),
     /// Ran and ended `Ok`: kept if the batch commits.
@@ -92,7 +92,7 @@ impl<DB: Backend> BatchGuard<DB> {
     /// # Ok(()) }
     /// ```
     pub fn each<T, E: From<Error>>(self) -> EachGuard<DB, T, E> {
-        let (fresh, held, keys, taken, outbox) = self.into_each_parts();
+        let (fresh, failed, held, keys, taken, outbox) = self.into_each_parts();
         let scope = held
             .as_ref()
             .map_or(Cow::Borrowed(""), |held| held.request().scope.clone());
@@ -103,12 +103,18 @@ impl<DB: Backend> BatchGuard<DB> {
         let mut next = 0;
         let slots = fresh
             .iter()
-            .map(|&fresh| match fresh {
+            .enumerate()
+            .map(|(position, &fresh)| match fresh {
                 true => {
                     next += 1;
                     Slot::Fresh(next - 1)
                 }
-                false => Slot::Duplicate,
+                false => Slot::Done(
+                    failed
+                        .iter()
+                        .find(|(at, _)| *at == position)
+                        .map(|(_, failure)| failure.clone()),
+                ),
             })
             .collect();
         EachGuard {
@@ -242,7 +248,10 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
 
     pub(crate) async fn finish_failed(mut self) -> Result<Each<T, E>, Failed<E>> {
         if self.held.is_none() {
-            let results = self.slots.drain(..).map(|_| Ok(Outcome::Duplicate));
+            let results = self.slots.drain(..).map(|slot| match slot {
+                Slot::Done(Some(failure)) => Ok(Outcome::Failed(failure)),
+                _ => Ok(Outcome::Duplicate),
+            });
             return Ok(Each::new(results.collect()));
         }
         let settled = match self.lost {
@@ -284,7 +293,8 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
         ticket.observed.ended_each(counts);
         ended?;
         let results = self.slots.into_iter().map(|slot| match slot {
-            Slot::Duplicate => Ok(Outcome::Duplicate),
+            Slot::Done(None) => Ok(Outcome::Duplicate),
+            Slot::Done(Some(failure)) => Ok(Outcome::Failed(failure)),
             Slot::Kept(_, value) => Ok(Outcome::Applied(value)),
             Slot::Failed(_, e) => Err(e),
             Slot::Fresh(_) => unreachable!("given back above"),
@@ -385,7 +395,7 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
     fn fail(&mut self, position: usize, make: impl FnOnce(String, String) -> Error) {
         let index = match self.slots[position] {
             Slot::Kept(index, _) | Slot::Fresh(index) | Slot::Failed(index, _) => index,
-            Slot::Duplicate => unreachable!("a duplicate holds no savepoint"),
+            Slot::Done(_) => unreachable!("a job done earlier holds no savepoint"),
         };
         let scope = self.pending.scope().to_owned();
         let key = self.pending.key(index).as_str().to_owned();
@@ -402,7 +412,7 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
             Some(_) => {
                 let index = match self.slots[position] {
                     Slot::Kept(i, _) | Slot::Fresh(i) | Slot::Failed(i, _) => i,
-                    Slot::Duplicate => 0,
+                    Slot::Done(_) => 0,
                 };
                 self.rolled_back(index)
             }
@@ -418,7 +428,7 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
     }
 
     fn first_fresh(&self) -> usize {
-        let fresh = |s: &Slot<T, E>| !matches!(s, Slot::Duplicate);
+        let fresh = |s: &Slot<T, E>| !matches!(s, Slot::Done(_));
         self.slots.iter().position(fresh).unwrap_or(0)
     }
 

@@ -56,23 +56,23 @@ pub use batch::BatchClaim;
 pub use batch::BatchGuard;
 pub use claim::Claimed;
 pub use claim::nested::Body;
-pub use each::{EachGuard, JobGuard};
 pub use doctor::{Checkup, Diagnosis, Finding, Severity};
+pub use each::{EachGuard, JobGuard};
 pub use error::Error;
 pub use group::{Group, GroupGuard, GroupOptions, MAX_GROUP, MAX_GROUP_DELAY, MAX_LANES};
-pub use inspect::{Marker, MarkerState};
+pub use inspect::{Marker, MarkerState, RecordedStep};
 pub use job_id::{JobId, job_id};
 #[allow(deprecated)]
 pub use join::JoinedClaim;
 pub use join::{Joined, JoinedGuard, Target, commit};
 pub use key::{IntoKey, Key, KeyError, KeyWriter, MAX_BATCH, MAX_KEY_LEN};
-pub use lease::Lease;
 #[allow(deprecated)]
 pub use lease::Leased;
+pub use lease::{Lease, MAX_ERROR_LEN, MAX_STEP_NAME, Step, Verified};
 pub use observe::semconv::{MESSAGING_PROCESS_DURATION, Messaging, observe_messaging};
 pub use observe::{CLAIM_SECONDS, KeyInSpans, OUTCOMES_TOTAL, describe_metrics, observe_keys};
 pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
-pub use outcome::{Batch, Each, Outcome};
+pub use outcome::{Batch, Each, Failure, Outcome};
 pub use outgoing::{BatchOutbox, Message, Outbox};
 pub use record::{Fingerprint, MAX_REPLAY_LEN, Recorded};
 pub use retention::{MIN_RETENTION, Retention};

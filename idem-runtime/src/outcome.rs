@@ -3,7 +3,7 @@
 /// Every variant means the job is handled: ack it. Only [`Applied`](Outcome::Applied) means this
 /// delivery ran the body.
 #[must_use = "an `Outcome` says whether this delivery ran the handler; ack the job in every case"]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Outcome<T> {
     /// This delivery claimed the key, ran the body and committed its effect.
     Applied(T),
@@ -12,6 +12,36 @@ pub enum Outcome<T> {
     /// An earlier delivery of the same key already committed, and stored its value (`replay`):
     /// here it is again, and the body did not run.
     Replayed(T),
+    /// The job failed for good: a lease-mode body said its error was permanent
+    /// ([`Lease::permanent`](crate::Lease::permanent)), and the marker completed as failed
+    /// with the error's text. This delivery's body did that, or an earlier one did and this
+    /// one did not run. Ack the job: it is never retried (an operator can requeue it, see
+    /// [`Store::requeue`](crate::Store::requeue)).
+    Failed(Failure),
+}
+
+/// A job that failed for good, as its marker recorded it ([`Outcome::Failed`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Failure {
+    error: String,
+}
+
+impl Failure {
+    pub(crate) fn new(error: String) -> Failure {
+        Failure { error }
+    }
+
+    /// The error's text, as the body's error displayed it (at most
+    /// [`MAX_ERROR_LEN`](crate::MAX_ERROR_LEN) bytes).
+    pub fn error(&self) -> &str {
+        &self.error
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the job failed for good: {}", self.error)
+    }
 }
 
 impl<T> Outcome<T> {
@@ -26,7 +56,15 @@ impl<T> Outcome<T> {
     /// [`Duplicate`]: Outcome::Duplicate
     /// [`Replayed`]: Outcome::Replayed
     pub fn is_duplicate(&self) -> bool {
-        !self.is_applied()
+        matches!(self, Outcome::Duplicate | Outcome::Replayed(_))
+    }
+
+    /// The failure, if the job failed for good ([`Outcome::Failed`]).
+    pub fn failure(&self) -> Option<&Failure> {
+        match self {
+            Outcome::Failed(failure) => Some(failure),
+            _ => None,
+        }
     }
 
     /// The value: this delivery's ([`Applied`](Outcome::Applied)) or the first delivery's
@@ -34,7 +72,7 @@ impl<T> Outcome<T> {
     pub fn value(&self) -> Option<&T> {
         match self {
             Outcome::Applied(v) | Outcome::Replayed(v) => Some(v),
-            Outcome::Duplicate => None,
+            Outcome::Duplicate | Outcome::Failed(_) => None,
         }
     }
 
@@ -43,7 +81,7 @@ impl<T> Outcome<T> {
     pub fn into_value(self) -> Option<T> {
         match self {
             Outcome::Applied(v) | Outcome::Replayed(v) => Some(v),
-            Outcome::Duplicate => None,
+            Outcome::Duplicate | Outcome::Failed(_) => None,
         }
     }
 
@@ -54,6 +92,7 @@ impl<T> Outcome<T> {
             Outcome::Applied(v) => Outcome::Applied(f(v)),
             Outcome::Replayed(v) => Outcome::Replayed(f(v)),
             Outcome::Duplicate => Outcome::Duplicate,
+            Outcome::Failed(failure) => Outcome::Failed(failure),
         }
     }
 }
@@ -83,6 +122,15 @@ impl<T> Batch<T> {
             })
             .collect();
         Batch { outcomes, value }
+    }
+
+    /// The jobs at these positions had failed for good in an earlier delivery: they are
+    /// [`Outcome::Failed`].
+    pub(crate) fn failed_at(mut self, failed: &[(usize, Failure)]) -> Self {
+        for (position, failure) in failed {
+            self.outcomes[*position] = Outcome::Failed(failure.clone());
+        }
+        self
     }
 
     /// One outcome per job, in the order of the batch: [`Outcome::Applied`] for the jobs this

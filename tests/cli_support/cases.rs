@@ -26,6 +26,7 @@ fn assert_shows(fields: &BTreeMap<String, String>, m: &Marker, lease: &str) {
         ("created_at", m.created_at.clone()),
         ("completed_at", dash(&m.completed_at)),
         ("locked_until", dash(&m.locked_until)),
+        ("error", dash(&m.error)),
     ];
     for (name, want) in expected {
         assert_eq!(fields.get(name), Some(&want), "{name} of {fields:?}");
@@ -74,7 +75,7 @@ pub(crate) async fn inspect_prints_the_stored_marker<B: Db>() {
         let mut fields = as_fields(&doc);
         assert_eq!(fields.remove("found").as_deref(), Some("true"));
         assert_shows(&fields, &before, if lease == "-" { "-" } else { lease });
-        assert_eq!(fields.len(), 12, "{fields:?}");
+        assert_eq!(fields.len(), 13, "{fields:?}");
         assert_eq!(
             (&fields["value_bytes"][..], &fields["response_status"][..]),
             ("-", "-")
@@ -235,7 +236,7 @@ pub(crate) async fn stuck_lists_leases_in_progress<B: Db>() {
     {
         let fields = as_fields(shown);
         assert_shows(&fields, before, lease);
-        assert_eq!(fields.len(), 12, "{fields:?}");
+        assert_eq!(fields.len(), 13, "{fields:?}");
     }
 
     let all = fx.idem(&["--json", "stuck"]).await.ok().json();

@@ -128,6 +128,7 @@ pub(crate) async fn apply_grouped_by_hand<DB: TestDb>(
             guard.finish(result).await
         }
         Claimed::Duplicate | Claimed::Replayed(_) => Ok(Outcome::Duplicate),
+        Claimed::Failed(failure) => Ok(Outcome::Failed(failure)),
     }
 }
 

@@ -39,6 +39,7 @@ pub(crate) mod handlers;
 pub(crate) mod lease_handlers;
 pub(crate) mod proxy;
 pub(crate) mod replay_handlers;
+pub(crate) mod step_handlers;
 pub(crate) mod util;
 pub(crate) mod worker;
 
@@ -323,6 +324,29 @@ macro_rules! every_backend_tests {
             // `Store::doctor`.
             doctor_finds_a_healthy_deployment_healthy,
             doctor_finds_each_breakage_and_says_what_to_do,
+        );
+        // Lease steps.
+        $crate::conformance::tests!($support;
+            steps_of_a_failed_attempt_are_replayed_not_run_again,
+            steps_are_replayed_after_the_worker_is_killed_after_each_step,
+            stale_holder_cannot_record_a_step,
+            steps_out_of_order_or_repeated_are_refused_before_they_run,
+            steps_with_replay_and_fingerprint,
+            database_step_keeps_its_writes_only_with_its_record,
+            forget_and_purge_remove_steps_with_their_marker,
+        );
+        // Error classes.
+        $crate::conformance::tests!($support;
+            permanent_error_completes_the_marker_as_failed_for_every_mode,
+            requeued_failed_job_runs_again_after_its_recorded_steps,
+            unknown_error_keeps_the_lease_until_it_runs_out,
+            unknown_error_with_a_verify_step_is_decided_at_once,
+            takeover_verifies_a_step_its_predecessor_may_have_run,
+        );
+        // Keep-alive.
+        $crate::conformance::tests!($support;
+            keep_alive_outlives_the_lease_and_its_timeout,
+            keep_alive_stops_the_call_once_the_lease_is_taken,
         );
     };
 }

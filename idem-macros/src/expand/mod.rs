@@ -54,6 +54,9 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     if let (Mode::Transaction, Some(handler), Some((lit, name))) = (mode, &handler, &args.each) {
         each = validate::each(&item, lit, name, handler, &mut diag);
     }
+    if let (Some(handler), Mode::Lease) = (&handler, mode) {
+        validate::steps(&item, handler, &mut diag);
+    }
     // A batch refuses `fingerprint` altogether (`validate::mode`).
     if let (Some(handler), Some((_, expr)), false) =
         (&handler, &args.fingerprint, mode == Mode::Batch)

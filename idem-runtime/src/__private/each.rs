@@ -26,7 +26,7 @@ pub async fn claim_each<DB: Backend, T, E: From<Error>>(
     let keys = match keys {
         Ok(keys) => keys,
         Err(e) => {
-            Observed::batch(&spec.site, spec.scope, jobs).refused(&e);
+            Observed::batch(&spec.site, spec.scope, jobs, None).refused(&e);
             return Err(e);
         }
     };

@@ -2,9 +2,11 @@
 //! mode; the claim core (`claim`) decides what the rows mean.
 //!
 //! [`Backend`] is the public, sealed name of a database idem supports. What a backend does is
-//! split by concern into four traits that no other crate can name: [`Claims`](sealed::Claims)
+//! split by concern into traits that no other crate can name: [`Claims`](sealed::Claims)
 //! (a claim in a transaction, its verified commit), [`Leases`](sealed::Leases) (lease mode's
-//! statements), [`Outboxes`](sealed::Outboxes) (the outbox's writes and the relay's) and
+//! statements), [`Steps`](sealed::Steps) (a lease's recorded steps),
+//! [`Failures`](sealed::Failures) (jobs that failed for good, for operators),
+//! [`Outboxes`](sealed::Outboxes) (the outbox's writes and the relay's) and
 //! [`Operators`](sealed::Operators) (migrate, forget, inspect, purge). Every statement takes
 //! the backend's own [`Dialect::Sql`](sealed::Dialect::Sql), which only a
 //! [`Store`](crate::store::Store) builds from a validated [`Table`]: no caller outside idem
@@ -33,7 +35,7 @@ mod sqlite;
 mod upgrade;
 
 pub(crate) use listen::Listen;
-pub(crate) use rows::{Found, LeaseState, MarkerRow, OutboxRow, Status, Taken};
+pub(crate) use rows::{Found, LeaseState, MarkerRow, OutboxRow, Status, StepRow, Taken};
 pub use sql::MAX_TABLE_LEN;
 pub(crate) use sql::Table;
 
@@ -49,6 +51,8 @@ pub(crate) use sql::Table;
 pub trait Backend:
     sealed::Claims
     + sealed::Leases
+    + sealed::Steps
+    + sealed::Failures
     + sealed::Outboxes
     + sealed::Operators
     + sealed::Retentions
@@ -305,6 +309,15 @@ pub(crate) mod sealed {
             result: Option<&'t str>,
         ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
 
+        /// Completes the lease of `holder` as failed for good, with `error` and no value;
+        /// `Ok(false)` if that holder no longer had the key.
+        fn lease_fail<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            holder: Holder<'p>,
+            error: &'p str,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
+
         /// Releases the lease of `holder` now (the marker stays, free for the next delivery);
         /// `Ok(false)` if that holder no longer had the key.
         fn lease_release<'p>(
@@ -320,6 +333,60 @@ pub(crate) mod sealed {
             sql: &'p Self::Sql,
             holder: Holder<'p>,
             lease_ms: i64,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
+    }
+
+    /// A lease's steps (`Lease::step`): each step's value, recorded only while its holder's
+    /// token is the marker's, and read back by a later holder of the key.
+    pub trait Steps: Dialect {
+        /// The recorded steps of `(scope, key)`, in the order they were recorded.
+        fn steps_read<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            scope: &'p str,
+            key: &'p str,
+        ) -> impl Future<Output = Result<Vec<StepRow>, sqlx::Error>> + Send + 'p;
+
+        /// Records the step `name` (the `seq`-th of its body) with its value `json`, on `conn`
+        /// (a transaction for a database step), if `holder` still holds the key; `Ok(false)`
+        /// if not, and nothing was written.
+        fn step_record<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            holder: Holder<'t>,
+            name: &'t str,
+            seq: i64,
+            json: &'t str,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
+
+        /// Deletes the steps of `(scope, key)` if its marker is gone: what `forget` does in
+        /// the transaction that deleted the marker.
+        fn steps_forget<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            scope: &'t str,
+            key: &'t str,
+        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 't;
+    }
+
+    /// Jobs that failed for good (a lease's permanent error), for operators.
+    pub trait Failures: Dialect {
+        /// At most `limit` failed markers of `scope` (every scope: `None`), newest first.
+        fn failed<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            scope: Option<&'p str>,
+            limit: i64,
+        ) -> impl Future<Output = Result<Vec<MarkerRow>, sqlx::Error>> + Send + 'p;
+
+        /// Makes the failed marker of `(scope, key)` a released lease (its token up, its
+        /// steps kept), so that the next delivery runs the job again; `Ok(false)` if it is not
+        /// a failed marker.
+        fn requeue<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            scope: &'p str,
+            key: &'p str,
         ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
     }
 
@@ -469,7 +536,8 @@ pub(crate) mod sealed {
             limit: i64,
         ) -> impl Future<Output = Result<Vec<MarkerRow>, sqlx::Error>> + Send + 'p;
 
-        /// Deletes at most `limit` completed markers older than `age_ms`; returns how many.
+        /// Deletes at most `limit` completed markers older than `age_ms`, and their steps with
+        /// them (one transaction); returns how many markers.
         fn purge_batch<'p>(
             pool: &'p Pool<Self>,
             sql: &'p Self::Sql,

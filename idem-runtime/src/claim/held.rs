@@ -12,7 +12,7 @@ use crate::backend::{Backend, Check};
 use crate::error::Error;
 use crate::key::Key;
 use crate::observe::Observed;
-use crate::outcome::{Failed, Outcome};
+use crate::outcome::{Failed, Failure, Outcome};
 use crate::outgoing::{Outbox, Pending};
 use crate::record::NotStorable;
 
@@ -101,6 +101,21 @@ pub(crate) async fn finish<H: Hold, T, E>(
     encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
 ) -> Result<Outcome<T>, Failed<E>> {
     let ended = end(hold, &ticket, outbox, result, encode).await;
+    let Ticket { observed, .. } = ticket;
+    observed.ended(&ended);
+    ended
+}
+
+/// Ends a fresh claim whose body failed for good (a lease's permanent error): the hold keeps
+/// the claim as failed (its commit records `failure` instead of a value, and writes none of
+/// the outbox's messages), and the call's outcome is [`Outcome::Failed`], observed as such.
+pub(crate) async fn finish_failed<H: Hold, T, E>(
+    hold: H,
+    ticket: Ticket,
+    failure: Failure,
+) -> Result<Outcome<T>, Failed<E>> {
+    let kept: Result<Outcome<()>, Failed<E>> = end(hold, &ticket, None, Ok(()), |_| Ok(None)).await;
+    let ended = kept.map(|_| Outcome::Failed(failure));
     let Ticket { observed, .. } = ticket;
     observed.ended(&ended);
     ended

@@ -14,7 +14,7 @@ use crate::backend::{Backend, Savepoint};
 use crate::error::Error;
 use crate::observe::{self, Answer, Observed};
 use crate::options::Mode;
-use crate::outcome::{Batch, Outcome};
+use crate::outcome::{Batch, Failure, Outcome};
 use crate::store::Store;
 
 /// What one attempt of a claim came to, once its statements answered.
@@ -105,6 +105,10 @@ pub(crate) fn conclude<H, F>(
                 Claimed::Replayed(_) => {
                     observed.decided(Answer::Replayed);
                     Outcome::Replayed(())
+                }
+                Claimed::Failed(failure) => {
+                    observed.decided(Answer::Duplicate);
+                    Outcome::Failed(failure.clone())
                 }
                 _ => {
                     observed.decided(Answer::Duplicate);
@@ -342,6 +346,7 @@ async fn claim_keys<DB: Backend>(
     sql: &DB::Sql,
     request: &Request,
     keys: &[&str],
+    failed: &mut Vec<(String, Failure)>,
 ) -> Result<Result<Keys, Error>, sqlx::Error> {
     let c = request.claimant();
     let mut fresh = DB::claim_batch(conn, sql, c, keys).await?;
@@ -364,6 +369,7 @@ async fn claim_keys<DB: Backend>(
     let mut free = Vec::new();
     for (key, found) in found {
         match decide(found, request) {
+            Ok(Decision::Done(Claimed::Failed(failure))) => failed.push((key, failure)),
             Ok(Decision::Done(_)) => {}
             Ok(Decision::TakeOver) => free.push(key),
             Err(e) => return Ok(Err(e)),
@@ -387,6 +393,8 @@ struct Batched<'a, DB: Backend> {
     store: &'a Store<DB>,
     request: &'a Request,
     keys: &'a [&'a str],
+    /// The keys the last attempt found failed for good, each with its failure.
+    failed: Vec<(String, Failure)>,
 }
 
 impl<DB: Backend> Attempts for Batched<'_, DB> {
@@ -395,7 +403,8 @@ impl<DB: Backend> Attempts for Batched<'_, DB> {
     fn attempt(
         &mut self,
     ) -> impl Future<Output = Result<Attempt<Self::Fresh>, sqlx::Error>> + Send {
-        batch_attempt(self.store, self.request, self.keys)
+        self.failed.clear();
+        batch_attempt(self.store, self.request, self.keys, &mut self.failed)
     }
 }
 
@@ -405,11 +414,12 @@ async fn batch_attempt<DB: Backend>(
     store: &Store<DB>,
     request: &Request,
     keys: &[&str],
+    failed: &mut Vec<(String, Failure)>,
 ) -> Result<Attempt<(Transaction<'static, DB>, Keys)>, sqlx::Error> {
     let (sql, options) = (store.sql(), &request.options);
     let mut tx = DB::begin(store.pool(), sql, options).await?;
     let claimed = async {
-        let fresh = claim_keys::<DB>(&mut tx, sql, request, keys).await?;
+        let fresh = claim_keys::<DB>(&mut tx, sql, request, keys, failed).await?;
         if matches!(&fresh, Ok(keys) if !keys.fresh.is_empty()) {
             DB::batch_claimed(&mut tx, sql, options).await?;
         }
@@ -432,15 +442,15 @@ async fn batch_attempt<DB: Backend>(
     }
 }
 
-/// A batch claim in a transaction of its own: the keys this delivery holds and the open
-/// transaction with its ticket, if it holds any (else the call has ended: every job was a
-/// duplicate).
+/// A batch claim in a transaction of its own: the keys this delivery holds, those that failed
+/// for good in an earlier delivery, and the open transaction with its ticket, if it holds any
+/// (else the call has ended: every job was a duplicate or a failure).
 pub(crate) async fn batch<DB: Backend>(
     store: &Store<DB>,
     request: Request,
     keys: &[&str],
     jobs: usize,
-) -> Result<(Keys, Option<TxHeld<'static, DB>>), Error> {
+) -> Result<(Keys, Vec<(String, Failure)>, Option<TxHeld<'static, DB>>), Error> {
     let mut observed = Observed::batch(request.site, &request.scope, jobs, request.about);
     #[cfg(feature = "testing")]
     crate::testing::probe::claiming(Mode::Batch);
@@ -453,17 +463,19 @@ pub(crate) async fn batch<DB: Backend>(
         store,
         request: &request,
         keys,
+        failed: Vec::new(),
     };
     let answer = observe::in_span(
         span,
         retrying::<DB, _>(&mut observed, &request, true, &mut attempts),
     )
     .await;
+    let failed = attempts.failed;
     match answer {
         Ok(Attempt::Done(_)) => {
             observed.decided(Answer::Duplicate);
             observed.ended_batch::<(), ()>(&Ok(Batch::new(&vec![false; jobs], None)));
-            Ok((Keys::default(), None))
+            Ok((Keys::default(), failed, None))
         }
         other => {
             let sql = store.shared_sql().clone();
@@ -471,7 +483,7 @@ pub(crate) async fn batch<DB: Backend>(
                 (fresh, TxHeld::new(tx, sql, false, ticket))
             })?;
             match held {
-                Claimed::Fresh((fresh, held)) => Ok((fresh, Some(held))),
+                Claimed::Fresh((fresh, held)) => Ok((fresh, failed, Some(held))),
                 _ => unreachable!("a batch's duplicates end above"),
             }
         }

@@ -232,6 +232,39 @@ pub enum Error {
         key: String,
     },
 
+    /// A step of a lease's body ([`Lease::step`](crate::Lease::step)) was refused before it
+    /// ran: its name is empty, too long or holds a NUL byte, the body already ran a step of
+    /// that name, another step of the body was still running, or a database step named
+    /// another database than the lease's. Nothing of the step ran or was recorded.
+    #[error("the step {step:?} of {scope:?} / {key:?} was refused: {reason}; nothing of it ran")]
+    InvalidStep {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+        /// The step's name.
+        step: String,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
+
+    /// A step's verify ([`Lease::step_verified`](crate::Lease::step_verified)) could not tell
+    /// whether an earlier delivery's run of the step had its effect. Nothing ran; the lease is
+    /// kept until it runs out, and the next delivery asks again: nack the job.
+    #[error(
+        "the outside system could not tell whether the step {step:?} of {scope:?} / {key:?} \
+         had its effect in an earlier delivery: nothing ran, and the lease is kept until it \
+         runs out; nack the job so that a later delivery asks again"
+    )]
+    Unverified {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+        /// The step's name.
+        step: String,
+    },
+
     /// Lease mode: the body ran longer than its timeout and was cancelled; the key was released
     /// at once, so a redelivery retries (with the same idempotency key).
     #[error(
@@ -406,7 +439,10 @@ impl Error {
             | Error::RolledBack { .. }
             | Error::NotCommitted
             | Error::LeaseLost { .. }
-            | Error::Timeout { .. } => true,
+            | Error::Timeout { .. }
+            | Error::Unverified { .. }
+            | Error::JobNotFinished { .. }
+            | Error::GroupFailed { .. } => true,
             Error::Database(e) => transient(e),
             #[cfg(feature = "testing")]
             Error::Injected { .. } => true,
@@ -420,6 +456,8 @@ impl Error {
             | Error::InvalidMessage { .. }
             | Error::InvalidLease { .. }
             | Error::InvalidRetention { .. }
+            | Error::InvalidStep { .. }
+            | Error::InvalidGroup { .. }
             | Error::Nested { .. }
             | Error::LeaseHeld { .. } => false,
         }

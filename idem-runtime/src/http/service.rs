@@ -186,6 +186,7 @@ async fn claim<DB: Backend>(
             Err(replayed.unwrap_or_else(|| not_kept(header)))
         }
         Ok(Claimed::Duplicate) => Err(not_kept(header)),
+        Ok(Claimed::Failed(_)) => Err(failed_for_good(header)),
         Err(Error::InProgress { .. }) => Err(problem::in_progress(header, config.retry_after)),
         Err(Error::KeyReused { .. }) => Err(problem::key_reused(header)),
         Err(e) => Err(failed(&e, "the key could not be claimed")),
@@ -365,6 +366,18 @@ fn not_kept(header: &str) -> Response<Body> {
         &format!(
             "a request with this `{header}` was completed, but its response was not kept; \
              send a new key for a new request"
+        ),
+    )
+}
+
+/// 409: a request with this key failed for good (a lease-mode handler said its error was
+/// permanent). Its error's text is the application's, not the client's: it is not sent.
+fn failed_for_good(header: &str) -> Response<Body> {
+    problem(
+        StatusCode::CONFLICT,
+        &format!(
+            "a request with this `{header}` failed for good and is not run again; send a new \
+             key for a new request"
         ),
     )
 }

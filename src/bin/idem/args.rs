@@ -11,10 +11,11 @@ use crate::Failure;
 /// Look at and tidy the markers that idem's idempotent handlers keep.
 ///
 /// Exit codes: 0 done; 1 the database could not be reached or refused a statement; 2 bad
-/// input (nothing was sent to the database); 3 `inspect` found no marker, or `outbox requeue`
-/// no message of that id; 4 `outbox requeue` of a message that is not parked; 5 `forget` of a
-/// marker whose lease a delivery still holds (nothing was changed: see `--force`); 6 `doctor`
-/// found warnings (and no problem); 7 `doctor` found a problem.
+/// input (nothing was sent to the database); 3 `inspect` or `requeue` found no marker, or
+/// `outbox requeue` no message of that id; 4 `outbox requeue` of a message that is not parked,
+/// or `requeue` of a job that did not fail; 5 `forget` of a marker whose lease a delivery still
+/// holds (nothing was changed: see `--force`); 6 `doctor` found warnings (and no problem); 7
+/// `doctor` found a problem.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version)]
 pub(crate) struct Cli {
@@ -80,6 +81,21 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
     },
+    /// List the jobs that failed for good (a lease-mode body's permanent error), newest first,
+    /// with their errors.
+    Failed {
+        /// Only this handler's scope (default: every scope).
+        #[arg(long, value_parser = parse_scope)]
+        scope: Option<String>,
+        /// At most this many markers.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+    },
+    /// Let the next delivery of a job that failed for good run it again, after the steps its
+    /// lease recorded (exit 3 if there is no marker, 4 if the job did not fail).
+    Requeue(Target),
+    /// Show the steps a job's lease recorded, in their body's order, with their values.
+    Steps(Target),
     /// The outbox's unsent messages: list the parked and pending ones, requeue a parked one.
     #[command(subcommand)]
     Outbox(OutboxCommand),

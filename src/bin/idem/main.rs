@@ -6,6 +6,7 @@
 
 mod args;
 mod doctor;
+mod failed;
 mod outbox;
 mod render;
 mod retention;

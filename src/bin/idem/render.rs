@@ -176,9 +176,10 @@ fn lease_text(m: &Marker) -> String {
     }
 }
 
-fn state_name(state: MarkerState) -> &'static str {
+pub(crate) fn state_name(state: MarkerState) -> &'static str {
     match state {
         MarkerState::Completed => "completed",
+        MarkerState::Failed => "failed",
         _ => "in_progress",
     }
 }
@@ -205,7 +206,7 @@ fn response_status(json: &str) -> Option<u16> {
     layer.then_some(status)
 }
 
-fn marker_json(m: &Marker) -> Value {
+pub(crate) fn marker_json(m: &Marker) -> Value {
     let (value_bytes, response_status) = stored(m);
     json!({
         "scope": m.scope,
@@ -220,6 +221,7 @@ fn marker_json(m: &Marker) -> Value {
         "lease_ms_left": m.lease_ms_left,
         "value_bytes": value_bytes,
         "response_status": response_status,
+        "error": m.error,
     })
 }
 
@@ -242,6 +244,14 @@ fn marker_fields(m: &Marker) -> Vec<(&'static str, String)> {
         (
             "response_status",
             or_dash_n(response_status.map(|n| n.to_string())),
+        ),
+        // One line, whatever the error said.
+        (
+            "error",
+            m.error.as_deref().map_or_else(
+                || "-".to_owned(),
+                |e| e.split_whitespace().collect::<Vec<_>>().join(" "),
+            ),
         ),
     ]
 }

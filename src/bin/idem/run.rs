@@ -11,6 +11,7 @@ use sqlx::{ConnectOptions as _, Connection as _};
 
 use crate::Failure;
 use crate::args::{Age, Cli, Command, DoctorArgs, OutboxCommand, RetentionCommand};
+use crate::failed;
 use crate::outbox::{self, Filter};
 use crate::render;
 use crate::target::{DatabaseUrl, Scheme};
@@ -57,6 +58,19 @@ enum Request {
         filter: Filter,
         limit: u32,
     },
+    // Jobs that failed for good, and the steps of a lease (`failed.rs`).
+    Failed {
+        scope: Option<String>,
+        limit: u32,
+    },
+    RequeueJob {
+        scope: String,
+        key: Key,
+    },
+    Steps {
+        scope: String,
+        key: Key,
+    },
     Requeue {
         id: String,
     },
@@ -97,6 +111,15 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             limit,
         },
         Command::Outbox(OutboxCommand::Requeue { id }) => Request::Requeue { id },
+        Command::Failed { scope, limit } => Request::Failed { scope, limit },
+        Command::Requeue(target) => Request::RequeueJob {
+            key: target.key()?,
+            scope: target.scope,
+        },
+        Command::Steps(target) => Request::Steps {
+            key: target.key()?,
+            scope: target.scope,
+        },
     };
     let cx = Context {
         db: DatabaseUrl::parse(cli.database_url)?,
@@ -290,6 +313,25 @@ async fn command<DB: Backend>(
                 .map_err(refused)?;
             let table = format!("{}_outbox", store.table());
             (outbox::list(&table, filter, limit, &messages, cx.json), 0)
+        }
+        Request::Failed { scope, limit } => {
+            let markers = store.list_failed(scope.as_deref(), limit).await;
+            let markers = markers.map_err(refused)?;
+            let text = failed::list(store.table(), scope.as_deref(), limit, &markers, cx.json);
+            (text, 0)
+        }
+        Request::RequeueJob { scope, key } => {
+            let text = failed::requeue(&store, &scope, &key, cx.json, refused).await;
+            store.pool().close().await;
+            print!("{}", text?);
+            return Ok(ExitCode::SUCCESS);
+        }
+        Request::Steps { scope, key } => {
+            let steps = store.steps(&scope, &key).await.map_err(refused)?;
+            (
+                failed::steps(store.table(), &scope, &key, &steps, cx.json),
+                0,
+            )
         }
         Request::Requeue { id } => {
             let table = format!("{}_outbox", store.table());

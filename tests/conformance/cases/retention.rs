@@ -30,7 +30,7 @@ async fn runs_again<S: Support>(ctx: &Ctx<S>, scope: &str, key: &str) -> bool {
             guard.release().await;
             true
         }
-        Claimed::Duplicate | Claimed::Replayed(_) => false,
+        Claimed::Duplicate | Claimed::Replayed(_) | Claimed::Failed(_) => false,
     }
 }
 

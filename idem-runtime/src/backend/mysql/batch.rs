@@ -122,7 +122,7 @@ pub(super) async fn markers(
     keys: &[&str],
 ) -> Result<Vec<(String, Found)>, sqlx::Error> {
     let query = format!(
-        "SELECT `key`, state, {LEASE_OVER} FROM {} WHERE scope = {} AND `key` IN ({})",
+        "SELECT `key`, state, {LEASE_OVER}, error FROM {} WHERE scope = {} AND `key` IN ({})",
         sql.table.as_str(),
         hex(scope),
         list(keys)
@@ -136,7 +136,8 @@ pub(super) async fn markers(
         .map(|(key, row)| {
             let state: String = row.try_get(1)?;
             let over: i64 = row.try_get(2)?;
-            Ok((key, Found::of_status(&state, over)))
+            let error: Option<String> = row.try_get(3)?;
+            Ok((key, Found::of_status(&state, over, error)))
         })
         .collect()
 }

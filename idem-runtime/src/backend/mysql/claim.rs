@@ -31,7 +31,7 @@ statements! {
             "INSERT INTO {t} (scope, `key`, fingerprint, token, created_at, completed_at) \
              VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))";
         marker(scope: &str, key: &str) = format!(
-            "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR) FROM {{t}} \
+            "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR), error FROM {{t}} \
              WHERE scope = ? AND `key` = ?"
         );
         // A free lease becomes this transaction's completed marker, its token this claim's

@@ -5,11 +5,13 @@
 
 mod batch;
 mod claim;
+mod failed;
 mod health;
 mod lease;
 mod operators;
 mod outbox;
 mod retention;
+mod steps;
 
 use std::time::Duration;
 
@@ -56,6 +58,7 @@ const DDL: &[&str] = &[
         attempts INT NOT NULL DEFAULT 1,
         created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
         completed_at DATETIME(6) NULL,
+        error TEXT NULL,
         PRIMARY KEY (scope, `key`),
         KEY idem_completed_at (state, completed_at),
         CHECK (state IN ('in_progress', 'completed'))
@@ -87,11 +90,30 @@ const DDL: &[&str] = &[
         PRIMARY KEY (scope),
         CHECK (keep_ms > 0)
     ) ENGINE = InnoDB",
+    // Schema version 3: lease steps, each step's value recorded (fenced by its holder's token)
+    // until its marker is forgotten or purged.
+    "CREATE TABLE IF NOT EXISTS {t}_steps (
+        scope VARBINARY(255) NOT NULL,
+        `key` VARBINARY(255) NOT NULL,
+        name VARBINARY(255) NOT NULL,
+        seq INT NOT NULL,
+        token BIGINT NOT NULL,
+        result JSON NOT NULL,
+        created_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (scope, `key`, name)
+    ) ENGINE = InnoDB",
 ];
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE
 /// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
-const ADDED: &[Added] = &[];
+const ADDED: &[Added] = &[
+    // Schema version 3: the error a lease's permanent failure completed its marker with.
+    Added::Column {
+        table: "{t}",
+        name: "error",
+        definition: "TEXT NULL",
+    },
+];
 
 /// MySQL's and MariaDB's statements for one marker table.
 #[derive(Debug)]
@@ -101,6 +123,8 @@ pub struct MySqlSql {
     lease: lease::LeaseSql,
     outbox: outbox::OutboxSql,
     ops: operators::OperatorSql,
+    steps: steps::StepSql,
+    failed: failed::FailedSql,
     ddl: Vec<SqlStr>,
     added: Vec<Addition>,
 }
@@ -117,6 +141,8 @@ impl Dialect for MySql {
             lease: lease::LeaseSql::new(table),
             outbox: outbox::OutboxSql::new(table),
             ops: operators::OperatorSql::new(table),
+            steps: steps::StepSql::new(table),
+            failed: failed::FailedSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
             added: ADDED.iter().map(|a| a.fill(table, false)).collect(),
         }
@@ -179,6 +205,8 @@ mod tests {
             lease::LeaseSql::templates(),
             outbox::OutboxSql::templates(),
             operators::OperatorSql::templates(),
+            steps::StepSql::templates(),
+            failed::FailedSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Question);
         }

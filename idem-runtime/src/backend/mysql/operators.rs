@@ -10,12 +10,12 @@ use crate::backend::{MarkerRow, Status};
 
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text (idem writes them in UTC), and
 /// the lease's time left on the database's clock.
-const MARKER_COLUMNS: &str = "CONVERT(scope USING utf8mb4), CONVERT(`key` USING utf8mb4), state, \
+pub(super) const MARKER_COLUMNS: &str = "CONVERT(scope USING utf8mb4), CONVERT(`key` USING utf8mb4), state, \
     CAST(attempts AS SIGNED), token, \
     DATE_FORMAT(created_at, '%Y-%m-%dT%H:%i:%s.%fZ'), \
     DATE_FORMAT(completed_at, '%Y-%m-%dT%H:%i:%s.%fZ'), \
     DATE_FORMAT(locked_until, '%Y-%m-%dT%H:%i:%s.%fZ'), \
-    CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), locked_until) DIV 1000 AS SIGNED)";
+    CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), locked_until) DIV 1000 AS SIGNED), error";
 
 statements! {
     /// The operators' statements.
@@ -45,11 +45,22 @@ statements! {
              AND state = 'in_progress' \
              ORDER BY locked_until IS NOT NULL, locked_until, scope LIMIT ?"
         );
-        purge(age_ms: i64, limit: i64) =
-            "DELETE FROM {t} WHERE state = 'completed' \
-             AND completed_at < UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
+        /// The instant before which completed markers are purged, read once so that a batch's
+        /// steps and markers are the same rows.
+        cutoff(age_ms: i64) =
+            "SELECT DATE_FORMAT(UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND, \
+             '%Y-%m-%d %H:%i:%s.%f')";
+        // Scopes with a retention window of their own are purged by it (`retention.rs`).
+        purge_steps(cutoff: &str, limit: i64) =
+            "DELETE s FROM {t}_steps AS s JOIN (SELECT scope, `key` FROM {t} \
+             WHERE state = 'completed' AND completed_at < ? \
              AND scope NOT IN (SELECT scope FROM {t}_retention) \
-             ORDER BY completed_at LIMIT ?";
+             ORDER BY completed_at, scope, `key` LIMIT ?) AS b \
+             ON s.scope = b.scope AND s.`key` = b.`key`";
+        purge(cutoff: &str, limit: i64) =
+            "DELETE FROM {t} WHERE state = 'completed' AND completed_at < ? \
+             AND scope NOT IN (SELECT scope FROM {t}_retention) \
+             ORDER BY completed_at, scope, `key` LIMIT ?";
     }
 }
 
@@ -158,7 +169,19 @@ impl Operators for MySql {
         age_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let done = sql.ops.purge(age_ms, limit).query().execute(pool).await?;
+        // Steps first, then their markers, in one transaction: a purge never leaves the steps
+        // of a deleted marker behind. Both pick the batch in one order from one cutoff.
+        let mut tx = pool.begin().await?;
+        let cutoff: String = sql.ops.cutoff(age_ms).scalar().fetch_one(&mut *tx).await?;
+        let steps = sql.ops.purge_steps(&cutoff, limit);
+        steps.query().execute(&mut *tx).await?;
+        let done = sql
+            .ops
+            .purge(&cutoff, limit)
+            .query()
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(done.rows_affected())
     }
 }

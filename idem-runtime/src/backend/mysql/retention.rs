@@ -16,11 +16,16 @@ statements! {
              ON DUPLICATE KEY UPDATE keep_ms = VALUES(keep_ms), updated_at = VALUES(updated_at)";
         clear(scope: &str) = "DELETE FROM {t}_retention WHERE scope = ?";
         list() = "SELECT CONVERT(scope USING utf8mb4), keep_ms FROM {t}_retention ORDER BY scope";
-        // As the default purge: oldest first, through the index on (state, completed_at).
-        purge(scope: &str, age_ms: i64, limit: i64) =
-            "DELETE FROM {t} WHERE scope = ? AND state = 'completed' \
-             AND completed_at < UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
-             ORDER BY completed_at LIMIT ?";
+        // As the default purge: oldest first, through the index on (state, completed_at), the
+        // steps of a batch, then its markers, from one cutoff.
+        purge_steps(scope: &str, cutoff: &str, limit: i64) =
+            "DELETE s FROM {t}_steps AS s JOIN (SELECT scope, `key` FROM {t} \
+             WHERE scope = ? AND state = 'completed' AND completed_at < ? \
+             ORDER BY completed_at, `key` LIMIT ?) AS b \
+             ON s.scope = b.scope AND s.`key` = b.`key`";
+        purge(scope: &str, cutoff: &str, limit: i64) =
+            "DELETE FROM {t} WHERE scope = ? AND state = 'completed' AND completed_at < ? \
+             ORDER BY completed_at, `key` LIMIT ?";
     }
 }
 
@@ -62,8 +67,14 @@ impl Retentions for MySql {
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
         let statements = RetentionSql::new(Self::table(sql));
-        let done = statements.purge(scope, age_ms, limit).query();
-        Ok(done.execute(pool).await?.rows_affected())
+        let mut tx = pool.begin().await?;
+        let cutoff: String = sql.ops.cutoff(age_ms).scalar().fetch_one(&mut *tx).await?;
+        let steps = statements.purge_steps(scope, &cutoff, limit).query();
+        steps.execute(&mut *tx).await?;
+        let done = statements.purge(scope, &cutoff, limit).query();
+        let done = done.execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(done)
     }
 }
 

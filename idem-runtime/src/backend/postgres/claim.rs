@@ -25,7 +25,7 @@ fn claim_or_read(when_inserted: &str) -> String {
          VALUES ($1, $2, $3, $4, now()) ON CONFLICT DO NOTHING RETURNING 1) \
          SELECT m.state, \
          (m.locked_until IS NULL OR m.locked_until <= statement_timestamp())::int::int8, \
-         m.fingerprint, CASE WHEN $5 THEN m.result::text END \
+         m.fingerprint, CASE WHEN $5 THEN m.result::text END, m.error \
          FROM (SELECT 1 WHERE CASE WHEN EXISTS (SELECT 1 FROM ins) THEN {when_inserted} \
          ELSE true END) AS one LEFT JOIN {{t}} AS m ON m.scope = $1 AND m.key = $2"
     )
@@ -53,7 +53,7 @@ statements! {
         claim_or_read_bounded(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64, replay: bool) =
             claim_or_read(&format!("{UNBOUND} IS NULL"));
         marker(scope: &str, key: &str) = format!(
-            "SELECT state, {LEASE_OVER}::int::int8, fingerprint, result::text FROM {{t}} \
+            "SELECT state, {LEASE_OVER}::int::int8, fingerprint, result::text, error FROM {{t}} \
              WHERE scope = $1 AND key = $2"
         );
         take_over(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64) =
@@ -71,7 +71,7 @@ statements! {
              SELECT $1, k, $3, now() FROM unnest($2::text[]) AS u(k) ORDER BY k \
              ON CONFLICT DO NOTHING RETURNING key";
         batch_markers(scope: &str, keys: &[&str]) = format!(
-            "SELECT key, state, {LEASE_OVER}::int::int8 FROM {{t}} \
+            "SELECT key, state, {LEASE_OVER}::int::int8, error FROM {{t}} \
              WHERE scope = $1 AND key = ANY($2::text[])"
         );
         take_over_batch(scope: &str, keys: &[&str], nonce: i64) = format!(
@@ -186,7 +186,13 @@ impl Claims for Postgres {
         c: Claimant<'t>,
         replay: bool,
     ) -> Result<(bool, Option<Found>), sqlx::Error> {
-        type Row = (Option<String>, Option<i64>, Option<Vec<u8>>, Option<String>);
+        type Row = (
+            Option<String>,
+            Option<i64>,
+            Option<Vec<u8>>,
+            Option<String>,
+            Option<String>,
+        );
         let statement = match c.wait {
             None => sql
                 .claim
@@ -197,11 +203,11 @@ impl Claims for Postgres {
             }
         };
         let row: Option<Row> = statement.rows().fetch_optional(&mut *conn).await?;
-        let Some((state, over, fingerprint, result)) = row else {
+        let Some((state, over, fingerprint, result, error)) = row else {
             return Ok((true, None));
         };
-        let found =
-            state.map(|state| Found::of_row((state, over.unwrap_or(1), fingerprint, result)));
+        let found = state
+            .map(|state| Found::of_row((state, over.unwrap_or(1), fingerprint, result, error)));
         Ok((false, found))
     }
 
@@ -269,7 +275,7 @@ impl Claims for Postgres {
         scope: &'t str,
         keys: &'t [&'t str],
     ) -> Result<Vec<(String, Found)>, sqlx::Error> {
-        let rows: Vec<(String, String, i64)> = sql
+        let rows: Vec<(String, String, i64, Option<String>)> = sql
             .claim
             .batch_markers(scope, keys)
             .rows()
@@ -277,7 +283,7 @@ impl Claims for Postgres {
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(key, state, over)| (key, Found::of_status(&state, over)))
+            .map(|(key, state, over, error)| (key, Found::of_status(&state, over, error)))
             .collect())
     }
 

@@ -2,11 +2,13 @@
 //! concern (claims in a transaction, leases, the outbox, operators).
 
 mod claim;
+mod failed;
 mod health;
 mod lease;
 mod operators;
 mod outbox;
 mod retention;
+mod steps;
 
 use sqlx::{Postgres, SqlStr};
 
@@ -47,6 +49,7 @@ const DDL: &[&str] = &[
         attempts integer NOT NULL DEFAULT 1,
         created_at timestamptz NOT NULL DEFAULT now(),
         completed_at timestamptz,
+        error text,
         PRIMARY KEY (scope, key)
     )",
     "CREATE INDEX IF NOT EXISTS {t}_completed_at ON {t} (completed_at) WHERE state = 'completed'",
@@ -75,11 +78,30 @@ const DDL: &[&str] = &[
         keep_ms bigint NOT NULL CHECK (keep_ms > 0),
         updated_at timestamptz NOT NULL DEFAULT now()
     )",
+    // Schema version 3: lease steps, each step's value recorded (fenced by its holder's token)
+    // until its marker is forgotten or purged.
+    "CREATE TABLE IF NOT EXISTS {t}_steps (
+        scope text NOT NULL,
+        key text NOT NULL,
+        name text NOT NULL,
+        seq integer NOT NULL,
+        token bigint NOT NULL,
+        result json NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (scope, key, name)
+    )",
 ];
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE
 /// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
-const ADDED: &[Added] = &[];
+const ADDED: &[Added] = &[
+    // Schema version 3: the error a lease's permanent failure completed its marker with.
+    Added::Column {
+        table: "{t}",
+        name: "error",
+        definition: "text",
+    },
+];
 
 /// PostgreSQL's statements for one marker table.
 #[derive(Debug)]
@@ -89,6 +111,8 @@ pub struct PgSql {
     lease: lease::LeaseSql,
     outbox: outbox::OutboxSql,
     ops: operators::OperatorSql,
+    steps: steps::StepSql,
+    failed: failed::FailedSql,
     ddl: Vec<SqlStr>,
     added: Vec<Addition>,
 }
@@ -105,6 +129,8 @@ impl Dialect for Postgres {
             lease: lease::LeaseSql::new(table),
             outbox: outbox::OutboxSql::new(table),
             ops: operators::OperatorSql::new(table),
+            steps: steps::StepSql::new(table),
+            failed: failed::FailedSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
             added: ADDED.iter().map(|a| a.fill(table, true)).collect(),
         }
@@ -146,6 +172,8 @@ mod tests {
             lease::LeaseSql::templates(),
             outbox::OutboxSql::templates(),
             operators::OperatorSql::templates(),
+            steps::StepSql::templates(),
+            failed::FailedSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Dollar);
         }

@@ -15,11 +15,14 @@ statements! {
              ON CONFLICT (scope) DO UPDATE SET keep_ms = EXCLUDED.keep_ms, updated_at = now()";
         clear(scope: &str) = "DELETE FROM {t}_retention WHERE scope = $1";
         list() = "SELECT scope, keep_ms FROM {t}_retention ORDER BY scope";
-        // As the default purge: a TID scan per batch.
+        // As the default purge: a TID scan per batch, the batch's steps in the same statement.
         purge(scope: &str, age_ms: i64, limit: i64) =
-            "DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t} \
+            "WITH batch AS MATERIALIZED (SELECT ctid, scope, key FROM {t} \
              WHERE scope = $1 AND state = 'completed' \
-             AND completed_at < now() - $2 * interval '1 millisecond' LIMIT $3))";
+             AND completed_at < now() - $2 * interval '1 millisecond' LIMIT $3), \
+             steps AS (DELETE FROM {t}_steps AS s USING batch AS b \
+             WHERE s.scope = b.scope AND s.key = b.key) \
+             DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM batch))";
     }
 }
 

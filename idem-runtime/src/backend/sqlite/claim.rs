@@ -22,7 +22,7 @@ statements! {
              VALUES (?1, ?2, ?3, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
              ON CONFLICT DO NOTHING";
         marker(scope: &str, key: &str) = format!(
-            "SELECT state, {LEASE_OVER}, fingerprint, result FROM {{t}} \
+            "SELECT state, {LEASE_OVER}, fingerprint, result, error FROM {{t}} \
              WHERE scope = ?1 AND key = ?2"
         );
         // As on PostgreSQL: a free lease becomes this transaction's completed marker.
@@ -43,7 +43,7 @@ statements! {
              SELECT ?1, value, ?3, strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
              FROM json_each(?2) WHERE true ON CONFLICT DO NOTHING RETURNING key";
         batch_markers(scope: &str, keys: String) = format!(
-            "SELECT key, state, {LEASE_OVER} FROM {{t}} \
+            "SELECT key, state, {LEASE_OVER}, error FROM {{t}} \
              WHERE scope = ?1 AND key IN (SELECT value FROM json_each(?2))"
         );
         take_over_batch(scope: &str, keys: String, nonce: i64) = format!(
@@ -213,7 +213,7 @@ impl Claims for Sqlite {
         scope: &'t str,
         keys: &'t [&'t str],
     ) -> Result<Vec<(String, Found)>, sqlx::Error> {
-        let rows: Vec<(String, String, i64)> = sql
+        let rows: Vec<(String, String, i64, Option<String>)> = sql
             .claim
             .batch_markers(scope, json(keys))
             .rows()
@@ -221,7 +221,7 @@ impl Claims for Sqlite {
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(key, state, over)| (key, Found::of_status(&state, over)))
+            .map(|(key, state, over, error)| (key, Found::of_status(&state, over, error)))
             .collect())
     }
 

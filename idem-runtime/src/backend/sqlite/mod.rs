@@ -3,11 +3,13 @@
 //! database's one write lock, which every claim takes up front (`BEGIN IMMEDIATE`).
 
 mod claim;
+mod failed;
 mod health;
 mod lease;
 mod operators;
 mod outbox;
 mod retention;
+mod steps;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{SqlStr, Sqlite};
@@ -51,6 +53,7 @@ const DDL: &[&str] = &[
         attempts INTEGER NOT NULL DEFAULT 1,
         created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
         completed_at TEXT,
+        error TEXT,
         PRIMARY KEY (scope, key)
     ) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS {t}_completed_at ON {t} (completed_at) WHERE state = 'completed'",
@@ -79,11 +82,30 @@ const DDL: &[&str] = &[
         keep_ms INTEGER NOT NULL CHECK (keep_ms > 0),
         updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
     ) WITHOUT ROWID",
+    // Schema version 3: lease steps, each step's value recorded (fenced by its holder's token)
+    // until its marker is forgotten or purged.
+    "CREATE TABLE IF NOT EXISTS {t}_steps (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        name TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        token INTEGER NOT NULL,
+        result TEXT NOT NULL,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        PRIMARY KEY (scope, key, name)
+    ) WITHOUT ROWID",
 ];
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE
 /// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
-const ADDED: &[Added] = &[];
+const ADDED: &[Added] = &[
+    // Schema version 3: the error a lease's permanent failure completed its marker with.
+    Added::Column {
+        table: "{t}",
+        name: "error",
+        definition: "TEXT",
+    },
+];
 
 /// SQLite's statements for one marker table.
 #[derive(Debug)]
@@ -93,6 +115,8 @@ pub struct SqliteSql {
     lease: lease::LeaseSql,
     outbox: outbox::OutboxSql,
     ops: operators::OperatorSql,
+    steps: steps::StepSql,
+    failed: failed::FailedSql,
     ddl: Vec<SqlStr>,
     added: Vec<Addition>,
 }
@@ -109,6 +133,8 @@ impl Dialect for Sqlite {
             lease: lease::LeaseSql::new(table),
             outbox: outbox::OutboxSql::new(table),
             ops: operators::OperatorSql::new(table),
+            steps: steps::StepSql::new(table),
+            failed: failed::FailedSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
             added: ADDED.iter().map(|a| a.fill(table, false)).collect(),
         }
@@ -183,6 +209,8 @@ mod tests {
             lease::LeaseSql::templates(),
             outbox::OutboxSql::templates(),
             operators::OperatorSql::templates(),
+            steps::StepSql::templates(),
+            failed::FailedSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Numbered);
         }

@@ -2,10 +2,14 @@
 
 use sqlx::{Pool, Sqlite};
 
-use super::SqliteSql;
+use super::{BEGIN, SqliteSql};
 use crate::backend::retention::Retentions;
 use crate::backend::sealed::Dialect as _;
 use crate::backend::sql::statements;
+
+/// One purge batch of a scope: its oldest completed markers before `?2`, at most `?3`.
+const SCOPE_BATCH: &str = "SELECT scope, key FROM {t} WHERE scope = ?1 AND state = 'completed' \
+    AND completed_at < ?2 ORDER BY completed_at, key LIMIT ?3";
 
 statements! {
     /// The statements of `{t}_retention`, made when an operator's call needs them.
@@ -16,11 +20,11 @@ statements! {
              updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
         clear(scope: &str) = "DELETE FROM {t}_retention WHERE scope = ?1";
         list() = "SELECT scope, keep_ms FROM {t}_retention ORDER BY scope";
-        purge(scope: &str, age_ms: i64, limit: i64) =
-            "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
-             WHERE scope = ?1 AND state = 'completed' AND completed_at < \
-             strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?2 / 1000.0) || ' seconds') \
-             LIMIT ?3)";
+        // As the default purge: the steps of a batch, then its markers, from one cutoff.
+        purge_steps(scope: &str, cutoff: &str, limit: i64) =
+            format!("DELETE FROM {{t}}_steps WHERE (scope, key) IN ({SCOPE_BATCH})");
+        purge(scope: &str, cutoff: &str, limit: i64) =
+            format!("DELETE FROM {{t}} WHERE (scope, key) IN ({SCOPE_BATCH})");
     }
 }
 
@@ -62,8 +66,14 @@ impl Retentions for Sqlite {
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
         let statements = RetentionSql::new(Self::table(sql));
-        let done = statements.purge(scope, age_ms, limit).query();
-        Ok(done.execute(pool).await?.rows_affected())
+        let mut tx = pool.begin_with(BEGIN).await?;
+        let cutoff: String = sql.ops.cutoff(age_ms).scalar().fetch_one(&mut *tx).await?;
+        let steps = statements.purge_steps(scope, &cutoff, limit).query();
+        steps.execute(&mut *tx).await?;
+        let done = statements.purge(scope, &cutoff, limit).query();
+        let done = done.execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(done)
     }
 }
 
