@@ -1,10 +1,12 @@
--- idem marker and outbox tables, schema version 2 (MySQL / MariaDB).
+-- idem marker and outbox tables, schema version 3 (MySQL / MariaDB).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
 -- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
 -- adds the outbox table `idem_processed_outbox`; `schema/mysql.v1-to-v2.sql` upgrades a
 -- version 1 schema.
+-- Version 3 adds the offset watermarks `idem_processed_offsets`; `schema/mysql.v2-to-v3.sql`
+-- upgrades a version 2 schema.
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope VARBINARY(255) NOT NULL,
@@ -38,4 +40,16 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
         PRIMARY KEY (id),
         KEY idem_outbox_due (sent_at, parked, next_attempt_at),
         KEY idem_outbox_sent_at (sent_at)
+    ) ENGINE = InnoDB;
+
+-- Schema version 3: the offset watermarks of the Kafka consumer's offset-watermark mode
+-- (docs/kafka.md): per consumer group, topic and partition, the next offset to process.
+CREATE TABLE IF NOT EXISTS idem_processed_offsets (
+        consumer_group VARBINARY(255) NOT NULL,
+        topic VARBINARY(255) NOT NULL,
+        partition_id INT NOT NULL,
+        next_offset BIGINT NOT NULL,
+        token BIGINT NULL,
+        updated_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (consumer_group, topic, partition_id)
     ) ENGINE = InnoDB;

@@ -1,10 +1,12 @@
--- idem marker and outbox tables, schema version 2 (PostgreSQL).
+-- idem marker and outbox tables, schema version 3 (PostgreSQL).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
 -- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
 -- adds the outbox table `idem_processed_outbox`; `schema/postgres.v1-to-v2.sql` upgrades a
 -- version 1 schema.
+-- Version 3 adds the offset watermarks `idem_processed_offsets`; `schema/postgres.v2-to-v3.sql`
+-- upgrades a version 2 schema.
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope text NOT NULL,
@@ -40,3 +42,15 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_due ON idem_processed_outbox (next_attempt_at) WHERE sent_at IS NULL AND NOT parked;
 
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_sent_at ON idem_processed_outbox (sent_at) WHERE sent_at IS NOT NULL;
+
+-- Schema version 3: the offset watermarks of the Kafka consumer's offset-watermark mode
+-- (docs/kafka.md): per consumer group, topic and partition, the next offset to process.
+CREATE TABLE IF NOT EXISTS idem_processed_offsets (
+        consumer_group text NOT NULL,
+        topic text NOT NULL,
+        partition_id integer NOT NULL,
+        next_offset bigint NOT NULL,
+        token bigint,
+        updated_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (consumer_group, topic, partition_id)
+    );

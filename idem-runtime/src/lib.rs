@@ -39,6 +39,7 @@ mod claim;
 mod batch;
 mod join;
 mod lease;
+pub mod offsets;
 mod relay;
 mod transaction;
 

@@ -140,6 +140,9 @@ pub enum Mode {
     Lease,
     /// A batch handler (`batch = ".."`): one claim and one commit for many jobs.
     Batch,
+    /// An offset claim: records of a Kafka partition claimed by their offsets, below the
+    /// watermark a duplicate.
+    Offsets,
 }
 
 impl Mode {
@@ -149,6 +152,7 @@ impl Mode {
             Mode::Joined => "joined",
             Mode::Lease => "lease",
             Mode::Batch => "batch",
+            Mode::Offsets => "offsets",
         }
     }
 }

@@ -135,6 +135,9 @@ impl<S: Support> Ctx<S> {
             self.exec(&format!("DROP TABLE {t}")).await;
             // A marker table's `migrate` made its outbox too (schema version 2).
             self.exec(&format!("DROP TABLE IF EXISTS {t}_outbox")).await;
+            // And its offset watermarks (schema version 3).
+            self.exec(&format!("DROP TABLE IF EXISTS {t}_offsets"))
+                .await;
         }
         self.pool.close().await;
         S::remove(&self.url);

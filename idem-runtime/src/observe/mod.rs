@@ -156,7 +156,13 @@ impl Observed {
 
     /// [`start`](Observed::start) for a batch of `jobs` jobs, whose span names no key.
     pub(crate) fn batch(site: &'static Site, scope: &str, jobs: usize) -> Self {
-        let mut observed = Observed::start(site, scope, Mode::Batch, None);
+        Observed::counted(site, scope, Mode::Batch, jobs)
+    }
+
+    /// [`start`](Observed::start) for a call of `jobs` jobs in `mode` (a batch, an offset
+    /// claim), whose span names no key.
+    pub(crate) fn counted(site: &'static Site, scope: &str, mode: Mode, jobs: usize) -> Self {
+        let mut observed = Observed::start(site, scope, mode, None);
         let jobs = jobs as u64;
         observed.span.record("jobs", jobs);
         observed.jobs = Some(jobs);

@@ -75,11 +75,13 @@ impl Verdict {
             | Error::InvalidScope { .. }
             | Error::InvalidLease { .. }
             | Error::InvalidMessage { .. }
+            | Error::InvalidOffsets { .. }
+            | Error::WatermarkAhead { .. }
             | Error::Nested { .. }
             | Error::Serialize(_) => Verdict::Invalid,
             // An operator's refusal: it ends no call.
             Error::LeaseHeld { .. } => Verdict::Invalid,
-            Error::Database(_) => Verdict::Error,
+            Error::Database(_) | Error::Kafka { .. } => Verdict::Error,
             #[cfg(feature = "testing")]
             Error::Injected { .. } => Verdict::Error,
         }

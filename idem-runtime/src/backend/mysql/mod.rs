@@ -6,6 +6,7 @@
 mod batch;
 mod claim;
 mod lease;
+mod offsets;
 mod operators;
 mod outbox;
 
@@ -76,6 +77,18 @@ const DDL: &[&str] = &[
         KEY idem_outbox_due (sent_at, parked, next_attempt_at),
         KEY idem_outbox_sent_at (sent_at)
     ) ENGINE = InnoDB",
+    // Schema version 3: the offset watermarks (the Kafka consumer's offset-watermark mode):
+    // per consumer group, topic and partition, the next offset to process. Group and topic
+    // are byte strings, compared byte for byte, as the markers' scope and key.
+    "CREATE TABLE IF NOT EXISTS {t}_offsets (
+        consumer_group VARBINARY(255) NOT NULL,
+        topic VARBINARY(255) NOT NULL,
+        partition_id INT NOT NULL,
+        next_offset BIGINT NOT NULL,
+        token BIGINT NULL,
+        updated_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (consumer_group, topic, partition_id)
+    ) ENGINE = InnoDB",
 ];
 
 /// MySQL's and MariaDB's statements for one marker table.
@@ -85,6 +98,7 @@ pub struct MySqlSql {
     claim: claim::ClaimSql,
     lease: lease::LeaseSql,
     outbox: outbox::OutboxSql,
+    offsets: offsets::OffsetSql,
     ops: operators::OperatorSql,
     ddl: Vec<SqlStr>,
 }
@@ -100,6 +114,7 @@ impl Dialect for MySql {
             claim: claim::ClaimSql::new(table),
             lease: lease::LeaseSql::new(table),
             outbox: outbox::OutboxSql::new(table),
+            offsets: offsets::OffsetSql::new(table),
             ops: operators::OperatorSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
         }
@@ -161,6 +176,7 @@ mod tests {
             claim::ClaimSql::templates(),
             lease::LeaseSql::templates(),
             outbox::OutboxSql::templates(),
+            offsets::OffsetSql::templates(),
             operators::OperatorSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Question);

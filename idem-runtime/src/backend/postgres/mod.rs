@@ -3,6 +3,7 @@
 
 mod claim;
 mod lease;
+mod offsets;
 mod operators;
 mod outbox;
 
@@ -66,6 +67,17 @@ const DDL: &[&str] = &[
      WHERE sent_at IS NULL AND NOT parked",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
      WHERE sent_at IS NOT NULL",
+    // Schema version 3: the offset watermarks (the Kafka consumer's offset-watermark mode):
+    // per consumer group, topic and partition, the next offset to process.
+    "CREATE TABLE IF NOT EXISTS {t}_offsets (
+        consumer_group text NOT NULL,
+        topic text NOT NULL,
+        partition_id integer NOT NULL,
+        next_offset bigint NOT NULL,
+        token bigint,
+        updated_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (consumer_group, topic, partition_id)
+    )",
 ];
 
 /// PostgreSQL's statements for one marker table.
@@ -75,6 +87,7 @@ pub struct PgSql {
     claim: claim::ClaimSql,
     lease: lease::LeaseSql,
     outbox: outbox::OutboxSql,
+    offsets: offsets::OffsetSql,
     ops: operators::OperatorSql,
     ddl: Vec<SqlStr>,
 }
@@ -90,6 +103,7 @@ impl Dialect for Postgres {
             claim: claim::ClaimSql::new(table),
             lease: lease::LeaseSql::new(table),
             outbox: outbox::OutboxSql::new(table),
+            offsets: offsets::OffsetSql::new(table),
             ops: operators::OperatorSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
         }
@@ -130,6 +144,7 @@ mod tests {
             claim::ClaimSql::templates(),
             lease::LeaseSql::templates(),
             outbox::OutboxSql::templates(),
+            offsets::OffsetSql::templates(),
             operators::OperatorSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Dollar);

@@ -4,6 +4,7 @@
 
 mod claim;
 mod lease;
+mod offsets;
 mod operators;
 mod outbox;
 
@@ -70,6 +71,17 @@ const DDL: &[&str] = &[
      WHERE sent_at IS NULL AND parked = 0",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
      WHERE sent_at IS NOT NULL",
+    // Schema version 3: the offset watermarks (the Kafka consumer's offset-watermark mode):
+    // per consumer group, topic and partition, the next offset to process.
+    "CREATE TABLE IF NOT EXISTS {t}_offsets (
+        consumer_group TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        partition_id INTEGER NOT NULL,
+        next_offset INTEGER NOT NULL,
+        token INTEGER,
+        updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        PRIMARY KEY (consumer_group, topic, partition_id)
+    ) WITHOUT ROWID",
 ];
 
 /// SQLite's statements for one marker table.
@@ -79,6 +91,7 @@ pub struct SqliteSql {
     claim: claim::ClaimSql,
     lease: lease::LeaseSql,
     outbox: outbox::OutboxSql,
+    offsets: offsets::OffsetSql,
     ops: operators::OperatorSql,
     ddl: Vec<SqlStr>,
 }
@@ -94,6 +107,7 @@ impl Dialect for Sqlite {
             claim: claim::ClaimSql::new(table),
             lease: lease::LeaseSql::new(table),
             outbox: outbox::OutboxSql::new(table),
+            offsets: offsets::OffsetSql::new(table),
             ops: operators::OperatorSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
         }
@@ -167,6 +181,7 @@ mod tests {
             claim::ClaimSql::templates(),
             lease::LeaseSql::templates(),
             outbox::OutboxSql::templates(),
+            offsets::OffsetSql::templates(),
             operators::OperatorSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Numbered);
