@@ -245,6 +245,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// A Kafka record the per-message marker mode cannot key (feature `kafka`): it lacks the
+    /// id header the consumer was told to key by, or its value is no key. Refused before any
+    /// I/O: nothing was written.
+    #[error("idem refused a record: {reason}")]
+    InvalidRecord {
+        /// Which record, and what is wrong with it.
+        reason: String,
+    },
+
     /// The database's watermark of a partition is past the end of the partition's log: the
     /// topic was deleted and made again, or its log was truncated (a broker that lost its
     /// data). Records now in the log below the watermark would be taken for duplicates, so the

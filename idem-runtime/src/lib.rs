@@ -43,9 +43,12 @@ pub mod offsets;
 mod relay;
 mod transaction;
 
-// Above the modes: the HTTP layer claims through transaction and lease mode.
+// Above the modes: the HTTP layer claims through transaction and lease mode, the Kafka
+// consumer through the offset-watermark mode.
 #[cfg(feature = "axum")]
 pub mod http;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 
 pub use backend::Backend;
 #[allow(deprecated)]
@@ -79,6 +82,8 @@ pub mod outbox {
     pub use crate::outgoing::{BatchOutbox, MAX_DESTINATION_LEN, MAX_PAYLOAD, Message, Outbox};
     #[cfg(feature = "outbox-nats")]
     pub use crate::relay::JetStream;
+    #[cfg(feature = "kafka")]
+    pub use crate::relay::{Kafka, MESSAGE_ID_HEADER};
     #[cfg(feature = "outbox-rabbitmq")]
     pub use crate::relay::RabbitMq;
     pub use crate::relay::{OutboxEntry, OutboxState, PublishError, Publisher, Relay, Relayed};

@@ -76,6 +76,7 @@ impl Verdict {
             | Error::InvalidLease { .. }
             | Error::InvalidMessage { .. }
             | Error::InvalidOffsets { .. }
+            | Error::InvalidRecord { .. }
             | Error::WatermarkAhead { .. }
             | Error::Nested { .. }
             | Error::Serialize(_) => Verdict::Invalid,
