@@ -86,7 +86,8 @@ async fn consume(
             Mode::Watermarks => Consumer::watermarks,
             Mode::Markers => Consumer::markers,
         };
-        let mut consumer = make(store.clone(), &config(url, Some(group))).map_err(|e| e.to_string())?;
+        let mut consumer =
+            make(store.clone(), &config(url, Some(group))).map_err(|e| e.to_string())?;
         consumer.subscribe(&[topic]).map_err(|e| e.to_string())?;
         let (options, log) = (options.clone(), log.clone());
         let mut stopped = stopped.clone();
@@ -109,7 +110,9 @@ async fn consume(
     }
     let _ = stop.send(true);
     for task in tasks {
-        task.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        task.await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -137,7 +140,9 @@ pub async fn run(url: &str, db: &Path, out: &mut impl Write) -> Result<Report, S
     create_topic(url, &topic, 4).await?;
     let watermark_jobs = jobs("w", 40);
     produce(&producer, &topic, &watermark_jobs, true).await?;
-    create_effects(&pool, "watermark_effects").await.map_err(|e| e.to_string())?;
+    create_effects(&pool, "watermark_effects")
+        .await
+        .map_err(|e| e.to_string())?;
     let watermarks = Options {
         mode: Mode::Watermarks,
         batch: 16,
@@ -148,8 +153,12 @@ pub async fn run(url: &str, db: &Path, out: &mut impl Write) -> Result<Report, S
     consume(&store, url, &group, &topic, 2, &watermarks, 40, &log).await?;
     report.watermark_jobs = watermark_jobs.len();
     report.watermark_effects = effects(&store, "watermark_effects").await?;
-    let marks = store.watermarks(&group, &topic).await.map_err(|e| e.to_string())?;
-    writeln!(out, "offset watermarks of {group} on {topic}: {marks:?}").map_err(|e| e.to_string())?;
+    let marks = store
+        .watermarks(&group, &topic)
+        .await
+        .map_err(|e| e.to_string())?;
+    writeln!(out, "offset watermarks of {group} on {topic}: {marks:?}")
+        .map_err(|e| e.to_string())?;
 
     // Per-message markers: every job produced twice (a retried send), keyed by its id.
     let twice = format!("top-ups-twice-{run}");
@@ -157,7 +166,9 @@ pub async fn run(url: &str, db: &Path, out: &mut impl Write) -> Result<Report, S
     let marker_jobs = jobs("m", 10);
     produce(&producer, &twice, &marker_jobs, true).await?;
     produce(&producer, &twice, &marker_jobs, true).await?;
-    create_effects(&pool, "marker_effects").await.map_err(|e| e.to_string())?;
+    create_effects(&pool, "marker_effects")
+        .await
+        .map_err(|e| e.to_string())?;
     let markers = Options {
         mode: Mode::Markers,
         batch: 16,

@@ -82,10 +82,10 @@ pub mod outbox {
     pub use crate::outgoing::{BatchOutbox, MAX_DESTINATION_LEN, MAX_PAYLOAD, Message, Outbox};
     #[cfg(feature = "outbox-nats")]
     pub use crate::relay::JetStream;
-    #[cfg(feature = "kafka")]
-    pub use crate::relay::{Kafka, MESSAGE_ID_HEADER};
     #[cfg(feature = "outbox-rabbitmq")]
     pub use crate::relay::RabbitMq;
+    #[cfg(feature = "kafka")]
+    pub use crate::relay::{Kafka, MESSAGE_ID_HEADER};
     pub use crate::relay::{OutboxEntry, OutboxState, PublishError, Publisher, Relay, Relayed};
 }
 

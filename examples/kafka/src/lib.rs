@@ -126,12 +126,24 @@ pub enum Event {
     /// A batch of records came (`partition:offset` of each).
     Batch(Vec<(i32, i64)>),
     /// A record's effect was committed by this delivery.
-    Applied { id: String, partition: i32, offset: i64 },
+    Applied {
+        id: String,
+        partition: i32,
+        offset: i64,
+    },
     /// A record was handled before (below the watermark, or a marker of its job).
-    Duplicate { id: String, partition: i32, offset: i64 },
+    Duplicate {
+        id: String,
+        partition: i32,
+        offset: i64,
+    },
     /// A record that cannot be handled (not a job; no id header in the marker mode):
     /// skipped, and its offset committed with the batch's.
-    Refused { partition: i32, offset: i64, why: String },
+    Refused {
+        partition: i32,
+        offset: i64,
+        why: String,
+    },
     /// The batch's transaction committed (the watermark mode) or its handlers returned
     /// (the marker mode); Kafka's commit has not been made yet.
     Committed,
@@ -150,13 +162,25 @@ impl std::fmt::Display for Event {
                 let at: Vec<String> = records.iter().map(|(p, o)| format!("{p}:{o}")).collect();
                 write!(f, "BATCH {}", at.join(","))
             }
-            Event::Applied { id, partition, offset } => {
+            Event::Applied {
+                id,
+                partition,
+                offset,
+            } => {
                 write!(f, "APPLIED {id} {partition}:{offset}")
             }
-            Event::Duplicate { id, partition, offset } => {
+            Event::Duplicate {
+                id,
+                partition,
+                offset,
+            } => {
                 write!(f, "DUPLICATE {id} {partition}:{offset}")
             }
-            Event::Refused { partition, offset, why } => {
+            Event::Refused {
+                partition,
+                offset,
+                why,
+            } => {
                 write!(f, "REFUSED {partition}:{offset} {why}")
             }
             Event::Committed => f.write_str("COMMITTED"),
@@ -295,10 +319,15 @@ pub async fn work<DB: Effects>(
             }
         };
         tell(Event::Batch(
-            records.iter().map(|r| (r.partition(), r.offset())).collect(),
+            records
+                .iter()
+                .map(|r| (r.partition(), r.offset()))
+                .collect(),
         ));
         let kept = match options.mode {
-            Mode::Watermarks => watermark_batch(consumer, options, &records, &mut hold, &mut tell).await,
+            Mode::Watermarks => {
+                watermark_batch(consumer, options, &records, &mut hold, &mut tell).await
+            }
             Mode::Markers => marker_batch(consumer, options, &records, &mut tell).await,
         };
         match kept {
@@ -339,7 +368,11 @@ async fn watermark_batch<DB: Effects>(
             let job = match job_of(record) {
                 Ok(job) => job,
                 Err(why) => {
-                    told.push(Event::Refused { partition, offset, why });
+                    told.push(Event::Refused {
+                        partition,
+                        offset,
+                        why,
+                    });
                     continue;
                 }
             };
@@ -347,9 +380,17 @@ async fn watermark_batch<DB: Effects>(
                 true => {
                     let tx = claim.tx().expect("a fresh record has the transaction");
                     DB::insert(tx, &options.effects, &job, partition, offset).await?;
-                    Event::Applied { id: job.id, partition, offset }
+                    Event::Applied {
+                        id: job.id,
+                        partition,
+                        offset,
+                    }
                 }
-                false => Event::Duplicate { id: job.id, partition, offset },
+                false => Event::Duplicate {
+                    id: job.id,
+                    partition,
+                    offset,
+                },
             };
             told.push(event);
         }
@@ -382,17 +423,33 @@ async fn marker_batch<DB: Effects>(
         let job = match (job_of(record), record.id_key(JOB_ID)) {
             (Ok(job), Ok(_)) => job,
             (Err(why), _) => {
-                tell(Event::Refused { partition, offset, why });
+                tell(Event::Refused {
+                    partition,
+                    offset,
+                    why,
+                });
                 continue;
             }
             (_, Err(e)) => {
-                tell(Event::Refused { partition, offset, why: e.to_string() });
+                tell(Event::Refused {
+                    partition,
+                    offset,
+                    why: e.to_string(),
+                });
                 continue;
             }
         };
         match apply_top_up(&store, &job, &options.effects).await {
-            Ok(Outcome::Applied(())) => tell(Event::Applied { id: job.id, partition, offset }),
-            Ok(_) => tell(Event::Duplicate { id: job.id, partition, offset }),
+            Ok(Outcome::Applied(())) => tell(Event::Applied {
+                id: job.id,
+                partition,
+                offset,
+            }),
+            Ok(_) => tell(Event::Duplicate {
+                id: job.id,
+                partition,
+                offset,
+            }),
             Err(e) => {
                 consumer.rewind(&records[i..]).await?;
                 return Err(e);

@@ -178,7 +178,9 @@ impl<DB: Backend> Context<DB> {
                 for topic in topics {
                     // The callback runs on the consumer's own thread, never on the runtime's:
                     // blocking it on the query is what the client expects of a callback.
-                    let read = self.runtime.block_on(self.store.watermarks(&self.group, topic));
+                    let read = self
+                        .runtime
+                        .block_on(self.store.watermarks(&self.group, topic));
                     for (partition, next) in read? {
                         stored.insert((topic.to_owned(), partition), next);
                     }

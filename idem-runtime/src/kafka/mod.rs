@@ -34,11 +34,11 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::oneshot;
 
 pub use self::claim::Claim;
-pub use self::context::Unseen;
-pub use self::record::Record;
 use self::claim::{Spans, spans};
+pub use self::context::Unseen;
 use self::context::{Context, Positions, Shared, kafka};
 use self::poller::Command;
+pub use self::record::Record;
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::offsets::{RecordOffset, check_name};

@@ -92,7 +92,9 @@ impl<DB: Backend> Poller<DB> {
         let revoked = std::mem::take(&mut self.base.context().lock().revoked);
         if !revoked.is_empty() {
             self.buffered.retain(|r| match r {
-                Ok(r) => !revoked.iter().any(|(t, p)| t == r.topic() && *p == r.partition()),
+                Ok(r) => !revoked
+                    .iter()
+                    .any(|(t, p)| t == r.topic() && *p == r.partition()),
                 Err(_) => true,
             });
         }
@@ -150,7 +152,9 @@ impl<DB: Backend> Poller<DB> {
     /// fetched from the old position.
     fn seek(&mut self, to: &[(String, i32, i64)]) -> Result<(), Error> {
         self.buffered.retain(|r| match r {
-            Ok(r) => !to.iter().any(|(t, p, _)| t == r.topic() && *p == r.partition()),
+            Ok(r) => !to
+                .iter()
+                .any(|(t, p, _)| t == r.topic() && *p == r.partition()),
             Err(_) => true,
         });
         let mut tpl = TopicPartitionList::new();

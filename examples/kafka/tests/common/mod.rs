@@ -13,8 +13,8 @@ use std::time::Duration;
 use idem::Store;
 use idem::kafka::Consumer;
 use idem_example_kafka::{
-    Hold, Mode, Options, TopUp, config, create_effects, create_topic, kafka_url, produce,
-    producer, work,
+    Hold, Mode, Options, TopUp, config, create_effects, create_topic, kafka_url, produce, producer,
+    work,
 };
 use sqlx::{AssertSqlSafe, PgPool, Postgres};
 use support::{CHILD_MODE, Lines, Worker, child_env, postgres, stop_signal};
@@ -208,11 +208,13 @@ pub async fn child_main() {
     }
     .unwrap();
     consumer.subscribe(&[&child_env(CHILD_TOPIC)]).unwrap();
-    let hold = std::env::var(CHILD_HOLD).ok().map(|h| match h.split_once(':') {
-        Some(("before", gate)) => Hold::BeforeCommit(gate.into()),
-        Some(("after", gate)) => Hold::AfterCommit(gate.into()),
-        _ => panic!("unknown hold {h:?}"),
-    });
+    let hold = std::env::var(CHILD_HOLD)
+        .ok()
+        .map(|h| match h.split_once(':') {
+            Some(("before", gate)) => Hold::BeforeCommit(gate.into()),
+            Some(("after", gate)) => Hold::AfterCommit(gate.into()),
+            _ => panic!("unknown hold {h:?}"),
+        });
     let options = Options {
         mode,
         batch: child_env(CHILD_BATCH).parse().unwrap(),
