@@ -507,7 +507,13 @@ async fn relay_publishes_each_message_once_per_id() {
             credits: 1,
         };
         ids.push(guard.outbox().send(&world.topic, &job).unwrap().to_owned());
-        assert!(guard.finish(Ok::<_, idem::Error>(())).await.unwrap().is_applied());
+        assert!(
+            guard
+                .finish(Ok::<_, idem::Error>(()))
+                .await
+                .unwrap()
+                .is_applied()
+        );
     }
     let relay = Relay::new(
         world.store.clone(),
@@ -550,7 +556,13 @@ async fn relay_publishes_each_message_once_per_id() {
                 <sqlx::Postgres as Effects>::insert(guard.tx(), &world.effects, &job, 0, 0)
                     .await
                     .unwrap();
-                assert!(guard.finish(Ok::<_, idem::Error>(())).await.unwrap().is_applied());
+                assert!(
+                    guard
+                        .finish(Ok::<_, idem::Error>(()))
+                        .await
+                        .unwrap()
+                        .is_applied()
+                );
                 applied += 1;
             }
             _ => duplicate += 1,
