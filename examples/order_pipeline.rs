@@ -355,7 +355,7 @@ where
 fn settled(outcome: Result<Outcome<()>, JobError>) -> Result<bool, String> {
     match outcome {
         Ok(Outcome::Applied(())) => Ok(true),
-        Ok(Outcome::Duplicate | Outcome::Replayed(())) => Ok(false),
+        Ok(Outcome::Duplicate | Outcome::Replayed(()) | Outcome::Failed(_)) => Ok(false),
         Err(e) => Err(e.to_string()),
     }
 }

@@ -317,7 +317,8 @@ where
             let result = match handle(job).await {
                 // Committed, by this delivery or an earlier one: the job is done.
                 Ok(Outcome::Applied(())) => Ok(true),
-                Ok(Outcome::Duplicate | Outcome::Replayed(())) => Ok(false),
+                // Or failed for good by an earlier delivery: never retried either.
+                Ok(Outcome::Duplicate | Outcome::Replayed(()) | Outcome::Failed(_)) => Ok(false),
                 // The same key with another payload: no redelivery can fix it.
                 Err(e @ JobError::Idem(idem::Error::KeyReused { .. })) => Err((false, e)),
                 // Nothing was kept (a rollback, a lost connection, another delivery still

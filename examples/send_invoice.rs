@@ -252,7 +252,7 @@ pub async fn handle_batch(
         };
         let what = match send_invoice(store, &job).await {
             Ok(Outcome::Applied(())) => What::Applied,
-            Ok(Outcome::Duplicate | Outcome::Replayed(())) => What::Duplicate,
+            Ok(Outcome::Duplicate | Outcome::Replayed(()) | Outcome::Failed(_)) => What::Duplicate,
             Err(e) => {
                 let (kind, term) = match &e {
                     // Another delivery still holds the key: come back once it is likely done.

@@ -53,7 +53,9 @@ pub async fn run(url: &str, out: &mut impl Write) -> Result<Vec<i64>, Box<dyn st
     for delivery in 1..=3 {
         let outcome = match apply_top_up(&store, &job).await? {
             Outcome::Applied(()) => "applied",
-            Outcome::Duplicate | Outcome::Replayed(()) => "duplicate, nothing ran",
+            Outcome::Duplicate | Outcome::Replayed(()) | Outcome::Failed(_) => {
+                "duplicate, nothing ran"
+            }
         };
         let credits: i64 = sqlx::query_scalar("SELECT credits FROM accounts WHERE id = $1")
             .bind(account_id)

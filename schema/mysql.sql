@@ -3,10 +3,9 @@
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
 -- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
--- adds the outbox table `idem_processed_outbox`; `schema/mysql.v1-to-v2.sql` upgrades a
--- version 1 schema.
--- Version 3 adds the offset watermarks `idem_processed_offsets`; `schema/mysql.v2-to-v3.sql`
--- upgrades a version 2 schema.
+-- added the outbox table `idem_processed_outbox`, version 3 the tables and columns listed in
+-- `schema/mysql.v2-to-v3.sql`, which upgrades a version 2 schema (`schema/mysql.v1-to-v2.sql`
+-- a version 1 schema).
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope VARBINARY(255) NOT NULL,
@@ -19,6 +18,7 @@ CREATE TABLE IF NOT EXISTS idem_processed (
         attempts INT NOT NULL DEFAULT 1,
         created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
         completed_at DATETIME(6) NULL,
+        error TEXT NULL,
         PRIMARY KEY (scope, `key`),
         KEY idem_completed_at (state, completed_at),
         CHECK (state IN ('in_progress', 'completed'))
@@ -40,6 +40,29 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
         PRIMARY KEY (id),
         KEY idem_outbox_due (sent_at, parked, next_attempt_at),
         KEY idem_outbox_sent_at (sent_at)
+    ) ENGINE = InnoDB;
+
+-- Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
+CREATE TABLE IF NOT EXISTS idem_processed_retention (
+        scope VARBINARY(255) NOT NULL,
+        keep_ms BIGINT NOT NULL,
+        updated_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (scope),
+        CHECK (keep_ms > 0)
+    ) ENGINE = InnoDB;
+
+-- Schema version 3: lease steps (`Lease::step`), each step's value recorded until its
+-- marker is forgotten or purged.
+
+CREATE TABLE IF NOT EXISTS idem_processed_steps (
+        scope VARBINARY(255) NOT NULL,
+        `key` VARBINARY(255) NOT NULL,
+        name VARBINARY(255) NOT NULL,
+        seq INT NOT NULL,
+        token BIGINT NOT NULL,
+        result JSON NOT NULL,
+        created_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (scope, `key`, name)
     ) ENGINE = InnoDB;
 
 -- Schema version 3: the offset watermarks of the Kafka consumer's offset-watermark mode

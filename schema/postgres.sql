@@ -3,10 +3,9 @@
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
 -- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
--- adds the outbox table `idem_processed_outbox`; `schema/postgres.v1-to-v2.sql` upgrades a
--- version 1 schema.
--- Version 3 adds the offset watermarks `idem_processed_offsets`; `schema/postgres.v2-to-v3.sql`
--- upgrades a version 2 schema.
+-- added the outbox table `idem_processed_outbox`, version 3 the tables and columns listed in
+-- `schema/postgres.v2-to-v3.sql`, which upgrades a version 2 schema (`schema/postgres.v1-to-v2.sql`
+-- a version 1 schema).
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope text NOT NULL,
@@ -19,6 +18,7 @@ CREATE TABLE IF NOT EXISTS idem_processed (
         attempts integer NOT NULL DEFAULT 1,
         created_at timestamptz NOT NULL DEFAULT now(),
         completed_at timestamptz,
+        error text,
         PRIMARY KEY (scope, key)
     );
 
@@ -42,6 +42,27 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_due ON idem_processed_outbox (next_attempt_at) WHERE sent_at IS NULL AND NOT parked;
 
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_sent_at ON idem_processed_outbox (sent_at) WHERE sent_at IS NOT NULL;
+
+-- Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
+CREATE TABLE IF NOT EXISTS idem_processed_retention (
+        scope text PRIMARY KEY,
+        keep_ms bigint NOT NULL CHECK (keep_ms > 0),
+        updated_at timestamptz NOT NULL DEFAULT now()
+    );
+
+-- Schema version 3: lease steps (`Lease::step`), each step's value recorded until its
+-- marker is forgotten or purged.
+
+CREATE TABLE IF NOT EXISTS idem_processed_steps (
+        scope text NOT NULL,
+        key text NOT NULL,
+        name text NOT NULL,
+        seq integer NOT NULL,
+        token bigint NOT NULL,
+        result json NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (scope, key, name)
+    );
 
 -- Schema version 3: the offset watermarks of the Kafka consumer's offset-watermark mode
 -- (docs/kafka.md): per consumer group, topic and partition, the next offset to process.

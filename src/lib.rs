@@ -11,8 +11,21 @@
 //!
 //! struct TopUp { id: String, account: i64, credits: i64 }
 //!
+//! /// The handler's own error type: idem asks only for `From<idem::Error>` (why not
+//! /// `sqlx::Error`: the attribute's docs, "Your error type").
+//! #[derive(Debug)]
+//! enum JobError { Db(sqlx::Error), Idem(idem::Error) }
+//!
+//! impl From<sqlx::Error> for JobError {
+//!     fn from(e: sqlx::Error) -> Self { JobError::Db(e) }
+//! }
+//!
+//! impl From<idem::Error> for JobError {
+//!     fn from(e: idem::Error) -> Self { JobError::Idem(e) }
+//! }
+//!
 //! #[idem::idempotent(key = "job.id", scope = "billing.top_up")]
-//! async fn top_up(tx: &mut Transaction<'_, Sqlite>, job: &TopUp) -> Result<(), sqlx::Error> {
+//! async fn top_up(tx: &mut Transaction<'_, Sqlite>, job: &TopUp) -> Result<(), JobError> {
 //!     sqlx::query("UPDATE accounts SET credits = credits + ?1 WHERE id = ?2")
 //!         .bind(job.credits)
 //!         .bind(job.account)
@@ -21,12 +34,13 @@
 //!     Ok(())
 //! }
 //!
-//! # async fn run(store: Store<Sqlite>, job: TopUp) -> Result<(), sqlx::Error> {
+//! # async fn run(store: Store<Sqlite>, job: TopUp) -> Result<(), JobError> {
 //! // `top_up` now takes `&Store<Sqlite>` where it took the transaction.
 //! match top_up(&store, &job).await? {
 //!     Outcome::Applied(()) => { /* this delivery did the work: ack */ }
 //!     Outcome::Duplicate => { /* an earlier delivery did: ack, nothing ran */ }
 //!     Outcome::Replayed(()) => { /* the same, with its stored value (`replay` only) */ }
+//!     Outcome::Failed(_) => { /* failed for good (a lease's permanent error): ack */ }
 //! }
 //! # Ok(()) }
 //! ```
@@ -58,6 +72,11 @@ pub mod testing {
 pub mod by_hand {
     // An inner attribute, so that the page's links resolve inside the module.
     #![doc = include_str!("../docs/by-hand.md")]
+}
+
+pub mod observability {
+    // An inner attribute, so that the page's links resolve inside the module.
+    #![doc = include_str!("../docs/observability.md")]
 }
 
 #[doc(hidden)]

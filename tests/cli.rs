@@ -211,4 +211,7 @@ every_backend!(
     unreachable_database_exits_1_naming_the_url,
     idem_table_names_the_table,
     outbox_lists_and_requeues_parked_messages,
+    doctor_exits_0_healthy_6_warnings_7_problems,
+    retention_windows_are_shared_by_the_code_and_the_tool,
+    failed_jobs_are_listed_requeued_and_their_steps_shown,
 );

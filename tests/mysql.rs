@@ -57,6 +57,14 @@ impl conformance::Support for My {
     // listed 24 of 31 waiters for minutes while the process list showed all 31 in the INSERT.
     const LOCK_WAITERS: Option<&'static str> = Some(CLAIMS_RUNNING);
     const STATEMENT_AFTER_ROLLBACK_KEPT: bool = true;
+    const SCHEMA_V2: &'static str = include_str!("conformance/schema_v2/mysql.sql");
+    const UPGRADE_V2_TO_V3: &'static str = include_str!("../schema/mysql.v2-to-v3.sql");
+    const COLUMNS_OF: &'static str = "SELECT CONCAT_WS(' ', column_name, column_type, \
+         is_nullable, coalesce(column_default, '')) FROM information_schema.columns \
+         WHERE table_schema = DATABASE() AND table_name = '{table}'";
+    const INDEXES_OF: &'static str = "SELECT CONCAT_WS(' ', index_name, non_unique, \
+         GROUP_CONCAT(column_name ORDER BY seq_in_index)) FROM information_schema.statistics \
+         WHERE table_schema = DATABASE() AND table_name = '{table}' GROUP BY index_name, non_unique";
     const LOCK_WAIT_MS: &'static str =
         "SELECT CAST(@@SESSION.innodb_lock_wait_timeout * 1000 AS SIGNED)";
     // MariaDB's `TIME_MS`: how long the session's running statement has run.
@@ -114,6 +122,8 @@ conformance::every_backend_tests!(My);
 // The cases SQLite cannot run: a connection to cut, a server to miss, a session's own settings,
 // a second writer's serialization failure, a named lock.
 conformance::tests!(My;
+    killed_connection_fails_its_group_and_redelivery_applies_once,
+    connection_killed_in_a_job_fails_the_batch_and_keeps_nothing,
     connection_killed_before_commit_keeps_nothing,
     unreachable_server_fails_the_test_naming_url_and_variable,
     commit_cut_before_its_answer_is_an_error_and_redelivery_settles_it,

@@ -23,6 +23,14 @@ impl conformance::Support for Pg {
          AND query LIKE '%INSERT INTO ' || $1 || ' %'",
     );
     const STATEMENT_AFTER_ROLLBACK_KEPT: bool = false;
+    const FAILED_STATEMENT_ABORTS: bool = true;
+    const SCHEMA_V2: &'static str = include_str!("conformance/schema_v2/postgres.sql");
+    const UPGRADE_V2_TO_V3: &'static str = include_str!("../schema/postgres.v2-to-v3.sql");
+    const COLUMNS_OF: &'static str = "SELECT column_name || ' ' || data_type || ' ' || is_nullable \
+         || ' ' || coalesce(column_default, '') FROM information_schema.columns \
+         WHERE table_schema = current_schema() AND table_name = '{table}'";
+    const INDEXES_OF: &'static str = "SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() \
+         AND tablename = '{table}'";
     const LOCK_WAIT_MS: &'static str = "SELECT CAST(EXTRACT(EPOCH FROM \
          current_setting('lock_timeout')::interval) * 1000 AS BIGINT)";
     // `query_start` is when the session's running statement began; a `Lock` wait is a row lock.
@@ -110,6 +118,8 @@ conformance::every_backend_tests!(Pg);
 // The cases SQLite cannot run: a connection to cut, a server to miss, a session's own settings,
 // a second writer's serialization failure, a named lock.
 conformance::tests!(Pg;
+    killed_connection_fails_its_group_and_redelivery_applies_once,
+    connection_killed_in_a_job_fails_the_batch_and_keeps_nothing,
     serialization_failure_in_the_body_is_an_error_not_applied,
     connection_killed_before_commit_keeps_nothing,
     unreachable_server_fails_the_test_naming_url_and_variable,

@@ -21,6 +21,12 @@ impl conformance::Support for Lite {
     // Writers queue in the busy handler of `BEGIN IMMEDIATE`, which no other connection sees.
     const LOCK_WAITERS: Option<&'static str> = None;
     const STATEMENT_AFTER_ROLLBACK_KEPT: bool = true;
+    const SCHEMA_V2: &'static str = include_str!("conformance/schema_v2/sqlite.sql");
+    const UPGRADE_V2_TO_V3: &'static str = include_str!("../schema/sqlite.v2-to-v3.sql");
+    const COLUMNS_OF: &'static str = "SELECT name || ' ' || type || ' ' || \"notnull\" || ' ' \
+         || pk || ' ' || coalesce(dflt_value, '') FROM pragma_table_info('{table}')";
+    const INDEXES_OF: &'static str = "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = '{table}' \
+         AND sql IS NOT NULL";
     const LOCK_WAIT_MS: &'static str = "PRAGMA busy_timeout";
 
     async fn swallow_a_rollback(conn: &mut SqliteConnection, _: &SqlitePool, rows: &str) {

@@ -116,7 +116,7 @@ async fn by_hand<DB: Backend + sqlx::Database>(
             )
                 .into_response()
         }
-        Ok(Claimed::Duplicate) => StatusCode::CONFLICT.into_response(),
+        Ok(Claimed::Duplicate | Claimed::Failed(_)) => StatusCode::CONFLICT.into_response(),
         Err(idem::Error::InProgress { .. }) => StatusCode::CONFLICT.into_response(),
         Err(idem::Error::KeyReused { .. }) => StatusCode::UNPROCESSABLE_ENTITY.into_response(),
         Err(e) => failed(e),

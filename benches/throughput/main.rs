@@ -6,6 +6,8 @@
 //! cargo bench --bench throughput -- --instructions  # client instructions per job, gated
 //! cargo bench --bench throughput -- --http       # idem::http's layer against a hand-written claim
 //! cargo bench --bench throughput -- --outbox     # the outbox: handler cost, relay vs direct
+//! cargo bench --bench throughput -- --group      # group commit, and a poisoned batch
+//! cargo bench --bench throughput -- --steps      # lease steps: 3 steps vs 3 lease jobs
 //! ```
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
 //! sqlite|mysql`, `--rounds N`, `--run-ms N`, `--pool lean|sqlx` (the pool settings the docs
@@ -39,6 +41,7 @@
 // its effects and prints the report.
 mod batch;
 mod config;
+mod group;
 mod growth;
 mod http;
 mod instructions;
@@ -49,6 +52,7 @@ mod pgbench;
 mod plot;
 mod report;
 mod setup;
+mod steps;
 mod variants;
 mod wire;
 
@@ -138,7 +142,7 @@ fn parse_args() -> Res<Args> {
             "--run-ms" => parsed.run_ms = Some(args.next().ok_or("--run-ms needs N")?.parse()?),
             // `cargo bench` passes `--bench` to every harness-less bench.
             "--bench" => {}
-            "--instructions" => {}
+            "--instructions" | "--group" => {}
             other => eprintln!("ignoring argument {other:?}"),
         }
     }
@@ -172,6 +176,30 @@ fn main() -> Res<()> {
             .enable_all()
             .build()?
             .block_on(outbox::run(quick));
+    }
+    // Group commit against the macro and the hand-written code, and a poisoned batch.
+    if argv.iter().any(|a| a == "--group") {
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(async {
+                let args = parse_args()?;
+                let quick = args.quick;
+                let rounds = args.rounds.unwrap_or(if quick { 3 } else { 8 });
+                let run =
+                    Duration::from_millis(args.run_ms.unwrap_or(if quick { 200 } else { 1000 }));
+                let report = group::bench(args.only, rounds, run).await?;
+                print!("{report}");
+                Ok(())
+            });
+    }
+    // Lease steps: one job of three steps against three jobs (`steps.rs`).
+    if argv.iter().any(|a| a == "--steps") {
+        let quick = argv.iter().any(|a| a == "--quick");
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(steps::run(quick));
     }
     if argv.iter().any(|a| a == "--instructions") {
         std::fs::create_dir_all(&dir)?;

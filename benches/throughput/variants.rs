@@ -178,7 +178,7 @@ pub(crate) mod my {
     use super::*;
 
     /// As [`super::pg::update`]: made once, borrowed by every job.
-    fn update() -> &'static str {
+    pub(crate) fn update() -> &'static str {
         static SQL: OnceLock<String> = OnceLock::new();
         SQL.get_or_init(|| {
             let accounts = &config().accounts;

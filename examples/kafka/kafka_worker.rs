@@ -68,17 +68,24 @@ async fn effects(store: &Store<Sqlite>, table: &str) -> Result<i64, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Runs consumers of `group` on `topic` until `table` holds `want` effect rows.
+/// What every part of the example uses: the store, the broker, the log of events.
+struct Env<'a> {
+    store: &'a Store<Sqlite>,
+    url: &'a str,
+    log: &'a Arc<Mutex<Vec<String>>>,
+}
+
+/// Runs `consumers` consumers of `group` on `topic` until the options' effects table holds
+/// `want` rows.
 async fn consume(
-    store: &Store<Sqlite>,
-    url: &str,
+    env: &Env<'_>,
     group: &str,
     topic: &str,
     consumers: usize,
     options: &Options,
     want: i64,
-    log: &Arc<Mutex<Vec<String>>>,
 ) -> Result<(), String> {
+    let Env { store, url, log } = *env;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
     for n in 0..consumers {
@@ -150,7 +157,12 @@ pub async fn run(url: &str, db: &Path, out: &mut impl Write) -> Result<Report, S
         hold: None,
     };
     let group = format!("billing-{run}");
-    consume(&store, url, &group, &topic, 2, &watermarks, 40, &log).await?;
+    let env = Env {
+        store: &store,
+        url,
+        log: &log,
+    };
+    consume(&env, &group, &topic, 2, &watermarks, 40).await?;
     report.watermark_jobs = watermark_jobs.len();
     report.watermark_effects = effects(&store, "watermark_effects").await?;
     let marks = store
@@ -176,7 +188,7 @@ pub async fn run(url: &str, db: &Path, out: &mut impl Write) -> Result<Report, S
         hold: None,
     };
     let group = format!("receipts-{run}");
-    consume(&store, url, &group, &twice, 1, &markers, 10, &log).await?;
+    consume(&env, &group, &twice, 1, &markers, 10).await?;
     report.marker_records = 2 * marker_jobs.len();
     report.marker_jobs = marker_jobs.len();
     report.marker_effects = effects(&store, "marker_effects").await?;

@@ -16,6 +16,9 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, oneshot};
 
+/// The customer whose card the API always declines (`402 Payment Required`).
+pub const DECLINED: &str = "mallory";
+
 /// A charge request, as the API takes it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChargeRequest {
@@ -97,6 +100,11 @@ impl PaymentsApi {
         })
     }
 
+    /// The base URL: charges go to `{url}/charges`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     /// The URL that takes charges.
     pub fn charges_url(&self) -> String {
         format!("http://{}/charges", self.addr)
@@ -138,6 +146,13 @@ async fn charge(
             "an Idempotency-Key header is required".to_owned(),
         ));
     };
+    // A card that is always declined: a permanent error, which no retry fixes.
+    if req.customer == DECLINED {
+        return Err((
+            StatusCode::PAYMENT_REQUIRED,
+            "insufficient funds".to_owned(),
+        ));
+    }
     let (receipt, stall) = {
         let mut ledger = shared.ledger.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(first) = ledger.by_key.get(key).cloned() {

@@ -1,5 +1,6 @@
 //! The attribute's arguments: `key`, `scope`, `lease`, `timeout`, `wait`, `isolation`,
-//! `fingerprint`, `batch`, `crate`, each `= "..."`, and the flag `replay`.
+//! `fingerprint`, `batch`, `each`, `crate`, each `= "..."`, and the flags `replay` and
+//! `group`.
 
 use proc_macro2::{Span, TokenStream};
 use syn::meta::ParseNestedMeta;
@@ -26,6 +27,11 @@ pub(crate) struct Args {
     pub(crate) krate: Option<Path>,
     /// The literal (for spans) and the parameter it names, which holds the batch of jobs.
     pub(crate) batch: Option<(LitStr, syn::Ident)>,
+    /// The literal (for spans) and the parameter it names, which holds one job of a batch
+    /// run job by job.
+    pub(crate) each: Option<(LitStr, syn::Ident)>,
+    /// `group` was written: concurrent calls share one transaction and one commit.
+    pub(crate) group: bool,
     /// Arguments written, even with a refused value: a refused `key` has had its error, so
     /// "missing key" would be a second one for the same mistake. With the span of the name, for
     /// errors about the argument as a whole (`wait` in lease mode).
@@ -61,7 +67,7 @@ pub(crate) enum Isolation {
     Serializable,
 }
 
-const NAMES: [&str; 10] = [
+const NAMES: [&str; 12] = [
     "key",
     "scope",
     "lease",
@@ -71,6 +77,8 @@ const NAMES: [&str; 10] = [
     "replay",
     "fingerprint",
     "batch",
+    "each",
+    "group",
     "crate",
 ];
 
@@ -89,8 +97,8 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
             diag.error(&meta.path, unknown_message(&shown));
             return skip_value(&meta);
         };
-        if name == "replay" {
-            return flag(&meta, &mut args, diag);
+        if name == "replay" || name == "group" {
+            return flag(name, &meta, &mut args, diag);
         }
         let value = string_value(&meta, name, diag)?;
         if args.gave(name) {
@@ -152,6 +160,14 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
                      `jobs: &[Job]`",
                 ),
             },
+            "each" => match lit.parse::<syn::Ident>() {
+                Ok(ident) => args.each = Some((lit, ident)),
+                Err(_) => diag.error(
+                    &lit,
+                    "`each` names the parameter that holds one job of the batch, like \"job\" \
+                     for `job: &Job`",
+                ),
+            },
             "wait" => args.wait = wait_value(&lit, diag),
             "lease" => args.lease = lease_value(&lit, diag).map(|ms| Length::Literal(lit, ms)),
             "timeout" => {
@@ -184,22 +200,32 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
     args
 }
 
-/// `replay` takes no value: it is on or off.
-fn flag(meta: &ParseNestedMeta<'_>, args: &mut Args, diag: &mut Diag) -> syn::Result<()> {
+/// `replay` and `group` take no value: they are on or off.
+fn flag(
+    name: &'static str,
+    meta: &ParseNestedMeta<'_>,
+    args: &mut Args,
+    diag: &mut Diag,
+) -> syn::Result<()> {
     if meta.input.peek(syn::Token![=]) {
         diag.error(
             &meta.path,
-            "`replay` is a flag: write `replay`, without a value (leave it out to turn it off)",
+            format!(
+                "`{name}` is a flag: write `{name}`, without a value (leave it out to turn it off)"
+            ),
         );
         return skip_value(meta);
     }
-    if args.gave("replay") {
-        diag.error(&meta.path, "`replay` is given twice; keep one");
+    if args.gave(name) {
+        diag.error(&meta.path, format!("`{name}` is given twice; keep one"));
         return Ok(());
     }
     args.given
-        .push(("replay", syn::spanned::Spanned::span(&meta.path)));
-    args.replay = true;
+        .push((name, syn::spanned::Spanned::span(&meta.path)));
+    match name {
+        "replay" => args.replay = true,
+        _ => args.group = true,
+    }
     Ok(())
 }
 

@@ -12,7 +12,11 @@ use crate::mode::Mode;
 use crate::signature::{self, Handler};
 
 mod batch;
+mod each;
+mod steps;
 pub(crate) use batch::{BatchParam, batch};
+pub(crate) use each::{EachParam, each};
+pub(crate) use steps::steps;
 
 /// `lease` selects lease mode. Reports the arguments that do not fit the mode.
 pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
@@ -25,6 +29,87 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
         })
     };
     let lease_mode = args.gave("lease") || (args.unknown && lease_param());
+    if args.gave("each") {
+        // One commit for the batch, each job behind its own savepoint: the same reasons as
+        // `batch`'s, and a group of batches would be a batch.
+        for (arg, why) in [
+            (
+                "lease",
+                "a batch runs in transaction mode, its effects committed with the markers",
+            ),
+            (
+                "timeout",
+                "`timeout` bounds a lease-mode body, and a batch runs in transaction mode",
+            ),
+            (
+                "replay",
+                "a batch claims its keys without reading their stored values back",
+            ),
+            (
+                "fingerprint",
+                "a batch claims its keys without reading their markers back",
+            ),
+            (
+                "batch",
+                "`batch` runs the body once for the whole batch, `each` once per job",
+            ),
+            (
+                "group",
+                "a batch is one transaction already, committed once",
+            ),
+        ] {
+            if let Some(span) = args.span_of(arg) {
+                diag.error_at(
+                    span,
+                    format!(
+                        "`{arg}` does not go with `each`: {why}; remove `{arg}`, or `each` \
+                         for a handler of one job"
+                    ),
+                );
+            }
+        }
+        return Mode::Transaction;
+    }
+    if let Some(span) = args.span_of("group") {
+        // A group shares one transaction among its members: each member's claim, body and
+        // marker run in that transaction.
+        let why = if lease_mode {
+            Some(
+                "a group shares one database transaction among its calls, and a lease-mode body \
+                 runs outside any transaction (its effect is elsewhere); remove `group`, or \
+                 `lease` for transaction mode",
+            )
+        } else if args.gave("batch") {
+            Some("a batch is one transaction already, committed once; remove `group` or `batch`")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            diag.error_at(
+                span,
+                format!(
+                    "`group` does not go with `{}`: {why}",
+                    match lease_mode {
+                        true => "lease",
+                        false => "batch",
+                    }
+                ),
+            );
+            return match lease_mode {
+                true => Mode::Lease,
+                false => Mode::Batch,
+            };
+        }
+        if let Some(span) = args.span_of("isolation") {
+            diag.error_at(
+                span,
+                "`isolation` does not go with `group`: the group's transaction is begun once for \
+                 all its calls, at the database's default level; remove `isolation`, or \
+                 `group`",
+            );
+        }
+        return Mode::Transaction;
+    }
     if args.gave("batch") {
         // One batch commits once: a lease per job, or one value replayed to each of them,
         // would need a statement per job, which is what batches are for avoiding.

@@ -35,6 +35,15 @@ pub use crate::record::{Fingerprint, Recorded};
 pub use crate::store::Store;
 pub use core::time::Duration;
 
+mod each;
+mod group;
+pub use crate::group::{Group, GroupHeld};
+pub use crate::outcome::Each;
+pub use each::{
+    claim_each, each_body, each_job, finish_each, finish_job, job_parts, job_tx, settle_each,
+};
+pub use group::{claim_group, finish_group, finish_group_replay};
+
 /// The databases that sqlx's transaction aliases name (`PgTransaction<'_>` is
 /// `Transaction<'_, Postgres>`), for the store parameter that replaces them.
 pub mod db {
@@ -193,7 +202,7 @@ impl Spec {
     /// A call refused before its claim (a bad key, a payload that cannot be fingerprinted):
     /// observed as any other call.
     fn refused(&'static self, mode: Mode, error: Error) -> Error {
-        Observed::start(&self.site, self.scope, mode, None).refused(&error);
+        Observed::start(&self.site, self.scope, mode, None, None).refused(&error);
         error
     }
 }
@@ -478,7 +487,7 @@ pub async fn claim_batch<DB: Backend>(
     let keys = match keys {
         Ok(keys) => keys,
         Err(e) => {
-            Observed::batch(&spec.site, spec.scope, jobs).refused(&e);
+            Observed::batch(&spec.site, spec.scope, jobs, None).refused(&e);
             return Err(e);
         }
     };
@@ -559,7 +568,7 @@ pub fn batch_body<DB: Backend>(claim: &BatchGuard<DB>) -> Body {
 
 /// The answer of a batch whose every job is a duplicate; the body did not run.
 pub fn all_duplicates<T, DB: Backend>(claim: &BatchGuard<DB>) -> Batch<T> {
-    Batch::new(claim.fresh(), None)
+    claim.settled()
 }
 
 /// [`BatchGuard::finish`] without converting idem's errors yet.

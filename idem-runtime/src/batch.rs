@@ -11,9 +11,9 @@ use crate::backend::Backend;
 use crate::claim::nested::Body;
 use crate::claim::{Request, TxHeld, end, run};
 use crate::error::Error;
-use crate::key::{Key, KeyError, MAX_BATCH};
+use crate::key::{Key, MAX_BATCH};
 use crate::options::ClaimOptions;
-use crate::outcome::{Batch, Failed};
+use crate::outcome::{Batch, Failed, Failure};
 use crate::outgoing::BatchOutbox;
 use crate::scope::check_scope;
 use crate::store::Store;
@@ -37,8 +37,8 @@ impl<DB: Backend> Store<DB> {
     /// keys by their single-job handlers.
     ///
     /// Refused before any I/O: a bad scope ([`Error::InvalidScope`]), more than
-    /// [`MAX_BATCH`] keys ([`Error::InvalidKey`] with [`KeyError::BatchTooLarge`]; build the
-    /// keys with [`Key::batch`] to learn which job's key is bad), and a claim inside the open
+    /// [`MAX_BATCH`] keys ([`Error::BatchTooLarge`]; build the keys with [`Key::batch`] to
+    /// learn which job's key is bad), and a claim inside the open
     /// transaction of another claim of this task ([`Error::Nested`]). An empty batch does no
     /// I/O.
     ///
@@ -90,7 +90,7 @@ impl<DB: Backend> Store<DB> {
     ) -> Result<BatchGuard<DB>, Error> {
         check_scope(scope)?;
         if keys.len() > MAX_BATCH {
-            return Err(KeyError::BatchTooLarge { len: keys.len() }.into());
+            return Err(Error::BatchTooLarge { len: keys.len() });
         }
         let scope = Cow::Owned(scope.to_owned());
         claim_batch(self, scope, keys, options, None).await
@@ -109,8 +109,10 @@ pub(crate) async fn claim_batch<DB: Backend>(
     let Some(first) = keys.first() else {
         return Ok(BatchGuard {
             fresh: Vec::new(),
+            failed: Vec::new(),
             held: None,
             fresh_keys: Vec::new(),
+            taken: Vec::new(),
             outbox: None,
         });
     };
@@ -129,12 +131,13 @@ pub(crate) async fn claim_batch<DB: Backend>(
         Some((site, name)) => Request::of(scope, first.clone(), options, site, name.into()),
         None => Request::new(scope, first.clone(), options, "Store::claim_batch"),
     };
-    let (claimed, mut held) = run::batch(store, request, &sorted, keys.len()).await?;
-    let mut taken: HashMap<&str, bool> = claimed.iter().map(|k| (k.as_str(), true)).collect();
+    let (claimed, failed, mut held) = run::batch(store, request, &sorted, keys.len()).await?;
+    let mut unused: HashMap<&str, bool> =
+        claimed.fresh.iter().map(|k| (k.as_str(), true)).collect();
     // The first position of a claimed key takes it; `remove` leaves later ones out.
     let fresh: Vec<bool> = keys
         .iter()
-        .map(|k| taken.remove(k.as_str()).unwrap_or(false))
+        .map(|k| unused.remove(k.as_str()).unwrap_or(false))
         .collect();
     let fresh_keys: Vec<Key> = keys
         .iter()
@@ -142,17 +145,38 @@ pub(crate) async fn claim_batch<DB: Backend>(
         .filter(|&(_, fresh)| *fresh)
         .map(|(key, _)| key.clone())
         .collect();
+    // Every position of a key that failed for good in an earlier delivery is that failure.
+    let failed: Vec<(usize, Failure)> = keys
+        .iter()
+        .enumerate()
+        .filter_map(|(i, k)| {
+            let (_, failure) = failed.iter().find(|(key, _)| key == k.as_str())?;
+            Some((i, failure.clone()))
+        })
+        .collect();
     // Errors of the commit name the first fresh key: the transaction held them all.
     if let (Some(held), Some(first)) = (&mut held, fresh_keys.first()) {
         held.rekey(first.clone());
     }
     Ok(BatchGuard {
         fresh,
+        failed,
         held,
         fresh_keys,
+        taken: claimed.taken,
         outbox: None,
     })
 }
+
+/// What [`BatchGuard::each`](crate::BatchGuard::each) takes over from a batch claim.
+pub(crate) type EachParts<DB> = (
+    Vec<bool>,
+    Vec<(usize, Failure)>,
+    Option<TxHeld<'static, DB>>,
+    Vec<Key>,
+    Vec<String>,
+    Option<BatchOutbox>,
+);
 
 /// The answer to [`Store::claim_batch`]: which jobs of the batch this delivery holds, and the
 /// open transaction holding them.
@@ -165,9 +189,13 @@ pub(crate) async fn claim_batch<DB: Backend>(
 #[must_use = "a batch claim may hold an open transaction: run the fresh jobs and call `finish`"]
 pub struct BatchGuard<DB: Backend> {
     fresh: Vec<bool>,
+    /// The positions of the jobs an earlier delivery failed for good.
+    failed: Vec<(usize, Failure)>,
     held: Option<TxHeld<'static, DB>>,
     /// The fresh jobs' keys, in the batch's order, until the outbox takes them.
     fresh_keys: Vec<Key>,
+    /// The fresh keys that were free leases taken over (the others were inserted).
+    taken: Vec<String>,
     outbox: Option<BatchOutbox>,
 }
 
@@ -193,6 +221,20 @@ impl<DB: Backend> BatchGuard<DB> {
     /// If `position` is not below [`len`](BatchGuard::len).
     pub fn is_fresh(&self, position: usize) -> bool {
         self.fresh[position]
+    }
+
+    /// The outcomes of a batch none of whose jobs is fresh: duplicates, and the failures of
+    /// the jobs that failed for good.
+    pub(crate) fn settled<T>(&self) -> Batch<T> {
+        Batch::new(&self.fresh, None).failed_at(&self.failed)
+    }
+
+    /// The failure of the job at `position` if an earlier delivery failed it for good (a
+    /// lease-mode body's permanent error under the same scope): the job is not fresh, and its
+    /// outcome is [`Outcome::Failed`](crate::Outcome::Failed).
+    pub fn failure(&self, position: usize) -> Option<&Failure> {
+        let (_, failure) = self.failed.iter().find(|(p, _)| *p == position)?;
+        Some(failure)
     }
 
     /// For each position of the batch, whether this delivery holds that job.
@@ -264,24 +306,40 @@ impl<DB: Backend> BatchGuard<DB> {
         drop(self.finish_failed(result).await);
     }
 
+    /// What [`each`](BatchGuard::each) runs on: the fresh flags, the transaction, the fresh
+    /// keys in order, the keys taken over, and the messages sent so far.
+    pub(crate) fn into_each_parts(self) -> EachParts<DB> {
+        let BatchGuard {
+            fresh,
+            failed,
+            held,
+            fresh_keys,
+            taken,
+            outbox,
+        } = self;
+        (fresh, failed, held, fresh_keys, taken, outbox)
+    }
+
     pub(crate) async fn finish_failed<T, E>(
         self,
         result: Result<T, Failed<E>>,
     ) -> Result<Batch<T>, Failed<E>> {
         let BatchGuard {
             fresh,
+            failed,
             held,
             outbox,
             ..
         } = self;
         let Some(held) = held else {
             result?;
-            return Ok(Batch::new(&vec![false; fresh.len()], None));
+            return Ok(Batch::new(&fresh, None).failed_at(&failed));
         };
         let (hold, ticket) = held.into_parts();
         let pending = outbox.map(BatchOutbox::into_pending);
         let ended = end(hold, &ticket, pending.as_ref(), result, |_| Ok(None)).await;
-        let batch = ended.map(|outcome| Batch::new(&fresh, outcome.into_value()));
+        let batch =
+            ended.map(|outcome| Batch::new(&fresh, outcome.into_value()).failed_at(&failed));
         ticket.observed.ended_batch(&batch);
         batch
     }

@@ -31,12 +31,16 @@ pub mod testing;
 
 mod backend;
 
+mod doctor;
 mod inspect;
+mod retention;
 mod store;
 
 mod claim;
 
 mod batch;
+mod each;
+mod group;
 mod join;
 mod lease;
 pub mod offsets;
@@ -56,21 +60,26 @@ pub use batch::BatchClaim;
 pub use batch::BatchGuard;
 pub use claim::Claimed;
 pub use claim::nested::Body;
+pub use doctor::{Checkup, Diagnosis, Finding, Severity};
+pub use each::{EachGuard, JobGuard};
 pub use error::Error;
-pub use inspect::{Marker, MarkerState};
+pub use group::{Group, GroupGuard, GroupOptions, MAX_GROUP, MAX_GROUP_DELAY, MAX_LANES};
+pub use inspect::{Marker, MarkerState, RecordedStep};
 pub use job_id::{JobId, job_id};
 #[allow(deprecated)]
 pub use join::JoinedClaim;
 pub use join::{Joined, JoinedGuard, Target, commit};
 pub use key::{IntoKey, Key, KeyError, KeyWriter, MAX_BATCH, MAX_KEY_LEN};
-pub use lease::Lease;
 #[allow(deprecated)]
 pub use lease::Leased;
+pub use lease::{Lease, MAX_ERROR_LEN, MAX_STEP_NAME, Step, Verified};
+pub use observe::semconv::{MESSAGING_PROCESS_DURATION, Messaging, observe_messaging};
 pub use observe::{CLAIM_SECONDS, KeyInSpans, OUTCOMES_TOTAL, describe_metrics, observe_keys};
 pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
-pub use outcome::{Batch, Outcome};
+pub use outcome::{Batch, Each, Failure, Outcome};
 pub use outgoing::{BatchOutbox, Message, Outbox};
 pub use record::{Fingerprint, MAX_REPLAY_LEN, Recorded};
+pub use retention::{MIN_RETENTION, Retention};
 pub use store::{DEFAULT_TABLE, MAX_TABLE_LEN, PURGE_BATCH, Store};
 #[allow(deprecated)]
 pub use transaction::Claim;

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::observe::semconv::Messaging;
 use crate::record::Fingerprint;
 
 /// The shortest lease: below a second there is no margin left for the completing statement's
@@ -64,6 +65,7 @@ pub struct ClaimOptions {
     pub(crate) isolation: Option<Isolation>,
     pub(crate) replay: bool,
     pub(crate) fingerprint: Option<Fingerprint>,
+    pub(crate) messaging: Option<Messaging>,
 }
 
 impl ClaimOptions {
@@ -74,7 +76,15 @@ impl ClaimOptions {
             isolation: None,
             replay: false,
             fingerprint: None,
+            messaging: None,
         }
+    }
+
+    /// The broker the job came from: the call's span gets OpenTelemetry's messaging
+    /// attributes, and the call records `messaging.process.duration` ([`Messaging`]).
+    pub const fn messaging(mut self, messaging: Messaging) -> Self {
+        self.messaging = Some(messaging);
+        self
     }
 
     /// Stores the payload's fingerprint with the marker, and refuses a later delivery of the
@@ -140,6 +150,9 @@ pub enum Mode {
     Lease,
     /// A batch handler (`batch = ".."`): one claim and one commit for many jobs.
     Batch,
+    /// A member of a group ([`Group`](crate::Group)): a savepoint of a transaction shared
+    /// with concurrent calls, one commit for all of them.
+    Group,
     /// An offset claim: records of a Kafka partition claimed by their offsets, below the
     /// watermark a duplicate.
     Offsets,
@@ -152,6 +165,7 @@ impl Mode {
             Mode::Joined => "joined",
             Mode::Lease => "lease",
             Mode::Batch => "batch",
+            Mode::Group => "group",
             Mode::Offsets => "offsets",
         }
     }
@@ -166,6 +180,7 @@ pub struct LeaseOptions {
     pub(crate) replay: bool,
     pub(crate) wait: Option<Duration>,
     pub(crate) fingerprint: Option<Fingerprint>,
+    pub(crate) messaging: Option<Messaging>,
 }
 
 impl LeaseOptions {
@@ -181,7 +196,14 @@ impl LeaseOptions {
             replay: false,
             wait: None,
             fingerprint: None,
+            messaging: None,
         }
+    }
+
+    /// The broker the job came from, as [`ClaimOptions::messaging`].
+    pub const fn messaging(mut self, messaging: Messaging) -> Self {
+        self.messaging = Some(messaging);
+        self
     }
 
     /// How long the claim may wait behind a delivery in another mode that holds the key in

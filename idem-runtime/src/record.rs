@@ -124,6 +124,8 @@ pub const MAX_REPLAY_LEN: usize = 1 << 20;
 pub struct Recorded {
     pub(crate) fingerprint: Option<Vec<u8>>,
     pub(crate) result: Option<String>,
+    /// A failure the marker completed with (a lease's permanent error).
+    pub(crate) error: Option<String>,
 }
 
 impl Recorded {

@@ -21,7 +21,7 @@ pub use crate::backend::MAX_TABLE_LEN;
 pub const PURGE_BATCH: i64 = 5_000;
 
 /// Retentions from here on purge nothing (see [`Store::purge`]).
-const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
+pub(crate) const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 
 /// Where the markers live: a connection pool plus the name of the marker table.
 ///
@@ -52,7 +52,8 @@ const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 /// | joined to a transaction you hold | [`join`](Store::join) |
 /// | lease mode | [`lease`](Store::lease) |
 /// | batches | [`claim_batch`](Store::claim_batch), [`claim_batch_with`](Store::claim_batch_with) |
-/// | operators | [`inspect`](Store::inspect), [`list_in_progress`](Store::list_in_progress), [`list_all_in_progress`](Store::list_all_in_progress), [`forget`](Store::forget), [`forget_forced`](Store::forget_forced), [`purge`](Store::purge) |
+/// | operators | [`inspect`](Store::inspect), [`steps`](Store::steps), [`list_failed`](Store::list_failed), [`requeue`](Store::requeue), [`list_in_progress`](Store::list_in_progress), [`list_all_in_progress`](Store::list_all_in_progress), [`forget`](Store::forget), [`forget_forced`](Store::forget_forced), [`purge`](Store::purge) |
+/// | retention per scope | [`set_retention`](Store::set_retention), [`clear_retention`](Store::clear_retention), [`retentions`](Store::retentions), [`purge_by_retention`](Store::purge_by_retention) |
 /// | the outbox's operators | [`list_outbox`](Store::list_outbox), [`outbox_message`](Store::outbox_message), [`requeue_outbox`](Store::requeue_outbox), [`purge_outbox`](Store::purge_outbox) |
 ///
 /// # Backends
@@ -234,6 +235,10 @@ impl<DB: Backend> Store<DB> {
     /// still be calling the outside system, and a redelivery would call it again beside it.
     /// Wait for it to complete or run out, or use [`forget_forced`](Store::forget_forced).
     ///
+    /// The steps a lease recorded ([`Lease::step`](crate::Lease::step)) are deleted with a
+    /// deleted marker, in the same transaction; a marker in progress that is let go keeps
+    /// them, so that its next delivery resumes after them.
+    ///
     /// The job's outbox messages that were not sent yet (pending or parked) are deleted with
     /// it, in the same transaction: the re-run sends its own, under the same ids. Messages already sent stay until
     /// [`purge_outbox`](Store::purge_outbox): a re-run's message with the id of a sent one is
@@ -279,6 +284,9 @@ impl<DB: Backend> Store<DB> {
             let mut tx = pool.begin().await?;
             if DB::forget(&mut tx, sql, scope, key.as_str(), force).await? {
                 DB::outbox_forget(&mut tx, sql, scope, key.as_str()).await?;
+                // A lease's recorded steps go with a deleted marker; a marker only let go
+                // keeps them, and its next delivery resumes after them.
+                DB::steps_forget(&mut tx, sql, scope, key.as_str()).await?;
                 tx.commit().await?;
                 return Ok(true);
             }
@@ -296,21 +304,26 @@ impl<DB: Backend> Store<DB> {
     }
 
     /// Deletes the markers of jobs completed more than `older_than` ago, in batches of at most
-    /// [`PURGE_BATCH`] rows (each its own short statement, so a purge never holds many locks);
-    /// returns how many it deleted.
+    /// [`PURGE_BATCH`] rows (each its own short transaction, so a purge never holds many
+    /// locks), each with the steps its lease recorded; returns how many markers it deleted.
+    ///
+    /// A scope with a retention window of its own
+    /// ([`set_retention`](Store::set_retention)) is purged by that window instead, longer or
+    /// shorter than `older_than` ([`purge_by_retention`](Store::purge_by_retention) purges
+    /// only those).
     ///
     /// Retention must outlast the longest time the broker may still redeliver a job (SQS
     /// visibility timeouts and retention, RabbitMQ requeues, JetStream `max_deliver` with
     /// back-off, a replay from a dead-letter queue): a redelivery that arrives after its marker
     /// was purged runs again.
     pub async fn purge(&self, older_than: Duration) -> Result<u64, Error> {
+        let mut total = self.purge_by_retention().await?;
         // No marker is older than a century; a longer retention (up to `Duration::MAX`) would
         // overflow the databases' interval arithmetic, and purges nothing anyway.
         if older_than >= MAX_RETENTION {
-            return Ok(0);
+            return Ok(total);
         }
         let age_ms = i64::try_from(older_than.as_millis()).expect("below MAX_RETENTION");
-        let mut total = 0;
         loop {
             let n = DB::purge_batch(&self.pool, &self.sql, age_ms, PURGE_BATCH).await?;
             total += n;

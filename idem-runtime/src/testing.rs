@@ -10,11 +10,13 @@
 mod all;
 mod cases;
 pub(crate) mod probe;
+mod steps;
 
 use std::fmt;
 
 pub use all::{CONCURRENT_DELIVERIES, all_cases};
 pub use cases::{deliver_concurrently, deliver_twice, expire_lease, fail_before_commit};
+pub use steps::{MAX_CRASHES, crash_after_each_step};
 
 /// What one delivery of the job got, as the kit classifies it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,6 +28,9 @@ pub enum Got {
     Duplicate,
     /// `Ok(Outcome::Replayed(_))`: the same, with the earlier delivery's value (`replay`).
     Replayed,
+    /// `Ok(Outcome::Failed(_))`: the job failed for good (a permanent error, this delivery's
+    /// or an earlier one's).
+    FailedForGood,
     /// `Err` from [`Error::InProgress`](crate::Error::InProgress): another delivery held the
     /// key. The broker redelivers such a job later.
     InProgress,
@@ -49,6 +54,7 @@ impl Got {
             Got::Applied => "ran the body and committed",
             Got::Duplicate => "an earlier delivery had handled the job",
             Got::Replayed => "an earlier delivery had handled the job; its value replayed",
+            Got::FailedForGood => "the job failed for good (a permanent error); acked",
             Got::InProgress => "another delivery held the key (nack, redeliver later)",
             Got::LeaseLost => "its lease had been taken over; its result was not recorded",
             Got::Injected => "failed on purpose by the kit before its commit",
@@ -134,7 +140,7 @@ impl Report {
         self.deliveries.iter().map(|d| d.got).collect()
     }
 
-    fn push(&mut self, delivery: Delivery) -> &Delivery {
+    pub(crate) fn push(&mut self, delivery: Delivery) -> &Delivery {
         self.deliveries.push(delivery);
         self.deliveries.last().expect("just pushed")
     }

@@ -57,6 +57,8 @@ impl<DB: Backend> Store<DB> {
     ///         guard.finish(done.map(drop).map_err(idem::Error::from)).await?
     ///     }
     ///     Claimed::Duplicate | Claimed::Replayed(_) => Outcome::Duplicate,
+    ///     // A lease-mode handler of the scope failed the job for good: ack it too.
+    ///     Claimed::Failed(failure) => Outcome::Failed(failure),
     /// };
     /// # let _ = outcome;
     /// # Ok(()) }

@@ -26,6 +26,7 @@ fn assert_shows(fields: &BTreeMap<String, String>, m: &Marker, lease: &str) {
         ("created_at", m.created_at.clone()),
         ("completed_at", dash(&m.completed_at)),
         ("locked_until", dash(&m.locked_until)),
+        ("error", dash(&m.error)),
     ];
     for (name, want) in expected {
         assert_eq!(fields.get(name), Some(&want), "{name} of {fields:?}");
@@ -74,7 +75,11 @@ pub(crate) async fn inspect_prints_the_stored_marker<B: Db>() {
         let mut fields = as_fields(&doc);
         assert_eq!(fields.remove("found").as_deref(), Some("true"));
         assert_shows(&fields, &before, if lease == "-" { "-" } else { lease });
-        assert_eq!(fields.len(), 10, "{fields:?}");
+        assert_eq!(fields.len(), 13, "{fields:?}");
+        assert_eq!(
+            (&fields["value_bytes"][..], &fields["response_status"][..]),
+            ("-", "-")
+        );
 
         let text = fx.idem(&["inspect", scope, key]).await.ok().fields();
         assert_shows(&text, &before, lease);
@@ -86,6 +91,44 @@ pub(crate) async fn inspect_prints_the_stored_marker<B: Db>() {
         // The key printed is the key to type.
         let again = fx.idem(&["--json", "inspect", scope, &fields["key"]]).await;
         assert_eq!(again.ok().json()["created_at"], doc["created_at"]);
+    }
+
+    // What is stored with a marker: a handler's `replay` value (its JSON's length), and a
+    // response the HTTP layer stores (its status too; the layer's format is pinned by its
+    // own tests).
+    match fx
+        .store
+        .claim("billing.quote", &Key::new("q-1").unwrap())
+        .await
+    {
+        Ok(idem::Claimed::Fresh(guard)) => {
+            let value = guard.finish_replay(Ok::<_, idem::Error>([7, 8, 9])).await;
+            assert_eq!(value.unwrap(), idem::Outcome::Applied([7, 8, 9]));
+        }
+        other => panic!("billing.quote was claimed before: {other:?}"),
+    }
+    fx.complete("invoices.send", &Key::new("2:_|6:inv-42").unwrap())
+        .await;
+    let response = r#"{"status":201,"headers":[["location","/invoices/42"]],"body":"b2s="}"#;
+    fx.exec(&format!(
+        "UPDATE {} SET result = '{response}' WHERE scope = 'invoices.send'",
+        fx.table()
+    ))
+    .await;
+    for (scope, key, bytes, status) in [
+        ("billing.quote", "q-1", "7", "-"),
+        ("invoices.send", "2:_|6:inv-42", "68", "201"),
+    ] {
+        let doc = fx
+            .idem(&["--json", "inspect", scope, key])
+            .await
+            .ok()
+            .json();
+        let text = fx.idem(&["inspect", scope, key]).await.ok().fields();
+        for fields in [as_fields(&doc), text] {
+            assert_eq!(fields["value_bytes"], bytes, "{scope}: {fields:?}");
+            assert_eq!(fields["response_status"], status, "{scope}: {fields:?}");
+        }
     }
 
     // A tuple key part by part, a key from standard input, the URL from DATABASE_URL.
@@ -193,7 +236,7 @@ pub(crate) async fn stuck_lists_leases_in_progress<B: Db>() {
     {
         let fields = as_fields(shown);
         assert_shows(&fields, before, lease);
-        assert_eq!(fields.len(), 10, "{fields:?}");
+        assert_eq!(fields.len(), 13, "{fields:?}");
     }
 
     let all = fx.idem(&["--json", "stuck"]).await.ok().json();
@@ -391,7 +434,10 @@ pub(crate) async fn purge_deletes_what_completed_before_the_age<B: Db>() {
     let text = fx.idem(&["purge", "--older-than", "90m"]).await.ok().stdout;
     assert_eq!(
         text,
-        format!("deleted 0 markers of jobs completed more than 90m ago from {table}\n")
+        format!(
+            "deleted 0 markers of jobs completed more than 90m ago (or longer ago than their \
+             scope's retention window) from {table}\n"
+        )
     );
     fx.cleanup().await;
 }
@@ -538,9 +584,15 @@ pub(crate) async fn unreachable_database_exits_1_naming_the_url<B: Db>() {
     let out = run(&["--database-url", &url, "stuck"], None, &[]).await;
     assert_eq!((out.code, out.stdout.as_str()), (Some(1), ""), "{out:?}");
     let shown = url.replace(":hunter2@", ":***@");
-    assert!(
-        out.stderr
-            .contains(&format!("cannot reach the database at {shown}:")),
+    // A server is reached; an SQLite file is opened, and no server runs for it.
+    let said = match url.starts_with("sqlite:") {
+        true => format!("cannot open the SQLite database at {shown}:"),
+        false => format!("cannot reach the database at {shown}:"),
+    };
+    assert!(out.stderr.contains(&said), "{out:?}");
+    assert_eq!(
+        out.stderr.contains("server is running"),
+        !url.starts_with("sqlite:"),
         "{out:?}"
     );
     assert!(!out.stderr.contains("hunter2"), "{out:?}");
@@ -561,9 +613,14 @@ pub(crate) async fn unreachable_database_exits_1_naming_the_url<B: Db>() {
     )
     .await;
     assert_eq!((out.code, out.stdout.as_str()), (Some(1), ""), "{out:?}");
+    // A mistyped --table: no such table, how to pass the right one, and the marker tables
+    // that are there; no advice to migrate.
     assert!(
-        out.stderr.contains(&format!("(table {absent})"))
-            && out.stderr.contains("the marker table does not exist"),
+        out.stderr
+            .contains(&format!("no table {absent} in the database"))
+            && out.stderr.contains("as --table (or IDEM_TABLE)")
+            && out.stderr.contains(fx.table())
+            && !out.stderr.contains("migrate"),
         "{out:?}"
     );
     fx.cleanup().await;

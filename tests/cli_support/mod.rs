@@ -1,11 +1,15 @@
 //! One case's database, table and markers, and the runs of the binary against them.
 
 pub(crate) mod cases;
+pub(crate) mod doctor;
+pub(crate) mod failed;
 pub(crate) mod forget;
 pub(crate) mod outbox;
 
 // The cases of every file, under one path for `every_backend!`.
 pub(crate) use cases::*;
+pub(crate) use doctor::*;
+pub(crate) use failed::*;
 pub(crate) use forget::*;
 pub(crate) use outbox::*;
 
@@ -146,7 +150,7 @@ impl<B: Db> Fixture<B> {
                 let done = guard.finish(Ok::<(), idem::Error>(())).await;
                 assert_eq!(done.expect("commit"), Outcome::Applied(()));
             }
-            Claimed::Duplicate | Claimed::Replayed(_) => {
+            Claimed::Duplicate | Claimed::Replayed(_) | Claimed::Failed(_) => {
                 panic!("{scope} / {key} was claimed before")
             }
         }
@@ -158,7 +162,7 @@ impl<B: Db> Fixture<B> {
         let options = LeaseOptions::new(Duration::from_secs(secs));
         match self.store.lease(scope, &key, options).await.expect("lease") {
             Claimed::Fresh(lease) => lease,
-            Claimed::Duplicate | Claimed::Replayed(_) => {
+            Claimed::Duplicate | Claimed::Replayed(_) | Claimed::Failed(_) => {
                 panic!("{scope} / {key} was leased before")
             }
         }
@@ -178,6 +182,10 @@ impl<B: Db> Fixture<B> {
     pub(crate) async fn cleanup(self) {
         self.exec(&format!("DROP TABLE {}", self.table())).await;
         self.exec(&format!("DROP TABLE IF EXISTS {}_outbox", self.table()))
+            .await;
+        self.exec(&format!("DROP TABLE IF EXISTS {}_retention", self.table()))
+            .await;
+        self.exec(&format!("DROP TABLE IF EXISTS {}_steps", self.table()))
             .await;
         self.pool.close().await;
         B::remove(&self.url);

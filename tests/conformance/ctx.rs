@@ -133,8 +133,13 @@ impl<S: Support> Ctx<S> {
     pub(crate) async fn cleanup(self) {
         for t in &self.tables {
             self.exec(&format!("DROP TABLE {t}")).await;
-            // A marker table's `migrate` made its outbox too (schema version 2).
+            // A marker table's `migrate` made its outbox too (schema version 2), and its
+            // steps (version 3).
             self.exec(&format!("DROP TABLE IF EXISTS {t}_outbox")).await;
+            // And its retention and steps tables (schema version 3).
+            self.exec(&format!("DROP TABLE IF EXISTS {t}_retention"))
+                .await;
+            self.exec(&format!("DROP TABLE IF EXISTS {t}_steps")).await;
             // And its offset watermarks (schema version 3).
             self.exec(&format!("DROP TABLE IF EXISTS {t}_offsets"))
                 .await;

@@ -67,6 +67,12 @@ impl<DB: TestDb> Provider<DB> {
         Ok(())
     }
 
+    /// Whether this process sent a request with `idempotency_key`: what a step's verify asks.
+    pub(crate) fn saw(&self, idempotency_key: &str) -> bool {
+        let requests = self.requests.lock().expect("provider");
+        requests.iter().any(|k| k == idempotency_key)
+    }
+
     /// Requests this process made.
     pub(crate) fn requests(&self) -> usize {
         self.requests.lock().expect("provider").len()

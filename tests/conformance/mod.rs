@@ -33,10 +33,13 @@ pub(crate) mod batch_handlers;
 pub(crate) mod cases;
 pub(crate) mod ctx;
 pub(crate) mod db;
+pub(crate) mod each_handlers;
+pub(crate) mod group_handlers;
 pub(crate) mod handlers;
 pub(crate) mod lease_handlers;
 pub(crate) mod proxy;
 pub(crate) mod replay_handlers;
+pub(crate) mod step_handlers;
 pub(crate) mod util;
 pub(crate) mod worker;
 
@@ -89,6 +92,10 @@ pub(crate) trait Support: Send + Sync + 'static {
         rows: &'a str,
     ) -> impl Future<Output = ()> + Send + 'a;
 
+    /// Whether any failed statement aborts the transaction (or the savepoint it runs in)
+    /// until it is rolled back: PostgreSQL. Elsewhere a failed statement undoes only itself.
+    const FAILED_STATEMENT_ABORTS: bool = false;
+
     /// Where a claim with `wait` changes a session setting that outlives the transaction
     /// unless put back (MySQL's `innodb_lock_wait_timeout`): a query for the session's id,
     /// and one answering 1 when the setting is back to the server's default. `None` where the
@@ -110,6 +117,20 @@ pub(crate) trait Support: Send + Sync + 'static {
     fn connect_default_wait(url: &str, max: u32) -> impl Future<Output = Pool<Self::Db>> + Send {
         Self::connect(url, max)
     }
+
+    /// The published schema of version 2, as it was (`idem_processed` for the table's name).
+    const SCHEMA_V2: &'static str;
+
+    /// The published upgrade from version 2 to version 3 (`schema/<db>.v2-to-v3.sql`).
+    const UPGRADE_V2_TO_V3: &'static str;
+
+    /// A query of one text column describing each column of the table `{table}`: its name,
+    /// type, nullability and default.
+    const COLUMNS_OF: &'static str;
+
+    /// A query of one text column describing each index of the table `{table}`: its name and
+    /// columns.
+    const INDEXES_OF: &'static str;
 
     /// Removes what [`url`](Support::url) created outside the database (files), if anything.
     fn remove(_url: &str) {}
@@ -186,6 +207,7 @@ macro_rules! every_backend_tests {
             a_megabyte_of_error_text_is_stored_bounded,
             outbox_refuses_a_bad_message_and_nothing_is_kept,
             migrate_adds_the_outbox_to_a_version_1_schema,
+            migrate_brings_a_version_2_schema_to_the_current_one,
             outbox_of_a_joined_call_goes_with_the_callers_transaction,
             outbox_of_a_lease_is_written_as_it_completes,
             batch_outbox_messages_commit_with_the_batch,
@@ -292,6 +314,47 @@ macro_rules! every_backend_tests {
             forget_refuses_a_live_lease_and_its_holder_still_completes,
             forget_deletes_a_completed_marker_and_lets_go_of_a_free_lease,
             forced_forget_of_a_live_lease_fences_out_the_old_holder,
+            poison_job_rolls_back_alone_and_its_batch_commits,
+            poison_jobs_by_hand_fail_alone_beside_duplicates,
+            failed_job_gives_back_the_lease_it_took_over,
+            job_that_swallows_a_statement_error,
+            job_that_takes_the_transaction_with_it_fails_the_batch,
+            dropped_job_guard_is_rolled_back_alone,
+            job_messages_exist_exactly_for_the_kept_jobs,
+            group_commits_concurrent_deliveries_of_each_key_once,
+            group_member_failure_rolls_back_only_its_savepoint,
+            cancelled_caller_in_a_group_keeps_nothing_and_others_commit,
+            group_beside_transaction_and_lease_mode_applies_each_key_once,
+            group_keeps_replay_fingerprint_and_outbox,
+            // Retention per scope (schema version 3).
+            retention_per_scope_decides_what_purge_deletes,
+            retention_refuses_bad_windows_before_any_io,
+            // `Store::doctor`.
+            doctor_finds_a_healthy_deployment_healthy,
+            doctor_finds_each_breakage_and_says_what_to_do,
+        );
+        // Lease steps.
+        $crate::conformance::tests!($support;
+            steps_of_a_failed_attempt_are_replayed_not_run_again,
+            steps_are_replayed_after_the_worker_is_killed_after_each_step,
+            stale_holder_cannot_record_a_step,
+            steps_out_of_order_or_repeated_are_refused_before_they_run,
+            steps_with_replay_and_fingerprint,
+            database_step_keeps_its_writes_only_with_its_record,
+            forget_and_purge_remove_steps_with_their_marker,
+        );
+        // Error classes.
+        $crate::conformance::tests!($support;
+            permanent_error_completes_the_marker_as_failed_for_every_mode,
+            requeued_failed_job_runs_again_after_its_recorded_steps,
+            unknown_error_keeps_the_lease_until_it_runs_out,
+            unknown_error_with_a_verify_step_is_decided_at_once,
+            takeover_verifies_a_step_its_predecessor_may_have_run,
+        );
+        // Keep-alive.
+        $crate::conformance::tests!($support;
+            keep_alive_outlives_the_lease_and_its_timeout,
+            keep_alive_stops_the_call_once_the_lease_is_taken,
         );
     };
 }

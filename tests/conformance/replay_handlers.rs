@@ -247,6 +247,7 @@ pub(crate) async fn tx_by_hand<DB: TestDb, T: Serialize + DeserializeOwned>(
             stored(&recorded)
         }
         Claimed::Duplicate => Ok(Outcome::Duplicate),
+        Claimed::Failed(f) => Ok(Outcome::Failed(f)),
     }
 }
 
@@ -286,6 +287,7 @@ pub(crate) async fn lease_by_hand<DB: TestDb, T: Serialize + DeserializeOwned>(
             stored(&recorded)
         }
         Claimed::Duplicate => Ok(Outcome::Duplicate),
+        Claimed::Failed(f) => Ok(Outcome::Failed(f)),
     }
 }
 

@@ -242,6 +242,7 @@ pub(crate) async fn child_process<S: Support>() {
                                     a += 1;
                                 }
                                 Ok(Outcome::Duplicate | Outcome::Replayed(_)) => d += 1,
+                                Ok(Outcome::Failed(f)) => panic!("{} failed: {f:?}", job.key),
                                 Err(e) => panic!("delivery of {} failed: {e:?}", job.key),
                             }
                         }
@@ -274,6 +275,9 @@ pub(crate) async fn child_process<S: Support>() {
         }
         "batch_hang" | "batch_work" => {
             super::cases::batch_child::<S>(&mode, &url, &markers, &effects).await;
+        }
+        "steps_hang" => {
+            super::cases::steps_child::<S>(&url, &markers, &effects).await;
         }
         "lease_hang" | "lease_block" => {
             super::cases::lease_child::<S>(&mode, &url, &markers, &effects).await;

@@ -89,6 +89,7 @@ pub fn outcome_word(outcome: &Outcome<()>) -> &'static str {
     match outcome {
         Outcome::Applied(()) => "applied",
         Outcome::Duplicate | Outcome::Replayed(()) => "duplicate",
+        Outcome::Failed(_) => "failed",
     }
 }
 

@@ -289,7 +289,7 @@ where
 
 /// Waits for the file `gate` (a test opens it); polling a file is the worker's business, not a
 /// test's synchronisation.
-async fn wait_for(gate: &PathBuf) {
+async fn wait_for(gate: &std::path::Path) {
     while !gate.exists() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

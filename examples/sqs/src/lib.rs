@@ -167,7 +167,10 @@ pub fn batch_verdicts<T>(
 pub fn verdict<T>(result: &Result<Outcome<T>, JobError>, retry_after: i32) -> Verdict {
     match result {
         Ok(Outcome::Applied(_)) => Verdict::Done { applied: true },
-        Ok(Outcome::Duplicate | Outcome::Replayed(_)) => Verdict::Done { applied: false },
+        // A job failed for good in an earlier delivery is settled too: delete it.
+        Ok(Outcome::Duplicate | Outcome::Replayed(_) | Outcome::Failed(_)) => {
+            Verdict::Done { applied: false }
+        }
         Err(e @ JobError::Idem(idem::Error::KeyReused { .. })) => Verdict::DeadLetter {
             reason: e.to_string(),
         },

@@ -101,6 +101,9 @@ fn expected(scope: &str, key: &str, mode: &str, outcome: &str) -> capture::Field
         ("mode", mode),
         ("outcome", outcome),
         ("retries", "0"),
+        // OpenTelemetry's HTTP attribute; the claim runs inside the server's span.
+        ("http.request.method", "POST"),
+        ("otel.kind", "internal"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))

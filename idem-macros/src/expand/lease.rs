@@ -92,6 +92,9 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
                 ::core::result::Result::Ok(#private::Claimed::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);
                 }
+                ::core::result::Result::Ok(#private::Claimed::Failed(#err)) => {
+                    return ::core::result::Result::Ok(#private::Outcome::Failed(#err));
+                }
                 ::core::result::Result::Ok(#private::Claimed::Replayed(#recorded)) => {
                     #replayed;
                 }

@@ -4,6 +4,7 @@
 //! claim-run-commit of a whole batch.
 
 mod batch;
+mod each;
 mod gate;
 mod lease;
 mod spec;
@@ -42,12 +43,19 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let outbox = crate::outbox::find(&item.sig, mode, &mut diag);
     validate::required(&args, &written, &item.sig, &mut diag);
     let mut batch = None;
+    let mut each = None;
     if mode == Mode::Batch {
         if let (Some(handler), Some((lit, name))) = (&handler, &args.batch) {
             batch = validate::batch(&item, lit, name, args.key.as_ref(), handler, &mut diag);
         }
     } else if let (Some(handler), Some((_, expr))) = (&handler, &args.key) {
         validate::key(expr, handler, &mut diag);
+    }
+    if let (Mode::Transaction, Some(handler), Some((lit, name))) = (mode, &handler, &args.each) {
+        each = validate::each(&item, lit, name, handler, &mut diag);
+    }
+    if let (Some(handler), Mode::Lease) = (&handler, mode) {
+        validate::steps(&item, handler, &mut diag);
     }
     // A batch refuses `fingerprint` altogether (`validate::mode`).
     if let (Some(handler), Some((_, expr)), false) =
@@ -56,7 +64,12 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         validate::fingerprint(expr, handler, &mut diag);
     }
     match (diag.finish(), handler) {
-        (Ok(()), Some(handler)) if mode != Mode::Batch => {
+        (Ok(()), Some(handler)) if each.is_some() => {
+            let each = each.as_ref().expect("checked");
+            let expanded = each::expand(&args, &item, &handler, each, outbox.as_ref());
+            gate::by_feature(&item, &handler, expanded, &private_path(&args))
+        }
+        (Ok(()), Some(handler)) if mode != Mode::Batch && !args.gave("each") => {
             let expanded = expand(&args, &item, &handler, outbox.as_ref());
             gate::by_feature(&item, &handler, expanded, &private_path(&args))
         }
@@ -232,6 +245,8 @@ fn expand(
         }
     };
     let store_arg: FnArg = match &handler.kind {
+        // Group commit: the calls share the group's transactions.
+        Kind::Transaction { .. } if args.group => syn::parse_quote!(#store: &#private::Group<#db>),
         // `&Store<DB>`, or `store.join(tx)` to run inside the caller's transaction.
         Kind::Transaction { .. } => syn::parse_quote!(#store: impl #private::Target<#db>),
         Kind::Lease { .. } => syn::parse_quote!(#store: &#private::Store<#db>),
@@ -295,6 +310,9 @@ fn expand(
     let has_docs = attrs.iter().any(|a| a.path().is_ident("doc"));
     let note = has_docs.then(|| {
         let effect = match handler.kind {
+            Kind::Transaction { .. } if args.group => {
+                "the effect commits once per key, in a group commit shared with concurrent calls"
+            }
             Kind::Transaction { .. } => "the effect commits once per key",
             Kind::Lease { .. } => "the body runs to completion once per key, under a lease",
         };
@@ -390,12 +408,37 @@ fn pinned_body(
     stmts: &[Stmt],
     span: Option<(&TokenStream, &Ident)>,
 ) -> TokenStream {
+    pinned(ret, var, prelude, stmts, span, quote!(async move))
+}
+
+/// [`pinned_body`] for a body that runs once per job of a batch: an `async` block that
+/// borrows the handler's other parameters instead of taking them, so that the next job's
+/// body has them too (a body that consumes one does not compile, which is the truth: it
+/// cannot run twice).
+fn pinned_body_each(
+    ret: &signature::Returned,
+    var: &Ident,
+    prelude: TokenStream,
+    stmts: &[Stmt],
+    span: (&TokenStream, &Ident),
+) -> TokenStream {
+    pinned(ret, var, prelude, stmts, Some(span), quote!(async))
+}
+
+fn pinned(
+    ret: &signature::Returned,
+    var: &Ident,
+    prelude: TokenStream,
+    stmts: &[Stmt],
+    span: Option<(&TokenStream, &Ident)>,
+    head: TokenStream,
+) -> TokenStream {
     // The expression runs from `async` to `await`: at the return type's first and last
     // tokens, rustc underlines the whole type (a joined span needs nightly).
     let tokens: Vec<TokenTree> = ret.to_token_stream().into_iter().collect();
     let first = tokens.first().map_or_else(|| ret.span(), TokenTree::span);
     let last = tokens.last().map_or(first, TokenTree::span);
-    let head = located_at(quote!(async move), first);
+    let head = located_at(head, first);
     let mut block = Group::new(Delimiter::Brace, quote!(#prelude #(#stmts)*));
     block.set_span(block.span().located_at(last));
     let tail = located_at(quote!(.await), last);

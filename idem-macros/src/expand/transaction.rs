@@ -67,9 +67,18 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         Some(codec) => quote!(return #private::replayed(#codec, &#recorded)),
         None => quote!(return ::core::result::Result::Ok(#private::Outcome::Duplicate)),
     };
+    // Group commit claims and ends through the group's adapters.
+    let (claim, finish, finish_replay) = match args.group {
+        true => (
+            quote!(claim_group),
+            quote!(finish_group),
+            quote!(finish_group_replay),
+        ),
+        false => (quote!(claim), quote!(finish), quote!(finish_replay)),
+    };
     let finish = match codec_var {
-        Some(codec) => quote!(#private::finish_replay(#codec, #held, #result)),
-        None => quote!(#private::finish(#held, #result)),
+        Some(codec) => quote!(#private::#finish_replay(#codec, #held, #result)),
+        None => quote!(#private::#finish(#held, #result)),
     };
     let spec = super::spec::claim(private, scope, &name, options);
     // A store inside another claim's body is refused by the claim, before any I/O; this
@@ -77,10 +86,13 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
     quote! {
         #spec
         let #outcome_var = async move {
-            let mut #held = match #private::claim(#store, &__IDEM_SPEC, #key_var, #print).await {
+            let mut #held = match #private::#claim(#store, &__IDEM_SPEC, #key_var, #print).await {
                 ::core::result::Result::Ok(#private::Claimed::Fresh(#held)) => #held,
                 ::core::result::Result::Ok(#private::Claimed::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);
+                }
+                ::core::result::Result::Ok(#private::Claimed::Failed(#err)) => {
+                    return ::core::result::Result::Ok(#private::Outcome::Failed(#err));
                 }
                 ::core::result::Result::Ok(#private::Claimed::Replayed(#recorded)) => {
                     #replayed;

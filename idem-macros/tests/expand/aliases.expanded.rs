@@ -28,6 +28,13 @@ pub async fn refund(
                 return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
             }
             ::core::result::Result::Ok(
+                ::idem::__private::Claimed::Failed(__idem_err),
+            ) => {
+                return ::core::result::Result::Ok(
+                    ::idem::__private::Outcome::Failed(__idem_err),
+                );
+            }
+            ::core::result::Result::Ok(
                 ::idem::__private::Claimed::Replayed(__idem_recorded),
             ) => {
                 return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);

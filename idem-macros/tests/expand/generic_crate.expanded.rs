@@ -32,6 +32,13 @@ where
                 );
             }
             ::core::result::Result::Ok(
+                ::my_app::idem::__private::Claimed::Failed(__idem_err),
+            ) => {
+                return ::core::result::Result::Ok(
+                    ::my_app::idem::__private::Outcome::Failed(__idem_err),
+                );
+            }
+            ::core::result::Result::Ok(
                 ::my_app::idem::__private::Claimed::Replayed(__idem_recorded),
             ) => {
                 return ::core::result::Result::Ok(

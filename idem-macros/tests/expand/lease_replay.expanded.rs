@@ -35,6 +35,13 @@ async fn send_mail<__IdemDb: ::idem::__private::Backend>(
                 return ::core::result::Result::Ok(::idem::__private::Outcome::Duplicate);
             }
             ::core::result::Result::Ok(
+                ::idem::__private::Claimed::Failed(__idem_err),
+            ) => {
+                return ::core::result::Result::Ok(
+                    ::idem::__private::Outcome::Failed(__idem_err),
+                );
+            }
+            ::core::result::Result::Ok(
                 ::idem::__private::Claimed::Replayed(__idem_recorded),
             ) => {
                 return ::idem::__private::replayed(__idem_codec, &__idem_recorded);

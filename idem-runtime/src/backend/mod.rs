@@ -4,7 +4,9 @@
 //! [`Backend`] is the public, sealed name of a database idem supports. What a backend does is
 //! split by concern into traits that no other crate can name: [`Claims`](sealed::Claims)
 //! (a claim in a transaction, its verified commit), [`Leases`](sealed::Leases) (lease mode's
-//! statements), [`Outboxes`](sealed::Outboxes) (the outbox's writes and the relay's),
+//! statements), [`Steps`](sealed::Steps) (a lease's recorded steps),
+//! [`Failures`](sealed::Failures) (jobs that failed for good, for operators),
+//! [`Outboxes`](sealed::Outboxes) (the outbox's writes and the relay's),
 //! [`Operators`](sealed::Operators) (migrate, forget, inspect, purge) and
 //! [`Watermarks`](sealed::Watermarks) (the offset-watermark mode's statements). Every statement takes
 //! the backend's own [`Dialect::Sql`](sealed::Dialect::Sql), which only a
@@ -20,18 +22,21 @@ use sqlx::{Pool, Transaction};
 use crate::options::ClaimOptions;
 use crate::outgoing::Pending;
 
+pub(crate) mod health;
 mod listen;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+pub(crate) mod retention;
 mod rows;
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod upgrade;
 
 pub(crate) use listen::Listen;
-pub(crate) use rows::{Found, LeaseState, MarkerRow, OutboxRow, Status, Taken};
+pub(crate) use rows::{Found, LeaseState, MarkerRow, OutboxRow, Status, StepRow, Taken};
 pub use sql::MAX_TABLE_LEN;
 pub(crate) use sql::Table;
 
@@ -45,7 +50,15 @@ pub(crate) use sql::Table;
     note = "enable idem's cargo feature for it: `postgres`, `mysql` or `sqlite` (the default), e.g. `idem = {{ version = \"..\", features = [\"postgres\"] }}`"
 )]
 pub trait Backend:
-    sealed::Claims + sealed::Leases + sealed::Outboxes + sealed::Operators + sealed::Watermarks
+    sealed::Claims
+    + sealed::Leases
+    + sealed::Steps
+    + sealed::Failures
+    + sealed::Outboxes
+    + sealed::Operators
+    + sealed::Retentions
+    + sealed::Health
+    + sealed::Watermarks
 {
 }
 
@@ -84,6 +97,36 @@ pub struct Partition<'a> {
     pub(crate) partition: i32,
 }
 
+/// What happens to the savepoint that holds one job of a batch run job by job, or one member
+/// of a group (`idem_job`, named apart from sqlx's own `_sqlx_savepoint_N`, which a body may
+/// open inside it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Savepoint {
+    /// Opened for the next job; with `wait`, the claim that follows it waits at most that long
+    /// where the backend bounds claims per transaction (PostgreSQL's `SET LOCAL`, undone by a
+    /// rollback to the savepoint).
+    Open(Option<Duration>),
+    /// The last job's savepoint released (its work kept in the transaction), then the next
+    /// one's opened: one message.
+    Next(Option<Duration>),
+    /// Released: the job's work stays in the transaction.
+    Release,
+    /// Rolled back to and released: nothing of the job stays.
+    RollBack,
+}
+
+impl Savepoint {
+    /// The statements, as every backend spells them (SQL's own savepoint statements).
+    fn ansi(self) -> &'static str {
+        match self {
+            Savepoint::Open(_) => "SAVEPOINT idem_job",
+            Savepoint::Next(_) => "RELEASE SAVEPOINT idem_job; SAVEPOINT idem_job",
+            Savepoint::Release => "RELEASE SAVEPOINT idem_job",
+            Savepoint::RollBack => "ROLLBACK TO SAVEPOINT idem_job; RELEASE SAVEPOINT idem_job",
+        }
+    }
+}
+
 /// A lease holder's identity in the statements that end or extend its lease.
 #[derive(Debug, Clone, Copy)]
 pub struct Holder<'a> {
@@ -94,6 +137,10 @@ pub struct Holder<'a> {
 
 pub(crate) mod sealed {
     use super::*;
+
+    // Schema version 3: per-scope retention; and what `Store::doctor` reads.
+    pub(crate) use super::health::Health;
+    pub(crate) use super::retention::Retentions;
 
     /// What every backend is: its name, its statements for one table, how its errors read.
     pub trait Dialect: sqlx::Database {
@@ -223,6 +270,24 @@ pub(crate) mod sealed {
             keys: &'t [&'t str],
         ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 't;
 
+        /// Runs `step` on the savepoint of one job of a batch or one member of a group.
+        fn savepoint<'t>(
+            conn: &'t mut Self::Connection,
+            step: Savepoint,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
+
+        /// Gives back the markers of batch jobs that failed alone: the ones this claim
+        /// inserted (`inserted`) are deleted, the free leases it took over (`taken`) are free
+        /// leases again (`in_progress`, no holder), their attempt counted. Only the rows
+        /// holding the claim's nonce are touched.
+        fn unclaim<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            claimant: Claimant<'t>,
+            inserted: &'t [&'t str],
+            taken: &'t [&'t str],
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
+
         /// After a batch claimed with a `wait`: the session's lock wait back where the batch's
         /// statements left it bounded (PostgreSQL), so that the body's statements are not.
         fn batch_claimed<'t>(
@@ -257,6 +322,15 @@ pub(crate) mod sealed {
             result: Option<&'t str>,
         ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
 
+        /// Completes the lease of `holder` as failed for good, with `error` and no value;
+        /// `Ok(false)` if that holder no longer had the key.
+        fn lease_fail<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            holder: Holder<'p>,
+            error: &'p str,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
+
         /// Releases the lease of `holder` now (the marker stays, free for the next delivery);
         /// `Ok(false)` if that holder no longer had the key.
         fn lease_release<'p>(
@@ -272,6 +346,60 @@ pub(crate) mod sealed {
             sql: &'p Self::Sql,
             holder: Holder<'p>,
             lease_ms: i64,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
+    }
+
+    /// A lease's steps (`Lease::step`): each step's value, recorded only while its holder's
+    /// token is the marker's, and read back by a later holder of the key.
+    pub trait Steps: Dialect {
+        /// The recorded steps of `(scope, key)`, in the order they were recorded.
+        fn steps_read<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            scope: &'p str,
+            key: &'p str,
+        ) -> impl Future<Output = Result<Vec<StepRow>, sqlx::Error>> + Send + 'p;
+
+        /// Records the step `name` (the `seq`-th of its body) with its value `json`, on `conn`
+        /// (a transaction for a database step), if `holder` still holds the key; `Ok(false)`
+        /// if not, and nothing was written.
+        fn step_record<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            holder: Holder<'t>,
+            name: &'t str,
+            seq: i64,
+            json: &'t str,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
+
+        /// Deletes the steps of `(scope, key)` if its marker is gone: what `forget` does in
+        /// the transaction that deleted the marker.
+        fn steps_forget<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            scope: &'t str,
+            key: &'t str,
+        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 't;
+    }
+
+    /// Jobs that failed for good (a lease's permanent error), for operators.
+    pub trait Failures: Dialect {
+        /// At most `limit` failed markers of `scope` (every scope: `None`), newest first.
+        fn failed<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            scope: Option<&'p str>,
+            limit: i64,
+        ) -> impl Future<Output = Result<Vec<MarkerRow>, sqlx::Error>> + Send + 'p;
+
+        /// Makes the failed marker of `(scope, key)` a released lease (its token up, its
+        /// steps kept), so that the next delivery runs the job again; `Ok(false)` if it is not
+        /// a failed marker.
+        fn requeue<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            scope: &'p str,
+            key: &'p str,
         ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'p;
     }
 
@@ -492,7 +620,8 @@ pub(crate) mod sealed {
             limit: i64,
         ) -> impl Future<Output = Result<Vec<MarkerRow>, sqlx::Error>> + Send + 'p;
 
-        /// Deletes at most `limit` completed markers older than `age_ms`; returns how many.
+        /// Deletes at most `limit` completed markers older than `age_ms`, and their steps with
+        /// them (one transaction); returns how many markers.
         fn purge_batch<'p>(
             pool: &'p Pool<Self>,
             sql: &'p Self::Sql,

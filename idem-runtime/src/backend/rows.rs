@@ -32,27 +32,32 @@ pub struct Found {
     pub(crate) recorded: Recorded,
 }
 
-/// A row of a `marker` statement: `(state, lease over (0 or 1), fingerprint, result)`.
-pub(crate) type MarkerState = (String, i64, Option<Vec<u8>>, Option<String>);
+/// A row of a `marker` statement: `(state, lease over (0 or 1), fingerprint, result, error)`.
+pub(crate) type MarkerState = (String, i64, Option<Vec<u8>>, Option<String>, Option<String>);
 
 impl Found {
     /// From a row of a `marker` statement.
     pub(crate) fn of_row(row: MarkerState) -> Found {
-        let (state, over, fingerprint, result) = row;
+        let (state, over, fingerprint, result, error) = row;
         Found {
             status: Status::of(&state, over != 0),
             recorded: Recorded {
                 fingerprint,
                 result,
+                error,
             },
         }
     }
 
-    /// A marker of which only the status was read (a batch's).
-    pub(crate) fn of_status(state: &str, over: i64) -> Found {
+    /// A marker of which only the status (and a failure it completed with) was read (a
+    /// batch's).
+    pub(crate) fn of_status(state: &str, over: i64, error: Option<String>) -> Found {
         Found {
             status: Status::of(state, over != 0),
-            recorded: Recorded::default(),
+            recorded: Recorded {
+                error,
+                ..Recorded::default()
+            },
         }
     }
 }
@@ -70,7 +75,8 @@ pub enum LeaseState {
 }
 
 /// The columns of `Store::inspect` in the order the backends' statements return them:
-/// scope, key, state, attempts, token, created, completed, locked until, lease ms left.
+/// scope, key, state, attempts, token, created, completed, locked until, lease ms left, the
+/// error a failed job recorded.
 pub(crate) type MarkerRow = (
     String,
     String,
@@ -81,7 +87,12 @@ pub(crate) type MarkerRow = (
     Option<String>,
     Option<String>,
     Option<i64>,
+    Option<String>,
 );
+
+/// A recorded step as the backends' statements return it: name, position in its body (from
+/// 1), the recording holder's token, value (JSON), when it was recorded (ISO-8601 UTC).
+pub(crate) type StepRow = (String, i64, i64, String, String);
 
 /// The columns of the outbox's operator statements: id, destination, scope, key, seq,
 /// attempts, last error, parked (0 or 1), sent (0 or 1), created (ISO-8601 UTC), age ms, ms

@@ -12,7 +12,7 @@ use crate::backend::{Backend, Check, Partition};
 use crate::error::Error;
 use crate::key::Key;
 use crate::observe::Observed;
-use crate::outcome::{Failed, Outcome};
+use crate::outcome::{Failed, Failure, Outcome};
 use crate::outgoing::{Outbox, Pending};
 use crate::record::NotStorable;
 
@@ -106,6 +106,21 @@ pub(crate) async fn finish<H: Hold, T, E>(
     ended
 }
 
+/// Ends a fresh claim whose body failed for good (a lease's permanent error): the hold keeps
+/// the claim as failed (its commit records `failure` instead of a value, and writes none of
+/// the outbox's messages), and the call's outcome is [`Outcome::Failed`], observed as such.
+pub(crate) async fn finish_failed<H: Hold, T, E>(
+    hold: H,
+    ticket: Ticket,
+    failure: Failure,
+) -> Result<Outcome<T>, Failed<E>> {
+    let kept: Result<Outcome<()>, Failed<E>> = end(hold, &ticket, None, Ok(()), |_| Ok(None)).await;
+    let ended = kept.map(|_| Outcome::Failed(failure));
+    let Ticket { observed, .. } = ticket;
+    observed.ended(&ended);
+    ended
+}
+
 /// [`finish`] without the observation's end: a batch records one outcome per job.
 pub(crate) async fn end<H: Hold, T, E>(
     mut hold: H,
@@ -129,7 +144,9 @@ pub(crate) async fn end<H: Hold, T, E>(
             hold.release(request).await;
             return Err(Failed::Idem(Error::Serialize(format!(
                 "the value of {:?} / {:?} cannot be stored for `replay`: {reason}; the \
-                 transaction was rolled back, nothing was kept (the redelivery runs again)",
+                 transaction was rolled back, nothing was kept; a redelivery runs the job \
+                 again and fails the same way unless its value changes: make the value \
+                 storable, or drop `replay`",
                 request.scope,
                 request.key.as_str()
             ))));
@@ -365,6 +382,11 @@ impl<'c, DB: Backend> TxHeld<'c, DB> {
     /// The claim's body: runs in the call's span, marked as inside its open transaction.
     pub fn body(&self) -> Body {
         self.ticket.body()
+    }
+
+    /// The transaction and the statements at once.
+    pub(crate) fn tx_sql(&mut self) -> (&mut Transaction<'c, DB>, &DB::Sql) {
+        (&mut self.hold.tx, &self.hold.sql)
     }
 
     /// The scope and key claimed.

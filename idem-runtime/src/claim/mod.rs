@@ -23,13 +23,15 @@ use std::hash::{BuildHasher as _, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use held::TxHeld;
-pub(crate) use held::{Hold, Kept, Ticket, end, finish};
+pub(crate) use held::{Hold, Kept, Ticket, end, finish, finish_failed};
 
 use crate::backend::{Claimant, Found, Status};
 use crate::error::Error;
 use crate::key::Key;
 use crate::observe::Site;
+use crate::observe::semconv::About;
 use crate::options::ClaimOptions;
+use crate::outcome::Failure;
 use crate::record::Recorded;
 
 /// How often a claim that lost a race to a transient error (a serialization failure or a
@@ -60,6 +62,9 @@ pub enum Claimed<H> {
     /// An earlier delivery completed this key and stored its value (`replay`): read it with
     /// [`Recorded::decode`].
     Replayed(Recorded),
+    /// An earlier delivery failed this job for good ([`Lease::permanent`](crate::Lease::permanent)):
+    /// nothing is held; ack the job, it is never retried.
+    Failed(Failure),
 }
 
 impl<H> Claimed<H> {
@@ -68,6 +73,7 @@ impl<H> Claimed<H> {
             Claimed::Fresh(h) => Claimed::Fresh(f(h)),
             Claimed::Duplicate => Claimed::Duplicate,
             Claimed::Replayed(r) => Claimed::Replayed(r),
+            Claimed::Failed(f) => Claimed::Failed(f),
         }
     }
 }
@@ -83,6 +89,8 @@ pub(crate) struct Request {
     pub(crate) site: &'static Site,
     /// Who claims, as a refused nested call names it (`Store::claim`, a handler's name).
     pub(crate) caller: Cow<'static, str>,
+    /// What the call serves, for OpenTelemetry's attributes (else the scope's, if named).
+    pub(crate) about: Option<About>,
 }
 
 impl Request {
@@ -109,6 +117,7 @@ impl Request {
         Request {
             scope,
             key,
+            about: options.messaging.map(About::Message),
             options,
             nonce: nonce(),
             site,
@@ -145,7 +154,7 @@ pub(crate) enum Decision {
 
 /// The decision every mode makes about a marker it meets: a payload other than the marker's
 /// is [`Error::KeyReused`] whatever the marker's state; a completed marker is a duplicate
-/// (replayed with `replay` and a stored value); a live lease of another delivery is
+/// (replayed with `replay` and a stored value), or a failure if it recorded one; a live lease of another delivery is
 /// [`Error::InProgress`], never a duplicate (its job may still fail); a free lease is taken
 /// over.
 pub(crate) fn decide(found: Found, request: &Request) -> Result<Decision, Error> {
@@ -156,9 +165,11 @@ pub(crate) fn decide(found: Found, request: &Request) -> Result<Decision, Error>
         request.key.as_str(),
     )?;
     match status {
-        Status::Completed => Ok(Decision::Done(match recorded.result {
-            Some(_) if request.options.replay => Claimed::Replayed(recorded),
-            _ => Claimed::Duplicate,
+        Status::Completed => Ok(Decision::Done(match (&recorded.error, &recorded.result) {
+            // Failed for good: what every mode answers, `replay` or not.
+            (Some(error), _) => Claimed::Failed(Failure::new(error.clone())),
+            (None, Some(_)) if request.options.replay => Claimed::Replayed(recorded),
+            (None, _) => Claimed::Duplicate,
         })),
         Status::Leased => Err(request.in_progress()),
         Status::Free => Ok(Decision::TakeOver),
@@ -191,6 +202,7 @@ mod tests {
             recorded: Recorded {
                 fingerprint: fingerprint.map(|f| f.as_bytes().to_vec()),
                 result: result.map(str::to_owned),
+                error: None,
             },
         }
     }

@@ -10,11 +10,11 @@ use std::time::Instant;
 use sqlx::{Connection as _, Transaction};
 
 use super::{CLAIM_ATTEMPTS, Claimed, Decision, RECHECKS, Request, Ticket, TxHeld, decide, nested};
-use crate::backend::Backend;
+use crate::backend::{Backend, Savepoint};
 use crate::error::Error;
 use crate::observe::{self, Answer, Observed};
 use crate::options::Mode;
-use crate::outcome::{Batch, Outcome};
+use crate::outcome::{Batch, Failure, Outcome};
 use crate::store::Store;
 
 /// What one attempt of a claim came to, once its statements answered.
@@ -35,6 +35,7 @@ pub(crate) fn start(request: &Request, mode: Mode, nested_check: bool) -> Result
         &request.scope,
         mode,
         Some(request.key.as_str()),
+        request.about,
     );
     #[cfg(feature = "testing")]
     crate::testing::probe::claiming(mode);
@@ -104,6 +105,10 @@ pub(crate) fn conclude<H, F>(
                 Claimed::Replayed(_) => {
                     observed.decided(Answer::Replayed);
                     Outcome::Replayed(())
+                }
+                Claimed::Failed(failure) => {
+                    observed.decided(Answer::Duplicate);
+                    Outcome::Failed(failure.clone())
                 }
                 _ => {
                     observed.decided(Answer::Duplicate);
@@ -273,6 +278,31 @@ async fn savepoint_attempt<'a, DB: Backend>(
     }
 }
 
+/// One attempt of a claim in a savepoint of a shared transaction (a group's): the savepoint
+/// (bounding the claim by `wait` where the backend does so per transaction), the claim, and
+/// for anything but a fresh claim the savepoint rolled back, so that the transaction is as it
+/// was. The outer `Err` says the transaction itself is gone: rolling back to the savepoint
+/// failed (a lost connection; on MySQL a deadlock or lock wait that rolled back the whole
+/// transaction).
+pub(crate) async fn shared_attempt<DB: Backend>(
+    conn: &mut DB::Connection,
+    sql: &DB::Sql,
+    request: &Request,
+) -> Result<Result<Attempt<()>, sqlx::Error>, sqlx::Error> {
+    let opened = DB::savepoint(conn, Savepoint::Open(request.options.wait)).await;
+    let answer = match opened {
+        Ok(()) => claim_one::<DB>(conn, sql, request).await,
+        Err(e) => Err(e),
+    };
+    match answer {
+        Ok(Attempt::Fresh((), took_over)) => Ok(Ok(Attempt::Fresh((), took_over))),
+        other => {
+            DB::savepoint(conn, Savepoint::RollBack).await?;
+            Ok(other)
+        }
+    }
+}
+
 /// A claim in a savepoint of a transaction the caller holds. No retry on a transient error,
 /// unlike a claim of our own: the race was lost by the caller's transaction (MySQL has rolled
 /// it back whole), so only the caller can retry.
@@ -299,6 +329,14 @@ pub(crate) async fn joined<'a, DB: Backend>(
     })
 }
 
+/// The keys a batch claim holds: every one (`fresh`), and which of them were free leases it
+/// took over (`taken`; the others it inserted).
+#[derive(Debug, Default)]
+pub(crate) struct Keys {
+    pub(crate) fresh: Vec<String>,
+    pub(crate) taken: Vec<String>,
+}
+
 /// The keys of a batch, claimed in an open transaction with one statement; the markers it
 /// meets are read (one statement, only if there are any) and decided as for one key, except
 /// that a live lease of any of them makes the whole batch `InProgress`: nothing is claimed,
@@ -308,11 +346,13 @@ async fn claim_keys<DB: Backend>(
     sql: &DB::Sql,
     request: &Request,
     keys: &[&str],
-) -> Result<Result<Vec<String>, Error>, sqlx::Error> {
+    failed: &mut Vec<(String, Failure)>,
+) -> Result<Result<Keys, Error>, sqlx::Error> {
     let c = request.claimant();
     let mut fresh = DB::claim_batch(conn, sql, c, keys).await?;
     if fresh.len() == keys.len() {
-        return Ok(Ok(fresh));
+        let taken = Vec::new();
+        return Ok(Ok(Keys { fresh, taken }));
     }
     let taken: HashSet<&str> = fresh.iter().map(String::as_str).collect();
     let met: Vec<&str> = keys
@@ -329,6 +369,7 @@ async fn claim_keys<DB: Backend>(
     let mut free = Vec::new();
     for (key, found) in found {
         match decide(found, request) {
+            Ok(Decision::Done(Claimed::Failed(failure))) => failed.push((key, failure)),
             Ok(Decision::Done(_)) => {}
             Ok(Decision::TakeOver) => free.push(key),
             Err(e) => return Ok(Err(e)),
@@ -340,9 +381,11 @@ async fn claim_keys<DB: Backend>(
         if took.len() < free.len() {
             return Ok(Err(request.in_progress()));
         }
-        fresh.extend(took);
+        fresh.extend(took.iter().cloned());
+        return Ok(Ok(Keys { fresh, taken: took }));
     }
-    Ok(Ok(fresh))
+    let taken = Vec::new();
+    Ok(Ok(Keys { fresh, taken }))
 }
 
 /// A batch claim in a transaction of its own.
@@ -350,15 +393,18 @@ struct Batched<'a, DB: Backend> {
     store: &'a Store<DB>,
     request: &'a Request,
     keys: &'a [&'a str],
+    /// The keys the last attempt found failed for good, each with its failure.
+    failed: Vec<(String, Failure)>,
 }
 
 impl<DB: Backend> Attempts for Batched<'_, DB> {
-    type Fresh = (Transaction<'static, DB>, Vec<String>);
+    type Fresh = (Transaction<'static, DB>, Keys);
 
     fn attempt(
         &mut self,
     ) -> impl Future<Output = Result<Attempt<Self::Fresh>, sqlx::Error>> + Send {
-        batch_attempt(self.store, self.request, self.keys)
+        self.failed.clear();
+        batch_attempt(self.store, self.request, self.keys, &mut self.failed)
     }
 }
 
@@ -368,22 +414,23 @@ async fn batch_attempt<DB: Backend>(
     store: &Store<DB>,
     request: &Request,
     keys: &[&str],
-) -> Result<Attempt<(Transaction<'static, DB>, Vec<String>)>, sqlx::Error> {
+    failed: &mut Vec<(String, Failure)>,
+) -> Result<Attempt<(Transaction<'static, DB>, Keys)>, sqlx::Error> {
     let (sql, options) = (store.sql(), &request.options);
     let mut tx = DB::begin(store.pool(), sql, options).await?;
     let claimed = async {
-        let fresh = claim_keys::<DB>(&mut tx, sql, request, keys).await?;
-        if matches!(&fresh, Ok(fresh) if !fresh.is_empty()) {
+        let fresh = claim_keys::<DB>(&mut tx, sql, request, keys, failed).await?;
+        if matches!(&fresh, Ok(keys) if !keys.fresh.is_empty()) {
             DB::batch_claimed(&mut tx, sql, options).await?;
         }
         Ok(fresh)
     };
     match claimed.await {
-        Ok(Ok(fresh)) if fresh.is_empty() => {
+        Ok(Ok(keys)) if keys.fresh.is_empty() => {
             DB::discard(tx, options).await?;
             Ok(Attempt::Done(Claimed::Duplicate))
         }
-        Ok(Ok(fresh)) => Ok(Attempt::Fresh((tx, fresh), false)),
+        Ok(Ok(keys)) => Ok(Attempt::Fresh((tx, keys), false)),
         Ok(Err(e)) => {
             DB::discard(tx, options).await?;
             Ok(Attempt::Refused(e))
@@ -395,16 +442,16 @@ async fn batch_attempt<DB: Backend>(
     }
 }
 
-/// A batch claim in a transaction of its own: the keys this delivery holds and the open
-/// transaction with its ticket, if it holds any (else the call has ended: every job was a
-/// duplicate).
+/// A batch claim in a transaction of its own: the keys this delivery holds, those that failed
+/// for good in an earlier delivery, and the open transaction with its ticket, if it holds any
+/// (else the call has ended: every job was a duplicate or a failure).
 pub(crate) async fn batch<DB: Backend>(
     store: &Store<DB>,
     request: Request,
     keys: &[&str],
     jobs: usize,
-) -> Result<(Vec<String>, Option<TxHeld<'static, DB>>), Error> {
-    let mut observed = Observed::batch(request.site, &request.scope, jobs);
+) -> Result<(Keys, Vec<(String, Failure)>, Option<TxHeld<'static, DB>>), Error> {
+    let mut observed = Observed::batch(request.site, &request.scope, jobs, request.about);
     #[cfg(feature = "testing")]
     crate::testing::probe::claiming(Mode::Batch);
     if let Err(e) = nested::refuse_nested(&request.caller) {
@@ -416,17 +463,19 @@ pub(crate) async fn batch<DB: Backend>(
         store,
         request: &request,
         keys,
+        failed: Vec::new(),
     };
     let answer = observe::in_span(
         span,
         retrying::<DB, _>(&mut observed, &request, true, &mut attempts),
     )
     .await;
+    let failed = attempts.failed;
     match answer {
         Ok(Attempt::Done(_)) => {
             observed.decided(Answer::Duplicate);
             observed.ended_batch::<(), ()>(&Ok(Batch::new(&vec![false; jobs], None)));
-            Ok((Vec::new(), None))
+            Ok((Keys::default(), failed, None))
         }
         other => {
             let sql = store.shared_sql().clone();
@@ -434,7 +483,7 @@ pub(crate) async fn batch<DB: Backend>(
                 (fresh, TxHeld::new(tx, sql, false, ticket))
             })?;
             match held {
-                Claimed::Fresh((fresh, held)) => Ok((fresh, Some(held))),
+                Claimed::Fresh((fresh, held)) => Ok((fresh, failed, Some(held))),
                 _ => unreachable!("a batch's duplicates end above"),
             }
         }

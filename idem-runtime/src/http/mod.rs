@@ -98,9 +98,11 @@ pub use service::Idempotent;
 pub use stored::{REPLAYED, kept};
 
 use crate::backend::Backend;
+use crate::error::Error;
 use crate::observe::Site;
 use crate::options::{ClaimOptions, LeaseOptions};
 use crate::record::Fingerprint;
+use crate::scope::check_scope;
 use crate::store::Store;
 
 /// The request header the layer reads by default.
@@ -220,6 +222,8 @@ pub(crate) struct Config<DB: Backend> {
     pub(crate) retry_after: u64,
     pub(crate) bare: bool,
     pub(crate) lease: Option<LeaseOptions>,
+    /// The route template, for OpenTelemetry's `http.route`.
+    pub(crate) route: Option<&'static str>,
 }
 
 impl<DB: Backend> Clone for Config<DB> {
@@ -239,6 +243,7 @@ impl<DB: Backend> Clone for Config<DB> {
             retry_after: self.retry_after,
             bare: self.bare,
             lease: self.lease,
+            route: self.route,
         }
     }
 }
@@ -249,9 +254,26 @@ impl<DB: Backend> IdempotencyLayer<DB> {
     /// POST and PATCH; a fingerprint over the method, path and body; `Content-Type` and
     /// `Location` stored with the body; a concurrent request with the same key waits up to
     /// 1 s for the first before it gets 409.
+    ///
+    /// # Panics
+    ///
+    /// If `scope` is not a valid scope (1 to 255 bytes, no NUL byte): every request would
+    /// fail, so the mistake stops the router's construction, as axum's own refusals of a
+    /// route do. Use [`try_new`](Self::try_new) for a scope read at run time.
+    #[track_caller]
     pub fn new(store: Store<DB>, scope: impl Into<String>) -> Self {
+        match Self::try_new(store, scope) {
+            Ok(layer) => layer,
+            Err(e) => panic!("IdempotencyLayer::new: {e}"),
+        }
+    }
+
+    /// [`new`](Self::new), returning [`Error::InvalidScope`] for an invalid scope instead of
+    /// panicking.
+    pub fn try_new(store: Store<DB>, scope: impl Into<String>) -> Result<Self, Error> {
         let scope = scope.into();
-        IdempotencyLayer {
+        check_scope(&scope)?;
+        Ok(IdempotencyLayer {
             config: Config {
                 store,
                 site: Site::of(&scope),
@@ -267,9 +289,10 @@ impl<DB: Backend> IdempotencyLayer<DB> {
                 retry_after: 1,
                 bare: true,
                 lease: None,
+                route: None,
             },
             principal: NoPrincipal,
-        }
+        })
     }
 }
 
@@ -303,8 +326,19 @@ impl<DB: Backend, P> IdempotencyLayer<DB, P> {
     }
 
     /// The methods that require a key (default POST and PATCH); others pass through.
+    ///
+    /// # Panics
+    ///
+    /// If `methods` is empty: the layer would protect nothing.
+    #[track_caller]
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.config.methods = methods.into_iter().collect();
+        assert!(
+            !self.config.methods.is_empty(),
+            "IdempotencyLayer::methods: no method given, so no request would need a key and \
+             the layer would protect nothing; name the methods whose requests have effects \
+             (POST, PATCH), or remove the layer"
+        );
         self
     }
 
@@ -369,8 +403,27 @@ impl<DB: Backend, P> IdempotencyLayer<DB, P> {
     /// statement that completes the marker. A request that finds the lease held gets 409 at
     /// once; a handler over its timeout is cancelled and answered 504, the key released for
     /// the retry.
+    ///
+    /// # Panics
+    ///
+    /// If the lease lies outside [`MIN_LEASE`](crate::MIN_LEASE) and
+    /// [`MAX_LEASE`](crate::MAX_LEASE): every request would be refused.
+    #[track_caller]
     pub fn lease(mut self, lease: LeaseOptions) -> Self {
+        if let Err(e) = lease.check() {
+            panic!("IdempotencyLayer::lease: {e}");
+        }
         self.config.lease = Some(lease);
+        self
+    }
+
+    /// The route this layer serves, as a template (`/invoices/{id}`): the claim's span gets it
+    /// as OpenTelemetry's `http.route` (beside `http.request.method`, which it always has). A
+    /// tower layer cannot see axum's `MatchedPath` without depending on axum, so it is given
+    /// here; without it the span has no `http.route` (never the raw path, whose values are
+    /// unbounded).
+    pub fn route(mut self, template: &'static str) -> Self {
+        self.config.route = Some(template);
         self
     }
 
@@ -406,5 +459,103 @@ impl<S, DB: Backend, P: Principal> tower_layer::Layer<S> for IdempotencyLayer<DB
 
     fn layer(&self, inner: S) -> Self::Service {
         Idempotent::new(inner, Arc::new(self.config.clone()), self.principal.clone())
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use ::http::{Request, StatusCode};
+    use axum_core::body::Body;
+    use http_body_util::BodyExt as _;
+    use tower_layer::Layer as _;
+    use tower_service::Service as _;
+
+    use super::*;
+
+    fn store() -> Store<sqlx::Sqlite> {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect_lazy("sqlite::memory:")
+            .expect("an in-memory URL");
+        Store::new(pool)
+    }
+
+    #[tokio::test]
+    #[should_panic(
+        expected = "IdempotencyLayer::new: invalid scope \"\": a scope is 1 to 255 \
+                               bytes with no NUL byte"
+    )]
+    async fn an_empty_scope_stops_the_router_being_built() {
+        let _ = IdempotencyLayer::new(store(), "");
+    }
+
+    #[tokio::test]
+    async fn try_new_says_what_is_wrong_with_the_scope() {
+        for bad in [String::new(), "a\0b".to_owned(), "s".repeat(256)] {
+            match IdempotencyLayer::try_new(store(), bad.clone()) {
+                Err(Error::InvalidScope { scope }) => assert_eq!(scope, bad),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        assert!(IdempotencyLayer::try_new(store(), "invoices.send").is_ok());
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "no method given")]
+    async fn no_methods_is_refused() {
+        let _ = IdempotencyLayer::new(store(), "s").methods([]);
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "a lease must be at least 1s and at most 24h")]
+    async fn a_lease_out_of_bounds_is_refused() {
+        let lease = LeaseOptions::new(Duration::from_millis(10));
+        let _ = IdempotencyLayer::new(store(), "s").lease(lease);
+    }
+
+    /// A principal that can make no key is the server's mistake: 500, and no advice to retry.
+    #[tokio::test]
+    async fn a_lasting_refusal_is_not_answered_with_retry() {
+        let layer = IdempotencyLayer::new(store(), "s").principal(|_| Some("a\0b".to_owned()));
+        let mut service = layer.layer(tower_service_fn());
+        let request = Request::post("/x")
+            .header("idempotency-key", "\"k\"")
+            .body(Body::empty())
+            .expect("a request");
+        let response = service.call(request).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = response.into_body().collect().await.expect("a body");
+        let text = String::from_utf8(body.to_bytes().to_vec()).expect("UTF-8");
+        assert!(
+            text.contains("retrying will not help") && !text.contains("retry with"),
+            "{text}"
+        );
+    }
+
+    /// A handler that must not run: the request is refused before it.
+    fn tower_service_fn() -> impl tower_service::Service<
+        Request<Body>,
+        Response = ::http::Response<Body>,
+        Error = std::convert::Infallible,
+        Future = std::future::Ready<Result<::http::Response<Body>, std::convert::Infallible>>,
+    > + Clone
+    + Send
+    + 'static {
+        #[derive(Clone)]
+        struct Unreached;
+        impl tower_service::Service<Request<Body>> for Unreached {
+            type Response = ::http::Response<Body>;
+            type Error = std::convert::Infallible;
+            type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+            fn poll_ready(
+                &mut self,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Result<(), Self::Error>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+            fn call(&mut self, _: Request<Body>) -> Self::Future {
+                panic!("the handler ran for a request the layer had to refuse")
+            }
+        }
+        Unreached
     }
 }

@@ -24,6 +24,7 @@ use crate::error::Error;
 use crate::job_id::job_id;
 use crate::key::Key;
 use crate::lease::claim_lease;
+use crate::observe::semconv::{self, About};
 use crate::record::Fingerprint;
 
 /// The service an [`IdempotencyLayer`](super::IdempotencyLayer) wraps around `S`.
@@ -121,7 +122,7 @@ where
     };
     // A replay, a conflict or a refusal is answered here. A client that hangs up during the
     // claim drops it, which rolls it back: nothing ran yet, and the retry claims again.
-    let hold = match claim(&config, &key, &fingerprint).await {
+    let hold = match claim(&config, &key, &fingerprint, &parts.method).await {
         Ok(hold) => hold,
         Err(early) => return Ok(early),
     };
@@ -145,15 +146,21 @@ async fn claim<DB: Backend>(
     config: &Config<DB>,
     key: &Key,
     fingerprint: &Fingerprint,
+    method: &::http::Method,
 ) -> Result<Holding<DB>, Early> {
     let options = config.options.fingerprint(*fingerprint);
-    let request = claim::Request::of(
+    let mut request = claim::Request::of(
         config.scope.clone().into(),
         key.clone(),
         options,
         config.site,
         CALLER.into(),
     );
+    // OpenTelemetry's HTTP attributes on the claim's span.
+    request.about = Some(About::Http {
+        method: semconv::http_method(method),
+        route: config.route,
+    });
     let claim = match config.lease {
         None => run::own(&config.store, request)
             .await
@@ -179,6 +186,7 @@ async fn claim<DB: Backend>(
             Err(replayed.unwrap_or_else(|| not_kept(header)))
         }
         Ok(Claimed::Duplicate) => Err(not_kept(header)),
+        Ok(Claimed::Failed(_)) => Err(failed_for_good(header)),
         Err(Error::InProgress { .. }) => Err(problem::in_progress(header, config.retry_after)),
         Err(Error::KeyReused { .. }) => Err(problem::key_reused(header)),
         Err(e) => Err(failed(&e, "the key could not be claimed")),
@@ -362,18 +370,38 @@ fn not_kept(header: &str) -> Response<Body> {
     )
 }
 
+/// 409: a request with this key failed for good (a lease-mode handler said its error was
+/// permanent). Its error's text is the application's, not the client's: it is not sent.
+fn failed_for_good(header: &str) -> Response<Body> {
+    problem(
+        StatusCode::CONFLICT,
+        &format!(
+            "a request with this `{header}` failed for good and is not run again; send a new \
+             key for a new request"
+        ),
+    )
+}
+
 /// A 500 for an error of idem's or the database's: the client gets what it may do, never the
 /// database's text (table names, statements); the call's span and its WARN event carry the
 /// error, and so does this log line.
+///
+/// "Retry" only where a retry may succeed ([`Error::is_transient`]): a refusal that lasts (a
+/// principal that makes no key, a schema the database refuses) tells the client that retrying
+/// will not help.
 fn failed(e: &Error, what: &str) -> Response<Body> {
     tracing::warn!(target: "idem", error = %e, "idem: {what}");
     let detail = match e {
         Error::RolledBack { .. } => {
             format!("{what}: the database rolled them back; nothing was kept, retry")
         }
-        _ => format!(
+        _ if e.is_transient() => format!(
             "{what} (the server's log says why); retry with the same key: the retry gets this \
              request's response if its work was kept, or runs it again if not"
+        ),
+        _ => format!(
+            "{what}: the server refused it for a reason a retry does not change (its log says \
+             why); nothing was kept, and retrying will not help until the server is fixed"
         ),
     };
     problem(StatusCode::INTERNAL_SERVER_ERROR, &detail)

@@ -164,6 +164,14 @@ mod tests {
         assert_eq!(replayed.headers()["idempotent-replayed"], "true");
         assert!(replayed.headers().get("x-other").is_none());
 
+        // The shape `idem inspect` reads a stored response's status from.
+        let doc: Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(doc["status"], 201);
+        assert!(
+            doc["headers"].is_array() && doc["body"].is_string(),
+            "{doc}"
+        );
+
         let without = Stored::new(&parts, &names, None).encode().unwrap();
         let replayed = Stored::decode(&without).unwrap().replay().unwrap();
         assert!(replayed.headers().get("content-type").is_none());

@@ -8,12 +8,13 @@ use std::time::Instant;
 
 use super::Lease;
 use crate::BoxFuture;
-use crate::backend::{Backend, Holder, LeaseState};
+use crate::backend::{Backend, Holder, LeaseState, StepRow};
 use crate::claim::run::{self, Attempt};
 use crate::claim::{Claimed, Decision, RECHECKS, Request, decide};
 use crate::error::Error;
 use crate::key::Key;
 use crate::observe;
+use crate::observe::semconv::About;
 use crate::options::{ClaimOptions, LeaseOptions, Mode};
 use crate::outgoing::Pending;
 use crate::record::Fingerprint;
@@ -92,15 +93,19 @@ pub(crate) fn claim_options(options: &LeaseOptions) -> ClaimOptions {
         isolation: None,
         replay: options.replay,
         fingerprint: options.fingerprint,
+        messaging: options.messaging,
     }
 }
 
 /// A lease claim of `request` (whose options are `options`' own).
 pub(crate) async fn claim_lease<DB: Backend>(
     store: &Store<DB>,
-    request: Request,
+    mut request: Request,
     options: LeaseOptions,
 ) -> Result<Claimed<Lease>, Error> {
+    if let Some(messaging) = options.messaging {
+        request.about = Some(About::Message(messaging));
+    }
     let mut observed = run::start(&request, Mode::Lease, true)?;
     let span = observed.span().clone();
     let mut attempts = Leasing {
@@ -188,6 +193,29 @@ pub(crate) trait LeaseStore: Send + Sync + 'static {
         outbox: Option<&'a Pending>,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
     fn release<'a>(&'a self, holder: Holder<'a>) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+    /// Completes the lease as failed for good, with `error`; `Ok(false)` if the holder no
+    /// longer had the key.
+    fn fail<'a>(
+        &'a self,
+        holder: Holder<'a>,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+    /// The steps recorded for `(scope, key)`.
+    fn steps_read<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<StepRow>, sqlx::Error>>;
+    /// Records a step, if `holder` still holds the key.
+    fn step_record<'a>(
+        &'a self,
+        holder: Holder<'a>,
+        name: &'a str,
+        seq: i64,
+        json: &'a str,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+    /// The store itself, for a database step that needs its database's type back.
+    fn as_any(&self) -> &dyn std::any::Any;
     fn renew<'a>(
         &'a self,
         holder: Holder<'a>,
@@ -223,6 +251,39 @@ impl<DB: Backend> LeaseStore for Store<DB> {
 
     fn release<'a>(&'a self, holder: Holder<'a>) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(DB::lease_release(self.pool(), self.sql(), holder))
+    }
+
+    fn fail<'a>(
+        &'a self,
+        holder: Holder<'a>,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(DB::lease_fail(self.pool(), self.sql(), holder, error))
+    }
+
+    fn steps_read<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<StepRow>, sqlx::Error>> {
+        Box::pin(DB::steps_read(self.pool(), self.sql(), scope, key))
+    }
+
+    fn step_record<'a>(
+        &'a self,
+        holder: Holder<'a>,
+        name: &'a str,
+        seq: i64,
+        json: &'a str,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let mut conn = self.pool().acquire().await?;
+            DB::step_record(&mut conn, self.sql(), holder, name, seq, json).await
+        })
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn renew<'a>(

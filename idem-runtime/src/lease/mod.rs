@@ -5,26 +5,33 @@
 //! token is still the current one, through the claim core's one finish.
 
 mod claim;
+mod class;
 mod clock;
+mod db_step;
+mod keep_alive;
+mod steps;
 
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use claim::LeaseStore;
 pub(crate) use claim::claim_lease;
+pub(crate) use class::Class;
+pub use class::MAX_ERROR_LEN;
 pub(crate) use clock::Clock;
+pub use steps::{MAX_STEP_NAME, Step, Verified};
 
 use crate::backend::Holder;
-use crate::claim::{Claimed, Hold, Request, Ticket, finish};
+use crate::claim::{Claimed, Hold, Request, Ticket, finish, finish_failed};
 use crate::error::Error;
 use crate::key::Key;
 use crate::options::LeaseOptions;
-use crate::outcome::{Failed, Outcome};
+use crate::outcome::{Failed, Failure, Outcome};
 use crate::outgoing::{Outbox, Pending};
 use crate::record::{self, NotStorable};
 
@@ -42,6 +49,12 @@ pub type Leased = Claimed<Lease>;
 /// future) releases the key in the background when a tokio runtime is there, else it expires.
 /// Its call has the `idem.claim` span and the `idem_outcomes_total` count of an
 /// `#[idempotent]` handler's.
+///
+/// A body of several outside calls runs each as a [`step`](Lease::step), whose value is
+/// recorded as it returns, so that a redelivery resumes after the last recorded one; says of
+/// its error whether it is [`permanent`](Lease::permanent), [`transient`](Lease::transient)
+/// or [`unknown`](Lease::unknown); and keeps the lease alive around a slow call with
+/// [`keep_alive`](Lease::keep_alive) (`docs/steps.md`).
 pub struct Lease {
     store: Arc<dyn LeaseStore>,
     /// Taken by the finish; still here when the lease is dropped unfinished.
@@ -51,6 +64,11 @@ pub struct Lease {
     attempt: u32,
     options: LeaseOptions,
     clock: Arc<Clock>,
+    /// The body's steps: the names used, the one running, the ones recorded before (boxed: a
+    /// lease is moved around whole, and most bodies have no step).
+    steps: Box<steps::Steps>,
+    /// What the body said of its error.
+    class: Mutex<Class>,
 }
 
 impl fmt::Debug for Lease {
@@ -90,6 +108,8 @@ impl Lease {
                 options.lease,
                 options.timeout,
             )),
+            steps: Box::default(),
+            class: Mutex::new(Class::Plain),
         }
     }
 
@@ -212,6 +232,22 @@ impl Lease {
         }
     }
 
+    /// The body of a step that holds a transaction: marked so that a claim in it is refused as
+    /// nested.
+    fn ticket_body(&self) -> crate::claim::nested::Body {
+        self.ticket
+            .as_ref()
+            .expect("a lease keeps its ticket until it finishes")
+            .body()
+    }
+
+    fn rolled_back(&self) -> Error {
+        Error::RolledBack {
+            scope: self.scope().to_owned(),
+            key: self.key().to_owned(),
+        }
+    }
+
     /// Ends the call, with `outbox`'s messages if the body had its own. `Ok` completes the
     /// marker if this delivery still holds the key (else [`Error::LeaseLost`], and the value
     /// is not reported as applied), storing what `encode` makes of the value (`replay`). The
@@ -226,13 +262,31 @@ impl Lease {
         outbox: Option<&Pending>,
     ) -> Result<Outcome<T>, Failed<E>> {
         let ticket = self.ticket.take().expect("a lease finishes once");
-        let hold = Ends {
+        let class = self.class();
+        let mut hold = Ends {
             store: self.store.clone(),
             token: self.token,
+            // An error that may have had its effect keeps the lease until it runs out.
+            keep: class == Class::Unknown,
+            failing: None,
         };
+        // The body's own error, said to be permanent: the marker completes as failed.
+        if let (Class::Permanent(error), Ok(Err(_))) = (&class, &result) {
+            hold.failing = Some(error.clone());
+            return finish_failed(hold, ticket, Failure::new(error.clone())).await;
+        }
         let result = match result {
             Ok(result) => result.map_err(Failed::Handler),
             Err(e) => Err(Failed::Idem(e)),
+        };
+        #[cfg(feature = "testing")]
+        let result = match class {
+            // The kit crashed the delivery after a step: nothing after it is kept.
+            Class::Crashed => Err(Failed::Idem(crate::testing::probe::crashed(
+                &ticket.request.scope,
+                ticket.request.key.as_str(),
+            ))),
+            _ => result,
         };
         finish(hold, ticket, outbox, result, encode).await
     }
@@ -261,8 +315,10 @@ impl Lease {
         drop(self.finish_with(result, |_| Ok(None), None).await);
     }
 
-    /// Gives up: releases the key now, so that the next delivery takes it over.
+    /// Gives up: releases the key now, so that the next delivery takes it over (whatever the
+    /// body said of its error).
     pub async fn release(self) {
+        self.classify(Class::Plain);
         let result: Result<(), ()> = Err(());
         drop(self.finish_with(Ok(result), |_| Ok(None), None).await);
     }
@@ -272,6 +328,10 @@ impl Lease {
 struct Ends {
     store: Arc<dyn LeaseStore>,
     token: i64,
+    /// Keep the lease instead of releasing it (an unknown error).
+    keep: bool,
+    /// Complete the marker as failed with this error, not with a value (a permanent error).
+    failing: Option<String>,
 }
 
 impl Ends {
@@ -309,7 +369,11 @@ impl Hold for Ends {
         outbox: Option<&Pending>,
     ) -> Result<(), Error> {
         let holder = self.holder(request);
-        match self.store.complete(holder, value, outbox).await {
+        let kept = match &self.failing {
+            Some(error) => self.store.fail(holder, error).await,
+            None => self.store.complete(holder, value, outbox).await,
+        };
+        match kept {
             Ok(true) => Ok(()),
             Ok(false) => Err(lost(request)),
             // Not completed: give the key back now rather than at the lease's end, as for any
@@ -323,6 +387,9 @@ impl Hold for Ends {
     }
 
     async fn release(self, request: &Request) {
+        if self.keep {
+            return;
+        }
         drop(self.store.release(self.holder(request)).await);
     }
 }

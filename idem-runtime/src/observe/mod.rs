@@ -34,12 +34,14 @@ use crate::outcome::{Batch, Failed, Outcome};
 
 mod in_span;
 mod keys;
+pub(crate) mod semconv;
 mod site;
 mod verdict;
 
 pub(crate) use in_span::in_span;
 
 pub use keys::{KeyInSpans, observe_keys};
+use semconv::About;
 pub use site::Site;
 use verdict::{Ended, Verdict};
 
@@ -60,8 +62,11 @@ pub const OUTCOMES_TOTAL: &str = "idem_outcomes_total";
 /// included.
 pub const CLAIM_SECONDS: &str = "idem_claim_seconds";
 
-/// Describes [`OUTCOMES_TOTAL`] and [`CLAIM_SECONDS`] to the installed `metrics` recorder
-/// (their help text and unit), for exporters that publish descriptions, such as Prometheus's.
+/// Describes [`OUTCOMES_TOTAL`], [`CLAIM_SECONDS`] and
+/// [`MESSAGING_PROCESS_DURATION`](semconv::MESSAGING_PROCESS_DURATION) to the installed
+/// `metrics` recorder
+/// (their help text and unit), for exporters that publish descriptions, such as
+/// Prometheus's.
 ///
 /// Call it once after installing the recorder; recording works without it.
 pub fn describe_metrics() {
@@ -75,6 +80,12 @@ pub fn describe_metrics() {
         CLAIM_SECONDS,
         metrics::Unit::Seconds,
         "Time from the claim's first statement to its answer, by scope."
+    );
+    metrics::describe_histogram!(
+        semconv::MESSAGING_PROCESS_DURATION,
+        metrics::Unit::Seconds,
+        "Duration of processing operation (OpenTelemetry messaging conventions): from the \
+         claim's start to the call's end, for calls that know their broker."
     );
 }
 
@@ -102,6 +113,8 @@ pub(crate) struct Observed {
     attempts: u32,
     waited: Duration,
     jobs: Option<u64>,
+    /// What the call serves, in OpenTelemetry's terms (a broker's message, an HTTP request).
+    about: Option<About>,
     ended: bool,
 }
 
@@ -117,7 +130,26 @@ impl std::fmt::Debug for Observed {
 impl Observed {
     /// Opens the `idem.claim` span of a call (when a subscriber wants it; `key` is read only
     /// then, and shown as [`observe_keys`] says).
-    pub(crate) fn start(site: &'static Site, scope: &str, mode: Mode, key: Option<&str>) -> Self {
+    ///
+    /// `about` is what the call serves, for OpenTelemetry's attributes; without it, what
+    /// [`semconv::observe_messaging`] said of the scope, if anything.
+    pub(crate) fn start(
+        site: &'static Site,
+        scope: &str,
+        mode: Mode,
+        key: Option<&str>,
+        about: Option<About>,
+    ) -> Self {
+        let about = about.or_else(|| semconv::of_scope(scope).map(About::Message));
+        let message = match about {
+            Some(About::Message(m)) => Some(m),
+            _ => None,
+        };
+        let http = match about {
+            Some(About::Http { method, route }) => Some((method, route)),
+            _ => None,
+        };
+        // The field values are read only when the span is enabled.
         let span = tracing::info_span!(
             target: "idem",
             "idem.claim",
@@ -131,11 +163,22 @@ impl Observed {
             jobs = Empty,
             applied = Empty,
             duplicate = Empty,
+            otel.kind = about.map(|a| a.kind()),
+            messaging.system = message.map(|m| m.system()),
+            messaging.operation.type = message.map(|_| "process"),
+            messaging.destination.name = message.and_then(|m| m.destination_name()),
+            messaging.message.id = Empty,
+            http.request.method = http.map(|(method, _)| method),
+            http.route = http.and_then(|(_, route)| route),
         );
         if let Some(key) = key.filter(|_| !span.is_disabled()) {
             match keys::setting() {
                 KeyInSpans::Plain => {
                     span.record("key", key);
+                    // One key end to end: a consumer claims the message's id.
+                    if message.is_some() {
+                        span.record("messaging.message.id", key);
+                    }
                 }
                 KeyInSpans::Hashed => {
                     span.record("key_hash", keys::hash(key).as_str());
@@ -150,19 +193,31 @@ impl Observed {
             attempts: 0,
             waited: Duration::ZERO,
             jobs: None,
+            about,
             ended: false,
         }
     }
 
     /// [`start`](Observed::start) for a batch of `jobs` jobs, whose span names no key.
-    pub(crate) fn batch(site: &'static Site, scope: &str, jobs: usize) -> Self {
-        Observed::counted(site, scope, Mode::Batch, jobs)
+    pub(crate) fn batch(
+        site: &'static Site,
+        scope: &str,
+        jobs: usize,
+        about: Option<About>,
+    ) -> Self {
+        Observed::counted(site, scope, Mode::Batch, jobs, about)
     }
 
     /// [`start`](Observed::start) for a call of `jobs` jobs in `mode` (a batch, an offset
     /// claim), whose span names no key.
-    pub(crate) fn counted(site: &'static Site, scope: &str, mode: Mode, jobs: usize) -> Self {
-        let mut observed = Observed::start(site, scope, mode, None);
+    pub(crate) fn counted(
+        site: &'static Site,
+        scope: &str,
+        mode: Mode,
+        jobs: usize,
+        about: Option<About>,
+    ) -> Self {
+        let mut observed = Observed::start(site, scope, mode, None, about);
         let jobs = jobs as u64;
         observed.span.record("jobs", jobs);
         observed.jobs = Some(jobs);
@@ -221,7 +276,7 @@ impl Observed {
             Err(Failed::Idem(e)) => Ended::Idem(e),
             Err(Failed::Handler(_)) => Ended::Handler,
         };
-        self.record(verdict, [(verdict, 1), (verdict, 0)], None);
+        self.record(verdict, &[(verdict, 1)], None);
         verdict::finished(&self.span, verdict, ended);
         self.ended = true;
     }
@@ -232,7 +287,7 @@ impl Observed {
         crate::testing::probe::refused(error);
         let verdict = Verdict::of_error(error);
         let jobs = self.jobs.unwrap_or(1);
-        self.record(verdict, [(verdict, jobs), (verdict, 0)], None);
+        self.record(verdict, &[(verdict, jobs)], None);
         verdict::finished(&self.span, verdict, Ended::Idem(error));
         self.ended = true;
     }
@@ -253,24 +308,58 @@ impl Observed {
                     (Verdict::Applied, applied),
                     (Verdict::Duplicate, jobs - applied),
                 ];
-                self.record(verdict, counts, Some((applied, jobs - applied)));
+                self.record(verdict, &counts, Some((applied, jobs - applied)));
                 verdict::finished(&self.span, verdict, Ended::Ok);
             }
-            Err(failed) => {
-                let verdict = Verdict::of_failed(failed);
-                self.record(verdict, [(verdict, jobs), (verdict, 0)], None);
-                let ended = match failed {
-                    Failed::Idem(e) => Ended::Idem(e),
-                    Failed::Handler(_) => Ended::Handler,
-                };
-                verdict::finished(&self.span, verdict, ended);
-            }
+            Err(failed) => self.failed_whole(jobs, failed),
         }
         self.ended = true;
     }
 
+    /// A batch run job by job ended: `Ok((applied, failed))` counts its jobs (the others were
+    /// duplicates), each job that failed alone as `error`; a batch that failed whole counts
+    /// every job with its error. The span's `outcome` is `applied` if any job was, else
+    /// `error` if any failed.
+    pub(crate) fn ended_each<E>(mut self, result: Result<(u64, u64), &Failed<E>>) {
+        let jobs = self.jobs.unwrap_or(0);
+        match result {
+            Ok((applied, failed)) => {
+                let duplicate = jobs.saturating_sub(applied + failed);
+                let verdict = match (applied, failed) {
+                    (0, 0) => Verdict::Duplicate,
+                    (0, _) => Verdict::Error,
+                    _ => Verdict::Applied,
+                };
+                let counts = [
+                    (Verdict::Applied, applied),
+                    (Verdict::Duplicate, duplicate),
+                    (Verdict::Error, failed),
+                ];
+                self.record(verdict, &counts, Some((applied, duplicate)));
+                let ended = match failed {
+                    0 => Ended::Ok,
+                    _ => Ended::Handler,
+                };
+                verdict::finished(&self.span, verdict, ended);
+            }
+            Err(failed) => self.failed_whole(jobs, failed),
+        }
+        self.ended = true;
+    }
+
+    /// A batch that failed whole: every job counted with its error.
+    fn failed_whole<E>(&self, jobs: u64, failed: &Failed<E>) {
+        let verdict = Verdict::of_failed(failed);
+        self.record(verdict, &[(verdict, jobs)], None);
+        let ended = match failed {
+            Failed::Idem(e) => Ended::Idem(e),
+            Failed::Handler(_) => Ended::Handler,
+        };
+        verdict::finished(&self.span, verdict, ended);
+    }
+
     /// Records how the call ended on its span, and the counts on the counter.
-    fn record(&self, verdict: Verdict, counts: [(Verdict, u64); 2], batch: Option<(u64, u64)>) {
+    fn record(&self, verdict: Verdict, counts: &[(Verdict, u64)], batch: Option<(u64, u64)>) {
         if !self.span.is_disabled() {
             self.span.record("outcome", verdict.as_str());
             if let Some((applied, duplicate)) = batch {
@@ -283,6 +372,12 @@ impl Observed {
                 let key = self.site.outcome_key(verdict);
                 recorder.register_counter(key, &METADATA).increment(n);
             }
+            if let Some(About::Message(m)) = self.about {
+                let took = self.started.elapsed().as_secs_f64();
+                semconv::Keys::with(m, verdict, |key| {
+                    recorder.register_histogram(key, &METADATA).record(took);
+                });
+            }
         });
     }
 }
@@ -293,11 +388,7 @@ impl Drop for Observed {
             return;
         }
         let jobs = self.jobs.unwrap_or(1);
-        self.record(
-            Verdict::Error,
-            [(Verdict::Error, jobs), (Verdict::Error, 0)],
-            None,
-        );
+        self.record(Verdict::Error, &[(Verdict::Error, jobs)], None);
         verdict::finished(&self.span, Verdict::Error, Ended::Dropped);
     }
 }

@@ -57,6 +57,7 @@ impl Site {
                 pair(scope, 8),
                 pair(scope, 9),
                 pair(scope, 10),
+                pair(scope, 11),
             ],
             scope_only: [Label::from_static_parts("scope", scope)],
             keys: OnceLock::new(),

@@ -15,6 +15,7 @@ pub(super) enum Verdict {
     Applied,
     Duplicate,
     Replayed,
+    Failed,
     InProgress,
     RolledBack,
     Timeout,
@@ -26,7 +27,7 @@ pub(super) enum Verdict {
 }
 
 /// How many [`Verdict`]s there are.
-pub(super) const COUNT: usize = 11;
+pub(super) const COUNT: usize = 12;
 
 impl Verdict {
     /// The label values, in the order of the variants.
@@ -34,6 +35,7 @@ impl Verdict {
         "applied",
         "duplicate",
         "replayed",
+        "failed",
         "in_progress",
         "rolled_back",
         "timeout",
@@ -49,6 +51,7 @@ impl Verdict {
             Ok(Outcome::Applied(_)) => Verdict::Applied,
             Ok(Outcome::Duplicate) => Verdict::Duplicate,
             Ok(Outcome::Replayed(_)) => Verdict::Replayed,
+            Ok(Outcome::Failed(_)) => Verdict::Failed,
             Err(failed) => Verdict::of_failed(failed),
         }
     }
@@ -71,18 +74,26 @@ impl Verdict {
             // Refused as given: a redelivery fails the same way until the job or the code
             // changes.
             Error::InvalidKey(_)
+            | Error::BatchTooLarge { .. }
             | Error::InvalidTable { .. }
             | Error::InvalidScope { .. }
             | Error::InvalidLease { .. }
+            | Error::InvalidRetention { .. }
             | Error::InvalidMessage { .. }
             | Error::InvalidOffsets { .. }
             | Error::InvalidRecord { .. }
             | Error::WatermarkAhead { .. }
+            | Error::InvalidGroup { .. }
             | Error::Nested { .. }
+            | Error::InvalidStep { .. }
             | Error::Serialize(_) => Verdict::Invalid,
             // An operator's refusal: it ends no call.
             Error::LeaseHeld { .. } => Verdict::Invalid,
-            Error::Database(_) | Error::Kafka { .. } => Verdict::Error,
+            Error::Database(_)
+            | Error::Kafka { .. }
+            | Error::JobNotFinished { .. }
+            | Error::GroupFailed { .. }
+            | Error::Unverified { .. } => Verdict::Error,
             #[cfg(feature = "testing")]
             Error::Injected { .. } => Verdict::Error,
         }

@@ -297,7 +297,7 @@ async fn claim<DB: Backend>(
     records: usize,
 ) -> Result<(claim::From, Option<TxHeld<'static, DB>>), Error> {
     let site = Site::of(group);
-    let mut observed = Observed::counted(site, group, Mode::Offsets, records);
+    let mut observed = Observed::counted(site, group, Mode::Offsets, records, request.about);
     #[cfg(feature = "testing")]
     crate::testing::probe::claiming(Mode::Offsets);
     if let Err(e) = nested::refuse_nested(&request.caller) {

@@ -161,6 +161,40 @@ impl Pending {
         self.messages.is_empty()
     }
 
+    /// The key of the job at `job`.
+    pub(crate) fn key(&self, job: usize) -> &Key {
+        &self.jobs[job].0
+    }
+
+    /// The outbox of the job at `job` alone, numbering on from the messages it sent here.
+    pub(crate) fn job_outbox(&self, job: usize) -> Outbox {
+        let (key, sent) = &self.jobs[job];
+        let mut pending = Pending::new(self.scope.clone(), vec![key.clone()]);
+        pending.jobs[0].1 = *sent;
+        Outbox { pending }
+    }
+
+    /// Takes the messages of `outbox` (made by [`job_outbox`](Pending::job_outbox) for `job`)
+    /// back as that job's.
+    pub(crate) fn absorb(&mut self, job: usize, outbox: Outbox) {
+        let Pending { jobs, messages, .. } = outbox.pending;
+        self.jobs[job].1 = jobs[0].1;
+        self.owners.extend(std::iter::repeat_n(job, messages.len()));
+        self.messages.extend(messages);
+    }
+
+    /// Forgets every message of the job at `job` (it failed: none of them is written).
+    pub(crate) fn drop_job(&mut self, job: usize) {
+        let owners = std::mem::take(&mut self.owners);
+        let messages = std::mem::take(&mut self.messages);
+        for (owner, message) in owners.into_iter().zip(messages) {
+            if owner != job {
+                self.owners.push(owner);
+                self.messages.push(message);
+            }
+        }
+    }
+
     pub(crate) fn scope(&self) -> &str {
         &self.scope
     }

@@ -365,7 +365,12 @@ const FENCING_FAILED: &str = "a delivery whose lease was taken over must not rep
 
 /// Reads the effect before any delivery; a check that already reads `applied` could not tell
 /// whether the job ran, so it is refused.
-async fn baseline<C, G, V>(case: &str, check: &mut C, applied: &V, report: &mut Report) -> V
+pub(super) async fn baseline<C, G, V>(
+    case: &str,
+    check: &mut C,
+    applied: &V,
+    report: &mut Report,
+) -> V
 where
     C: FnMut() -> G,
     G: Future<Output = V>,
@@ -384,7 +389,7 @@ where
 }
 
 /// Makes one delivery under `fault` and records it.
-async fn deliver_one<D, F, T, E>(
+pub(super) async fn deliver_one<D, F, T, E>(
     deliver: &mut D,
     number: usize,
     fault: Fault,
@@ -401,7 +406,7 @@ where
     report.push(delivery(number, &result, &probe)).clone()
 }
 
-fn delivery<T: Debug, E: Debug>(
+pub(super) fn delivery<T: Debug, E: Debug>(
     number: usize,
     result: &Result<Outcome<T>, E>,
     probe: &Probe,
@@ -411,6 +416,7 @@ fn delivery<T: Debug, E: Debug>(
         (Ok(Outcome::Applied(_)), _) => Got::Applied,
         (Ok(Outcome::Duplicate), _) => Got::Duplicate,
         (Ok(Outcome::Replayed(_)), _) => Got::Replayed,
+        (Ok(Outcome::Failed(_)), _) => Got::FailedForGood,
         (Err(_), Some(Ended::InProgress)) => Got::InProgress,
         (Err(_), Some(Ended::LeaseLost)) => Got::LeaseLost,
         (Err(_), Some(Ended::Injected)) => Got::Injected,
@@ -436,7 +442,7 @@ fn delivery<T: Debug, E: Debug>(
 }
 
 /// `later` must be a duplicate of `first`, and a replayed value must be `first`'s value.
-fn expect_duplicate(case: &str, report: &Report, later: &Delivery, first: &Delivery) {
+pub(super) fn expect_duplicate(case: &str, report: &Report, later: &Delivery, first: &Delivery) {
     if !later.got.is_duplicate() {
         let what = format!(
             "delivery {}, after delivery {} applied, got {:?}, not Duplicate",
@@ -478,7 +484,7 @@ fn not_applied(got: Got) -> &'static str {
 
 /// The kit reaches a call through a task-local: a delivery in which no claim was seen ran its
 /// handler elsewhere (or is no idempotent handler), and nothing the kit injects would reach it.
-fn seen_claiming(case: &str, report: &Report, d: &Delivery) {
+pub(super) fn seen_claiming(case: &str, report: &Report, d: &Delivery) {
     if d.mode.is_none() {
         let what = format!(
             "the kit saw no claim in delivery {}, which got {:?}",
@@ -488,7 +494,7 @@ fn seen_claiming(case: &str, report: &Report, d: &Delivery) {
     }
 }
 
-fn fail(case: &str, report: &Report, what: &str, why: &str) -> ! {
+pub(super) fn fail(case: &str, report: &Report, what: &str, why: &str) -> ! {
     panic!("idem::testing::{case}: {what}.\n{why}.\nWhat happened:\n{report}")
 }
 

@@ -30,6 +30,9 @@ pub(crate) enum Fault {
     /// Lease mode: right after the claim, expire the lease in the database, then wait until the
     /// kit lets the delivery go on.
     ExpireAfterClaim,
+    /// Lease mode: crash the delivery right after its `n`-th step (run or read back): nothing
+    /// after it runs or is kept, and the lease is left to the kit.
+    CrashAfterStep(u32),
 }
 
 /// The kind of idem error a delivery ended with, read before it became the handler's `E`.
@@ -55,6 +58,11 @@ pub(crate) struct Seen {
     pub(crate) ended: Option<Ended>,
     /// The message of idem's error, if the call ended with one.
     pub(crate) idem_error: Option<String>,
+    /// Lease mode: the steps the delivery ended, in order, each with whether it ran (or was
+    /// read back).
+    pub(crate) steps: Vec<(String, bool)>,
+    /// Lease mode: the delivery was crashed after a step.
+    pub(crate) crashed: bool,
 }
 
 /// Where a paused delivery is (case `expire_lease`).
@@ -218,6 +226,34 @@ pub(crate) async fn before_commit(scope: &str, key: &str, at: &'static str) -> O
         key: key.to_owned(),
         at,
     })
+}
+
+/// Lease mode: a step ended with its value, run now (`ran`) or read back. Under
+/// [`Fault::CrashAfterStep`] at this step's place, `Some(error)`: the delivery crashes here.
+pub(crate) async fn step_done(scope: &str, key: &str, name: &str, ran: bool) -> Option<Error> {
+    let probe = current()?;
+    let mut place = 0;
+    probe.note(|s| {
+        s.steps.push((name.to_owned(), ran));
+        place = s.steps.len();
+    });
+    let Fault::CrashAfterStep(n) = probe.fault else {
+        return None;
+    };
+    if usize::try_from(n).ok() != Some(place) {
+        return None;
+    }
+    probe.note(|s| s.crashed = true);
+    Some(crashed(scope, key))
+}
+
+/// What a delivery the kit crashed after a step ends with.
+pub(crate) fn crashed(scope: &str, key: &str) -> Error {
+    Error::Injected {
+        scope: scope.to_owned(),
+        key: key.to_owned(),
+        at: "end of a step",
+    }
 }
 
 /// The end of a call (every path's: the attribute's, a guard's, the HTTP layer's), before

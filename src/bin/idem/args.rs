@@ -11,9 +11,11 @@ use crate::Failure;
 /// Look at and tidy the markers that idem's idempotent handlers keep.
 ///
 /// Exit codes: 0 done; 1 the database could not be reached or refused a statement; 2 bad
-/// input (nothing was sent to the database); 3 `inspect` found no marker, or `outbox requeue`
-/// no message of that id; 4 `outbox requeue` of a message that is not parked; 5 `forget` of a
-/// marker whose lease a delivery still holds (nothing was changed: see `--force`).
+/// input (nothing was sent to the database); 3 `inspect` or `requeue` found no marker, or
+/// `outbox requeue` no message of that id; 4 `outbox requeue` of a message that is not parked,
+/// or `requeue` of a job that did not fail; 5 `forget` of a marker whose lease a delivery still
+/// holds (nothing was changed: see `--force`); 6 `doctor` found warnings (and no problem); 7
+/// `doctor` found a problem.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version)]
 pub(crate) struct Cli {
@@ -51,13 +53,25 @@ pub(crate) enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// Delete the markers of jobs completed longer ago than AGE; prints how many.
+    /// Delete the markers of jobs completed longer ago than their scope's retention window
+    /// (`retention set`), and of the other scopes longer ago than AGE; prints how many.
     Purge {
-        /// The retention: a whole number and one unit, w (weeks), d (days), h, m or s, as 2w,
-        /// 7d, 12h, 30m or 90s. It must outlast the time the broker may still redeliver a job.
+        /// The retention of the scopes without a window: a whole number and one unit, w
+        /// (weeks), d (days), h, m or s, as 2w, 7d, 12h, 30m or 90s. It must outlast the time
+        /// the broker may still redeliver a job. Without it, only the scopes with a window
+        /// are purged.
         #[arg(long, value_name = "AGE", value_parser = parse_age)]
-        older_than: Age,
+        older_than: Option<Age>,
     },
+    /// Each scope's retention window, kept in the database, which `purge` (here and in the
+    /// workers' code) honours.
+    #[command(subcommand)]
+    Retention(RetentionCommand),
+    /// Check the deployment and say what is wrong and what to do: the schema and its
+    /// indexes, dead space, markers older than their retention, stuck leases, parked outbox
+    /// messages, the pool, the ack timeout, a pooler, the clock. Exit 0 healthy, 6 warnings,
+    /// 7 a problem.
+    Doctor(DoctorArgs),
     /// List markers still in progress (lease mode): run-out and released leases first.
     Stuck {
         /// Only this handler's scope (default: every scope).
@@ -67,9 +81,73 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
     },
+    /// List the jobs that failed for good (a lease-mode body's permanent error), newest first,
+    /// with their errors.
+    Failed {
+        /// Only this handler's scope (default: every scope).
+        #[arg(long, value_parser = parse_scope)]
+        scope: Option<String>,
+        /// At most this many markers.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+    },
+    /// Let the next delivery of a job that failed for good run it again, after the steps its
+    /// lease recorded (exit 3 if there is no marker, 4 if the job did not fail).
+    Requeue(Target),
+    /// Show the steps a job's lease recorded, in their body's order, with their values.
+    Steps(Target),
     /// The outbox's unsent messages: list the parked and pending ones, requeue a parked one.
     #[command(subcommand)]
     Outbox(OutboxCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum RetentionCommand {
+    /// Keep the completed markers of SCOPE for AGE (set again to change it).
+    Set {
+        /// The handler's scope.
+        #[arg(value_parser = parse_scope)]
+        scope: String,
+        /// How long: a whole number and one unit, w, d, h, m or s (30d, 72h). It must outlast
+        /// the time the scope's broker may still redeliver a job.
+        #[arg(value_name = "AGE", value_parser = parse_age)]
+        keep: Age,
+    },
+    /// List every scope's window.
+    List,
+    /// Remove SCOPE's window: `purge --older-than` decides for it again.
+    Clear {
+        /// The handler's scope.
+        #[arg(value_parser = parse_scope)]
+        scope: String,
+    },
+}
+
+/// What `doctor` is told of the deployment; a check whose setting is not given is skipped.
+#[derive(Debug, Args)]
+pub(crate) struct DoctorArgs {
+    /// The age `purge --older-than` runs with: older markers mean purge is not running.
+    #[arg(long, value_name = "AGE", value_parser = parse_age)]
+    pub(crate) retention: Option<Age>,
+    /// How long after its lease ran out a marker still in progress counts as stuck.
+    #[arg(long, value_name = "AGE", value_parser = parse_age, default_value = "1h")]
+    pub(crate) stuck_after: Age,
+    /// The jobs one worker runs at once.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) concurrency: Option<u32>,
+    /// The workers' pool size (max connections).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) pool_size: Option<u32>,
+    /// The handlers' `wait`.
+    #[arg(long, value_name = "AGE", value_parser = parse_age)]
+    pub(crate) wait: Option<Age>,
+    /// The handlers' lease (lease mode).
+    #[arg(long, value_name = "AGE", value_parser = parse_age)]
+    pub(crate) lease: Option<Age>,
+    /// The broker's ack timeout: SQS's visibility timeout, RabbitMQ's consumer_timeout,
+    /// JetStream's ack_wait, Kafka's max.poll.interval.ms.
+    #[arg(long, value_name = "AGE", value_parser = parse_age)]
+    pub(crate) ack_timeout: Option<Age>,
 }
 
 #[derive(Debug, Subcommand)]

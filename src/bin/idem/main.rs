@@ -5,8 +5,11 @@
 //! finds no marker with code 3. See `docs/cli.md`.
 
 mod args;
+mod doctor;
+mod failed;
 mod outbox;
 mod render;
+mod retention;
 mod run;
 mod target;
 
@@ -44,6 +47,11 @@ impl Failure {
             code: 1,
             message: message.into(),
         }
+    }
+
+    /// Whether the database stopped the command.
+    pub(crate) fn is_database(&self) -> bool {
+        self.code == 1
     }
 }
 

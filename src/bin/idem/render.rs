@@ -70,21 +70,28 @@ pub(crate) fn forget(table: &str, scope: &str, key: &Key, gone: bool, json: bool
     }
 }
 
-pub(crate) fn purge(age: &Age, table: &str, deleted: u64, json: bool) -> String {
+pub(crate) fn purge(age: Option<&Age>, table: &str, deleted: u64, json: bool) -> String {
     if json {
-        let ms = u64::try_from(age.duration.as_millis()).unwrap_or(u64::MAX);
+        let ms = age.map(|a| u64::try_from(a.duration.as_millis()).unwrap_or(u64::MAX));
         return document(&json!({
             "table": table,
-            "older_than": age.text,
+            "older_than": age.map(|a| &a.text),
             "older_than_ms": ms,
             "deleted": deleted,
         }));
     }
-    format!(
-        "deleted {deleted} marker{} of jobs completed more than {} ago from {table}\n",
-        if deleted == 1 { "" } else { "s" },
-        age.text
-    )
+    let markers = if deleted == 1 { "marker" } else { "markers" };
+    match age {
+        Some(age) => format!(
+            "deleted {deleted} {markers} of jobs completed more than {} ago (or longer ago \
+             than their scope's retention window) from {table}\n",
+            age.text
+        ),
+        None => format!(
+            "deleted {deleted} {markers} of jobs completed longer ago than their scope's \
+             retention window from {table} (scopes without a window: give --older-than)\n"
+        ),
+    }
 }
 
 pub(crate) fn stuck(
@@ -169,14 +176,38 @@ fn lease_text(m: &Marker) -> String {
     }
 }
 
-fn state_name(state: MarkerState) -> &'static str {
+pub(crate) fn state_name(state: MarkerState) -> &'static str {
     match state {
         MarkerState::Completed => "completed",
+        MarkerState::Failed => "failed",
         _ => "in_progress",
     }
 }
 
-fn marker_json(m: &Marker) -> Value {
+/// What is stored with a marker, as `(value_bytes, response_status)`: the length of the stored
+/// JSON (a handler's `replay` value, or a response the HTTP layer replays), and the status of
+/// the HTTP layer's response.
+fn stored(m: &Marker) -> (Option<usize>, Option<u16>) {
+    let Some(json) = m.value.as_deref() else {
+        return (None, None);
+    };
+    (Some(json.len()), response_status(json))
+}
+
+/// The HTTP layer stores `{"status": 201, "headers": [[name, value], ...], "body": base64}`;
+/// any other value is a handler's `replay` value.
+fn response_status(json: &str) -> Option<u16> {
+    let value: Value = serde_json::from_str(json).ok()?;
+    let object = value.as_object()?;
+    let status = u16::try_from(object.get("status")?.as_u64()?).ok()?;
+    let layer = (100..=599).contains(&status)
+        && object.get("headers").is_some_and(Value::is_array)
+        && object.contains_key("body");
+    layer.then_some(status)
+}
+
+pub(crate) fn marker_json(m: &Marker) -> Value {
+    let (value_bytes, response_status) = stored(m);
     json!({
         "scope": m.scope,
         "key": m.key,
@@ -188,11 +219,16 @@ fn marker_json(m: &Marker) -> Value {
         "completed_at": m.completed_at,
         "locked_until": m.locked_until,
         "lease_ms_left": m.lease_ms_left,
+        "value_bytes": value_bytes,
+        "response_status": response_status,
+        "error": m.error,
     })
 }
 
 fn marker_fields(m: &Marker) -> Vec<(&'static str, String)> {
     let or_dash = |t: &Option<String>| t.clone().unwrap_or_else(|| "-".to_owned());
+    let (value_bytes, response_status) = stored(m);
+    let or_dash_n = |n: Option<String>| n.unwrap_or_else(|| "-".to_owned());
     vec![
         ("scope", m.scope.clone()),
         ("key", m.key.clone()),
@@ -204,6 +240,19 @@ fn marker_fields(m: &Marker) -> Vec<(&'static str, String)> {
         ("completed_at", or_dash(&m.completed_at)),
         ("locked_until", or_dash(&m.locked_until)),
         ("lease_ms_left", optional(m.lease_ms_left)),
+        ("value_bytes", or_dash_n(value_bytes.map(|n| n.to_string()))),
+        (
+            "response_status",
+            or_dash_n(response_status.map(|n| n.to_string())),
+        ),
+        // One line, whatever the error said.
+        (
+            "error",
+            m.error.as_deref().map_or_else(
+                || "-".to_owned(),
+                |e| e.split_whitespace().collect::<Vec<_>>().join(" "),
+            ),
+        ),
     ]
 }
 
@@ -219,7 +268,7 @@ fn optional(n: Option<i64>) -> String {
     n.map_or_else(|| "-".to_owned(), |n| n.to_string())
 }
 
-fn document(value: &Value) -> String {
+pub(crate) fn document(value: &Value) -> String {
     format!("{value:#}\n")
 }
 

@@ -10,10 +10,12 @@ use sqlx::pool::PoolOptions;
 use sqlx::{ConnectOptions as _, Connection as _};
 
 use crate::Failure;
-use crate::args::{Age, Cli, Command, OutboxCommand};
+use crate::args::{Age, Cli, Command, DoctorArgs, OutboxCommand, RetentionCommand};
+use crate::failed;
 use crate::outbox::{self, Filter};
 use crate::render;
 use crate::target::{DatabaseUrl, Scheme};
+use crate::{doctor, retention};
 
 /// How long the tool waits for the database to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -38,7 +40,16 @@ enum Request {
         key: Key,
         force: bool,
     },
-    Purge(Age),
+    Purge(Option<Age>),
+    RetentionSet {
+        scope: String,
+        keep: Age,
+    },
+    RetentionList,
+    RetentionClear {
+        scope: String,
+    },
+    Doctor(DoctorArgs),
     Stuck {
         scope: Option<String>,
         limit: u32,
@@ -46,6 +57,19 @@ enum Request {
     OutboxList {
         filter: Filter,
         limit: u32,
+    },
+    // Jobs that failed for good, and the steps of a lease (`failed.rs`).
+    Failed {
+        scope: Option<String>,
+        limit: u32,
+    },
+    RequeueJob {
+        scope: String,
+        key: Key,
+    },
+    Steps {
+        scope: String,
+        key: Key,
     },
     Requeue {
         id: String,
@@ -71,6 +95,12 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             force,
         },
         Command::Purge { older_than } => Request::Purge(older_than),
+        Command::Retention(RetentionCommand::Set { scope, keep }) => {
+            Request::RetentionSet { scope, keep }
+        }
+        Command::Retention(RetentionCommand::List) => Request::RetentionList,
+        Command::Retention(RetentionCommand::Clear { scope }) => Request::RetentionClear { scope },
+        Command::Doctor(args) => Request::Doctor(args),
         Command::Stuck { scope, limit } => Request::Stuck { scope, limit },
         Command::Outbox(OutboxCommand::List {
             parked,
@@ -81,6 +111,15 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             limit,
         },
         Command::Outbox(OutboxCommand::Requeue { id }) => Request::Requeue { id },
+        Command::Failed { scope, limit } => Request::Failed { scope, limit },
+        Command::Requeue(target) => Request::RequeueJob {
+            key: target.key()?,
+            scope: target.scope,
+        },
+        Command::Steps(target) => Request::Steps {
+            key: target.key()?,
+            scope: target.scope,
+        },
     };
     let cx = Context {
         db: DatabaseUrl::parse(cli.database_url)?,
@@ -129,6 +168,13 @@ async fn execute<DB: Backend>(
     // then reports only that it timed out, not why.
     match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
         Ok(Ok(conn)) => drop(conn.close().await),
+        Ok(Err(e)) if cx.db.scheme == Scheme::Sqlite => {
+            return Err(Failure::database(format!(
+                "cannot open the SQLite database at {}: {e}; check the path: the file must \
+                 exist (the tool never creates one) and be readable and writable by this user",
+                cx.db.shown
+            )));
+        }
         Ok(Err(e)) => {
             return Err(Failure::database(format!(
                 "cannot reach the database at {}: {e}; check the URL and that the server is \
@@ -145,6 +191,45 @@ async fn execute<DB: Backend>(
             )));
         }
     }
+    match command(&store, cx, request).await {
+        Err(failure) if failure.is_database() => Err(missing_table(&store, cx, failure).await),
+        done => done,
+    }
+}
+
+/// A statement the database refused because the marker table is not there: say so, and
+/// which tables there hold markers, rather than advise a migration (the operator more likely
+/// mistyped `--table`).
+async fn missing_table<DB: Backend>(store: &Store<DB>, cx: &Context, failure: Failure) -> Failure {
+    let tables = match store.marker_tables().await {
+        Ok(tables) if !tables.iter().any(|t| t.eq_ignore_ascii_case(store.table())) => tables,
+        _ => return failure,
+    };
+    const SHOWN: usize = 10;
+    let there = match tables.as_slice() {
+        [] => "it holds no marker table".to_owned(),
+        some if some.len() <= SHOWN => format!("its marker tables: {}", some.join(", ")),
+        some => format!(
+            "its marker tables: {} and {} more",
+            some[..SHOWN].join(", "),
+            some.len() - SHOWN
+        ),
+    };
+    Failure::database(format!(
+        "no table {} in the database at {} ({there}): pass the table your handlers' store \
+         was given with `Store::with_table` as --table (or IDEM_TABLE); without either the \
+         tool reads {}",
+        store.table(),
+        cx.db.shown,
+        idem::DEFAULT_TABLE
+    ))
+}
+
+async fn command<DB: Backend>(
+    store: &Store<DB>,
+    cx: &Context,
+    request: Request,
+) -> Result<ExitCode, Failure> {
     let refused = |e: idem::Error| {
         Failure::database(format!(
             "the database at {} (table {}): {e}",
@@ -178,8 +263,38 @@ async fn execute<DB: Backend>(
             )
         }
         Request::Purge(age) => {
-            let deleted = store.purge(age.duration).await.map_err(refused)?;
-            (render::purge(&age, store.table(), deleted, cx.json), 0)
+            let deleted = match &age {
+                Some(age) => store.purge(age.duration).await,
+                None => store.purge_by_retention().await,
+            };
+            let deleted = deleted.map_err(refused)?;
+            (
+                render::purge(age.as_ref(), store.table(), deleted, cx.json),
+                0,
+            )
+        }
+        Request::RetentionSet { scope, keep } => {
+            store
+                .set_retention(&scope, keep.duration)
+                .await
+                .map_err(refused)?;
+            (retention::set(store.table(), &scope, &keep, cx.json), 0)
+        }
+        Request::RetentionList => {
+            let windows = store.retentions().await.map_err(refused)?;
+            (retention::list(store.table(), &windows, cx.json), 0)
+        }
+        Request::RetentionClear { scope } => {
+            let had = store.clear_retention(&scope).await.map_err(refused)?;
+            (retention::clear(store.table(), &scope, had, cx.json), 0)
+        }
+        Request::Doctor(args) => {
+            let diagnosis = store
+                .doctor(&doctor::checkup(&args))
+                .await
+                .map_err(refused)?;
+            let code = doctor::exit_code(&diagnosis);
+            (doctor::render(&diagnosis, &cx.db.shown, cx.json), code)
         }
         Request::Stuck { scope, limit } => {
             let markers = match &scope {
@@ -198,6 +313,25 @@ async fn execute<DB: Backend>(
                 .map_err(refused)?;
             let table = format!("{}_outbox", store.table());
             (outbox::list(&table, filter, limit, &messages, cx.json), 0)
+        }
+        Request::Failed { scope, limit } => {
+            let markers = store.list_failed(scope.as_deref(), limit).await;
+            let markers = markers.map_err(refused)?;
+            let text = failed::list(store.table(), scope.as_deref(), limit, &markers, cx.json);
+            (text, 0)
+        }
+        Request::RequeueJob { scope, key } => {
+            let text = failed::requeue(&store, &scope, &key, cx.json, refused).await;
+            store.pool().close().await;
+            print!("{}", text?);
+            return Ok(ExitCode::SUCCESS);
+        }
+        Request::Steps { scope, key } => {
+            let steps = store.steps(&scope, &key).await.map_err(refused)?;
+            (
+                failed::steps(store.table(), &scope, &key, &steps, cx.json),
+                0,
+            )
         }
         Request::Requeue { id } => {
             let table = format!("{}_outbox", store.table());

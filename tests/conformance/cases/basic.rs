@@ -183,7 +183,9 @@ pub(crate) async fn purge_deletes_only_markers_older_than_the_retention<S: Suppo
                 let done = guard.finish(Ok::<(), ::idem::Error>(())).await;
                 assert_eq!(done.expect("commit"), Outcome::Applied(()));
             }
-            ::idem::Claimed::Duplicate | ::idem::Claimed::Replayed(_) => {
+            ::idem::Claimed::Duplicate
+            | ::idem::Claimed::Replayed(_)
+            | ::idem::Claimed::Failed(_) => {
                 panic!("key {n} was claimed twice")
             }
         }

@@ -147,14 +147,31 @@ pub(crate) async fn batch_keys_are_checked_before_any_io<S: Support>() {
         .iter()
         .map(|k| Key::new(k).expect("valid"))
         .collect();
+    // The refusal is the kind it names, by hand and through `?` from `Key::batch`.
     match ctx.store.claim_batch("apply", &keys).await {
-        Err(e @ idem::Error::InvalidKey(KeyError::BatchTooLarge { len })) => {
+        Err(e @ idem::Error::BatchTooLarge { len }) => {
             assert_eq!(len, MAX_BATCH + 1);
             let msg = e.to_string();
-            assert!(msg.contains("1001 jobs") && msg.contains("split"), "{msg}");
+            assert!(
+                msg.contains("1001 jobs") && msg.contains("split") && !msg.contains("retry"),
+                "{msg}"
+            );
         }
         other => panic!("expected BatchTooLarge, got {other:?}"),
     }
+    let via_question_mark = || -> Result<Vec<Key>, idem::Error> { Ok(Key::batch(&too_many)?) };
+    assert!(matches!(
+        via_question_mark(),
+        Err(idem::Error::BatchTooLarge { len }) if len == MAX_BATCH + 1
+    ));
+    let via_sqlx = || -> Result<Key, sqlx::Error> { Ok(Key::new("")?) };
+    let carried = via_sqlx().unwrap_err();
+    assert!(matches!(
+        carried
+            .as_database_error()
+            .and_then(|e| e.try_downcast_ref::<idem::Error>()),
+        Some(idem::Error::InvalidKey(KeyError::Empty))
+    ));
     match ctx.store.claim_batch("", &keys[..1]).await {
         Err(idem::Error::InvalidScope { .. }) => {}
         other => panic!("expected InvalidScope, got {other:?}"),

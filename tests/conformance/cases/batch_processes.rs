@@ -49,14 +49,14 @@ pub(crate) async fn worker_killed_inside_a_batch_keeps_nothing<S: Support>() {
         .expect("the redelivery commits");
     assert_eq!(
         next.outcomes(),
-        [Outcome::Applied(()); KILLED_BATCH as usize]
+        vec![Outcome::Applied(()); KILLED_BATCH as usize]
     );
     let again = apply_batch(&ctx.store, &jobs, BatchThen::Commit, None)
         .await
         .expect("all duplicates");
     assert_eq!(
         again.outcomes(),
-        [Outcome::Duplicate; KILLED_BATCH as usize]
+        vec![Outcome::Duplicate; KILLED_BATCH as usize]
     );
     for id in 0..KILLED_BATCH {
         assert_eq!(ctx.effects(id).await, 1, "job {id}");

@@ -57,6 +57,7 @@ pub(super) fn answer<T: std::fmt::Debug>(result: Result<Outcome<T>, TestError>) 
     match result {
         Ok(Outcome::Applied(_)) => Answer::Applied,
         Ok(Outcome::Duplicate | Outcome::Replayed(_)) => Answer::Duplicate,
+        Ok(Outcome::Failed(f)) => Answer::Other(format!("{f:?}")),
         Err(TestError::Idem(e)) => idem_answer(e),
         Err(TestError::Refused) => Answer::Refused,
         Err(TestError::Db(e)) => Answer::Other(format!("{e:?}")),
@@ -68,6 +69,7 @@ pub(super) fn claimed<H>(result: Result<Claimed<H>, Error>) -> Answer {
     match result {
         Ok(Claimed::Fresh(_)) => Answer::Fresh,
         Ok(Claimed::Duplicate | Claimed::Replayed(_)) => Answer::Duplicate,
+        Ok(Claimed::Failed(f)) => Answer::Other(format!("{f:?}")),
         Err(e) => idem_answer(e),
     }
 }

@@ -374,6 +374,7 @@ async fn race_an_expired_lease<S: Support>(ctx: &Ctx<S>, k: &str, park: bool) ->
     let mut tally = |r: Result<idem::Outcome<Seen>, TestError>| match r {
         Ok(idem::Outcome::Applied(seen)) => applied.push(seen),
         Ok(idem::Outcome::Duplicate | idem::Outcome::Replayed(_)) => dups += 1,
+        Ok(idem::Outcome::Failed(f)) => panic!("no delivery fails for good here: {f:?}"),
         Err(TestError::Idem(Error::InProgress { .. })) => busy += 1,
         Err(e) => panic!("a racing delivery failed: {e:?}"),
     };

@@ -238,7 +238,7 @@ pub(crate) async fn watermark_never_moves_back_under_random_consumers<S: Support
                 let batch = records("orders", 0, start..start + size);
                 let mut claim = store.claim_offsets(GROUP, &at(&batch)).await.unwrap();
                 let ran = apply_fresh(&mut claim, &batch, &effects).await;
-                let fail = rng.next_u64() % 5 == 0;
+                let fail = rng.next_u64().is_multiple_of(5);
                 let result = if fail {
                     claim.release().await;
                     None

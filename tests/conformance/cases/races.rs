@@ -101,6 +101,7 @@ pub(crate) async fn concurrent_deliveries_of_one_key_apply_once<S: Support>() {
                 applied_n += 1;
             }
             Ok(Outcome::Duplicate | Outcome::Replayed(_)) => duplicate_n += 1,
+            Ok(Outcome::Failed(f)) => panic!("no delivery fails for good here: {f:?}"),
             Err(e) => panic!("a concurrent delivery failed: {e:?}"),
         }
     }
@@ -151,6 +152,7 @@ pub(crate) async fn concurrent_deliveries_after_failed_holders_apply_once<S: Sup
                 applied_n += 1;
             }
             Ok(Outcome::Duplicate | Outcome::Replayed(_)) => duplicate_n += 1,
+            Ok(Outcome::Failed(f)) => panic!("no delivery fails for good here: {f:?}"),
             Err(TestError::Refused) => refused_n += 1,
             Err(e) => panic!("a concurrent delivery failed: {e:?}"),
         }
@@ -181,6 +183,7 @@ async fn apply_with<DB: TestDb>(
     let key = idem::Key::new(job.key.as_str()).map_err(idem::Error::from)?;
     match store.claim_with("apply", &key, options).await? {
         Claimed::Duplicate | Claimed::Replayed(_) => Ok(Outcome::Duplicate),
+        Claimed::Failed(f) => Ok(Outcome::Failed(f)),
         Claimed::Fresh(mut guard) => {
             let result = insert_effect(guard.tx(), job, "apply").await;
             hold.park_first().await;
@@ -221,6 +224,7 @@ async fn race_at<S: Support>(level: Isolation, tag: &str, id: i64) {
                 applied_n += 1;
             }
             Ok(Outcome::Duplicate | Outcome::Replayed(_)) => duplicate_n += 1,
+            Ok(Outcome::Failed(f)) => panic!("no delivery fails for good here: {f:?}"),
             Err(e) => panic!("a delivery at {level:?} failed: {e:?}"),
         }
     }
@@ -258,7 +262,7 @@ pub(crate) async fn delivery_that_stops_waiting_is_in_progress_and_runs_nothing<
         }
         Err(e) => panic!("expected InProgress, got {e:?}"),
         Ok(Claimed::Fresh(_)) => panic!("the second delivery claimed a key that is held"),
-        Ok(Claimed::Duplicate | Claimed::Replayed(_)) => {
+        Ok(Claimed::Duplicate | Claimed::Replayed(_) | Claimed::Failed(_)) => {
             panic!("the second delivery saw a marker not yet committed")
         }
     }

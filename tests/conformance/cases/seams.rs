@@ -54,6 +54,7 @@ fn got<T: std::fmt::Debug>(result: Result<Outcome<T>, TestError>) -> Got {
     match result {
         Ok(Outcome::Applied(_)) => Got::Applied,
         Ok(Outcome::Duplicate | Outcome::Replayed(_)) => Got::Duplicate,
+        Ok(Outcome::Failed(f)) => Got::Other(format!("{f:?}")),
         Err(TestError::Idem(e)) => idem_got(e),
         Err(TestError::Db(e)) => sql_got(&e),
         Err(TestError::Refused) => Got::Refused,
@@ -64,6 +65,7 @@ fn leased(result: Result<Claimed<Lease>, Error>) -> Got {
     match result {
         Ok(Claimed::Fresh(_)) => Got::Fresh,
         Ok(Claimed::Duplicate | Claimed::Replayed(_)) => Got::Duplicate,
+        Ok(Claimed::Failed(f)) => Got::Other(format!("{f:?}")),
         Err(e) => idem_got(e),
     }
 }

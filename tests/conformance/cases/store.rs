@@ -101,7 +101,7 @@ pub(crate) async fn store_refuses_bad_scopes_and_writes_nothing<S: Support>() {
             let done = guard.finish(Ok::<(), idem::Error>(())).await;
             assert_eq!(done.expect("commit"), Outcome::Applied(()));
         }
-        idem::Claimed::Duplicate | idem::Claimed::Replayed(_) => {
+        idem::Claimed::Duplicate | idem::Claimed::Replayed(_) | idem::Claimed::Failed(_) => {
             panic!("a fresh key was a duplicate")
         }
     }

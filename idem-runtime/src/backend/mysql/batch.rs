@@ -122,7 +122,7 @@ pub(super) async fn markers(
     keys: &[&str],
 ) -> Result<Vec<(String, Found)>, sqlx::Error> {
     let query = format!(
-        "SELECT `key`, state, {LEASE_OVER} FROM {} WHERE scope = {} AND `key` IN ({})",
+        "SELECT `key`, state, {LEASE_OVER}, error FROM {} WHERE scope = {} AND `key` IN ({})",
         sql.table.as_str(),
         hex(scope),
         list(keys)
@@ -136,7 +136,8 @@ pub(super) async fn markers(
         .map(|(key, row)| {
             let state: String = row.try_get(1)?;
             let over: i64 = row.try_get(2)?;
-            Ok((key, Found::of_status(&state, over)))
+            let error: Option<String> = row.try_get(3)?;
+            Ok((key, Found::of_status(&state, over, error)))
         })
         .collect()
 }
@@ -168,6 +169,40 @@ pub(super) async fn take_over(
         .fetch_all(&mut *conn)
         .await?;
     keys_of(&rows)
+}
+
+/// One message: the markers of jobs that failed alone given back, those this claim inserted
+/// deleted, the free leases it took over free again (its attempt counted).
+pub(super) async fn unclaim(
+    conn: &mut Conn,
+    sql: &MySqlSql,
+    c: Claimant<'_>,
+    inserted: &[&str],
+    taken: &[&str],
+) -> Result<(), sqlx::Error> {
+    let t = sql.table.as_str();
+    let (scope, nonce) = (hex(c.scope), c.nonce);
+    let mut message = Vec::new();
+    if !inserted.is_empty() {
+        message.push(format!(
+            "DELETE FROM {t} WHERE scope = {scope} AND `key` IN ({}) AND token = {nonce}",
+            list(inserted)
+        ));
+    }
+    if !taken.is_empty() {
+        message.push(format!(
+            "UPDATE {t} SET state = 'in_progress', completed_at = NULL, locked_until = NULL, \
+             result = NULL WHERE scope = {scope} AND `key` IN ({}) AND token = {nonce}",
+            list(taken)
+        ));
+    }
+    if message.is_empty() {
+        return Ok(());
+    }
+    sqlx::raw_sql(AssertSqlSafe(message.join("; ")))
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use super::{ER_DUP_ENTRY, LEASE_OVER, MySqlSql, bounded, number, seconds};
 use crate::backend::rows::MarkerState;
 use crate::backend::sealed::Claims;
 use crate::backend::sql::{Bound, statements};
-use crate::backend::{Check, Claimant, Found};
+use crate::backend::{Check, Claimant, Found, Savepoint};
 use crate::options::ClaimOptions;
 
 /// MySQL 8 only (a no-op on MariaDB, which bounds each claim statement instead): puts the
@@ -31,7 +31,7 @@ statements! {
             "INSERT INTO {t} (scope, `key`, fingerprint, token, created_at, completed_at) \
              VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))";
         marker(scope: &str, key: &str) = format!(
-            "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR) FROM {{t}} \
+            "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR), error FROM {{t}} \
              WHERE scope = ? AND `key` = ?"
         );
         // A free lease becomes this transaction's completed marker, its token this claim's
@@ -284,6 +284,23 @@ impl Claims for MySql {
         keys: &'t [&'t str],
     ) -> Result<Vec<String>, sqlx::Error> {
         batch::take_over(conn, sql, c, keys).await
+    }
+
+    async fn savepoint(conn: &mut Self::Connection, step: Savepoint) -> Result<(), sqlx::Error> {
+        // MariaDB bounds each claim statement by itself (`within`); MySQL 8, which sets the
+        // session's wait at the begin, leaves a job's claim under the transaction's.
+        sqlx::raw_sql(step.ansi()).execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    async fn unclaim<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t MySqlSql,
+        c: Claimant<'t>,
+        inserted: &'t [&'t str],
+        taken: &'t [&'t str],
+    ) -> Result<(), sqlx::Error> {
+        batch::unclaim(conn, sql, c, inserted, taken).await
     }
 
     async fn batch_claimed<'t>(

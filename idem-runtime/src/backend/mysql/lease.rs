@@ -39,13 +39,18 @@ statements! {
              AND (fingerprint IS NULL OR fingerprint = COALESCE(?, fingerprint))"
         );
         state(scope: &str, key: &str) = format!(
-            "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR), \
+            "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR), error, \
              CAST(attempts AS SIGNED) FROM {{t}} WHERE scope = ? AND `key` = ?"
         );
         complete(result: Option<&str>, scope: &str, key: &str, token: i64) =
             "UPDATE {t} SET state = 'completed', completed_at = UTC_TIMESTAMP(6), \
              locked_until = NULL, result = ? WHERE scope = ? AND `key` = ? AND token = ? \
              AND state = 'in_progress'";
+        // A permanent failure: completed, with its error and no value.
+        fail(error: &str, scope: &str, key: &str, token: i64) =
+            "UPDATE {t} SET state = 'completed', completed_at = UTC_TIMESTAMP(6), \
+             locked_until = NULL, result = NULL, error = ? WHERE scope = ? AND `key` = ? \
+             AND token = ? AND state = 'in_progress'";
         release(scope: &str, key: &str, token: i64) =
             "UPDATE {t} SET locked_until = NULL WHERE scope = ? AND `key` = ? AND token = ? \
              AND state = 'in_progress'";
@@ -83,17 +88,24 @@ impl Leases for MySql {
         }
         // Read before writing: a completed marker or a live lease (the most common answers)
         // is never written to, so that duplicates do not queue on its row lock.
-        type Row = (String, i64, Option<Vec<u8>>, Option<String>, i64);
+        type Row = (
+            String,
+            i64,
+            Option<Vec<u8>>,
+            Option<String>,
+            Option<String>,
+            i64,
+        );
         let row: Option<Row> = sql
             .lease
             .state(c.scope, c.key)
             .rows()
             .fetch_optional(pool)
             .await?;
-        let Some((state, over, fingerprint, result, attempts)) = row else {
+        let Some((state, over, fingerprint, result, error, attempts)) = row else {
             return Ok(LeaseState::Missing);
         };
-        let found = Found::of_row((state, over, fingerprint, result));
+        let found = Found::of_row((state, over, fingerprint, result, error));
         if found.status != Status::Free {
             return Ok(LeaseState::Found(found));
         }
@@ -125,6 +137,16 @@ impl Leases for MySql {
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn lease_fail<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p MySqlSql,
+        h: Holder<'p>,
+        error: &'p str,
+    ) -> Result<bool, sqlx::Error> {
+        let fail = sql.lease.fail(error, h.scope, h.key, h.token);
+        Ok(fail.query().execute(pool).await?.rows_affected() == 1)
     }
 
     async fn lease_release<'p>(

@@ -5,10 +5,14 @@
 
 mod batch;
 mod claim;
+mod failed;
+mod health;
 mod lease;
 mod offsets;
 mod operators;
 mod outbox;
+mod retention;
+mod steps;
 
 use std::time::Duration;
 
@@ -16,6 +20,7 @@ use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySql, SqlSafeStr as _, SqlStr};
 
 use super::sealed::Dialect;
+use super::upgrade::{Added, Addition};
 use super::{Backend, Table};
 
 impl Backend for MySql {}
@@ -54,6 +59,7 @@ const DDL: &[&str] = &[
         attempts INT NOT NULL DEFAULT 1,
         created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
         completed_at DATETIME(6) NULL,
+        error TEXT NULL,
         PRIMARY KEY (scope, `key`),
         KEY idem_completed_at (state, completed_at),
         CHECK (state IN ('in_progress', 'completed'))
@@ -77,6 +83,26 @@ const DDL: &[&str] = &[
         KEY idem_outbox_due (sent_at, parked, next_attempt_at),
         KEY idem_outbox_sent_at (sent_at)
     ) ENGINE = InnoDB",
+    // Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
+    "CREATE TABLE IF NOT EXISTS {t}_retention (
+        scope VARBINARY(255) NOT NULL,
+        keep_ms BIGINT NOT NULL,
+        updated_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (scope),
+        CHECK (keep_ms > 0)
+    ) ENGINE = InnoDB",
+    // Schema version 3: lease steps, each step's value recorded (fenced by its holder's token)
+    // until its marker is forgotten or purged.
+    "CREATE TABLE IF NOT EXISTS {t}_steps (
+        scope VARBINARY(255) NOT NULL,
+        `key` VARBINARY(255) NOT NULL,
+        name VARBINARY(255) NOT NULL,
+        seq INT NOT NULL,
+        token BIGINT NOT NULL,
+        result JSON NOT NULL,
+        created_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (scope, `key`, name)
+    ) ENGINE = InnoDB",
     // Schema version 3: the offset watermarks (the Kafka consumer's offset-watermark mode):
     // per consumer group, topic and partition, the next offset to process. Group and topic
     // are byte strings, compared byte for byte, as the markers' scope and key.
@@ -91,6 +117,17 @@ const DDL: &[&str] = &[
     ) ENGINE = InnoDB",
 ];
 
+/// What a schema version added to a table an earlier version created: each is in the `CREATE
+/// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
+const ADDED: &[Added] = &[
+    // Schema version 3: the error a lease's permanent failure completed its marker with.
+    Added::Column {
+        table: "{t}",
+        name: "error",
+        definition: "TEXT NULL",
+    },
+];
+
 /// MySQL's and MariaDB's statements for one marker table.
 #[derive(Debug)]
 pub struct MySqlSql {
@@ -100,7 +137,10 @@ pub struct MySqlSql {
     outbox: outbox::OutboxSql,
     offsets: offsets::OffsetSql,
     ops: operators::OperatorSql,
+    steps: steps::StepSql,
+    failed: failed::FailedSql,
     ddl: Vec<SqlStr>,
+    added: Vec<Addition>,
 }
 
 impl Dialect for MySql {
@@ -116,7 +156,10 @@ impl Dialect for MySql {
             outbox: outbox::OutboxSql::new(table),
             offsets: offsets::OffsetSql::new(table),
             ops: operators::OperatorSql::new(table),
+            steps: steps::StepSql::new(table),
+            failed: failed::FailedSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
+            added: ADDED.iter().map(|a| a.fill(table, false)).collect(),
         }
     }
 
@@ -178,6 +221,8 @@ mod tests {
             outbox::OutboxSql::templates(),
             offsets::OffsetSql::templates(),
             operators::OperatorSql::templates(),
+            steps::StepSql::templates(),
+            failed::FailedSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Question);
         }

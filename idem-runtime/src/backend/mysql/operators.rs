@@ -1,20 +1,21 @@
 //! What operators do with the markers on MySQL and MariaDB: migrate, forget, inspect, purge.
 
-use sqlx::{MySql, Pool, SqlStr};
+use sqlx::{MySql, MySqlConnection, Pool, SqlStr};
 
 use super::{LEASE_OVER, MySqlSql};
 use crate::backend::sealed::Operators;
 use crate::backend::sql::statements;
+use crate::backend::upgrade::Kind;
 use crate::backend::{MarkerRow, Status};
 
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text (idem writes them in UTC), and
 /// the lease's time left on the database's clock.
-const MARKER_COLUMNS: &str = "CONVERT(scope USING utf8mb4), CONVERT(`key` USING utf8mb4), state, \
+pub(super) const MARKER_COLUMNS: &str = "CONVERT(scope USING utf8mb4), CONVERT(`key` USING utf8mb4), state, \
     CAST(attempts AS SIGNED), token, \
     DATE_FORMAT(created_at, '%Y-%m-%dT%H:%i:%s.%fZ'), \
     DATE_FORMAT(completed_at, '%Y-%m-%dT%H:%i:%s.%fZ'), \
     DATE_FORMAT(locked_until, '%Y-%m-%dT%H:%i:%s.%fZ'), \
-    CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), locked_until) DIV 1000 AS SIGNED)";
+    CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), locked_until) DIV 1000 AS SIGNED), error";
 
 statements! {
     /// The operators' statements.
@@ -44,10 +45,22 @@ statements! {
              AND state = 'in_progress' \
              ORDER BY locked_until IS NOT NULL, locked_until, scope LIMIT ?"
         );
-        purge(age_ms: i64, limit: i64) =
-            "DELETE FROM {t} WHERE state = 'completed' \
-             AND completed_at < UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND \
-             ORDER BY completed_at LIMIT ?";
+        /// The instant before which completed markers are purged, read once so that a batch's
+        /// steps and markers are the same rows.
+        cutoff(age_ms: i64) =
+            "SELECT DATE_FORMAT(UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND, \
+             '%Y-%m-%d %H:%i:%s.%f')";
+        // Scopes with a retention window of their own are purged by it (`retention.rs`).
+        purge_steps(cutoff: &str, limit: i64) =
+            "DELETE s FROM {t}_steps AS s JOIN (SELECT scope, `key` FROM {t} \
+             WHERE state = 'completed' AND completed_at < ? \
+             AND scope NOT IN (SELECT scope FROM {t}_retention) \
+             ORDER BY completed_at, scope, `key` LIMIT ?) AS b \
+             ON s.scope = b.scope AND s.`key` = b.`key`";
+        purge(cutoff: &str, limit: i64) =
+            "DELETE FROM {t} WHERE state = 'completed' AND completed_at < ? \
+             AND scope NOT IN (SELECT scope FROM {t}_retention) \
+             ORDER BY completed_at, scope, `key` LIMIT ?";
     }
 }
 
@@ -76,13 +89,7 @@ impl Operators for MySql {
                  the lock for 60 s; try again"
             )));
         }
-        let mut result = Ok(());
-        for stmt in &sql.ddl {
-            if let Err(e) = sqlx::query(stmt.clone()).execute(&mut conn).await {
-                result = Err(e);
-                break;
-            }
-        }
+        let result = upgrade(&mut conn, sql).await;
         // The DDL's own error, if any, is the one worth reporting.
         let released = sqlx::query("SELECT RELEASE_LOCK(?)")
             .bind(&lock)
@@ -162,7 +169,51 @@ impl Operators for MySql {
         age_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let done = sql.ops.purge(age_ms, limit).query().execute(pool).await?;
+        // Steps first, then their markers, in one transaction: a purge never leaves the steps
+        // of a deleted marker behind. Both pick the batch in one order from one cutoff.
+        let mut tx = pool.begin().await?;
+        let cutoff: String = sql.ops.cutoff(age_ms).scalar().fetch_one(&mut *tx).await?;
+        let steps = sql.ops.purge_steps(&cutoff, limit);
+        steps.query().execute(&mut *tx).await?;
+        let done = sql
+            .ops
+            .purge(&cutoff, limit)
+            .query()
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(done.rows_affected())
     }
+}
+
+/// The DDL, then what a table made by an earlier version lacks: MySQL 8 has no `ADD COLUMN IF
+/// NOT EXISTS` (MariaDB has), so the catalog is asked first. Each statement commits on its
+/// own; the caller's named lock keeps other workers out meanwhile.
+async fn upgrade(conn: &mut MySqlConnection, sql: &MySqlSql) -> Result<(), sqlx::Error> {
+    for stmt in &sql.ddl {
+        sqlx::query(stmt.clone()).execute(&mut *conn).await?;
+    }
+    for added in &sql.added {
+        let catalog = match added.kind {
+            Kind::Column => {
+                "SELECT COUNT(*) FROM information_schema.columns \
+                 WHERE table_schema = DATABASE() AND table_name = ? AND column_name = ?"
+            }
+            Kind::Index => {
+                "SELECT COUNT(*) FROM information_schema.statistics \
+                 WHERE table_schema = DATABASE() AND table_name = ? AND index_name = ?"
+            }
+        };
+        let there: i64 = sqlx::query_scalar(catalog)
+            .bind(&added.table)
+            .bind(&added.name)
+            .fetch_one(&mut *conn)
+            .await?;
+        if there == 0 {
+            sqlx::query(added.statement.clone())
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    Ok(())
 }

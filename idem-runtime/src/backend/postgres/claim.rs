@@ -1,13 +1,13 @@
 //! Claims in a transaction on PostgreSQL: `INSERT ... ON CONFLICT DO NOTHING`, the marker it
 //! meets read in the same statement, and the verified commit.
 
-use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, Transaction};
+use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, SqlStr, Transaction};
 
 use super::{IN_FAILED_TRANSACTION, LEASE_OVER, PgSql, UNBOUND, database_code};
 use crate::backend::rows::MarkerState;
 use crate::backend::sealed::Claims;
 use crate::backend::sql::statements;
-use crate::backend::{Check, Claimant, Found};
+use crate::backend::{Check, Claimant, Found, Savepoint};
 use crate::options::ClaimOptions;
 
 // The claim and, when it inserts nothing, the marker it met, in one statement. A claim that
@@ -25,7 +25,7 @@ fn claim_or_read(when_inserted: &str) -> String {
          VALUES ($1, $2, $3, $4, now()) ON CONFLICT DO NOTHING RETURNING 1) \
          SELECT m.state, \
          (m.locked_until IS NULL OR m.locked_until <= statement_timestamp())::int::int8, \
-         m.fingerprint, CASE WHEN $5 THEN m.result::text END \
+         m.fingerprint, CASE WHEN $5 THEN m.result::text END, m.error \
          FROM (SELECT 1 WHERE CASE WHEN EXISTS (SELECT 1 FROM ins) THEN {when_inserted} \
          ELSE true END) AS one LEFT JOIN {{t}} AS m ON m.scope = $1 AND m.key = $2"
     )
@@ -53,7 +53,7 @@ statements! {
         claim_or_read_bounded(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64, replay: bool) =
             claim_or_read(&format!("{UNBOUND} IS NULL"));
         marker(scope: &str, key: &str) = format!(
-            "SELECT state, {LEASE_OVER}::int::int8, fingerprint, result::text FROM {{t}} \
+            "SELECT state, {LEASE_OVER}::int::int8, fingerprint, result::text, error FROM {{t}} \
              WHERE scope = $1 AND key = $2"
         );
         take_over(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64) =
@@ -71,7 +71,7 @@ statements! {
              SELECT $1, k, $3, now() FROM unnest($2::text[]) AS u(k) ORDER BY k \
              ON CONFLICT DO NOTHING RETURNING key";
         batch_markers(scope: &str, keys: &[&str]) = format!(
-            "SELECT key, state, {LEASE_OVER}::int::int8 FROM {{t}} \
+            "SELECT key, state, {LEASE_OVER}::int::int8, error FROM {{t}} \
              WHERE scope = $1 AND key = ANY($2::text[])"
         );
         take_over_batch(scope: &str, keys: &[&str], nonce: i64) = format!(
@@ -82,6 +82,13 @@ statements! {
         );
         /// The session's lock wait back after a batch claimed with `wait`.
         unbind() = format!("SELECT {UNBOUND}");
+        // A job of a batch that failed alone: the marker the claim inserted goes, a lease it
+        // took over is free again (its attempt counted, its old holder still fenced out).
+        unclaim_inserted(scope: &str, keys: &[&str], nonce: i64) =
+            "DELETE FROM {t} WHERE scope = $1 AND key = ANY($2::text[]) AND token = $3";
+        unclaim_taken(scope: &str, keys: &[&str], nonce: i64) =
+            "UPDATE {t} SET state = 'in_progress', completed_at = NULL, locked_until = NULL, \
+             result = NULL WHERE scope = $1 AND key = ANY($2::text[]) AND token = $3";
     }
 }
 
@@ -103,6 +110,22 @@ fn begin_sql(options: &ClaimOptions) -> String {
         ));
     }
     begin
+}
+
+/// A job's savepoint; opening one with `wait` bounds the claim that follows as the begin
+/// statement does (`begin_sql`), inside the savepoint, so that a rollback to it undoes that
+/// too.
+fn savepoint_sql(step: Savepoint) -> SqlStr {
+    match step {
+        Savepoint::Open(Some(wait)) | Savepoint::Next(Some(wait)) => AssertSqlSafe(format!(
+            "{}; SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true); \
+             SET LOCAL lock_timeout = {}",
+            step.ansi(),
+            crate::backend::millis(wait)
+        ))
+        .into_sql_str(),
+        _ => step.ansi().into_sql_str(),
+    }
 }
 
 impl Claims for Postgres {
@@ -163,7 +186,13 @@ impl Claims for Postgres {
         c: Claimant<'t>,
         replay: bool,
     ) -> Result<(bool, Option<Found>), sqlx::Error> {
-        type Row = (Option<String>, Option<i64>, Option<Vec<u8>>, Option<String>);
+        type Row = (
+            Option<String>,
+            Option<i64>,
+            Option<Vec<u8>>,
+            Option<String>,
+            Option<String>,
+        );
         let statement = match c.wait {
             None => sql
                 .claim
@@ -174,11 +203,11 @@ impl Claims for Postgres {
             }
         };
         let row: Option<Row> = statement.rows().fetch_optional(&mut *conn).await?;
-        let Some((state, over, fingerprint, result)) = row else {
+        let Some((state, over, fingerprint, result, error)) = row else {
             return Ok((true, None));
         };
-        let found =
-            state.map(|state| Found::of_row((state, over.unwrap_or(1), fingerprint, result)));
+        let found = state
+            .map(|state| Found::of_row((state, over.unwrap_or(1), fingerprint, result, error)));
         Ok((false, found))
     }
 
@@ -246,7 +275,7 @@ impl Claims for Postgres {
         scope: &'t str,
         keys: &'t [&'t str],
     ) -> Result<Vec<(String, Found)>, sqlx::Error> {
-        let rows: Vec<(String, String, i64)> = sql
+        let rows: Vec<(String, String, i64, Option<String>)> = sql
             .claim
             .batch_markers(scope, keys)
             .rows()
@@ -254,7 +283,7 @@ impl Claims for Postgres {
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(key, state, over)| (key, Found::of_status(&state, over)))
+            .map(|(key, state, over, error)| (key, Found::of_status(&state, over, error)))
             .collect())
     }
 
@@ -269,6 +298,31 @@ impl Claims for Postgres {
             .scalar()
             .fetch_all(&mut *conn)
             .await
+    }
+
+    async fn savepoint(conn: &mut Self::Connection, step: Savepoint) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(savepoint_sql(step))
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn unclaim<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t PgSql,
+        c: Claimant<'t>,
+        inserted: &'t [&'t str],
+        taken: &'t [&'t str],
+    ) -> Result<(), sqlx::Error> {
+        if !inserted.is_empty() {
+            let gone = sql.claim.unclaim_inserted(c.scope, inserted, c.nonce);
+            gone.query().execute(&mut *conn).await?;
+        }
+        if !taken.is_empty() {
+            let freed = sql.claim.unclaim_taken(c.scope, taken, c.nonce);
+            freed.query().execute(&mut *conn).await?;
+        }
+        Ok(())
     }
 
     async fn batch_claimed<'t>(

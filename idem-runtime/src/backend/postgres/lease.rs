@@ -47,6 +47,11 @@ statements! {
             "UPDATE {t} SET state = 'completed', completed_at = now(), locked_until = NULL, \
              result = $4::json WHERE scope = $1 AND key = $2 AND token = $3 \
              AND state = 'in_progress'";
+        // A permanent failure: completed, with its error and no value.
+        fail(scope: &str, key: &str, token: i64, error: &str) =
+            "UPDATE {t} SET state = 'completed', completed_at = now(), locked_until = NULL, \
+             result = NULL, error = $4 WHERE scope = $1 AND key = $2 AND token = $3 \
+             AND state = 'in_progress'";
         release(scope: &str, key: &str, token: i64) =
             "UPDATE {t} SET locked_until = NULL WHERE scope = $1 AND key = $2 AND token = $3 \
              AND state = 'in_progress'";
@@ -92,6 +97,16 @@ impl Leases for Postgres {
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn lease_fail<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+        h: Holder<'p>,
+        error: &'p str,
+    ) -> Result<bool, sqlx::Error> {
+        let fail = sql.lease.fail(h.scope, h.key, h.token, error);
+        Ok(fail.query().execute(pool).await?.rows_affected() == 1)
     }
 
     async fn lease_release<'p>(

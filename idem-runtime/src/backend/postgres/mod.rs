@@ -2,14 +2,19 @@
 //! concern (claims in a transaction, leases, the outbox, operators).
 
 mod claim;
+mod failed;
+mod health;
 mod lease;
 mod offsets;
 mod operators;
 mod outbox;
+mod retention;
+mod steps;
 
 use sqlx::{Postgres, SqlStr};
 
 use super::sealed::Dialect;
+use super::upgrade::{Added, Addition};
 use super::{Backend, Table};
 
 /// `in_failed_sql_transaction`: a statement after one that failed.
@@ -45,6 +50,7 @@ const DDL: &[&str] = &[
         attempts integer NOT NULL DEFAULT 1,
         created_at timestamptz NOT NULL DEFAULT now(),
         completed_at timestamptz,
+        error text,
         PRIMARY KEY (scope, key)
     )",
     "CREATE INDEX IF NOT EXISTS {t}_completed_at ON {t} (completed_at) WHERE state = 'completed'",
@@ -67,6 +73,24 @@ const DDL: &[&str] = &[
      WHERE sent_at IS NULL AND NOT parked",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
      WHERE sent_at IS NOT NULL",
+    // Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
+    "CREATE TABLE IF NOT EXISTS {t}_retention (
+        scope text PRIMARY KEY,
+        keep_ms bigint NOT NULL CHECK (keep_ms > 0),
+        updated_at timestamptz NOT NULL DEFAULT now()
+    )",
+    // Schema version 3: lease steps, each step's value recorded (fenced by its holder's token)
+    // until its marker is forgotten or purged.
+    "CREATE TABLE IF NOT EXISTS {t}_steps (
+        scope text NOT NULL,
+        key text NOT NULL,
+        name text NOT NULL,
+        seq integer NOT NULL,
+        token bigint NOT NULL,
+        result json NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (scope, key, name)
+    )",
     // Schema version 3: the offset watermarks (the Kafka consumer's offset-watermark mode):
     // per consumer group, topic and partition, the next offset to process.
     "CREATE TABLE IF NOT EXISTS {t}_offsets (
@@ -80,6 +104,17 @@ const DDL: &[&str] = &[
     )",
 ];
 
+/// What a schema version added to a table an earlier version created: each is in the `CREATE
+/// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
+const ADDED: &[Added] = &[
+    // Schema version 3: the error a lease's permanent failure completed its marker with.
+    Added::Column {
+        table: "{t}",
+        name: "error",
+        definition: "text",
+    },
+];
+
 /// PostgreSQL's statements for one marker table.
 #[derive(Debug)]
 pub struct PgSql {
@@ -89,7 +124,10 @@ pub struct PgSql {
     outbox: outbox::OutboxSql,
     offsets: offsets::OffsetSql,
     ops: operators::OperatorSql,
+    steps: steps::StepSql,
+    failed: failed::FailedSql,
     ddl: Vec<SqlStr>,
+    added: Vec<Addition>,
 }
 
 impl Dialect for Postgres {
@@ -105,7 +143,10 @@ impl Dialect for Postgres {
             outbox: outbox::OutboxSql::new(table),
             offsets: offsets::OffsetSql::new(table),
             ops: operators::OperatorSql::new(table),
+            steps: steps::StepSql::new(table),
+            failed: failed::FailedSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
+            added: ADDED.iter().map(|a| a.fill(table, true)).collect(),
         }
     }
 
@@ -146,6 +187,8 @@ mod tests {
             outbox::OutboxSql::templates(),
             offsets::OffsetSql::templates(),
             operators::OperatorSql::templates(),
+            steps::StepSql::templates(),
+            failed::FailedSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Dollar);
         }

@@ -9,11 +9,11 @@ use crate::backend::{MarkerRow, Status};
 
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text, and the lease's time left on the
 /// database's clock.
-const MARKER_COLUMNS: &str = "scope, key, state, attempts::bigint, token, \
+pub(super) const MARKER_COLUMNS: &str = "scope, key, state, attempts::bigint, token, \
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
     to_char(completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
     to_char(locked_until AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
-    (EXTRACT(EPOCH FROM (locked_until - now())) * 1000)::bigint";
+    (EXTRACT(EPOCH FROM (locked_until - now())) * 1000)::bigint, error";
 
 statements! {
     /// The operators' statements.
@@ -44,11 +44,16 @@ statements! {
              AND state = 'in_progress' ORDER BY locked_until NULLS FIRST, scope LIMIT $2"
         );
         // Selecting the batch by ctid makes each batch a TID scan; an `IN (SELECT scope, key
-        // ...)` ran as a hash join over the whole table, every batch.
+        // ...)` ran as a hash join over the whole table, every batch. The batch's steps go in
+        // the same statement (a data-modifying `WITH` runs whatever reads it).
         purge(age_ms: i64, limit: i64) =
-            "DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t} \
+            "WITH batch AS MATERIALIZED (SELECT ctid, scope, key FROM {t} \
              WHERE state = 'completed' \
-             AND completed_at < now() - $1 * interval '1 millisecond' LIMIT $2))";
+             AND completed_at < now() - $1 * interval '1 millisecond' \
+             AND scope NOT IN (SELECT scope FROM {t}_retention) LIMIT $2), \
+             steps AS (DELETE FROM {t}_steps AS s USING batch AS b \
+             WHERE s.scope = b.scope AND s.key = b.key) \
+             DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM batch))";
     }
 }
 
@@ -72,6 +77,12 @@ impl Operators for Postgres {
             .await?;
         for stmt in &sql.ddl {
             sqlx::query(stmt.clone()).execute(&mut *tx).await?;
+        }
+        // `IF NOT EXISTS`: a table that has the addition already is left as it is.
+        for added in &sql.added {
+            sqlx::query(added.statement.clone())
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await
     }

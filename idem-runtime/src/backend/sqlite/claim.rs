@@ -9,7 +9,7 @@ use super::{Armed, BEGIN, LEASE_OVER, SqliteSql, busy_timeout};
 use crate::backend::rows::MarkerState;
 use crate::backend::sealed::Claims;
 use crate::backend::sql::statements;
-use crate::backend::{Check, Claimant, Found};
+use crate::backend::{Check, Claimant, Found, Savepoint};
 use crate::options::ClaimOptions;
 
 statements! {
@@ -22,7 +22,7 @@ statements! {
              VALUES (?1, ?2, ?3, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')) \
              ON CONFLICT DO NOTHING";
         marker(scope: &str, key: &str) = format!(
-            "SELECT state, {LEASE_OVER}, fingerprint, result FROM {{t}} \
+            "SELECT state, {LEASE_OVER}, fingerprint, result, error FROM {{t}} \
              WHERE scope = ?1 AND key = ?2"
         );
         // As on PostgreSQL: a free lease becomes this transaction's completed marker.
@@ -43,7 +43,7 @@ statements! {
              SELECT ?1, value, ?3, strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
              FROM json_each(?2) WHERE true ON CONFLICT DO NOTHING RETURNING key";
         batch_markers(scope: &str, keys: String) = format!(
-            "SELECT key, state, {LEASE_OVER} FROM {{t}} \
+            "SELECT key, state, {LEASE_OVER}, error FROM {{t}} \
              WHERE scope = ?1 AND key IN (SELECT value FROM json_each(?2))"
         );
         take_over_batch(scope: &str, keys: String, nonce: i64) = format!(
@@ -53,6 +53,15 @@ statements! {
              WHERE scope = ?1 AND key IN (SELECT value FROM json_each(?2)) \
              AND state = 'in_progress' AND {LEASE_OVER} RETURNING key"
         );
+        // A job of a batch that failed alone: the marker the claim inserted goes, a lease it
+        // took over is free again (its attempt counted, its old holder still fenced out).
+        unclaim_inserted(scope: &str, keys: String, nonce: i64) =
+            "DELETE FROM {t} WHERE scope = ?1 AND key IN (SELECT value FROM json_each(?2)) \
+             AND token = ?3";
+        unclaim_taken(scope: &str, keys: String, nonce: i64) =
+            "UPDATE {t} SET state = 'in_progress', completed_at = NULL, locked_until = NULL, \
+             result = NULL WHERE scope = ?1 AND key IN (SELECT value FROM json_each(?2)) \
+             AND token = ?3";
     }
 }
 
@@ -204,7 +213,7 @@ impl Claims for Sqlite {
         scope: &'t str,
         keys: &'t [&'t str],
     ) -> Result<Vec<(String, Found)>, sqlx::Error> {
-        let rows: Vec<(String, String, i64)> = sql
+        let rows: Vec<(String, String, i64, Option<String>)> = sql
             .claim
             .batch_markers(scope, json(keys))
             .rows()
@@ -212,7 +221,7 @@ impl Claims for Sqlite {
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(key, state, over)| (key, Found::of_status(&state, over)))
+            .map(|(key, state, over, error)| (key, Found::of_status(&state, over, error)))
             .collect())
     }
 
@@ -224,6 +233,31 @@ impl Claims for Sqlite {
     ) -> Result<Vec<String>, sqlx::Error> {
         let take = sql.claim.take_over_batch(c.scope, json(keys), c.nonce);
         take.scalar().fetch_all(&mut *conn).await
+    }
+
+    async fn savepoint(conn: &mut Self::Connection, step: Savepoint) -> Result<(), sqlx::Error> {
+        // One writer at a time: the transaction holds the write lock, so a claim in it never
+        // waits, and `wait` has nothing to bound.
+        sqlx::raw_sql(step.ansi()).execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    async fn unclaim<'t>(
+        conn: &'t mut Self::Connection,
+        sql: &'t SqliteSql,
+        c: Claimant<'t>,
+        inserted: &'t [&'t str],
+        taken: &'t [&'t str],
+    ) -> Result<(), sqlx::Error> {
+        if !inserted.is_empty() {
+            let gone = sql.claim.unclaim_inserted(c.scope, json(inserted), c.nonce);
+            gone.query().execute(&mut *conn).await?;
+        }
+        if !taken.is_empty() {
+            let freed = sql.claim.unclaim_taken(c.scope, json(taken), c.nonce);
+            freed.query().execute(&mut *conn).await?;
+        }
+        Ok(())
     }
 
     async fn batch_claimed<'t>(

@@ -35,6 +35,12 @@ statements! {
              completed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), locked_until = NULL, \
              result = ?4 WHERE scope = ?1 AND key = ?2 AND token = ?3 \
              AND state = 'in_progress'";
+        // A permanent failure: completed, with its error and no value.
+        fail(scope: &str, key: &str, token: i64, error: &str) =
+            "UPDATE {t} SET state = 'completed', \
+             completed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), locked_until = NULL, \
+             result = NULL, error = ?4 WHERE scope = ?1 AND key = ?2 AND token = ?3 \
+             AND state = 'in_progress'";
         release(scope: &str, key: &str, token: i64) =
             "UPDATE {t} SET locked_until = NULL WHERE scope = ?1 AND key = ?2 AND token = ?3 \
              AND state = 'in_progress'";
@@ -92,6 +98,16 @@ impl Leases for Sqlite {
     ) -> Result<bool, sqlx::Error> {
         let complete = sql.lease.complete(h.scope, h.key, h.token, result);
         Ok(complete.query().execute(conn).await?.rows_affected() == 1)
+    }
+
+    async fn lease_fail<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+        h: Holder<'p>,
+        error: &'p str,
+    ) -> Result<bool, sqlx::Error> {
+        let fail = sql.lease.fail(h.scope, h.key, h.token, error);
+        Ok(fail.query().execute(pool).await?.rows_affected() == 1)
     }
 
     async fn lease_release<'p>(

@@ -3,15 +3,20 @@
 //! database's one write lock, which every claim takes up front (`BEGIN IMMEDIATE`).
 
 mod claim;
+mod failed;
+mod health;
 mod lease;
 mod offsets;
 mod operators;
 mod outbox;
+mod retention;
+mod steps;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{SqlStr, Sqlite};
 
 use super::sealed::Dialect;
+use super::upgrade::{Added, Addition};
 use super::{Backend, Table};
 
 /// `SQLITE_BUSY`: the busy timeout ran out waiting for the write lock.
@@ -49,6 +54,7 @@ const DDL: &[&str] = &[
         attempts INTEGER NOT NULL DEFAULT 1,
         created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
         completed_at TEXT,
+        error TEXT,
         PRIMARY KEY (scope, key)
     ) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS {t}_completed_at ON {t} (completed_at) WHERE state = 'completed'",
@@ -71,6 +77,24 @@ const DDL: &[&str] = &[
      WHERE sent_at IS NULL AND parked = 0",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
      WHERE sent_at IS NOT NULL",
+    // Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
+    "CREATE TABLE IF NOT EXISTS {t}_retention (
+        scope TEXT PRIMARY KEY,
+        keep_ms INTEGER NOT NULL CHECK (keep_ms > 0),
+        updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+    ) WITHOUT ROWID",
+    // Schema version 3: lease steps, each step's value recorded (fenced by its holder's token)
+    // until its marker is forgotten or purged.
+    "CREATE TABLE IF NOT EXISTS {t}_steps (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        name TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        token INTEGER NOT NULL,
+        result TEXT NOT NULL,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        PRIMARY KEY (scope, key, name)
+    ) WITHOUT ROWID",
     // Schema version 3: the offset watermarks (the Kafka consumer's offset-watermark mode):
     // per consumer group, topic and partition, the next offset to process.
     "CREATE TABLE IF NOT EXISTS {t}_offsets (
@@ -84,6 +108,17 @@ const DDL: &[&str] = &[
     ) WITHOUT ROWID",
 ];
 
+/// What a schema version added to a table an earlier version created: each is in the `CREATE
+/// TABLE` above as well, and `migrate` adds it where an older table lacks it (`upgrade.rs`).
+const ADDED: &[Added] = &[
+    // Schema version 3: the error a lease's permanent failure completed its marker with.
+    Added::Column {
+        table: "{t}",
+        name: "error",
+        definition: "TEXT",
+    },
+];
+
 /// SQLite's statements for one marker table.
 #[derive(Debug)]
 pub struct SqliteSql {
@@ -93,7 +128,10 @@ pub struct SqliteSql {
     outbox: outbox::OutboxSql,
     offsets: offsets::OffsetSql,
     ops: operators::OperatorSql,
+    steps: steps::StepSql,
+    failed: failed::FailedSql,
     ddl: Vec<SqlStr>,
+    added: Vec<Addition>,
 }
 
 impl Dialect for Sqlite {
@@ -109,7 +147,10 @@ impl Dialect for Sqlite {
             outbox: outbox::OutboxSql::new(table),
             offsets: offsets::OffsetSql::new(table),
             ops: operators::OperatorSql::new(table),
+            steps: steps::StepSql::new(table),
+            failed: failed::FailedSql::new(table),
             ddl: DDL.iter().map(|s| table.fill(s)).collect(),
+            added: ADDED.iter().map(|a| a.fill(table, false)).collect(),
         }
     }
 
@@ -183,6 +224,8 @@ mod tests {
             outbox::OutboxSql::templates(),
             offsets::OffsetSql::templates(),
             operators::OperatorSql::templates(),
+            steps::StepSql::templates(),
+            failed::FailedSql::templates(),
         ] {
             check_binds(&templates, Placeholders::Numbered);
         }

@@ -5,12 +5,19 @@ use sqlx::{Pool, SqlStr, Sqlite};
 use super::{BEGIN, LEASE_OVER, SqliteSql};
 use crate::backend::sealed::Operators;
 use crate::backend::sql::statements;
+use crate::backend::upgrade::Kind;
 use crate::backend::{MarkerRow, Status};
 
 /// The columns of `Store::inspect`: times are already ISO-8601 UTC text here; the lease's time
 /// left on the database's clock.
-const MARKER_COLUMNS: &str = "scope, key, state, attempts, token, created_at, completed_at, \
-    locked_until, CAST((julianday(locked_until) - julianday('now')) * 86400000.0 AS INTEGER)";
+pub(super) const MARKER_COLUMNS: &str = "scope, key, state, attempts, token, created_at, completed_at, \
+    locked_until, CAST((julianday(locked_until) - julianday('now')) * 86400000.0 AS INTEGER), \
+    error";
+
+/// One purge batch: the oldest completed markers before `?1`, at most `?2`, in one order.
+const PURGE_BATCH: &str = "SELECT scope, key FROM {t} WHERE state = 'completed' \
+    AND completed_at < ?1 AND scope NOT IN (SELECT scope FROM {t}_retention) \
+    ORDER BY completed_at, scope, key LIMIT ?2";
 
 statements! {
     /// The operators' statements.
@@ -40,11 +47,15 @@ statements! {
              AND state = 'in_progress' \
              ORDER BY locked_until IS NOT NULL, locked_until, scope LIMIT ?2"
         );
-        purge(age_ms: i64, limit: i64) =
-            "DELETE FROM {t} WHERE (scope, key) IN (SELECT scope, key FROM {t} \
-             WHERE state = 'completed' AND completed_at < \
-             strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds') \
-             LIMIT ?2)";
+        /// The instant before which completed markers are purged, read once so that a batch's
+        /// steps and markers are the same rows.
+        cutoff(age_ms: i64) =
+            "SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds')";
+        purge_steps(cutoff: &str, limit: i64) = format!(
+            "DELETE FROM {{t}}_steps WHERE (scope, key) IN ({PURGE_BATCH})"
+        );
+        purge(cutoff: &str, limit: i64) =
+            format!("DELETE FROM {{t}} WHERE (scope, key) IN ({PURGE_BATCH})");
     }
 }
 
@@ -57,6 +68,23 @@ impl Operators for Sqlite {
         let mut tx = pool.begin_with(BEGIN).await?;
         for stmt in &sql.ddl {
             sqlx::query(stmt.clone()).execute(&mut *tx).await?;
+        }
+        // SQLite's `ADD COLUMN` cannot skip a column that exists: the catalog is asked first.
+        for added in &sql.added {
+            let catalog = match added.kind {
+                Kind::Column => "SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = ?2",
+                Kind::Index => "SELECT COUNT(*) FROM pragma_index_list(?1) WHERE name = ?2",
+            };
+            let there: i64 = sqlx::query_scalar(catalog)
+                .bind(&added.table)
+                .bind(&added.name)
+                .fetch_one(&mut *tx)
+                .await?;
+            if there == 0 {
+                sqlx::query(added.statement.clone())
+                    .execute(&mut *tx)
+                    .await?;
+            }
         }
         tx.commit().await
     }
@@ -133,7 +161,19 @@ impl Operators for Sqlite {
         age_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let done = sql.ops.purge(age_ms, limit).query().execute(pool).await?;
+        // Steps first, then their markers, in one transaction: a purge never leaves the steps
+        // of a deleted marker behind.
+        let mut tx = pool.begin_with(BEGIN).await?;
+        let cutoff: String = sql.ops.cutoff(age_ms).scalar().fetch_one(&mut *tx).await?;
+        let steps = sql.ops.purge_steps(&cutoff, limit);
+        steps.query().execute(&mut *tx).await?;
+        let done = sql
+            .ops
+            .purge(&cutoff, limit)
+            .query()
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(done.rows_affected())
     }
 }

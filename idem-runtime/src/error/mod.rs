@@ -2,6 +2,12 @@ use std::fmt;
 
 use crate::key::KeyError;
 
+mod database;
+#[cfg(test)]
+mod tests;
+
+use database::{DatabaseMessage, transient};
+
 /// Everything that can go wrong around an idempotent call.
 ///
 /// Each message says what happened and what to do about it. Handlers return their own error
@@ -23,6 +29,20 @@ pub enum Error {
     /// The key was refused before any I/O: nothing was written.
     #[error("invalid idempotency key: {0}")]
     InvalidKey(KeyError),
+
+    /// A batch of more jobs than one claim takes ([`MAX_BATCH`](crate::MAX_BATCH)), refused
+    /// before any I/O: nothing was claimed. [`KeyError::BatchTooLarge`] (from
+    /// [`Key::batch`](crate::Key::batch)) converts into this variant.
+    #[error(
+        "a batch of {len} jobs is more than the {max} one claim takes: nothing was claimed; \
+         split it into batches of at most {max} (do not redeliver it unchanged: it would be \
+         refused again)",
+        max = crate::key::MAX_BATCH
+    )]
+    BatchTooLarge {
+        /// How many jobs the batch held.
+        len: usize,
+    },
 
     /// The table name given to [`Store::with_table`](crate::Store::with_table) is not a plain
     /// SQL identifier.
@@ -139,6 +159,19 @@ pub enum Error {
         lease: std::time::Duration,
     },
 
+    /// A retention window outside [`MIN_RETENTION`](crate::MIN_RETENTION) and a century,
+    /// given to [`Store::set_retention`](crate::Store::set_retention): refused before any
+    /// I/O, nothing was written.
+    #[error(
+        "a retention of {retention:?} is out of bounds: a scope keeps its markers at least 1s \
+         and less than a century (choose a window longer than the time its broker may still \
+         redeliver a job); nothing was written"
+    )]
+    InvalidRetention {
+        /// The window that was refused.
+        retention: std::time::Duration,
+    },
+
     /// [`commit`](crate::commit) of a transaction the database had already rolled back (a
     /// statement in it failed and its error was ignored): nothing of it was kept.
     #[error(
@@ -199,6 +232,39 @@ pub enum Error {
         key: String,
     },
 
+    /// A step of a lease's body ([`Lease::step`](crate::Lease::step)) was refused before it
+    /// ran: its name is empty, too long or holds a NUL byte, the body already ran a step of
+    /// that name, another step of the body was still running, or a database step named
+    /// another database than the lease's. Nothing of the step ran or was recorded.
+    #[error("the step {step:?} of {scope:?} / {key:?} was refused: {reason}; nothing of it ran")]
+    InvalidStep {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+        /// The step's name.
+        step: String,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
+
+    /// A step's verify ([`Lease::step_verified`](crate::Lease::step_verified)) could not tell
+    /// whether an earlier delivery's run of the step had its effect. Nothing ran; the lease is
+    /// kept until it runs out, and the next delivery asks again: nack the job.
+    #[error(
+        "the outside system could not tell whether the step {step:?} of {scope:?} / {key:?} \
+         had its effect in an earlier delivery: nothing ran, and the lease is kept until it \
+         runs out; nack the job so that a later delivery asks again"
+    )]
+    Unverified {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+        /// The step's name.
+        step: String,
+    },
+
     /// Lease mode: the body ran longer than its timeout and was cancelled; the key was released
     /// at once, so a redelivery retries (with the same idempotency key).
     #[error(
@@ -214,6 +280,57 @@ pub enum Error {
         key: String,
         /// The timeout that ran out.
         after: std::time::Duration,
+    },
+
+    /// A job of a batch run job by job ([`EachGuard`](crate::EachGuard)) did not finish: its
+    /// [`JobGuard`](crate::JobGuard) was dropped before `finish` (a panic that was caught, a
+    /// future cancelled), or the batch finished without running it. Its savepoint was rolled
+    /// back and its marker given back: nothing of it was kept, and the rest of the batch was
+    /// not touched.
+    #[error(
+        "the job {key:?} of {scope:?} did not finish in its batch (its guard was dropped, or \
+         the batch finished without running it): nothing of it was kept; nack it so that it \
+         is redelivered"
+    )]
+    JobNotFinished {
+        /// The scope of the batch.
+        scope: String,
+        /// The encoded key of the job.
+        key: String,
+    },
+
+    /// [`GroupOptions`](crate::GroupOptions) out of their bounds, refused by
+    /// [`Store::group`](crate::Store::group) before any I/O.
+    #[error("invalid group options: {reason}")]
+    InvalidGroup {
+        /// What is out of bounds, and the bounds.
+        reason: String,
+    },
+
+    /// Group commit: this call's work was done in a group's shared transaction, and the group
+    /// failed as a whole (its connection was lost, the database rolled it back, its commit
+    /// failed or lost its answer). `may_be_kept` says whether the commit may have landed
+    /// (only when its answer was lost); otherwise nothing of the group was kept. Either way,
+    /// nack the job: the redelivery settles it by its marker (it runs once, or is a
+    /// duplicate).
+    #[error(
+        "the group transaction holding {scope:?} / {key:?} failed ({reason}): {}; nack the \
+         job, the redelivery settles it by its marker (it runs once or is a duplicate)",
+        if *may_be_kept {
+            "its commit may have landed"
+        } else {
+            "nothing of it was kept"
+        }
+    )]
+    GroupFailed {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+        /// Whether the group's commit may have landed (its answer was lost).
+        may_be_kept: bool,
+        /// What failed, for the log.
+        reason: String,
     },
 
     /// A failure that [`idem::testing`](crate::testing) injected on purpose, right before the
@@ -316,8 +433,21 @@ impl fmt::Display for NestedMessage<'_> {
 }
 
 impl From<KeyError> for Error {
+    /// A refused key is [`Error::InvalidKey`]; a batch over [`MAX_BATCH`](crate::MAX_BATCH)
+    /// is [`Error::BatchTooLarge`], the refusal it names.
     fn from(err: KeyError) -> Self {
-        Error::InvalidKey(err)
+        match err {
+            KeyError::BatchTooLarge { len } => Error::BatchTooLarge { len },
+            other => Error::InvalidKey(other),
+        }
+    }
+}
+
+/// A refused key in a handler that returns `sqlx::Error`: it travels as the [`Error`] it
+/// converts into, as every idem error does (see `From<Error> for sqlx::Error`).
+impl From<KeyError> for sqlx::Error {
+    fn from(err: KeyError) -> Self {
+        sqlx::Error::from(Error::from(err))
     }
 }
 
@@ -336,201 +466,58 @@ impl From<sqlx::Error> for Error {
 }
 
 impl Error {
+    /// Whether a redelivery of the same job may succeed where this call failed: nack it (or
+    /// retry the request with the same key). `false` means it fails the same way until the
+    /// job, the code or the database changes (a refused key or scope, a reused key, a value
+    /// that cannot be stored, a missing table or column, a privilege the database refused):
+    /// dead-letter or park it, and fix what the message names. Messages give "retry" advice
+    /// only for the transient ones.
+    ///
+    /// ```
+    /// # use idem_runtime as idem;
+    /// let busy = idem::Error::InProgress { scope: "s".into(), key: "k".into() };
+    /// assert!(busy.is_transient());
+    /// assert!(!idem::Error::BatchTooLarge { len: 1001 }.is_transient());
+    /// ```
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::InProgress { .. }
+            | Error::RolledBack { .. }
+            | Error::NotCommitted
+            | Error::LeaseLost { .. }
+            | Error::Timeout { .. }
+            | Error::Unverified { .. }
+            | Error::JobNotFinished { .. }
+            | Error::GroupFailed { .. }
+            | Error::Kafka { .. } => true,
+            Error::Database(e) => transient(e),
+            #[cfg(feature = "testing")]
+            Error::Injected { .. } => true,
+            Error::InvalidKey(_)
+            | Error::BatchTooLarge { .. }
+            | Error::InvalidTable { .. }
+            | Error::InvalidScope { .. }
+            | Error::KeyReused { .. }
+            | Error::Serialize(_)
+            | Error::ValueNotStored { .. }
+            | Error::InvalidMessage { .. }
+            | Error::InvalidLease { .. }
+            | Error::InvalidRetention { .. }
+            | Error::InvalidStep { .. }
+            | Error::InvalidGroup { .. }
+            | Error::InvalidOffsets { .. }
+            | Error::InvalidRecord { .. }
+            | Error::WatermarkAhead { .. }
+            | Error::Nested { .. }
+            | Error::LeaseHeld { .. } => false,
+        }
+    }
+
     /// The driver's error, for an [`Error::Database`] the database returned.
-    fn driver_error(&self) -> Option<&dyn sqlx::error::DatabaseError> {
+    pub(super) fn driver_error(&self) -> Option<&dyn sqlx::error::DatabaseError> {
         match self {
             Error::Database(e) => e.as_database_error(),
             _ => None,
         }
-    }
-}
-
-/// The text of [`Error::Database`]: the cause, once, then what to do about it.
-struct DatabaseMessage<'a>(&'a sqlx::Error);
-
-impl fmt::Display for DatabaseMessage<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let err = self.0;
-        // sqlx prefixes database errors with "error returned from database:" and the code;
-        // the server's own message is what says what happened.
-        match err.as_database_error() {
-            Some(db) => write!(f, "the database refused a statement: {}", db.message())?,
-            None => write!(f, "{err}")?,
-        }
-        f.write_str(": ")?;
-        f.write_str(advice(err))
-    }
-}
-
-fn advice(err: &sqlx::Error) -> &'static str {
-    if is_missing_table(err) {
-        return "the marker table does not exist: call `Store::migrate()` at start-up, or add \
-                the statements of `Store::ddl()` to your migrations";
-    }
-    match err {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::Configuration(_) => {
-            "the database could not be reached: check its URL and that it is running. Let \
-             the job be redelivered: if the connection was lost during the commit, the commit \
-             may have landed, and the redelivery settles it (it runs once or is a duplicate)"
-        }
-        _ => {
-            "the job's marker and its effect were kept or lost together, so let the broker \
-             redeliver the job: it will run once or be reported as a duplicate"
-        }
-    }
-}
-
-/// PostgreSQL `42P01`, MySQL 1146, SQLite "no such table".
-fn is_missing_table(err: &sqlx::Error) -> bool {
-    let Some(db) = err.as_database_error() else {
-        return false;
-    };
-    matches!(db.code().as_deref(), Some("42P01" | "42S02"))
-        || db.message().contains("no such table")
-}
-
-/// What lets an [`Error`] ride inside [`sqlx::Error::Database`], so that handlers returning
-/// `sqlx::Error` keep its kind (sqlx's blanket `From<E: DatabaseError>` makes the conversion):
-/// sqlx's own pattern for driver errors gets it back.
-///
-/// ```
-/// # use idem_runtime as idem;
-/// let err = sqlx::Error::from(idem::Error::KeyReused { scope: "s".into(), key: "k".into() });
-/// let idem_err = err
-///     .as_database_error()
-///     .and_then(|e| e.try_downcast_ref::<idem::Error>());
-/// assert!(matches!(idem_err, Some(idem::Error::KeyReused { .. })));
-/// ```
-///
-/// A database error keeps its message, code and kind; idem's own have no SQLSTATE, and a key
-/// reused for another payload reads like a violated unique key.
-impl sqlx::error::DatabaseError for Error {
-    fn message(&self) -> &str {
-        if let Some(db) = self.driver_error() {
-            return db.message();
-        }
-        match self {
-            Error::InProgress { .. } => "another delivery of the key is still in progress",
-            Error::KeyReused { .. } => "the idempotency key was used for another payload",
-            Error::RolledBack { .. } | Error::NotCommitted => {
-                "the database rolled the transaction back instead of committing it"
-            }
-            Error::LeaseLost { .. } => "the lease was lost to another delivery",
-            Error::Timeout { .. } => "the body ran out of time",
-            _ => "idem refused or could not complete the call",
-        }
-    }
-
-    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-        self
-    }
-
-    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
-        self
-    }
-
-    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
-        self
-    }
-
-    fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
-        self.driver_error().and_then(|db| db.code())
-    }
-
-    fn constraint(&self) -> Option<&str> {
-        self.driver_error().and_then(|db| db.constraint())
-    }
-
-    fn kind(&self) -> sqlx::error::ErrorKind {
-        if let Some(db) = self.driver_error() {
-            return db.kind();
-        }
-        match self {
-            Error::KeyReused { .. } => sqlx::error::ErrorKind::UniqueViolation,
-            _ => sqlx::error::ErrorKind::Other,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::error::Error as _;
-
-    use super::*;
-
-    #[test]
-    fn an_unreachable_database_is_said_once_with_what_to_do() {
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        let err = Error::from(sqlx::Error::Io(refused));
-        let msg = err.to_string();
-        assert!(msg.contains("check its URL"), "{msg}");
-        assert_eq!(msg.matches("refused").count(), 1, "{msg}");
-        assert!(err.source().is_none());
-    }
-
-    #[test]
-    fn every_variant_says_what_to_do() {
-        let cases = [
-            (Error::from(KeyError::Empty), "non-empty id"),
-            (
-                Error::InvalidTable { name: "a b".into() },
-                "plain SQL identifier",
-            ),
-            (
-                Error::InvalidScope {
-                    scope: String::new(),
-                },
-                "1 to 255 bytes",
-            ),
-            (
-                Error::RolledBack {
-                    scope: "s".into(),
-                    key: "k".into(),
-                },
-                "return database errors from the body with `?`",
-            ),
-            (
-                Error::InProgress {
-                    scope: "s".into(),
-                    key: "k".into(),
-                },
-                "nack the job",
-            ),
-            (
-                Error::from(sqlx::Error::PoolTimedOut),
-                "could not be reached",
-            ),
-            (
-                Error::from(sqlx::Error::RowNotFound),
-                "kept or lost together",
-            ),
-        ];
-        for (err, advice) in cases {
-            let msg = err.to_string();
-            assert!(msg.contains(advice), "{msg:?} lacks {advice:?}");
-            // Each message is whole: nothing to print again from a source.
-            assert!(err.source().is_none(), "{msg}");
-        }
-    }
-
-    #[cfg(feature = "sqlite")]
-    #[tokio::test]
-    async fn a_missing_marker_table_points_at_migrate() {
-        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
-        let store = crate::Store::new(pool);
-        let key = crate::Key::new("job-1").unwrap();
-        let err = store.claim("scope", &key).await.unwrap_err();
-        let msg = err.to_string();
-        assert_eq!(
-            msg,
-            "the database refused a statement: no such table: idem_processed: the marker \
-             table does not exist: call `Store::migrate()` at start-up, or add the statements \
-             of `Store::ddl()` to your migrations"
-        );
-        assert!(err.source().is_none());
     }
 }

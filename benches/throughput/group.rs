@@ -1,0 +1,524 @@
+//! `--group`: group commit against the single-job macro and the hand-written transaction per
+//! job, and a batch run job by job with one poisoned job against a clean one.
+//!
+//! The top-up job of the other rows, at 1, 8 and 32 workers: `handwritten` (one transaction
+//! per job, by hand), `macro` (`#[idem::idempotent]`), `group` (the same handler with
+//! `group`, called with an `idem::Group` of the default options). Variants alternate round by
+//! round, every other round in reverse. For `macro` and `group` the bench also times each
+//! job's wait from the end of its body to its answer: the commit for the macro, the group's
+//! gathering and commit for `group`.
+//!
+//! Then batches of 100 jobs run job by job (`each = "job"`) at 1 and 8 workers, clean and
+//! with one job whose body fails after its effect: jobs/s counts the applied jobs (100, or
+//! the 99 others).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem::{Group, GroupOptions};
+use sqlx::mysql::MySqlPoolOptions;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::SqlitePoolOptions;
+use sqlx::{AssertSqlSafe, MySql, Postgres, Sqlite, Transaction};
+
+use crate::config::config;
+use crate::measure::{Agg, Run, connect, sqlite_options};
+use crate::report::{median, percentile_ms};
+use crate::setup::{drop_tables, setup_lite, setup_my, setup_pg};
+use crate::variants::{Conn, KINDS, Kind, TopUp, job_id, mix};
+use crate::{ACCOUNTS, BoxError, MAX_JOBS_PER_WORKER, Res, variants};
+
+const WORKERS: [usize; 3] = [1, 8, 32];
+const EACH_WORKERS: [usize; 2] = [1, 8];
+const EACH_SIZE: usize = 100;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum V {
+    Hand,
+    Macro,
+    /// Group commit with this many lanes.
+    Group(usize),
+    Clean,
+    Poisoned,
+}
+
+impl V {
+    fn name(self) -> String {
+        match self {
+            V::Hand => "handwritten".to_owned(),
+            V::Macro => "macro".to_owned(),
+            V::Group(lanes) => format!("group, {lanes} lanes"),
+            V::Clean => "each, clean".to_owned(),
+            V::Poisoned => "each, 1 poisoned".to_owned(),
+        }
+    }
+}
+
+/// The lanes of the group rows: `IDEM_BENCH_GROUP_LANES` (a comma list), else the default
+/// options' and twice as many.
+fn lane_counts() -> Vec<usize> {
+    let default = GroupOptions::new().lane_count();
+    std::env::var("IDEM_BENCH_GROUP_LANES")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .filter_map(|n| n.trim().parse().ok())
+                .collect::<Vec<usize>>()
+        })
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| vec![default, 2 * default])
+}
+
+/// When the body ended, to time the wait for the commit.
+#[derive(Default)]
+struct BodyEnd(Mutex<Option<Instant>>);
+
+impl BodyEnd {
+    fn mark(&self) {
+        *self.0.lock().expect("not poisoned") = Some(Instant::now());
+    }
+
+    fn waited(&self) -> Option<u64> {
+        let end = self.0.lock().expect("not poisoned").take()?;
+        Some(end.elapsed().as_nanos() as u64)
+    }
+}
+
+/// One job of a batch run job by job; `poison` fails after its effect.
+#[derive(Clone)]
+struct Job {
+    id: String,
+    account: i64,
+    poison: bool,
+}
+
+macro_rules! handlers {
+    ($db:ty, $update:path) => {
+        use super::*;
+
+        #[idem::idempotent(key = "job.id", scope = "bench.top_up")]
+        pub(super) async fn single(
+            tx: &mut Transaction<'_, $db>,
+            job: &TopUp,
+            end: &BodyEnd,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query($update())
+                .bind(job.credits)
+                .bind(job.account)
+                .execute(&mut **tx)
+                .await?;
+            end.mark();
+            Ok(())
+        }
+
+        #[idem::idempotent(key = "job.id", scope = "bench.top_up", group)]
+        pub(super) async fn grouped(
+            tx: &mut Transaction<'_, $db>,
+            job: &TopUp,
+            end: &BodyEnd,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query($update())
+                .bind(job.credits)
+                .bind(job.account)
+                .execute(&mut **tx)
+                .await?;
+            end.mark();
+            Ok(())
+        }
+
+        #[idem::idempotent(key = "job.id", scope = "bench.each", each = "job")]
+        pub(super) async fn each(
+            tx: &mut Transaction<'_, $db>,
+            job: &Job,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query($update())
+                .bind(1_i64)
+                .bind(job.account)
+                .execute(&mut **tx)
+                .await?;
+            if job.poison {
+                return Err(sqlx::Error::Protocol("a poisoned job".into()));
+            }
+            Ok(())
+        }
+    };
+}
+
+mod pg {
+    handlers!(Postgres, variants::pg::update);
+}
+mod lite {
+    handlers!(Sqlite, variants::lite::update);
+}
+mod my {
+    handlers!(MySql, variants::my::update);
+}
+
+enum Grouped {
+    Pg(Group<Postgres>),
+    Lite(Group<Sqlite>),
+    My(Group<MySql>),
+}
+
+/// A group for each lane count.
+type Groups = Vec<(usize, Grouped)>;
+
+/// One job of `v`; `Ok(Some(wait))` with the wait after its body, where timed.
+async fn job(conn: &Conn, groups: &Groups, v: V, job: &TopUp) -> Res<(bool, Option<u64>)> {
+    let end = BodyEnd::default();
+    let lanes = match v {
+        V::Group(lanes) => lanes,
+        _ => 0,
+    };
+    let group = groups
+        .iter()
+        .find(|(n, _)| *n == lanes)
+        .map_or(&groups[0].1, |(_, g)| g);
+    let applied = match (conn, group, v) {
+        (_, _, V::Hand) => conn.job(variants::Variant::Handwritten, job).await?,
+        (Conn::Pg(s), _, V::Macro) => pg::single(s, job, &end).await?.is_applied(),
+        (Conn::Lite(s), _, V::Macro) => lite::single(s, job, &end).await?.is_applied(),
+        (Conn::My(s), _, V::Macro) => my::single(s, job, &end).await?.is_applied(),
+        (_, Grouped::Pg(g), _) => pg::grouped(g, job, &end).await?.is_applied(),
+        (_, Grouped::Lite(g), _) => lite::grouped(g, job, &end).await?.is_applied(),
+        (_, Grouped::My(g), _) => my::grouped(g, job, &end).await?.is_applied(),
+    };
+    Ok((applied, end.waited()))
+}
+
+/// One batch run job by job; how many jobs it applied.
+async fn batch(conn: &Conn, jobs: &[Job]) -> Res<u64> {
+    let done = match conn {
+        Conn::Pg(s) => pg::each(s, jobs).await?.applied(),
+        Conn::Lite(s) => lite::each(s, jobs).await?.applied(),
+        Conn::My(s) => my::each(s, jobs).await?.applied(),
+    };
+    Ok(done as u64)
+}
+
+/// An account of worker `w`'s own: `n` folded into those ≡ `w` mod `workers`.
+fn own_account(n: u64, w: usize, workers: usize) -> i64 {
+    let per_worker = ACCOUNTS / workers as u64;
+    ((n % per_worker) * workers as u64 + w as u64 + 1) as i64
+}
+
+/// Salts of the keys, apart from the other rows' and from each other.
+const SALT: u64 = 0x6772_6f75_7000;
+
+/// Runs `v` at `workers` for `dur`: jobs in the window, latencies and waits.
+async fn run(
+    conn: &Arc<Conn>,
+    group: &Arc<Groups>,
+    next: &Arc<AtomicU64>,
+    v: V,
+    workers: usize,
+    dur: Duration,
+) -> Res<(Run, Vec<u64>, u64)> {
+    let start = Instant::now();
+    let deadline = start + dur;
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let (conn, group, next) = (conn.clone(), group.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut lat, mut waits) = (Vec::new(), Vec::new());
+            let (mut in_window, mut effects) = (0, 0);
+            let mut seed = mix(w as u64 ^ start.elapsed().as_nanos() as u64);
+            for _ in 0..MAX_JOBS_PER_WORKER {
+                if Instant::now() >= deadline {
+                    break;
+                }
+                seed = mix(seed);
+                let t0 = Instant::now();
+                let applied = match v {
+                    V::Clean | V::Poisoned => {
+                        let poisoned = (v == V::Poisoned).then_some(seed as usize % EACH_SIZE);
+                        let jobs: Vec<Job> = (0..EACH_SIZE)
+                            .map(|i| Job {
+                                id: job_id(SALT ^ 1, next.fetch_add(1, Ordering::Relaxed)),
+                                // Each worker tops up its own accounts (account ≡ worker
+                                // mod workers), as the batch rows do: two batches never
+                                // wait on each other's rows.
+                                account: own_account(mix(seed ^ i as u64), w, workers),
+                                poison: poisoned == Some(i),
+                            })
+                            .collect();
+                        batch(&conn, &jobs).await?
+                    }
+                    _ => {
+                        let top_up = TopUp {
+                            id: job_id(SALT, next.fetch_add(1, Ordering::Relaxed)),
+                            account: (seed % ACCOUNTS + 1) as i64,
+                            credits: 1,
+                        };
+                        let (applied, waited) = job(&conn, &group, v, &top_up).await?;
+                        waits.extend(waited);
+                        u64::from(applied)
+                    }
+                };
+                let t1 = Instant::now();
+                lat.push((t1 - t0).as_nanos() as u64);
+                effects += applied;
+                if t1 <= deadline {
+                    in_window += applied;
+                }
+            }
+            Ok::<_, BoxError>((lat, waits, in_window, effects))
+        }));
+    }
+    let (mut lat_ns, mut waits, mut jobs, mut effects) = (Vec::new(), Vec::new(), 0, 0);
+    for t in tasks {
+        let (lat, wait, in_window, done) = t.await??;
+        lat_ns.extend(lat);
+        waits.extend(wait);
+        jobs += in_window;
+        effects += done;
+    }
+    let secs = dur.as_secs_f64();
+    let run = Run {
+        jobs,
+        secs,
+        lat_ns,
+        cpu_ns: None,
+    };
+    Ok((run, waits, effects))
+}
+
+/// The credits the accounts hold, as a signed 64-bit sum.
+macro_rules! credits {
+    ($pool:expr, $sql:literal) => {{
+        let sql = format!($sql, accounts = config().accounts);
+        sqlx::query_as::<_, (i64,)>(AssertSqlSafe(sql))
+            .fetch_one($pool)
+            .await
+            .map(|(sum,)| sum)
+            .map_err(BoxError::from)
+    }};
+}
+
+/// `cargo bench --bench throughput -- --group [--quick] [--only DB] [--rounds N] [--run-ms N]`.
+pub(crate) async fn bench(only: Option<Kind>, rounds: usize, run_for: Duration) -> Res<String> {
+    let mut out = String::new();
+    let dir = std::env::temp_dir().join(format!("idem-bench-group-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let sqlite = dir.join("group.db");
+    for kind in KINDS {
+        if only.is_some_and(|o| o != kind) {
+            continue;
+        }
+        let t0 = Instant::now();
+        let measured = match kind {
+            Kind::Postgres => {
+                let admin = PgPoolOptions::new().connect(&config().pg_url).await?;
+                setup_pg(&admin).await?;
+                let done = bench_kind(kind, &sqlite, rounds, run_for).await;
+                let sum = credits!(
+                    &admin,
+                    "SELECT COALESCE(SUM(credits), 0)::bigint FROM {accounts}"
+                );
+                drop_tables(&admin).await?;
+                admin.close().await;
+                check(done, sum?)?
+            }
+            Kind::Sqlite => {
+                let admin = SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .connect_with(sqlite_options(&sqlite))
+                    .await?;
+                setup_lite(&admin).await?;
+                let done = bench_kind(kind, &sqlite, rounds, run_for).await;
+                let sum = credits!(&admin, "SELECT COALESCE(SUM(credits), 0) FROM {accounts}");
+                admin.close().await;
+                check(done, sum?)?
+            }
+            Kind::MySql => {
+                let admin = MySqlPoolOptions::new().connect(&config().my_url).await?;
+                setup_my(&admin).await?;
+                let done = bench_kind(kind, &sqlite, rounds, run_for).await;
+                let sum = credits!(
+                    &admin,
+                    "SELECT CAST(COALESCE(SUM(credits), 0) AS SIGNED) FROM {accounts}"
+                );
+                drop_tables(&admin).await?;
+                admin.close().await;
+                check(done, sum?)?
+            }
+        };
+        out.push_str(&measured);
+        eprintln!("{}: {:.1} s", kind.name(), t0.elapsed().as_secs_f64());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(out)
+}
+
+/// The report of one database, once its accounts hold exactly the credits of the applied
+/// jobs.
+fn check(done: Res<(String, u64)>, sum: i64) -> Res<String> {
+    let (report, effects) = done?;
+    if sum as u64 != effects {
+        return Err(
+            format!("the accounts hold {sum} credits, but {effects} jobs were applied").into(),
+        );
+    }
+    eprintln!("{effects} jobs applied, each exactly once");
+    Ok(report)
+}
+
+async fn bench_kind(
+    kind: Kind,
+    sqlite: &std::path::Path,
+    rounds: usize,
+    dur: Duration,
+) -> Res<(String, u64)> {
+    let next = Arc::new(AtomicU64::new(0));
+    let mut effects = 0;
+    let mut rows = String::new();
+    let warm = Duration::from_millis(100);
+    let mut singles = Vec::new();
+    for workers in WORKERS {
+        let conn = Arc::new(
+            connect(
+                kind,
+                workers + 2 * lane_counts().into_iter().max().unwrap_or(1),
+                sqlite,
+            )
+            .await?,
+        );
+        let group = Arc::new(grouped(&conn)?);
+        let variants = [V::Hand, V::Macro].into_iter();
+        let mut aggs: Vec<(V, Agg, Vec<u64>)> = variants
+            .chain(lane_counts().into_iter().map(V::Group))
+            .map(|v| (v, Agg::default(), Vec::new()))
+            .collect();
+        for (v, ..) in &aggs {
+            effects += run(&conn, &group, &next, *v, workers, warm).await?.2;
+        }
+        for round in 0..rounds {
+            let order: Vec<usize> = match round % 2 {
+                0 => (0..aggs.len()).collect(),
+                _ => (0..aggs.len()).rev().collect(),
+            };
+            for i in order {
+                let (v, agg, waits) = &mut aggs[i];
+                let (r, w, e) = run(&conn, &group, &next, *v, workers, dur).await?;
+                effects += e;
+                waits.extend(w);
+                agg.add(r);
+            }
+        }
+        let rate = |v: V| {
+            aggs.iter()
+                .find(|a| a.0 == v)
+                .map(|a| median(&a.1.rates))
+                .unwrap_or(0.0)
+        };
+        for (v, agg, waits) in &aggs {
+            let wait = match waits.is_empty() {
+                true => "–".to_owned(),
+                false => format!(
+                    "{:.3} / {:.3}",
+                    percentile_ms(waits, 50.0),
+                    percentile_ms(waits, 99.0)
+                ),
+            };
+            writeln!(
+                rows,
+                "| {} | {workers} | {} | {:.0} | {:.3} | {:.3} | {wait} |",
+                kind.name(),
+                v.name(),
+                median(&agg.rates),
+                percentile_ms(&agg.lat_ns, 50.0),
+                percentile_ms(&agg.lat_ns, 99.0),
+            )?;
+        }
+        for lanes in lane_counts() {
+            let group = rate(V::Group(lanes));
+            singles.push((
+                workers,
+                lanes,
+                group / rate(V::Macro),
+                group / rate(V::Hand),
+            ));
+        }
+        conn.close().await;
+    }
+    let mut each_rows = String::new();
+    for workers in EACH_WORKERS {
+        let conn = Arc::new(connect(kind, workers + 1, sqlite).await?);
+        let group = Arc::new(grouped(&conn)?);
+        let mut aggs: Vec<(V, Agg)> = [V::Clean, V::Poisoned]
+            .into_iter()
+            .map(|v| (v, Agg::default()))
+            .collect();
+        for (v, _) in &aggs {
+            effects += run(&conn, &group, &next, *v, workers, warm).await?.2;
+        }
+        for round in 0..rounds {
+            let order: Vec<usize> = match round % 2 {
+                0 => vec![0, 1],
+                _ => vec![1, 0],
+            };
+            for i in order {
+                let (v, agg) = &mut aggs[i];
+                let (r, _, e) = run(&conn, &group, &next, *v, workers, dur).await?;
+                effects += e;
+                agg.add(r);
+            }
+        }
+        let (clean, poisoned) = (median(&aggs[0].1.rates), median(&aggs[1].1.rates));
+        writeln!(
+            each_rows,
+            "| {} | {workers} | {clean:.0} | {poisoned:.0} | {:.2} |",
+            kind.name(),
+            poisoned / clean
+        )?;
+        conn.close().await;
+    }
+    let mut report = String::new();
+    writeln!(
+        report,
+        "\n#### {} (rounds {rounds}, runs of {} ms)\n",
+        kind.name(),
+        dur.as_millis()
+    )?;
+    writeln!(
+        report,
+        "| database | workers | variant | jobs/s | p50 ms | p99 ms | wait after the body p50 / p99 ms |"
+    )?;
+    writeln!(report, "|---|---:|---|---:|---:|---:|---:|")?;
+    report.push_str(&rows);
+    writeln!(
+        report,
+        "\n| database | workers | lanes | group / macro | group / handwritten |"
+    )?;
+    writeln!(report, "|---|---:|---:|---:|---:|")?;
+    for (workers, lanes, over_macro, over_hand) in singles {
+        writeln!(
+            report,
+            "| {} | {workers} | {lanes} | {over_macro:.2} | {over_hand:.2} |",
+            kind.name()
+        )?;
+    }
+    writeln!(
+        report,
+        "\n| database | workers | each, clean jobs/s | each, 1 poisoned of 100 jobs/s | poisoned / clean |"
+    )?;
+    writeln!(report, "|---|---:|---:|---:|---:|")?;
+    report.push_str(&each_rows);
+    Ok((report, effects))
+}
+
+fn grouped(conn: &Conn) -> Res<Groups> {
+    let mut groups = Vec::new();
+    for lanes in lane_counts() {
+        let options = GroupOptions::new().lanes(lanes);
+        let group = match conn {
+            Conn::Pg(s) => Grouped::Pg(s.group(options)?),
+            Conn::Lite(s) => Grouped::Lite(s.group(options)?),
+            Conn::My(s) => Grouped::My(s.group(options)?),
+        };
+        groups.push((lanes, group));
+    }
+    Ok(groups)
+}

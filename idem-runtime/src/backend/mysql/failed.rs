@@ -1,0 +1,54 @@
+//! Jobs that failed for good, for operators: the list of them, and the requeue that lets the
+//! next delivery run a failed job again.
+
+use sqlx::{MySql, Pool};
+
+use super::MySqlSql;
+use super::operators::MARKER_COLUMNS;
+use crate::backend::MarkerRow;
+use crate::backend::sealed::Failures;
+use crate::backend::sql::statements;
+
+statements! {
+    /// The statements of failed markers.
+    pub(super) struct FailedSql<MySql> {
+        // The newest failures first; a scan of the completed markers (failures are few).
+        list(scope: Option<&str>, same_scope: Option<&str>, limit: i64) = format!(
+            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE (? IS NULL OR scope = ?) \
+             AND state = 'completed' AND error IS NOT NULL \
+             ORDER BY completed_at DESC, scope LIMIT ?"
+        );
+        // Back to a released lease, its steps and fingerprint kept: the next delivery takes it
+        // over (one more attempt) and resumes after its recorded steps. The token goes up, as
+        // `forget`'s does.
+        requeue(scope: &str, key: &str) =
+            "UPDATE {t} SET state = 'in_progress', completed_at = NULL, locked_until = NULL, \
+             error = NULL, token = COALESCE(token, 0) + 1 \
+             WHERE scope = ? AND `key` = ? AND state = 'completed' AND error IS NOT NULL";
+    }
+}
+
+impl Failures for MySql {
+    async fn failed<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p MySqlSql,
+        scope: Option<&'p str>,
+        limit: i64,
+    ) -> Result<Vec<MarkerRow>, sqlx::Error> {
+        sql.failed
+            .list(scope, scope, limit)
+            .rows()
+            .fetch_all(pool)
+            .await
+    }
+
+    async fn requeue<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p MySqlSql,
+        scope: &'p str,
+        key: &'p str,
+    ) -> Result<bool, sqlx::Error> {
+        let requeue = sql.failed.requeue(scope, key);
+        Ok(requeue.query().execute(pool).await?.rows_affected() == 1)
+    }
+}

@@ -1,0 +1,140 @@
+//! What `Store::doctor` reads on PostgreSQL.
+
+use sqlx::{Pool, Postgres};
+
+use super::PgSql;
+use crate::backend::health::{Bloat, COUNT_CAP, Catalog, Health};
+use crate::backend::sealed::Dialect as _;
+use crate::backend::sql::statements;
+
+/// The columns every marker table has.
+const MARKER_COLUMNS: &str =
+    "('scope', 'key', 'state', 'token', 'locked_until', 'attempts', 'completed_at')";
+
+statements! {
+    /// The doctor's statements, made when it runs.
+    pub(super) struct HealthSql<Postgres> {
+        // PostgreSQL folds unquoted names to lower case.
+        tables(name: &str) =
+            "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema() \
+             AND (tablename = lower($1) OR left(tablename, length($1) + 1) = lower($1) || '_')";
+        indexes(name: &str) =
+            "SELECT tablename::text, indexname::text FROM pg_indexes \
+             WHERE schemaname = current_schema() \
+             AND (tablename = lower($1) OR left(tablename, length($1) + 1) = lower($1) || '_')";
+        old_in_scope(scope: &str, age_ms: i64, cap: i64) =
+            "SELECT COUNT(*) FROM (SELECT 1 FROM {t} WHERE scope = $1 AND state = 'completed' \
+             AND completed_at < now() - $2 * interval '1 millisecond' LIMIT $3) s";
+        old(age_ms: i64, cap: i64) =
+            "SELECT COUNT(*) FROM (SELECT 1 FROM {t} WHERE state = 'completed' \
+             AND completed_at < now() - $1 * interval '1 millisecond' \
+             AND scope NOT IN (SELECT scope FROM {t}_retention) LIMIT $2) s";
+        stuck(age_ms: i64, cap: i64) =
+            "SELECT COUNT(*) FROM (SELECT 1 FROM {t} WHERE state = 'in_progress' \
+             AND COALESCE(locked_until, created_at) < now() - $1 * interval '1 millisecond' \
+             LIMIT $2) s";
+        outbox(age_ms: i64) =
+            "SELECT COUNT(*) FILTER (WHERE parked), COUNT(*) FILTER (WHERE NOT parked \
+             AND next_attempt_at < now() - $1 * interval '1 millisecond') \
+             FROM {t}_outbox WHERE sent_at IS NULL";
+        bloat(name: &str) =
+            "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables \
+             WHERE schemaname = current_schema() AND relname = lower($1)";
+    }
+}
+
+impl Health for Postgres {
+    async fn catalog<'p>(pool: &'p Pool<Self>, sql: &'p PgSql) -> Result<Catalog, sqlx::Error> {
+        let name = Self::table(sql).as_str();
+        let statements = HealthSql::new(Self::table(sql));
+        let tables = statements.tables(name).scalar().fetch_all(pool).await?;
+        let indexes = statements.indexes(name).rows().fetch_all(pool).await?;
+        Ok((tables, indexes))
+    }
+
+    async fn marker_tables(pool: &Pool<Self>) -> Result<Vec<String>, sqlx::Error> {
+        let query = format!(
+            "SELECT table_name::text FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND column_name IN {MARKER_COLUMNS} \
+             GROUP BY table_name HAVING COUNT(*) = 7 ORDER BY table_name"
+        );
+        sqlx::query_scalar(sqlx::AssertSqlSafe(query))
+            .fetch_all(pool)
+            .await
+    }
+
+    async fn count_old<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+        scope: Option<&'p str>,
+        age_ms: i64,
+    ) -> Result<i64, sqlx::Error> {
+        let statements = HealthSql::new(Self::table(sql));
+        let query = match scope {
+            Some(scope) => statements.old_in_scope(scope, age_ms, COUNT_CAP),
+            None => statements.old(age_ms, COUNT_CAP),
+        };
+        query.scalar().fetch_one(pool).await
+    }
+
+    async fn count_stuck<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+        age_ms: i64,
+    ) -> Result<i64, sqlx::Error> {
+        let statements = HealthSql::new(Self::table(sql));
+        let query = statements.stuck(age_ms, COUNT_CAP);
+        query.scalar().fetch_one(pool).await
+    }
+
+    async fn count_outbox<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+        age_ms: i64,
+    ) -> Result<(i64, i64), sqlx::Error> {
+        let statements = HealthSql::new(Self::table(sql));
+        statements.outbox(age_ms).rows().fetch_one(pool).await
+    }
+
+    async fn bloat<'p>(pool: &'p Pool<Self>, sql: &'p PgSql) -> Result<Option<Bloat>, sqlx::Error> {
+        let statements = HealthSql::new(Self::table(sql));
+        let row: Option<(i64, i64)> = statements
+            .bloat(Self::table(sql).as_str())
+            .rows()
+            .fetch_optional(pool)
+            .await?;
+        Ok(row.map(|(dead, live)| Bloat::Rows { dead, live }))
+    }
+
+    async fn clock_ms(pool: &Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8")
+            .fetch_one(pool)
+            .await
+            .map(Some)
+    }
+
+    async fn max_connections(pool: &Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar("SELECT current_setting('max_connections')::int8")
+            .fetch_one(pool)
+            .await
+            .map(Some)
+    }
+
+    async fn ports(pool: &Pool<Self>) -> Result<Option<(u16, i64)>, sqlx::Error> {
+        let server: Option<i32> = sqlx::query_scalar("SELECT inet_server_port()")
+            .fetch_one(pool)
+            .await?;
+        let ours = pool.connect_options().get_port();
+        Ok(server.map(|port| (ours, i64::from(port))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::sql::{Placeholders, check_binds};
+
+    #[test]
+    fn every_statement_has_as_many_placeholders_as_binds() {
+        check_binds(&super::HealthSql::templates(), Placeholders::Dollar);
+    }
+}

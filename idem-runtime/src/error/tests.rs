@@ -1,0 +1,163 @@
+//! What every message of [`Error`] says, and when it advises a retry.
+
+use std::error::Error as _;
+
+use super::*;
+
+#[test]
+fn an_unreachable_database_is_said_once_with_what_to_do() {
+    let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+    let err = Error::from(sqlx::Error::Io(refused));
+    let msg = err.to_string();
+    assert!(msg.contains("check its URL"), "{msg}");
+    assert_eq!(msg.matches("refused").count(), 1, "{msg}");
+    assert!(err.source().is_none());
+}
+
+#[test]
+fn every_variant_says_what_to_do() {
+    let cases = [
+        (Error::from(KeyError::Empty), "non-empty id"),
+        (
+            Error::InvalidTable { name: "a b".into() },
+            "plain SQL identifier",
+        ),
+        (
+            Error::InvalidScope {
+                scope: String::new(),
+            },
+            "1 to 255 bytes",
+        ),
+        (
+            Error::RolledBack {
+                scope: "s".into(),
+                key: "k".into(),
+            },
+            "return database errors from the body with `?`",
+        ),
+        (
+            Error::InProgress {
+                scope: "s".into(),
+                key: "k".into(),
+            },
+            "nack the job",
+        ),
+        (
+            Error::from(sqlx::Error::PoolTimedOut),
+            "could not be reached",
+        ),
+        (
+            Error::from(sqlx::Error::RowNotFound),
+            "kept or lost together",
+        ),
+    ];
+    for (err, advice) in cases {
+        let msg = err.to_string();
+        assert!(msg.contains(advice), "{msg:?} lacks {advice:?}");
+        // Each message is whole: nothing to print again from a source.
+        assert!(err.source().is_none(), "{msg}");
+    }
+}
+
+#[test]
+fn retry_advice_is_for_transient_errors_only() {
+    let transient = [
+        Error::from(sqlx::Error::PoolTimedOut),
+        Error::from(sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into())),
+        Error::InProgress {
+            scope: "s".into(),
+            key: "k".into(),
+        },
+    ];
+    for err in transient {
+        assert!(err.is_transient(), "{err}");
+    }
+    let lasting = [
+        Error::from(KeyError::Empty),
+        Error::BatchTooLarge { len: 1001 },
+        Error::InvalidScope {
+            scope: String::new(),
+        },
+        Error::KeyReused {
+            scope: "s".into(),
+            key: "k".into(),
+        },
+        Error::from(sqlx::Error::ColumnNotFound("result".into())),
+    ];
+    for err in lasting {
+        assert!(!err.is_transient(), "{err}");
+        let msg = err.to_string();
+        assert!(
+            !msg.contains("retry") || msg.contains("do not retry"),
+            "{msg}"
+        );
+        assert!(!msg.contains("let the broker redeliver"), "{msg}");
+    }
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_schema_refusal_is_not_worth_a_redelivery() {
+    let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+    sqlx::query("CREATE TABLE idem_processed (scope TEXT, key TEXT)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = crate::store::Store::new(pool);
+    let key = crate::key::Key::new("job-1").unwrap();
+    let err = store.claim("scope", &key).await.unwrap_err();
+    assert!(!err.is_transient(), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("fails the same way") && msg.contains("idem doctor"),
+        "{msg}"
+    );
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_missing_marker_table_points_at_migrate() {
+    let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+    let store = crate::store::Store::new(pool);
+    let key = crate::key::Key::new("job-1").unwrap();
+    let err = store.claim("scope", &key).await.unwrap_err();
+    let msg = err.to_string();
+    assert_eq!(
+        msg,
+        "the database refused a statement: no such table: idem_processed: the marker \
+         table does not exist: call `Store::migrate()` at start-up, or add the statements \
+         of `Store::ddl()` to your migrations"
+    );
+    assert!(err.source().is_none());
+}
+
+/// What the docs say of `sqlx::Error` as a handler's error type ("Why not `sqlx::Error`"):
+/// idem's error rides as a database error, prints as one, and comes back with its kind.
+#[test]
+fn sqlx_error_carries_idem_errors_as_database_errors() {
+    let err = sqlx::Error::from(Error::InProgress {
+        scope: "billing.top_up".into(),
+        key: "42".into(),
+    });
+    let text = err.to_string();
+    assert!(
+        text.starts_with(
+            "error returned from database: another delivery of \"billing.top_up\" / \"42\" \
+             is still in progress"
+        ),
+        "{text}"
+    );
+    let back = err
+        .as_database_error()
+        .and_then(|e| e.try_downcast_ref::<Error>());
+    assert!(matches!(back, Some(Error::InProgress { .. })), "{back:?}");
+    let reused = sqlx::Error::from(Error::KeyReused {
+        scope: "s".into(),
+        key: "k".into(),
+    });
+    assert_eq!(
+        reused.as_database_error().map(|e| e.kind()),
+        Some(sqlx::error::ErrorKind::UniqueViolation)
+    );
+    assert!(matches!(Error::from(reused), Error::KeyReused { .. }));
+}

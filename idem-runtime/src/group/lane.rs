@@ -1,0 +1,355 @@
+//! One lane of a group: a transaction that stays open while calls take turns on it, one
+//! generation (one group, one commit) after another.
+//!
+//! A turn is the lane's lock: the call holding it runs its claim and body on the lane's
+//! transaction, each call behind a savepoint of its own. A call that keeps its work releases
+//! its savepoint and the lock, then waits for its generation's end; the generation closes
+//! when it is full, when its delay bound runs out, or when no other call is waiting for the
+//! lane, and a task of its own commits it, so that no caller's cancellation can stop the
+//! commit of the others.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use sqlx::Transaction;
+use tokio::sync::{Mutex, OwnedMutexGuard, watch};
+
+use super::GroupOptions;
+use crate::backend::{Backend, Check, Claimant, Savepoint};
+use crate::claim::Request;
+use crate::options::ClaimOptions;
+use crate::store::Store;
+
+/// What every lane of a group shares.
+#[derive(Debug)]
+pub(crate) struct Shared<DB: Backend> {
+    pub(crate) store: Store<DB>,
+    pub(crate) options: GroupOptions,
+}
+
+/// How a generation ended, as each of its calls reads it.
+#[derive(Debug, Clone)]
+pub(crate) enum Ended {
+    Committed,
+    /// Nothing of it was kept, or (`may_be_kept`) its commit's answer was lost.
+    Failed {
+        may_be_kept: bool,
+        reason: Arc<str>,
+    },
+}
+
+/// The end of a generation, awaited by its calls.
+pub(crate) type Waiter = watch::Receiver<Option<Ended>>;
+
+/// One lane: its open generation behind the lock of its turns.
+#[derive(Debug)]
+pub(crate) struct Lane<DB: Backend> {
+    open: Arc<Mutex<Open<DB>>>,
+    /// Calls waiting for a turn (or holding one): a generation closes once none is left.
+    pub(crate) queued: Arc<AtomicUsize>,
+}
+
+impl<DB: Backend> Lane<DB> {
+    pub(crate) fn new() -> Self {
+        Lane {
+            open: Arc::new(Mutex::new(Open::default())),
+            queued: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Waits for this lane's turn, and readies its transaction for the turn's savepoint (a
+    /// new generation begun if none is open).
+    pub(crate) async fn turn(&self, shared: &Arc<Shared<DB>>) -> Result<Turn<DB>, sqlx::Error> {
+        let queued = Queued(self.queued.clone());
+        queued.0.fetch_add(1, Ordering::SeqCst);
+        let guard = self.open.clone().lock_owned().await;
+        let mut turn = Turn {
+            guard,
+            armed: false,
+            queued,
+        };
+        turn.ready(shared, &self.open).await?;
+        Ok(turn)
+    }
+}
+
+/// Counts a call among the lane's queued ones until it is dropped.
+#[derive(Debug)]
+struct Queued(Arc<AtomicUsize>);
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The open generation of a lane.
+#[derive(Debug)]
+pub(crate) struct Open<DB: Backend> {
+    tx: Option<Transaction<'static, DB>>,
+    generation: u64,
+    /// Calls whose work is in the transaction.
+    members: usize,
+    /// The keys claimed fresh in this generation: a later call of the same key reads their
+    /// uncommitted markers, and its answer waits for the generation's end.
+    fresh: HashSet<(String, String)>,
+    /// One kept call's identity, which the commit checks (MySQL finds its marker).
+    kept: Option<(String, String, i64)>,
+    ended: Option<watch::Sender<Option<Ended>>>,
+    /// A call's savepoint may be open with no call to end it (the call was dropped): it is
+    /// rolled back before anything else runs.
+    dirty: bool,
+}
+
+impl<DB: Backend> Default for Open<DB> {
+    fn default() -> Self {
+        Open {
+            tx: None,
+            generation: 0,
+            members: 0,
+            fresh: HashSet::new(),
+            kept: None,
+            ended: None,
+            dirty: false,
+        }
+    }
+}
+
+impl<DB: Backend> Open<DB> {
+    /// Rolls back the savepoint a dropped call left open; the generation fails if that fails.
+    async fn clean(&mut self) {
+        if !std::mem::take(&mut self.dirty) {
+            return;
+        }
+        let Some(tx) = &mut self.tx else { return };
+        if let Err(e) = DB::savepoint(tx, Savepoint::RollBack).await {
+            let reason = format!("the savepoint of a cancelled call could not be rolled back: {e}");
+            self.fail(false, &reason);
+        }
+    }
+
+    /// Fails the generation: its transaction rolled back (dropped), its calls told whether
+    /// its work may have been kept.
+    pub(crate) fn fail(&mut self, may_be_kept: bool, reason: &str) {
+        drop(self.tx.take());
+        self.reset();
+        if let Some(sender) = self.ended.take() {
+            let reason = reason.into();
+            sender.send_replace(Some(Ended::Failed {
+                may_be_kept,
+                reason,
+            }));
+        }
+    }
+
+    fn reset(&mut self) {
+        self.members = 0;
+        self.fresh.clear();
+        self.kept = None;
+    }
+
+    /// Takes the generation out of the lane, to be committed.
+    fn close(&mut self) -> Option<Closing<DB>> {
+        let tx = self.tx.take()?;
+        let ended = self
+            .ended
+            .take()
+            .expect("an open generation has its sender");
+        let kept = self.kept.take();
+        self.reset();
+        Some(Closing { tx, ended, kept })
+    }
+}
+
+/// A call's turn on a lane: the lane's lock, and whether the call's savepoint may be open.
+/// Dropped while armed (a cancelled call, a panic), it leaves the lane dirty, so that the
+/// next turn rolls that savepoint back first: a call's claim or body is never kept without
+/// the call.
+#[derive(Debug)]
+pub(crate) struct Turn<DB: Backend> {
+    guard: OwnedMutexGuard<Open<DB>>,
+    armed: bool,
+    queued: Queued,
+}
+
+impl<DB: Backend> Drop for Turn<DB> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.guard.dirty = true;
+        }
+    }
+}
+
+impl<DB: Backend> Turn<DB> {
+    async fn ready(
+        &mut self,
+        shared: &Arc<Shared<DB>>,
+        lane: &Arc<Mutex<Open<DB>>>,
+    ) -> Result<(), sqlx::Error> {
+        self.guard.clean().await;
+        if self.guard.tx.is_none() {
+            let store = &shared.store;
+            let tx = DB::begin(store.pool(), store.sql(), &ClaimOptions::new()).await?;
+            let open = &mut *self.guard;
+            open.generation += 1;
+            open.tx = Some(tx);
+            open.ended = Some(watch::channel(None).0);
+            let (shared, lane, generation) = (shared.clone(), lane.clone(), open.generation);
+            tokio::spawn(close_after_delay(shared, lane, generation));
+        }
+        Ok(())
+    }
+
+    /// From here on the call's savepoint may be open.
+    pub(crate) fn arm(&mut self) {
+        self.armed = true;
+    }
+
+    /// The call's savepoint is settled (released or rolled back).
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// The lane's transaction, if its generation is still open.
+    pub(crate) fn tx(&mut self) -> Option<&mut Transaction<'static, DB>> {
+        self.guard.tx.as_mut()
+    }
+
+    /// Readies a new generation after the last one failed under this turn.
+    pub(crate) async fn again(
+        &mut self,
+        shared: &Arc<Shared<DB>>,
+        lane: &Lane<DB>,
+    ) -> Result<(), sqlx::Error> {
+        self.ready(shared, &lane.open).await
+    }
+
+    pub(crate) fn fail(&mut self, may_be_kept: bool, reason: &str) {
+        self.guard.fail(may_be_kept, reason);
+    }
+
+    /// The end of this generation, if `request`'s key was claimed fresh in it.
+    pub(crate) fn holder_of(&self, request: &Request) -> Option<Waiter> {
+        let key = (request.scope.to_string(), request.key.as_str().to_owned());
+        let open = &*self.guard;
+        match open.fresh.contains(&key) {
+            true => open.ended.as_ref().map(watch::Sender::subscribe),
+            false => None,
+        }
+    }
+
+    /// The call's work is in the generation (its savepoint released): counts it, and ends
+    /// the turn (see [`leave`](Turn::leave)), closing the generation at once if it is full.
+    /// Returns the end to wait for.
+    pub(crate) fn kept(mut self, request: &Request, shared: &Arc<Shared<DB>>) -> Waiter {
+        self.armed = false;
+        let open = &mut *self.guard;
+        let waiter = open
+            .ended
+            .as_ref()
+            .expect("a generation is open during a turn")
+            .subscribe();
+        open.members += 1;
+        let (scope, key) = (request.scope.to_string(), request.key.as_str().to_owned());
+        if open.kept.is_none() {
+            open.kept = Some((scope.clone(), key.clone(), request.nonce));
+        }
+        open.fresh.insert((scope, key));
+        let full = open.members >= shared.options.max_size;
+        self.leave(shared, full);
+        waiter
+    }
+
+    /// Ends the turn; the generation closes (commits what its calls kept, or ends a
+    /// transaction that kept nothing) if `close`, or if no other call waits for the lane: a
+    /// lone call is never held back, and an idle lane holds no transaction.
+    pub(crate) fn leave(mut self, shared: &Arc<Shared<DB>>, close: bool) {
+        self.armed = false;
+        // This call still counts as queued until the turn is dropped.
+        let alone = self.queued.0.load(Ordering::SeqCst) <= 1;
+        if (close || alone)
+            && let Some(closing) = self.guard.close()
+        {
+            tokio::spawn(closing.commit(shared.clone()));
+        }
+    }
+}
+
+/// Closes the generation `generation` of `lane` once the group's delay bound ran out, if it is
+/// still open then.
+async fn close_after_delay<DB: Backend>(
+    shared: Arc<Shared<DB>>,
+    lane: Arc<Mutex<Open<DB>>>,
+    generation: u64,
+) {
+    tokio::time::sleep(shared.options.max_delay).await;
+    let mut open = lane.lock().await;
+    if open.generation != generation {
+        return;
+    }
+    open.clean().await;
+    let closing = open.close();
+    drop(open);
+    if let Some(closing) = closing {
+        closing.commit(shared).await;
+    }
+}
+
+/// A generation taken out of its lane, to be committed.
+struct Closing<DB: Backend> {
+    tx: Transaction<'static, DB>,
+    ended: watch::Sender<Option<Ended>>,
+    kept: Option<(String, String, i64)>,
+}
+
+impl<DB: Backend> Closing<DB> {
+    /// Commits the generation (verified, as every claim's commit is) and tells its calls.
+    async fn commit(self, shared: Arc<Shared<DB>>) {
+        let Closing { tx, ended, kept } = self;
+        let options = ClaimOptions::new();
+        let end = match kept {
+            // No call kept anything: the transaction only held claims that were given back.
+            None => {
+                drop(DB::rollback(tx, &options).await);
+                Ended::Committed
+            }
+            Some((scope, key, nonce)) => {
+                let claimant = Claimant {
+                    scope: &scope,
+                    key: &key,
+                    fingerprint: None,
+                    nonce,
+                    wait: None,
+                };
+                let check = Check::Marker(DB::table(shared.store.sql()), claimant);
+                match DB::commit(tx, check, &options).await {
+                    Ok(true) => Ended::Committed,
+                    Ok(false) => Ended::Failed {
+                        may_be_kept: false,
+                        reason: "the database rolled the group's transaction back".into(),
+                    },
+                    // The server's own error: not committed. Anything else (a lost
+                    // connection) may have come after the commit landed.
+                    Err(e) => Ended::Failed {
+                        may_be_kept: e.as_database_error().is_none(),
+                        reason: format!("its commit failed: {e}").into(),
+                    },
+                }
+            }
+        };
+        ended.send_replace(Some(end));
+    }
+}
+
+/// Waits for the end of a generation; a generation whose commit task ended without a word
+/// (a runtime shutting down) may have committed.
+pub(crate) async fn ended(mut waiter: Waiter) -> Ended {
+    match waiter.wait_for(Option::is_some).await {
+        Ok(end) => end.clone().expect("waited for it"),
+        Err(_) => Ended::Failed {
+            may_be_kept: true,
+            reason: "its commit ended without an answer".into(),
+        },
+    }
+}

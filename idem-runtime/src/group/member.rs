@@ -1,0 +1,274 @@
+//! One call in a group: its claim in a savepoint of its lane's transaction, its hold while the
+//! body runs, and its end, which releases the savepoint and waits for the generation's commit.
+//! Built on the claim core's pieces (the start, the bounded retry, the decision, the one
+//! finish), as every mode is.
+
+use std::sync::Arc;
+
+use sqlx::Transaction;
+
+use super::lane::{Ended, Lane, Shared, Turn, Waiter, ended};
+use crate::backend::{Backend, Savepoint};
+use crate::claim::nested::Body;
+use crate::claim::run::{Attempt, Attempts, conclude, retrying, shared_attempt, start};
+use crate::claim::{Claimed, Hold, Request, Ticket, finish};
+use crate::error::Error;
+use crate::observe;
+use crate::options::Mode;
+use crate::outcome::{Failed, Outcome};
+use crate::outgoing::{Outbox, Pending};
+use crate::record::NotStorable;
+
+/// The claim of one call in its lane: a turn, a savepoint, the claim. A fresh claim keeps the
+/// turn (its body runs on the lane's transaction); any other answer gives it back at once,
+/// but waits for the generation's end first when it met a marker an earlier call of the same
+/// generation wrote (that marker is not committed yet).
+pub(crate) async fn claim<DB: Backend>(
+    shared: &Arc<Shared<DB>>,
+    lane: &Lane<DB>,
+    request: Request,
+) -> Result<Claimed<GroupHeld<DB>>, Error> {
+    let mut observed = start(&request, Mode::Group, true)?;
+    let span = observed.span().clone();
+    let claimed = async {
+        let mut turn = lane.turn(shared).await.map_err(Error::from)?;
+        let mut attempts = InGroup {
+            turn: &mut turn,
+            shared,
+            lane,
+            request: &request,
+        };
+        let answer = retrying::<DB, _>(&mut observed, &request, true, &mut attempts).await?;
+        Ok::<_, Error>((answer, turn))
+    };
+    let answer = match observe::in_span(span, claimed).await {
+        Ok((Attempt::Fresh((), took_over), turn)) => Ok(Attempt::Fresh(turn, took_over)),
+        Ok((other, turn)) => {
+            let waiter = turn.holder_of(&request);
+            turn.leave(shared, false);
+            let other = match other {
+                Attempt::Done(done) => Attempt::Done(done),
+                Attempt::Refused(e) => Attempt::Refused(e),
+                Attempt::Fresh(..) => unreachable!("matched above"),
+            };
+            match waiter {
+                None => Ok(other),
+                Some(waiter) => match ended(waiter).await {
+                    Ended::Committed => Ok(other),
+                    Ended::Failed {
+                        may_be_kept,
+                        reason,
+                    } => Err(group_failed(&request, may_be_kept, &reason)),
+                },
+            }
+        }
+        Err(e) => Err(e),
+    };
+    let shared = shared.clone();
+    conclude(observed, request, answer, |turn, ticket| GroupHeld {
+        hold: GroupHold {
+            turn: Some(turn),
+            shared,
+        },
+        ticket,
+    })
+}
+
+/// A claim's attempts in a savepoint of the lane's transaction. An attempt that loses the
+/// transaction (rolling back to its savepoint failed) fails the generation, and the next
+/// attempt begins a new one.
+struct InGroup<'a, DB: Backend> {
+    turn: &'a mut Turn<DB>,
+    shared: &'a Arc<Shared<DB>>,
+    lane: &'a Lane<DB>,
+    request: &'a Request,
+}
+
+impl<DB: Backend> Attempts for InGroup<'_, DB> {
+    type Fresh = ();
+
+    async fn attempt(&mut self) -> Result<Attempt<()>, sqlx::Error> {
+        if self.turn.tx().is_none() {
+            self.turn.again(self.shared, self.lane).await?;
+        }
+        let sql = self.shared.store.sql();
+        self.turn.arm();
+        let tx = self.turn.tx().expect("readied above");
+        match shared_attempt::<DB>(tx, sql, self.request).await {
+            Ok(Ok(Attempt::Fresh((), took_over))) => Ok(Attempt::Fresh((), took_over)),
+            Ok(answer) => {
+                self.turn.disarm();
+                answer
+            }
+            Err(e) => {
+                self.turn.disarm();
+                let reason = format!("its transaction was lost during a claim: {e}");
+                self.turn.fail(false, &reason);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn group_failed(request: &Request, may_be_kept: bool, reason: &str) -> Error {
+    Error::GroupFailed {
+        scope: request.scope.to_string(),
+        key: request.key.as_str().to_owned(),
+        may_be_kept,
+        reason: reason.to_owned(),
+    }
+}
+
+fn rolled_back(request: &Request) -> Error {
+    Error::RolledBack {
+        scope: request.scope.to_string(),
+        key: request.key.as_str().to_owned(),
+    }
+}
+
+/// A fresh claim in a group: the lane's turn, which the call keeps while its body runs.
+#[derive(Debug)]
+pub(crate) struct GroupHold<DB: Backend> {
+    turn: Option<Turn<DB>>,
+    shared: Arc<Shared<DB>>,
+}
+
+impl<DB: Backend> GroupHold<DB> {
+    fn tx(&mut self) -> &mut Transaction<'static, DB> {
+        let turn = self.turn.as_mut().expect("held until the end");
+        turn.tx().expect("the generation stays open during a turn")
+    }
+
+    /// What a statement of ours that failed means: the body swallowed an error that aborted
+    /// its savepoint (PostgreSQL), which is a rollback, not a database failure.
+    fn failed(e: sqlx::Error, request: &Request) -> Error {
+        if DB::is_aborted(&e) {
+            return rolled_back(request);
+        }
+        e.into()
+    }
+}
+
+impl<DB: Backend> Hold for GroupHold<DB> {
+    const OUTSIDE: bool = false;
+
+    #[cfg(feature = "testing")]
+    fn end(&self) -> &'static str {
+        "group savepoint release"
+    }
+
+    async fn write(
+        &mut self,
+        request: &Request,
+        value: Option<&str>,
+        outbox: Option<&Pending>,
+    ) -> Result<(), Error> {
+        let (scope, key) = (&request.scope, request.key.as_str());
+        let shared = self.shared.clone();
+        let sql = shared.store.sql();
+        if let Some(json) = value {
+            let recorded = DB::record(self.tx(), sql, scope, key, json).await;
+            recorded.map_err(|e| Self::failed(e, request))?;
+        }
+        if let Some(outbox) = outbox {
+            let written = DB::outbox_write(self.tx(), sql, outbox, request.nonce).await;
+            written.map_err(|e| Self::failed(e, request))?;
+        }
+        Ok(())
+    }
+
+    async fn commit(
+        mut self,
+        request: &Request,
+        _: Option<&str>,
+        _: Option<&Pending>,
+    ) -> Result<(), Error> {
+        let released = DB::savepoint(self.tx(), Savepoint::Release).await;
+        if let Err(e) = released {
+            // The body's statements failed under it although it returned `Ok` (PostgreSQL
+            // aborted its savepoint), or the transaction is gone.
+            let back = DB::savepoint(self.tx(), Savepoint::RollBack).await;
+            let mut turn = self.turn.take().expect("held until the end");
+            turn.disarm();
+            match back {
+                Ok(()) => turn.leave(&self.shared, false),
+                Err(lost) => {
+                    let reason = format!("a call's savepoint could not be rolled back: {lost}");
+                    turn.fail(false, &reason);
+                }
+            }
+            return Err(match e.as_database_error() {
+                Some(_) => rolled_back(request),
+                None => e.into(),
+            });
+        }
+        let turn = self.turn.take().expect("held until the end");
+        let waiter: Waiter = turn.kept(request, &self.shared);
+        match ended(waiter).await {
+            Ended::Committed => Ok(()),
+            Ended::Failed {
+                may_be_kept,
+                reason,
+            } => Err(group_failed(request, may_be_kept, &reason)),
+        }
+    }
+
+    async fn release(mut self, _: &Request) {
+        let back = DB::savepoint(self.tx(), Savepoint::RollBack).await;
+        let mut turn = self.turn.take().expect("held until the end");
+        turn.disarm();
+        match back {
+            Ok(()) => turn.leave(&self.shared, false),
+            Err(e) => {
+                let reason = format!("a call's savepoint could not be rolled back: {e}");
+                turn.fail(false, &reason);
+            }
+        }
+    }
+}
+
+/// A fresh claim in a group, held: the lane's turn and the ticket. What
+/// [`GroupGuard`](super::GroupGuard) wraps, and what the attribute's expansion holds.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct GroupHeld<DB: Backend> {
+    hold: GroupHold<DB>,
+    ticket: Ticket,
+}
+
+impl<DB: Backend> GroupHeld<DB> {
+    /// The transaction the body runs on: the group's, inside this call's savepoint.
+    pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
+        self.hold.tx()
+    }
+
+    /// The outbox of this call's job, written with its marker when the call is kept.
+    pub fn outbox(&mut self) -> &mut Outbox {
+        self.ticket.outbox()
+    }
+
+    /// The transaction and the outbox at once, for a body that takes both.
+    pub fn parts(&mut self) -> (&mut Transaction<'static, DB>, &mut Outbox) {
+        (self.hold.tx(), self.ticket.outbox())
+    }
+
+    /// The call's `idem.claim` span.
+    pub fn span(&self) -> &tracing::Span {
+        self.ticket.observed.span()
+    }
+
+    /// The claim's body: runs in the call's span, marked as inside its open transaction.
+    pub fn body(&self) -> Body {
+        self.ticket.body()
+    }
+
+    /// Ends the call with `result`, storing what `encode` makes of an `Ok` value.
+    pub(crate) async fn finish<T, E>(
+        self,
+        result: Result<T, E>,
+        encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
+    ) -> Result<Outcome<T>, Failed<E>> {
+        let GroupHeld { hold, ticket } = self;
+        finish(hold, ticket, None, result.map_err(Failed::Handler), encode).await
+    }
+}

@@ -1,0 +1,335 @@
+//! Group commit: concurrent calls of single-job handlers share one transaction, each behind a
+//! savepoint of its own, and one commit, so that a worker running many jobs at once pays for
+//! one commit (one fsync) per group instead of one per job. A thin mode over the claim core:
+//! each call's claim is the core's (in a savepoint of the group's transaction), and its end
+//! the core's one finish, whose keeping step releases the call's savepoint and waits for the
+//! group's commit.
+
+mod lane;
+mod member;
+
+use std::borrow::Cow;
+use std::fmt;
+use std::hash::{BuildHasher as _, BuildHasherDefault, DefaultHasher};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::Transaction;
+
+use crate::backend::Backend;
+use crate::claim::nested::Body;
+use crate::claim::{Claimed, Request};
+use crate::error::Error;
+use crate::key::Key;
+use crate::options::ClaimOptions;
+use crate::outcome::{Failed, Outcome};
+use crate::outgoing::Outbox;
+use crate::record;
+use crate::scope::check_scope;
+use crate::store::Store;
+
+use lane::{Lane, Shared};
+pub use member::GroupHeld;
+
+/// The largest [`GroupOptions::max_size`].
+pub const MAX_GROUP: usize = 1000;
+
+/// The longest [`GroupOptions::max_delay`].
+pub const MAX_GROUP_DELAY: Duration = Duration::from_secs(1);
+
+/// The most lanes a group may have ([`GroupOptions::lanes`]).
+pub const MAX_LANES: usize = 64;
+
+/// How a [`Group`] gathers calls: how many one group holds at most, how long it stays open at
+/// most, and how many groups are open at once.
+///
+/// A group closes (and commits) at the first of: `max_size` calls kept, `max_delay` since it
+/// began, or no other call waiting to join it. The last one means a lone call is never held
+/// back: at one call at a time a group is one call, and commits at once.
+///
+/// ```
+/// # use idem_runtime as idem;
+/// use std::time::Duration;
+///
+/// let options = idem::GroupOptions::new()
+///     .max_size(64)
+///     .max_delay(Duration::from_millis(5))
+///     .lanes(2);
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupOptions {
+    pub(crate) max_size: usize,
+    pub(crate) max_delay: Duration,
+    pub(crate) lanes: usize,
+}
+
+impl Default for GroupOptions {
+    fn default() -> Self {
+        GroupOptions::new()
+    }
+}
+
+impl GroupOptions {
+    /// The defaults: at most 32 calls a group, 2 ms, 2 lanes (what they gave where idem is
+    /// built, and why they are a starting point to measure from: `docs/group-commit.md`).
+    pub const fn new() -> Self {
+        GroupOptions {
+            max_size: 32,
+            max_delay: Duration::from_millis(2),
+            lanes: 2,
+        }
+    }
+
+    /// The most calls one group keeps before it commits (1 to [`MAX_GROUP`]).
+    pub const fn max_size(mut self, calls: usize) -> Self {
+        self.max_size = calls;
+        self
+    }
+
+    /// The longest a group stays open after it began (at most [`MAX_GROUP_DELAY`]): the
+    /// most a call waits for others to join its group.
+    pub const fn max_delay(mut self, delay: Duration) -> Self {
+        self.max_delay = delay;
+        self
+    }
+
+    /// How many groups are open at once, each on a connection of its own (1 to
+    /// [`MAX_LANES`]). A call's group is chosen by its key, so the calls of one key always
+    /// meet in the same group: a second delivery of a key reads the first one's marker in its
+    /// own transaction instead of waiting for another group's commit. More lanes run more
+    /// calls side by side, fewer make larger groups.
+    pub const fn lanes(mut self, lanes: usize) -> Self {
+        self.lanes = lanes;
+        self
+    }
+
+    /// The most calls one group keeps.
+    pub const fn size_limit(&self) -> usize {
+        self.max_size
+    }
+
+    /// The longest a group stays open.
+    pub const fn delay_limit(&self) -> Duration {
+        self.max_delay
+    }
+
+    /// How many groups are open at once.
+    pub const fn lane_count(&self) -> usize {
+        self.lanes
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        let problem = if self.max_size == 0 || self.max_size > MAX_GROUP {
+            format!(
+                "max_size {} is not between 1 and {MAX_GROUP}",
+                self.max_size
+            )
+        } else if self.max_delay > MAX_GROUP_DELAY {
+            format!(
+                "max_delay {:?} is longer than {MAX_GROUP_DELAY:?}: every call of a group may \
+                 wait that long for its commit",
+                self.max_delay
+            )
+        } else if self.lanes == 0 || self.lanes > MAX_LANES {
+            format!("lanes {} is not between 1 and {MAX_LANES}", self.lanes)
+        } else {
+            return Ok(());
+        };
+        Err(Error::InvalidGroup { reason: problem })
+    }
+}
+
+/// Group commit for single-job handlers: concurrent calls share one transaction, each behind
+/// a savepoint of its own, and one commit.
+///
+/// Made by [`Store::group`]; cheap to clone (clones share the groups). A handler with the
+/// attribute's `group` flag takes `&Group<DB>` in place of `&Store<DB>`; by hand, claim with
+/// [`claim`](Group::claim) and end with [`GroupGuard::finish`].
+///
+/// What each call gets is what a call of its own would: [`Outcome::Applied`] only once the
+/// group's commit is confirmed (the verified commit of every mode), its own outcome
+/// (`Duplicate`, `Replayed`, its own error), and a body error rolls back its savepoint only.
+/// What differs:
+///
+/// - **A group that fails as a whole** (its connection is lost, the database rolls its
+///   transaction back, its commit fails or loses its answer) fails every call whose work was
+///   in it with [`Error::GroupFailed`], which says whether the work may have been kept (only
+///   when the commit's answer was lost). Nack the job: its redelivery settles it by its
+///   marker.
+/// - **Bodies of one group run one after another** on its connection (each call in its own
+///   task: a body borrows its caller's data). A body that waits (on a lock, a slow
+///   statement, anything else) delays the calls queued behind it in its group; the other
+///   lanes go on.
+/// - **Cancellation**: a call dropped while it holds its group's turn (its claim or its body
+///   running) leaves its savepoint to be rolled back before the group goes on; sqlx first
+///   reads the answers of a statement the dropped call had sent. A call dropped while it
+///   waits for the commit changes nothing: the commit runs in a task of its own.
+/// - `wait` bounds each call's claim inside the group (PostgreSQL: `SET LOCAL lock_timeout`
+///   in the call's savepoint; MariaDB: per statement); `isolation` does not apply (the
+///   group's transaction begins at the database's default level). On SQLite the group's
+///   transaction holds the database's write lock until its commit.
+///
+/// A nested claim is refused as in every mode ([`Error::Nested`]).
+pub struct Group<DB: Backend> {
+    shared: Arc<Shared<DB>>,
+    lanes: Arc<[Lane<DB>]>,
+}
+
+impl<DB: Backend> Clone for Group<DB> {
+    fn clone(&self) -> Self {
+        Group {
+            shared: self.shared.clone(),
+            lanes: self.lanes.clone(),
+        }
+    }
+}
+
+impl<DB: Backend> fmt::Debug for Group<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Group")
+            .field("store", &self.shared.store)
+            .field("options", &self.shared.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Backend> Store<DB> {
+    /// Group commit on this store's pool and markers (see [`Group`]). Options out of their
+    /// bounds are refused with [`Error::InvalidGroup`].
+    ///
+    /// Each lane holds one connection of the pool while its group is open (and another while
+    /// the last group commits): size the pool for the lanes, twice over, besides the rest.
+    pub fn group(&self, options: GroupOptions) -> Result<Group<DB>, Error> {
+        options.check()?;
+        let lanes: Vec<Lane<DB>> = (0..options.lanes).map(|_| Lane::new()).collect();
+        Ok(Group {
+            shared: Arc::new(Shared {
+                store: self.clone(),
+                options,
+            }),
+            lanes: lanes.into(),
+        })
+    }
+}
+
+impl<DB: Backend> Group<DB> {
+    /// The store the group claims on.
+    pub fn store(&self) -> &Store<DB> {
+        &self.shared.store
+    }
+
+    /// The group's options.
+    pub fn options(&self) -> GroupOptions {
+        self.shared.options
+    }
+
+    /// How many calls hold or wait for a turn in one of the group's lanes right now (calls
+    /// that kept their work and wait for its commit are not counted): how far behind the
+    /// group is, for a gauge.
+    pub fn queued(&self) -> usize {
+        let queued = self
+            .lanes
+            .iter()
+            .map(|lane| lane.queued.load(Ordering::SeqCst));
+        queued.sum()
+    }
+
+    /// Claims `(scope, key)` in a savepoint of the open group of the key's lane.
+    ///
+    /// On [`Claimed::Fresh`] run the effect on [`GroupGuard::tx`] and end with
+    /// [`GroupGuard::finish`], which answers once the group committed. The scope is checked
+    /// and the marker decided as [`Store::claim`] does; a marker met that an earlier call of
+    /// the same group wrote is answered once the group committed.
+    pub async fn claim(&self, scope: &str, key: &Key) -> Result<Claimed<GroupGuard<DB>>, Error> {
+        self.claim_with(scope, key, ClaimOptions::new()).await
+    }
+
+    /// [`claim`](Group::claim) with the options' `wait`, `replay` and fingerprint (see
+    /// [`Store::claim_with`]); their isolation level does not apply (the group's transaction
+    /// has the database's default).
+    pub async fn claim_with(
+        &self,
+        scope: &str,
+        key: &Key,
+        options: ClaimOptions,
+    ) -> Result<Claimed<GroupGuard<DB>>, Error> {
+        check_scope(scope)?;
+        let scope = Cow::Owned(scope.to_owned());
+        let request = Request::new(scope, key.clone(), options, "Group::claim");
+        let claimed = self.claim_request(request).await?;
+        Ok(claimed.map(|held| GroupGuard { held }))
+    }
+
+    pub(crate) async fn claim_request(
+        &self,
+        request: Request,
+    ) -> Result<Claimed<GroupHeld<DB>>, Error> {
+        let hasher = BuildHasherDefault::<DefaultHasher>::default();
+        let at = hasher.hash_one((&*request.scope, request.key.as_str())) as usize;
+        let lane = &self.lanes[at % self.lanes.len()];
+        member::claim(&self.shared, lane, request).await
+    }
+}
+
+/// A fresh claim in a group: the call's savepoint in the group's open transaction.
+///
+/// [`finish`](GroupGuard::finish) releases the savepoint on `Ok` and answers once the group
+/// committed (or failed), or rolls back to it on `Err`; [`release`](GroupGuard::release), or
+/// dropping the guard, rolls back to it too. While the guard lives, the group's other calls
+/// wait for their turn: run the body and finish.
+#[derive(Debug)]
+pub struct GroupGuard<DB: Backend> {
+    held: GroupHeld<DB>,
+}
+
+impl<DB: Backend> GroupGuard<DB> {
+    /// The transaction the body must run its effect on (the group's, inside this call's
+    /// savepoint).
+    pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
+        self.held.tx()
+    }
+
+    /// The outbox of this call's job: its messages are written with the marker when the
+    /// guard finishes with `Ok`, and commit with the group.
+    pub fn outbox(&mut self) -> &mut Outbox {
+        self.held.outbox()
+    }
+
+    /// The call's `idem.claim` span.
+    pub fn span(&self) -> &tracing::Span {
+        self.held.span()
+    }
+
+    /// The claim's body, to run in its span and marked as inside the group's transaction
+    /// (see [`Guard::body`](crate::Guard::body)).
+    pub fn body(&self) -> Body {
+        self.held.body()
+    }
+
+    /// Ends the call: on `Ok` releases its savepoint and answers once the group's commit is
+    /// confirmed ([`Outcome::Applied`]) or failed ([`Error::GroupFailed`]); on `Err` rolls
+    /// back to the savepoint and answers at once.
+    pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Outcome<T>, E> {
+        let end = self.held.finish(result, |_| Ok(None)).await;
+        end.map_err(Failed::into_handler_error)
+    }
+
+    /// [`finish`](GroupGuard::finish) that also stores the `Ok` value with the marker
+    /// (`replay`).
+    pub async fn finish_replay<T: Serialize, E: From<Error>>(
+        self,
+        result: Result<T, E>,
+    ) -> Result<Outcome<T>, E> {
+        let end = self.held.finish(result, |v| record::encode(v).map(Some));
+        end.await.map_err(Failed::into_handler_error)
+    }
+
+    /// Gives up: rolls back to the call's savepoint; the group goes on.
+    pub async fn release(self) {
+        let result: Result<(), ()> = Err(());
+        drop(self.held.finish(result, |_| Ok(None)).await);
+    }
+}

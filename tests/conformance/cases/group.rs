@@ -1,0 +1,386 @@
+//! Group commit: concurrent single-job deliveries in one transaction, a savepoint each, one
+//! commit. Each caller gets its own outcome once the group's commit is confirmed; a failure,
+//! a cancelled caller or a lost connection costs only what it must.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::{Error, Group, GroupOptions, Outcome};
+
+use crate::conformance::ctx::Ctx;
+use crate::conformance::group_handlers::*;
+use crate::conformance::handlers::*;
+use crate::conformance::util::{SplitMix, until, within};
+use crate::conformance::{Server, Support};
+
+fn jobs<S: Support>(ctx: &Ctx<S>, ids: impl IntoIterator<Item = i64>) -> Vec<Job> {
+    ids.into_iter()
+        .map(|i| ctx.job(&format!("job-{i}"), i, 10 * i))
+        .collect()
+}
+
+fn group<S: Support>(ctx: &Ctx<S>, options: GroupOptions) -> Group<S::Db> {
+    ctx.store.group(options).expect("valid options")
+}
+
+/// Waits until `n` calls hold or wait for a turn of `group`.
+async fn until_queued<DB: idem::Backend>(group: &Group<DB>, n: usize) {
+    until(120, "the calls queuing in the group", || async {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        group.queued() == n
+    })
+    .await;
+}
+
+pub(crate) async fn group_commits_concurrent_deliveries_of_each_key_once<S: Support>() {
+    let ctx = Ctx::<S>::new("group", 36).await;
+    // One lane: every call meets the others in one group at a time.
+    let group = group(
+        &ctx,
+        GroupOptions::new()
+            .lanes(1)
+            .max_delay(Duration::from_millis(50)),
+    );
+    let mut deliveries: Vec<Job> = jobs(&ctx, 1..=16)
+        .into_iter()
+        .flat_map(|j| [j.clone(), j])
+        .collect();
+    SplitMix::new(30).shuffle(&mut deliveries);
+    let waiting = Arc::new(Waiting::default());
+    let tasks: Vec<_> = deliveries
+        .into_iter()
+        .map(|job| {
+            let (group, waiting) = (group.clone(), waiting.clone());
+            tokio::spawn(async move {
+                let done = apply_grouped_counted(&group, &job, &waiting).await;
+                (job.id, done)
+            })
+        })
+        .collect();
+    let mut applied = [0; 17];
+    let mut duplicates = [0; 17];
+    for task in tasks {
+        let (id, done) = within(120, "a grouped delivery", task)
+            .await
+            .expect("no panic");
+        match done {
+            Ok(Outcome::Applied(v)) => {
+                assert_eq!(v, 10 * id);
+                applied[id as usize] += 1;
+            }
+            Ok(Outcome::Duplicate) => duplicates[id as usize] += 1,
+            other => panic!("job {id}: {other:?}"),
+        }
+    }
+    for id in 1..=16 {
+        assert_eq!((applied[id], duplicates[id]), (1, 1), "job {id}");
+        assert_eq!(ctx.effects(id as i64).await, 1, "job {id}");
+    }
+    assert_eq!((ctx.effects_total().await, ctx.markers().await), (16, 16));
+    let most = waiting.most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(most > 1, "no two calls ever waited for one commit ({most})");
+    ctx.cleanup().await;
+}
+
+pub(crate) async fn group_member_failure_rolls_back_only_its_savepoint<S: Support>() {
+    let ctx = Ctx::<S>::new("groupfail", 12).await;
+    let group = group(&ctx, GroupOptions::new().lanes(1));
+    let hold = Arc::new(Hold::default());
+    let batch = jobs(&ctx, 1..=6);
+    // Job 1 parks in its body, holding the group's turn, while the others queue behind it.
+    let first = {
+        let (group, hold, job) = (group.clone(), hold.clone(), batch[0].clone());
+        tokio::spawn(async move { apply_grouped_holding(&group, &job, &hold).await })
+    };
+    within(60, "the first call parking in its body", hold.entered()).await;
+    let others: Vec<_> = batch[1..]
+        .iter()
+        .cloned()
+        .map(|job| {
+            let group = group.clone();
+            tokio::spawn(async move {
+                let then = if job.id == 3 {
+                    Then::Fail
+                } else {
+                    Then::Commit
+                };
+                let done = match job.id % 2 {
+                    0 => apply_grouped_by_hand(&group, &job, then).await,
+                    _ => apply_grouped(&group, &job, then).await,
+                };
+                (job.id, done)
+            })
+        })
+        .collect();
+    until_queued(&group, 6).await;
+    hold.release();
+    assert_eq!(
+        applied(within(60, "job 1", first).await.expect("no panic")),
+        10
+    );
+    for task in others {
+        let (id, done) = within(60, "a grouped delivery", task)
+            .await
+            .expect("no panic");
+        match (id, done) {
+            (3, Err(TestError::Refused)) => {}
+            (id, Ok(Outcome::Applied(v))) if id != 3 => assert_eq!(v, 10 * id),
+            (id, other) => panic!("job {id}: {other:?}"),
+        }
+    }
+    assert_eq!((ctx.effects(3).await, ctx.effects_total().await), (0, 5));
+    assert_eq!(ctx.markers().await, 5);
+    assert_eq!(
+        applied(apply_grouped(&group, &batch[2], Then::Commit).await),
+        30
+    );
+    duplicate(apply(&ctx.store, &batch[2], Then::Commit).await);
+    assert_eq!(ctx.effects_total().await, 6);
+    ctx.cleanup().await;
+}
+
+/// A caller dropped while its body holds the group's turn: its savepoint is rolled back
+/// before the next call runs, the others commit, and its redelivery applies it.
+pub(crate) async fn cancelled_caller_in_a_group_keeps_nothing_and_others_commit<S: Support>() {
+    let ctx = Ctx::<S>::new("groupcancel", 12).await;
+    let group = group(&ctx, GroupOptions::new().lanes(1));
+    let hold = Arc::new(Hold::default());
+    let batch = jobs(&ctx, 1..=5);
+    let cancelled = {
+        let (group, hold, job) = (group.clone(), hold.clone(), batch[0].clone());
+        tokio::spawn(async move { apply_grouped_holding(&group, &job, &hold).await })
+    };
+    within(60, "the first call parking in its body", hold.entered()).await;
+    let others: Vec<_> = batch[1..]
+        .iter()
+        .cloned()
+        .map(|job| {
+            let group = group.clone();
+            tokio::spawn(async move { (job.id, apply_grouped(&group, &job, Then::Commit).await) })
+        })
+        .collect();
+    until_queued(&group, 5).await;
+    cancelled.abort();
+    assert!(within(60, "the cancelled call", cancelled).await.is_err());
+    for task in others {
+        let (id, done) = within(60, "a grouped delivery", task)
+            .await
+            .expect("no panic");
+        assert_eq!(applied(done), 10 * id);
+    }
+    assert_eq!((ctx.effects(1).await, ctx.effects_total().await), (0, 4));
+    assert_eq!(ctx.markers().await, 4);
+    assert_eq!(
+        applied(apply_grouped(&group, &batch[0], Then::Commit).await),
+        10
+    );
+    assert_eq!(ctx.effects_total().await, 5);
+    ctx.cleanup().await;
+}
+
+/// Group commit beside transaction mode and lease mode on the same scope and keys: every key
+/// applied once, every delivery's outcome right.
+pub(crate) async fn group_beside_transaction_and_lease_mode_applies_each_key_once<S: Support>() {
+    let ctx = Ctx::<S>::new("groupmix", 40).await;
+    let group = group(&ctx, GroupOptions::new());
+    let batch = jobs(&ctx, 1..=12);
+    let mut tasks = Vec::new();
+    for job in &batch {
+        for mode in 0..3 {
+            let (group, store, job) = (group.clone(), ctx.store.clone(), job.clone());
+            tasks.push(tokio::spawn(async move {
+                let done = match mode {
+                    0 => apply_grouped(&group, &job, Then::Commit).await,
+                    1 => apply(&store, &job, Then::Commit).await,
+                    _ => lease_apply(&store, &job).await,
+                };
+                (job.id, mode, done)
+            }));
+        }
+    }
+    let mut applied = [0; 13];
+    for task in tasks {
+        let (id, mode, done) = within(120, "a delivery", task).await.expect("no panic");
+        match done {
+            Ok(Outcome::Applied(v)) => {
+                assert_eq!(v, 10 * id);
+                applied[id as usize] += 1;
+            }
+            Ok(Outcome::Duplicate) => {}
+            // A delivery that met a live lease, or a lease delivery that met a transaction
+            // holding the key: nothing ran (the caller nacks, and its redelivery is below).
+            Err(TestError::Idem(Error::InProgress { .. })) => {}
+            other => panic!("job {id} in mode {mode}: {other:?}"),
+        }
+    }
+    for (id, applied) in applied.iter().enumerate().skip(1) {
+        assert_eq!(*applied, 1, "job {id}");
+        assert_eq!(ctx.effects(id as i64).await, 1, "job {id}");
+    }
+    // Later deliveries of every mode are duplicates.
+    for job in &batch {
+        duplicate(apply_grouped(&group, job, Then::Commit).await);
+        duplicate(apply(&ctx.store, job, Then::Commit).await);
+        duplicate(lease_apply(&ctx.store, job).await);
+    }
+    ctx.cleanup().await;
+}
+
+/// `replay`, a fingerprint and the outbox in a group: the first value replayed, another
+/// payload refused, one message per applied job.
+pub(crate) async fn group_keeps_replay_fingerprint_and_outbox<S: Support>() {
+    let ctx = Ctx::<S>::new("groupreplay", 12).await;
+    let group = group(&ctx, GroupOptions::new());
+    let batch = jobs(&ctx, 1..=4);
+    let firsts = futures_join(batch.iter().map(|job| apply_grouped_replay(&group, job))).await;
+    for (done, job) in firsts.into_iter().zip(&batch) {
+        assert_eq!(applied(done), job.amount);
+    }
+    for job in &batch {
+        match apply_grouped_replay(&group, job).await {
+            Ok(Outcome::Replayed(v)) => assert_eq!(v, job.amount),
+            other => panic!("expected Replayed, got {other:?}"),
+        }
+    }
+    let sent = futures_join(batch.iter().map(|job| apply_grouped_sending(&group, job))).await;
+    assert!(
+        sent.into_iter()
+            .all(|d| matches!(d, Ok(Outcome::Applied(_))))
+    );
+    let mut other = batch[0].clone();
+    other.amount += 1;
+    match apply_grouped_sending(&group, &other).await {
+        Err(TestError::Idem(Error::KeyReused { .. })) => {}
+        other => panic!("expected KeyReused, got {other:?}"),
+    }
+    duplicate(apply_grouped_sending(&group, &batch[1]).await);
+    let outbox = format!("{}_outbox", ctx.store.table());
+    assert_eq!(
+        ctx.scalar(&format!("SELECT COUNT(*) FROM {outbox}")).await,
+        4
+    );
+    assert_eq!(ctx.effects_total().await, 8);
+    ctx.cleanup().await;
+}
+
+async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut out = Vec::new();
+    let pinned: Vec<_> = futures.map(Box::pin).collect();
+    let mut pending: Vec<_> = pinned.into_iter().map(Some).collect();
+    let mut results: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for (slot, result) in pending.iter_mut().zip(results.iter_mut()) {
+            if let Some(fut) = slot {
+                match fut.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        *result = Some(v);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => all = false,
+                }
+            }
+        }
+        if all {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    out.extend(results.into_iter().map(|r| r.expect("ready")));
+    out
+}
+
+/// The group's connection killed while a call's body runs in it: the call before it, kept in
+/// the same group, gets `GroupFailed` (nothing kept), the calls after it commit in a new
+/// group, and redelivery applies the lost ones once.
+pub(crate) async fn killed_connection_fails_its_group_and_redelivery_applies_once<S: Server>() {
+    let ctx = Ctx::<S>::new("groupkill", 12).await;
+    let killer = S::connect(&ctx.url, 1).await;
+    let group = group(
+        &ctx,
+        GroupOptions::new()
+            .lanes(1)
+            .max_delay(Duration::from_secs(1)),
+    );
+    let batch = jobs(&ctx, 1..=4);
+    let hold = Arc::new(Hold::default());
+    // Job 1 parks in its body while job 2 queues, so that job 1 is kept into a group that
+    // stays open for job 2.
+    let first = {
+        let (group, hold, job) = (group.clone(), hold.clone(), batch[0].clone());
+        tokio::spawn(async move { apply_grouped_holding(&group, &job, &hold).await })
+    };
+    within(60, "job 1 parking in its body", hold.entered()).await;
+    let (entered, go) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let second = {
+        let (group, job, killer) = (group.clone(), batch[1].clone(), killer.clone());
+        let (entered, go) = (entered.clone(), go.clone());
+        tokio::spawn(async move {
+            let key = idem::Key::new(&job.key).map_err(idem::Error::from)?;
+            match group.claim("apply", &key).await? {
+                idem::Claimed::Fresh(mut guard) => {
+                    insert_effect(guard.tx(), &job, "group").await?;
+                    entered.notify_one();
+                    go.notified().await;
+                    let id = S::connection_id(&mut **guard.tx()).await;
+                    S::kill(&killer, id).await;
+                    let result = insert_effect(guard.tx(), &job, "group").await;
+                    guard
+                        .finish(result.map(|()| job.amount).map_err(TestError::from))
+                        .await
+                }
+                _ => panic!("job 2 was fresh"),
+            }
+        })
+    };
+    until_queued(&group, 2).await;
+    hold.release();
+    within(60, "job 2 in its body", entered.notified()).await;
+    let rest: Vec<_> = batch[2..]
+        .iter()
+        .cloned()
+        .map(|job| {
+            let group = group.clone();
+            tokio::spawn(async move { (job.id, apply_grouped(&group, &job, Then::Commit).await) })
+        })
+        .collect();
+    until_queued(&group, 3).await;
+    go.notify_one();
+    match within(60, "job 1", first).await.expect("no panic") {
+        Err(TestError::Idem(Error::GroupFailed {
+            key, may_be_kept, ..
+        })) => {
+            assert_eq!((key.as_str(), may_be_kept), ("job-1", false));
+        }
+        other => panic!("job 1: expected GroupFailed, got {other:?}"),
+    }
+    match within(60, "job 2", second).await.expect("no panic") {
+        Err(TestError::Db(_) | TestError::Idem(_)) => {}
+        other => panic!("job 2: expected its error, got {other:?}"),
+    }
+    for task in rest {
+        let (id, done) = within(60, "a later delivery", task)
+            .await
+            .expect("no panic");
+        assert_eq!(applied(done), 10 * id);
+    }
+    assert_eq!((ctx.effects(1).await, ctx.effects(2).await), (0, 0));
+    assert_eq!(ctx.markers().await, 2);
+    for job in &batch[..2] {
+        assert_eq!(
+            applied(apply_grouped(&group, job, Then::Commit).await),
+            job.amount
+        );
+    }
+    for job in &batch {
+        duplicate(apply_grouped(&group, job, Then::Commit).await);
+        assert_eq!(ctx.effects(job.id).await, 1, "job {}", job.id);
+    }
+    killer.close().await;
+    ctx.cleanup().await;
+}

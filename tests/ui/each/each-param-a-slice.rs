@@ -1,0 +1,13 @@
+use sqlx::{Sqlite, Transaction};
+
+struct TopUp {
+    id: u64,
+}
+
+#[idem::idempotent(key = "jobs.len()", scope = "top_up", each = "jobs")]
+async fn top_up(tx: &mut Transaction<'_, Sqlite>, jobs: &[TopUp]) -> Result<(), sqlx::Error> {
+    let _ = (tx, jobs);
+    Ok(())
+}
+
+fn main() {}
