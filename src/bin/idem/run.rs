@@ -321,7 +321,7 @@ async fn command<DB: Backend>(
             (text, 0)
         }
         Request::RequeueJob { scope, key } => {
-            let text = failed::requeue(&store, &scope, &key, cx.json, refused).await;
+            let text = failed::requeue(store, &scope, &key, cx.json, refused).await;
             store.pool().close().await;
             print!("{}", text?);
             return Ok(ExitCode::SUCCESS);
