@@ -26,3 +26,15 @@ CREATE TABLE IF NOT EXISTS idem_processed_steps (
 
 -- Lease error classes: the error a permanent failure completed its marker with (`Lease::permanent`).
 ALTER TABLE idem_processed ADD COLUMN error TEXT NULL;
+
+-- Schema version 3: the offset watermarks of the Kafka consumer's offset-watermark mode
+-- (docs/kafka.md): per consumer group, topic and partition, the next offset to process.
+CREATE TABLE IF NOT EXISTS idem_processed_offsets (
+        consumer_group VARBINARY(255) NOT NULL,
+        topic VARBINARY(255) NOT NULL,
+        partition_id INT NOT NULL,
+        next_offset BIGINT NOT NULL,
+        token BIGINT NULL,
+        updated_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (consumer_group, topic, partition_id)
+    ) ENGINE = InnoDB;

@@ -43,12 +43,16 @@ mod each;
 mod group;
 mod join;
 mod lease;
+pub mod offsets;
 mod relay;
 mod transaction;
 
-// Above the modes: the HTTP layer claims through transaction and lease mode.
+// Above the modes: the HTTP layer claims through transaction and lease mode, the Kafka
+// consumer through the offset-watermark mode.
 #[cfg(feature = "axum")]
 pub mod http;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 
 pub use backend::Backend;
 #[allow(deprecated)]
@@ -89,6 +93,8 @@ pub mod outbox {
     pub use crate::relay::JetStream;
     #[cfg(feature = "outbox-rabbitmq")]
     pub use crate::relay::RabbitMq;
+    #[cfg(feature = "kafka")]
+    pub use crate::relay::{Kafka, MESSAGE_ID_HEADER};
     pub use crate::relay::{OutboxEntry, OutboxState, PublishError, Publisher, Relay, Relayed};
 }
 

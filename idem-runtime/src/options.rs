@@ -153,6 +153,9 @@ pub enum Mode {
     /// A member of a group ([`Group`](crate::Group)): a savepoint of a transaction shared
     /// with concurrent calls, one commit for all of them.
     Group,
+    /// An offset claim: records of a Kafka partition claimed by their offsets, below the
+    /// watermark a duplicate.
+    Offsets,
 }
 
 impl Mode {
@@ -163,6 +166,7 @@ impl Mode {
             Mode::Lease => "lease",
             Mode::Batch => "batch",
             Mode::Group => "group",
+            Mode::Offsets => "offsets",
         }
     }
 }

@@ -140,6 +140,9 @@ impl<S: Support> Ctx<S> {
             self.exec(&format!("DROP TABLE IF EXISTS {t}_retention"))
                 .await;
             self.exec(&format!("DROP TABLE IF EXISTS {t}_steps")).await;
+            // And its offset watermarks (schema version 3).
+            self.exec(&format!("DROP TABLE IF EXISTS {t}_offsets"))
+                .await;
         }
         self.pool.close().await;
         S::remove(&self.url);

@@ -183,6 +183,14 @@ macro_rules! every_backend_tests {
     ($support:ty) => {
         $crate::conformance::tests!($support;
             first_delivery_applies_second_is_duplicate,
+            offset_claims_apply_each_record_once_and_the_watermark_only_rises,
+            failed_offset_claim_keeps_nothing_and_redelivery_applies,
+            revoked_consumer_never_moves_the_watermark_back,
+            watermark_never_moves_back_under_random_consumers,
+            offset_claim_rolled_back_under_its_body_is_not_applied,
+            offset_claim_outbox_commits_with_its_watermark,
+            offsets_refuse_bad_input_before_any_io,
+            set_watermark_replays_and_forget_starts_over,
             every_mode_reads_a_completed_marker_of_every_mode_as_a_duplicate,
             a_live_lease_is_in_progress_to_every_mode_then_released,
             an_expired_lease_is_taken_over_by_every_mode,

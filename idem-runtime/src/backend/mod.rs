@@ -6,8 +6,9 @@
 //! (a claim in a transaction, its verified commit), [`Leases`](sealed::Leases) (lease mode's
 //! statements), [`Steps`](sealed::Steps) (a lease's recorded steps),
 //! [`Failures`](sealed::Failures) (jobs that failed for good, for operators),
-//! [`Outboxes`](sealed::Outboxes) (the outbox's writes and the relay's) and
-//! [`Operators`](sealed::Operators) (migrate, forget, inspect, purge). Every statement takes
+//! [`Outboxes`](sealed::Outboxes) (the outbox's writes and the relay's),
+//! [`Operators`](sealed::Operators) (migrate, forget, inspect, purge) and
+//! [`Watermarks`](sealed::Watermarks) (the offset-watermark mode's statements). Every statement takes
 //! the backend's own [`Dialect::Sql`](sealed::Dialect::Sql), which only a
 //! [`Store`](crate::store::Store) builds from a validated [`Table`]: no caller outside idem
 //! can get a statement run, let alone one on a table name of its own. Each backend writes each
@@ -57,6 +58,7 @@ pub trait Backend:
     + sealed::Operators
     + sealed::Retentions
     + sealed::Health
+    + sealed::Watermarks
 {
 }
 
@@ -82,6 +84,17 @@ pub enum Check<'a> {
     Marker(&'a Table, Claimant<'a>),
     /// No marker of ours: a caller's transaction (`idem::commit`).
     Session,
+    /// The offset watermark of `partition` that a claim of this transaction moved, holding its
+    /// nonce (MySQL finds it by that).
+    Offsets(&'a Table, Partition<'a>, i64),
+}
+
+/// A consumer group's partition of a topic: the row of its offset watermark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partition<'a> {
+    pub(crate) group: &'a str,
+    pub(crate) topic: &'a str,
+    pub(crate) partition: i32,
 }
 
 /// What happens to the savepoint that holds one job of a batch run job by job, or one member
@@ -485,6 +498,77 @@ pub(crate) mod sealed {
             pool: &'p Pool<Self>,
             sql: &'p Self::Sql,
         ) -> impl Future<Output = Result<Option<Listen>, sqlx::Error>> + Send + 'p;
+    }
+
+    /// The offset-watermark mode: per (consumer group, topic, partition), the next offset to
+    /// process, moved in the claim's transaction (`{t}_offsets`).
+    pub trait Watermarks: Dialect {
+        /// Moves the watermark of `at` to `next` if it is at most `first` (every offset from
+        /// `first` on is unprocessed), holding `nonce`; `Ok(false)` if it is above `first` or
+        /// missing.
+        fn offsets_advance<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            at: Partition<'t>,
+            first: i64,
+            next: i64,
+            nonce: i64,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
+
+        /// The watermark of `at`, locked until the transaction ends (`FOR UPDATE`; SQLite's
+        /// writer holds the database's write lock already); `None` if there is none.
+        fn offsets_lock<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            at: Partition<'t>,
+        ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 't;
+
+        /// Writes the first watermark of `at`, holding `nonce`; `Ok(false)` if another
+        /// transaction wrote one first.
+        fn offsets_insert<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            at: Partition<'t>,
+            next: i64,
+            nonce: i64,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 't;
+
+        /// The watermarks of every partition of `topic` that `group` has one for.
+        fn offsets_read<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            group: &'p str,
+            topic: &'p str,
+        ) -> impl Future<Output = Result<Vec<(i32, i64)>, sqlx::Error>> + Send + 'p;
+
+        /// Sets the watermark of `at` to `next`, whatever it was (operators: moving it back
+        /// replays, moving it on skips).
+        fn offsets_set<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            at: Partition<'p>,
+            next: i64,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'p;
+
+        /// Deletes the watermarks of `group` for `topic` (every topic: `None`); returns how
+        /// many.
+        fn offsets_forget<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            group: &'p str,
+            topic: Option<&'p str>,
+        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'p;
+
+        /// Writes the outbox's messages in an offset claim's transaction; where a statement
+        /// could run in autocommit after the database rolled the transaction back (MySQL,
+        /// SQLite), only while the watermark of `at` holds `nonce`.
+        fn offsets_outbox_write<'t>(
+            conn: &'t mut Self::Connection,
+            sql: &'t Self::Sql,
+            outbox: &'t Pending,
+            at: Partition<'t>,
+            nonce: i64,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
     }
 
     /// What operators do with the marker table.

@@ -8,7 +8,7 @@ use sqlx::Transaction;
 
 use super::Request;
 use super::nested::Body;
-use crate::backend::{Backend, Check};
+use crate::backend::{Backend, Check, Partition};
 use crate::error::Error;
 use crate::key::Key;
 use crate::observe::Observed;
@@ -185,6 +185,39 @@ pub(crate) struct TxHold<'c, DB: Backend> {
     tx: Transaction<'c, DB>,
     sql: Arc<DB::Sql>,
     joined: bool,
+    kept: Kept,
+}
+
+/// What a fresh claim's transaction writes that only it holds: what its commit looks for
+/// (MySQL) and what its outbox's write is fenced by (MySQL, SQLite).
+#[derive(Debug, Clone)]
+pub(crate) enum Kept {
+    /// The claim's marker, holding its nonce.
+    Marker,
+    /// The offset watermark of this partition, which the claim moved and which holds its
+    /// nonce (an offset claim of several partitions names its first).
+    Offsets {
+        group: String,
+        topic: String,
+        partition: i32,
+    },
+}
+
+impl Kept {
+    fn partition(&self) -> Option<Partition<'_>> {
+        match self {
+            Kept::Marker => None,
+            Kept::Offsets {
+                group,
+                topic,
+                partition,
+            } => Some(Partition {
+                group,
+                topic,
+                partition: *partition,
+            }),
+        }
+    }
 }
 
 impl<DB: Backend> TxHold<'_, DB> {
@@ -228,7 +261,11 @@ impl<DB: Backend> Hold for TxHold<'_, DB> {
             recorded.map_err(|e| self.failed(e, request))?;
         }
         if let Some(outbox) = outbox {
-            let written = DB::outbox_write(&mut self.tx, &self.sql, outbox, request.nonce).await;
+            let (tx, sql, nonce) = (&mut self.tx, &self.sql, request.nonce);
+            let written = match self.kept.partition() {
+                None => DB::outbox_write(tx, sql, outbox, nonce).await,
+                Some(at) => DB::offsets_outbox_write(tx, sql, outbox, at, nonce).await,
+            };
             written.map_err(|e| self.failed(e, request))?;
         }
         Ok(())
@@ -253,7 +290,11 @@ impl<DB: Backend> Hold for TxHold<'_, DB> {
                     false => e.into(),
                 });
         }
-        let check = Check::Marker(DB::table(&self.sql), request.claimant());
+        let table = DB::table(&self.sql);
+        let check = match self.kept.partition() {
+            None => Check::Marker(table, request.claimant()),
+            Some(at) => Check::Offsets(table, at, request.nonce),
+        };
         match DB::commit(self.tx, check, &request.options).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(rolled_back(request)),
@@ -290,7 +331,30 @@ impl<'c, DB: Backend> TxHeld<'c, DB> {
         ticket: Ticket,
     ) -> Self {
         TxHeld {
-            hold: TxHold { tx, sql, joined },
+            hold: TxHold {
+                tx,
+                sql,
+                joined,
+                kept: Kept::Marker,
+            },
+            ticket,
+        }
+    }
+
+    /// A fresh offset claim: what it keeps is the watermark it moved, not a marker.
+    pub(crate) fn offsets(
+        tx: Transaction<'c, DB>,
+        sql: Arc<DB::Sql>,
+        kept: Kept,
+        ticket: Ticket,
+    ) -> Self {
+        TxHeld {
+            hold: TxHold {
+                tx,
+                sql,
+                joined: false,
+                kept,
+            },
             ticket,
         }
     }

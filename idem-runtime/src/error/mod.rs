@@ -352,6 +352,52 @@ pub enum Error {
         /// statement"` (lease mode).
         at: &'static str,
     },
+
+    /// An offset claim or a watermark call was refused before any I/O (an empty or over-long
+    /// consumer group or topic, a negative partition or offset, a partition's offsets out of
+    /// order): nothing was written.
+    #[error("idem refused the offsets: {reason}; nothing was written")]
+    InvalidOffsets {
+        /// What is wrong with them.
+        reason: String,
+    },
+
+    /// A Kafka record the per-message marker mode cannot key (feature `kafka`): it lacks the
+    /// id header the consumer was told to key by, or its value is no key. Refused before any
+    /// I/O: nothing was written.
+    #[error("idem refused a record: {reason}")]
+    InvalidRecord {
+        /// Which record, and what is wrong with it.
+        reason: String,
+    },
+
+    /// The database's watermark of a partition is past the end of the partition's log: the
+    /// topic was deleted and made again, or its log was truncated (a broker that lost its
+    /// data). Records now in the log below the watermark would be taken for duplicates, so the
+    /// Kafka consumer does not consume the partition; nothing was written.
+    #[error(
+        "the watermark of {group:?} on {topic:?} partition {partition} is {watermark}, past          the end of the partition's log ({log_end}): the topic was made again or its log lost          records, and its new records would be taken for duplicates; the partition is not          consumed. If the log was made anew, set the watermark to where its records start          (`Store::set_watermark`); nothing was written"
+    )]
+    WatermarkAhead {
+        /// The consumer group.
+        group: String,
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The next offset the database holds for it.
+        watermark: i64,
+        /// The partition's end (its high watermark): the offset of the next record it takes.
+        log_end: i64,
+    },
+
+    /// The Kafka client failed (feature `kafka`): a broker that cannot be reached, a
+    /// subscription or commit refused. What it says comes from librdkafka.
+    #[error("kafka: {reason}")]
+    Kafka {
+        /// librdkafka's description, with what idem was doing.
+        reason: String,
+    },
 }
 
 struct NestedMessage<'a> {
@@ -442,7 +488,8 @@ impl Error {
             | Error::Timeout { .. }
             | Error::Unverified { .. }
             | Error::JobNotFinished { .. }
-            | Error::GroupFailed { .. } => true,
+            | Error::GroupFailed { .. }
+            | Error::Kafka { .. } => true,
             Error::Database(e) => transient(e),
             #[cfg(feature = "testing")]
             Error::Injected { .. } => true,
@@ -458,6 +505,9 @@ impl Error {
             | Error::InvalidRetention { .. }
             | Error::InvalidStep { .. }
             | Error::InvalidGroup { .. }
+            | Error::InvalidOffsets { .. }
+            | Error::InvalidRecord { .. }
+            | Error::WatermarkAhead { .. }
             | Error::Nested { .. }
             | Error::LeaseHeld { .. } => false,
         }

@@ -205,7 +205,19 @@ impl Observed {
         jobs: usize,
         about: Option<About>,
     ) -> Self {
-        let mut observed = Observed::start(site, scope, Mode::Batch, None, about);
+        Observed::counted(site, scope, Mode::Batch, jobs, about)
+    }
+
+    /// [`start`](Observed::start) for a call of `jobs` jobs in `mode` (a batch, an offset
+    /// claim), whose span names no key.
+    pub(crate) fn counted(
+        site: &'static Site,
+        scope: &str,
+        mode: Mode,
+        jobs: usize,
+        about: Option<About>,
+    ) -> Self {
+        let mut observed = Observed::start(site, scope, mode, None, about);
         let jobs = jobs as u64;
         observed.span.record("jobs", jobs);
         observed.jobs = Some(jobs);

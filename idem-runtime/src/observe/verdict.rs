@@ -80,6 +80,9 @@ impl Verdict {
             | Error::InvalidLease { .. }
             | Error::InvalidRetention { .. }
             | Error::InvalidMessage { .. }
+            | Error::InvalidOffsets { .. }
+            | Error::InvalidRecord { .. }
+            | Error::WatermarkAhead { .. }
             | Error::InvalidGroup { .. }
             | Error::Nested { .. }
             | Error::InvalidStep { .. }
@@ -87,6 +90,7 @@ impl Verdict {
             // An operator's refusal: it ends no call.
             Error::LeaseHeld { .. } => Verdict::Invalid,
             Error::Database(_)
+            | Error::Kafka { .. }
             | Error::JobNotFinished { .. }
             | Error::GroupFailed { .. }
             | Error::Unverified { .. } => Verdict::Error,

@@ -1,6 +1,8 @@
 //! The outbox relay: publishes the messages handlers committed, after their commit, and marks
 //! each sent only once its broker confirmed it.
 
+#[cfg(feature = "kafka")]
+mod kafka;
 #[cfg(feature = "outbox-nats")]
 mod nats;
 mod operators;
@@ -10,6 +12,8 @@ mod rabbitmq;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "kafka")]
+pub use kafka::{Kafka, MESSAGE_ID_HEADER};
 #[cfg(feature = "outbox-nats")]
 pub use nats::JetStream;
 pub use operators::{OutboxEntry, OutboxState};
@@ -22,7 +26,8 @@ use crate::outgoing::Message;
 use crate::store::{PURGE_BATCH, Store};
 
 /// A broker the relay publishes to: RabbitMQ ([`RabbitMq`], feature `outbox-rabbitmq`), NATS
-/// JetStream ([`JetStream`], feature `outbox-nats`), or one of your own.
+/// JetStream ([`JetStream`], feature `outbox-nats`), Kafka ([`Kafka`], feature `kafka`), or one
+/// of your own.
 ///
 /// `publish` returns `Ok` only once the broker confirmed the message (a publisher confirm, a
 /// JetStream ack): the relay then marks it sent. Give the broker the message's id as its own

@@ -116,18 +116,35 @@ impl Claims for MySql {
         // cannot check. sqlx still counts `tx` as open: dropping it queues a `ROLLBACK`, which
         // the pool's ping on release flushes, and which MySQL runs as a no-op outside a
         // transaction (PostgreSQL would warn, so there a `BEGIN` ends the message).
+        // An offset claim's probe is the same `UPDATE`, of the watermark holding its nonce.
         let mut message = String::with_capacity(200);
-        if let Check::Marker(table, c) = check {
-            message.push_str("/*M! SET STATEMENT innodb_lock_wait_timeout = 1 FOR */ UPDATE ");
-            message.push_str(table.as_str());
-            message.push_str(" SET token = token WHERE scope = ");
-            push_hex(&mut message, c.scope.as_bytes());
-            message.push_str(" AND `key` = ");
-            push_hex(&mut message, c.key.as_bytes());
-            // Writing to a `String` cannot fail.
-            let _ = write!(message, " AND token = {}", c.nonce);
-        } else {
-            message.push_str("SELECT CAST(1 /*M! * @@in_transaction */ AS SIGNED)");
+        match check {
+            Check::Marker(table, c) => {
+                message.push_str("/*M! SET STATEMENT innodb_lock_wait_timeout = 1 FOR */ UPDATE ");
+                message.push_str(table.as_str());
+                message.push_str(" SET token = token WHERE scope = ");
+                push_hex(&mut message, c.scope.as_bytes());
+                message.push_str(" AND `key` = ");
+                push_hex(&mut message, c.key.as_bytes());
+                // Writing to a `String` cannot fail.
+                let _ = write!(message, " AND token = {}", c.nonce);
+            }
+            Check::Offsets(table, at, nonce) => {
+                message.push_str("/*M! SET STATEMENT innodb_lock_wait_timeout = 1 FOR */ UPDATE ");
+                message.push_str(table.as_str());
+                message.push_str("_offsets SET token = token WHERE consumer_group = ");
+                push_hex(&mut message, at.group.as_bytes());
+                message.push_str(" AND topic = ");
+                push_hex(&mut message, at.topic.as_bytes());
+                let _ = write!(
+                    message,
+                    " AND partition_id = {} AND token = {nonce}",
+                    at.partition
+                );
+            }
+            Check::Session => {
+                message.push_str("SELECT CAST(1 /*M! * @@in_transaction */ AS SIGNED)");
+            }
         }
         message.push_str("; COMMIT");
         if options.wait.is_some() {

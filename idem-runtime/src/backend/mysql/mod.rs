@@ -8,6 +8,7 @@ mod claim;
 mod failed;
 mod health;
 mod lease;
+mod offsets;
 mod operators;
 mod outbox;
 mod retention;
@@ -102,6 +103,18 @@ const DDL: &[&str] = &[
         created_at DATETIME(6) NOT NULL,
         PRIMARY KEY (scope, `key`, name)
     ) ENGINE = InnoDB",
+    // Schema version 3: the offset watermarks (the Kafka consumer's offset-watermark mode):
+    // per consumer group, topic and partition, the next offset to process. Group and topic
+    // are byte strings, compared byte for byte, as the markers' scope and key.
+    "CREATE TABLE IF NOT EXISTS {t}_offsets (
+        consumer_group VARBINARY(255) NOT NULL,
+        topic VARBINARY(255) NOT NULL,
+        partition_id INT NOT NULL,
+        next_offset BIGINT NOT NULL,
+        token BIGINT NULL,
+        updated_at DATETIME(6) NOT NULL,
+        PRIMARY KEY (consumer_group, topic, partition_id)
+    ) ENGINE = InnoDB",
 ];
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE
@@ -122,6 +135,7 @@ pub struct MySqlSql {
     claim: claim::ClaimSql,
     lease: lease::LeaseSql,
     outbox: outbox::OutboxSql,
+    offsets: offsets::OffsetSql,
     ops: operators::OperatorSql,
     steps: steps::StepSql,
     failed: failed::FailedSql,
@@ -140,6 +154,7 @@ impl Dialect for MySql {
             claim: claim::ClaimSql::new(table),
             lease: lease::LeaseSql::new(table),
             outbox: outbox::OutboxSql::new(table),
+            offsets: offsets::OffsetSql::new(table),
             ops: operators::OperatorSql::new(table),
             steps: steps::StepSql::new(table),
             failed: failed::FailedSql::new(table),
@@ -204,6 +219,7 @@ mod tests {
             claim::ClaimSql::templates(),
             lease::LeaseSql::templates(),
             outbox::OutboxSql::templates(),
+            offsets::OffsetSql::templates(),
             operators::OperatorSql::templates(),
             steps::StepSql::templates(),
             failed::FailedSql::templates(),

@@ -5,6 +5,7 @@ mod claim;
 mod failed;
 mod health;
 mod lease;
+mod offsets;
 mod operators;
 mod outbox;
 mod retention;
@@ -90,6 +91,17 @@ const DDL: &[&str] = &[
         created_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (scope, key, name)
     )",
+    // Schema version 3: the offset watermarks (the Kafka consumer's offset-watermark mode):
+    // per consumer group, topic and partition, the next offset to process.
+    "CREATE TABLE IF NOT EXISTS {t}_offsets (
+        consumer_group text NOT NULL,
+        topic text NOT NULL,
+        partition_id integer NOT NULL,
+        next_offset bigint NOT NULL,
+        token bigint,
+        updated_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (consumer_group, topic, partition_id)
+    )",
 ];
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE
@@ -110,6 +122,7 @@ pub struct PgSql {
     claim: claim::ClaimSql,
     lease: lease::LeaseSql,
     outbox: outbox::OutboxSql,
+    offsets: offsets::OffsetSql,
     ops: operators::OperatorSql,
     steps: steps::StepSql,
     failed: failed::FailedSql,
@@ -128,6 +141,7 @@ impl Dialect for Postgres {
             claim: claim::ClaimSql::new(table),
             lease: lease::LeaseSql::new(table),
             outbox: outbox::OutboxSql::new(table),
+            offsets: offsets::OffsetSql::new(table),
             ops: operators::OperatorSql::new(table),
             steps: steps::StepSql::new(table),
             failed: failed::FailedSql::new(table),
@@ -171,6 +185,7 @@ mod tests {
             claim::ClaimSql::templates(),
             lease::LeaseSql::templates(),
             outbox::OutboxSql::templates(),
+            offsets::OffsetSql::templates(),
             operators::OperatorSql::templates(),
             steps::StepSql::templates(),
             failed::FailedSql::templates(),

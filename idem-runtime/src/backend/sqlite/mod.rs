@@ -6,6 +6,7 @@ mod claim;
 mod failed;
 mod health;
 mod lease;
+mod offsets;
 mod operators;
 mod outbox;
 mod retention;
@@ -94,6 +95,17 @@ const DDL: &[&str] = &[
         created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
         PRIMARY KEY (scope, key, name)
     ) WITHOUT ROWID",
+    // Schema version 3: the offset watermarks (the Kafka consumer's offset-watermark mode):
+    // per consumer group, topic and partition, the next offset to process.
+    "CREATE TABLE IF NOT EXISTS {t}_offsets (
+        consumer_group TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        partition_id INTEGER NOT NULL,
+        next_offset INTEGER NOT NULL,
+        token INTEGER,
+        updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        PRIMARY KEY (consumer_group, topic, partition_id)
+    ) WITHOUT ROWID",
 ];
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE
@@ -114,6 +126,7 @@ pub struct SqliteSql {
     claim: claim::ClaimSql,
     lease: lease::LeaseSql,
     outbox: outbox::OutboxSql,
+    offsets: offsets::OffsetSql,
     ops: operators::OperatorSql,
     steps: steps::StepSql,
     failed: failed::FailedSql,
@@ -132,6 +145,7 @@ impl Dialect for Sqlite {
             claim: claim::ClaimSql::new(table),
             lease: lease::LeaseSql::new(table),
             outbox: outbox::OutboxSql::new(table),
+            offsets: offsets::OffsetSql::new(table),
             ops: operators::OperatorSql::new(table),
             steps: steps::StepSql::new(table),
             failed: failed::FailedSql::new(table),
@@ -208,6 +222,7 @@ mod tests {
             claim::ClaimSql::templates(),
             lease::LeaseSql::templates(),
             outbox::OutboxSql::templates(),
+            offsets::OffsetSql::templates(),
             operators::OperatorSql::templates(),
             steps::StepSql::templates(),
             failed::FailedSql::templates(),

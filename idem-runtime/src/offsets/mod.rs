@@ -1,0 +1,537 @@
+//! The offset-watermark mode: records of a Kafka partition claimed by their offsets. For each
+//! (consumer group, topic, partition) the database holds the next offset to process, moved in
+//! the transaction of the records' effects; a record below it was processed (a duplicate),
+//! with no marker per record. Kafka's own offsets are then advisory: a consumer starts each
+//! partition it is given at the watermark.
+
+mod claim;
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use sha2::{Digest as _, Sha256};
+use sqlx::Transaction;
+
+use self::claim::{Offsets, Span};
+use crate::backend::{Backend, Partition};
+use crate::claim::nested::{self, Body};
+use crate::claim::run::{Attempt, conclude, retrying};
+use crate::claim::{Claimed, Kept, Request, TxHeld, end};
+use crate::error::Error;
+use crate::key::{Key, MAX_BATCH, MAX_KEY_LEN};
+use crate::observe::{self, Answer, Observed, Site};
+use crate::options::{ClaimOptions, Mode};
+use crate::outcome::{Batch, Failed};
+use crate::outgoing::BatchOutbox;
+use crate::store::Store;
+
+/// The longest consumer group name and topic name accepted, in bytes (Kafka's own limit for
+/// topics is 249).
+pub const MAX_NAME_LEN: usize = 255;
+
+/// Where a record is: its topic, its partition, its offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RecordOffset<'a> {
+    /// The topic.
+    pub topic: &'a str,
+    /// The partition of the topic.
+    pub partition: i32,
+    /// The record's offset in the partition.
+    pub offset: i64,
+}
+
+impl RecordOffset<'_> {
+    /// The record's key for the per-message marker mode and for its outbox's message ids:
+    /// see [`record_key`].
+    pub fn key(&self) -> Key {
+        record_key(self.topic, self.partition, self.offset)
+    }
+}
+
+/// The key of the record at `offset` of `topic`'s `partition`: `topic/partition/offset`, or,
+/// when that is longer than [`MAX_KEY_LEN`], `sha256:` and the hex digest of it.
+///
+/// Two records of a topic never share it. It names a record by its place in the log, so a
+/// record that a producer sent twice (two places) gets two keys: for those topics, key the
+/// per-message marker mode by an id the producer sets (a header) instead.
+pub fn record_key(topic: &str, partition: i32, offset: i64) -> Key {
+    let plain = format!("{topic}/{partition}/{offset}");
+    let text = match plain.len() {
+        0..=MAX_KEY_LEN if !plain.contains('\0') => plain,
+        _ => {
+            let mut hex = String::from("sha256:");
+            for byte in Sha256::digest(plain.as_bytes()) {
+                let _ = write!(hex, "{byte:02x}");
+            }
+            hex
+        }
+    };
+    Key::new(text.as_str()).expect("at most 255 bytes, never empty, no NUL")
+}
+
+fn refused(reason: String) -> Error {
+    Error::InvalidOffsets { reason }
+}
+
+/// A consumer group or topic name: 1 to [`MAX_NAME_LEN`] bytes, no NUL.
+pub(crate) fn check_name(what: &str, name: &str) -> Result<(), Error> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN || name.contains('\0') {
+        return Err(refused(format!(
+            "the {what} {name:?} is not 1 to {MAX_NAME_LEN} bytes without NUL: name the {what} \
+             as the broker does"
+        )));
+    }
+    Ok(())
+}
+
+fn check_partition(partition: i32) -> Result<(), Error> {
+    if partition < 0 {
+        return Err(refused(format!(
+            "partition {partition} is negative: give the partition the broker delivered"
+        )));
+    }
+    Ok(())
+}
+
+/// The spans of `records`, one per partition, in the order of (topic, partition); refused
+/// before any I/O when a record is malformed or a partition's offsets do not rise.
+fn spans(records: &[RecordOffset<'_>]) -> Result<Vec<Span>, Error> {
+    if records.len() > MAX_BATCH {
+        return Err(refused(format!(
+            "{} records are more than the {MAX_BATCH} one claim takes: claim them in smaller \
+             batches",
+            records.len()
+        )));
+    }
+    let mut spans: BTreeMap<(&str, i32), Span> = BTreeMap::new();
+    for r in records {
+        check_name("topic", r.topic)?;
+        check_partition(r.partition)?;
+        if !(0..i64::MAX).contains(&r.offset) {
+            return Err(refused(format!(
+                "offset {} of {:?} partition {} is out of range: give the offset the broker \
+                 delivered",
+                r.offset, r.topic, r.partition
+            )));
+        }
+        match spans.get_mut(&(r.topic, r.partition)) {
+            Some(span) if r.offset <= span.last => {
+                return Err(refused(format!(
+                    "offset {} of {:?} partition {} follows offset {} in the batch: a \
+                     partition's records must come in the order of their offsets, as the \
+                     broker delivers them",
+                    r.offset, r.topic, r.partition, span.last
+                )));
+            }
+            Some(span) => span.last = r.offset,
+            None => {
+                let span = Span {
+                    topic: r.topic.to_owned(),
+                    partition: r.partition,
+                    first: r.offset,
+                    last: r.offset,
+                };
+                spans.insert((r.topic, r.partition), span);
+            }
+        }
+    }
+    Ok(spans.into_values().collect())
+}
+
+impl<DB: Backend> Store<DB> {
+    /// Claims the records of `group` at `records` by their offsets (the offset-watermark
+    /// mode), in a transaction of its own, and says which ones this delivery holds.
+    ///
+    /// For each partition among the records the database holds a watermark, the next offset
+    /// to process. A record at or above it is fresh; one below it was processed by an earlier
+    /// delivery and is a duplicate, with no marker per record. The claim moves each
+    /// partition's watermark past its last record in the claim's transaction, so that it
+    /// commits with the fresh records' effects (run them on [`OffsetGuard::tx`], end with
+    /// [`OffsetGuard::finish`]) or not at all. A partition the database has never seen has no
+    /// watermark: all its records are fresh, and the claim writes its first.
+    ///
+    /// A claim of a partition whose records another delivery holds waits for that
+    /// transaction, then decides on what it committed: the watermark only moves forward, and
+    /// a delivery that lost the partition in a rebalance never moves it back, whatever its
+    /// records (the check is the stored offset, in SQL, not the worker's memory). Records
+    /// older than the watermark (a consumer group reset to an earlier offset, a replay) are
+    /// duplicates: to process them again, move the watermark back with
+    /// [`set_watermark`](Store::set_watermark).
+    ///
+    /// Records may come from several partitions (a poll's batch); a partition's records must
+    /// come in the order of their offsets. Refused before any I/O
+    /// ([`Error::InvalidOffsets`]): an empty or over-long group or topic
+    /// ([`MAX_NAME_LEN`]), a negative partition or offset, a partition's offsets out of
+    /// order, more than [`MAX_BATCH`] records; and a claim inside the open transaction of
+    /// another claim of this task ([`Error::Nested`]). An empty batch does no I/O.
+    ///
+    /// The call has one `idem.claim` span (mode `offsets`, scope the group) and counts each
+    /// record's outcome in `idem_outcomes_total`; the guard's outbox, body and verified
+    /// commit are those of every mode.
+    ///
+    /// ```no_run
+    /// # use idem_runtime as idem;
+    /// # #[cfg(feature = "sqlite")]
+    /// # async fn f(store: &idem::Store<sqlx::Sqlite>) -> Result<(), idem::Error> {
+    /// use idem::offsets::RecordOffset;
+    ///
+    /// let records = [
+    ///     RecordOffset { topic: "orders", partition: 0, offset: 41 },
+    ///     RecordOffset { topic: "orders", partition: 0, offset: 42 },
+    /// ];
+    /// let mut claim = store.claim_offsets("billing", &records).await?;
+    /// let fresh: Vec<usize> = (0..records.len()).filter(|i| claim.is_fresh(*i)).collect();
+    /// let result: Result<(), idem::Error> = async {
+    ///     if let Some(tx) = claim.tx() {
+    ///         for i in &fresh {
+    ///             sqlx::query("INSERT INTO credits (record) VALUES (?)")
+    ///                 .bind(records[*i].offset).execute(&mut **tx).await?;
+    ///         }
+    ///     }
+    ///     Ok(())
+    /// }.await;
+    /// let batch = claim.finish(result).await?;
+    /// assert_eq!(batch.outcomes().len(), records.len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn claim_offsets(
+        &self,
+        group: &str,
+        records: &[RecordOffset<'_>],
+    ) -> Result<OffsetGuard<DB>, Error> {
+        check_name("consumer group", group)?;
+        let spans = spans(records)?;
+        let Some(first) = records.first() else {
+            return Ok(OffsetGuard::done(0));
+        };
+        let scope = Cow::Owned(group.to_owned());
+        let request = Request::new(scope, first.key(), ClaimOptions::new(), CALLER);
+        let (from, held) = claim(self, request, group, &spans, records.len()).await?;
+        let fresh: Vec<bool> = records
+            .iter()
+            .map(|r| {
+                let at = spans
+                    .iter()
+                    .position(|s| s.topic == r.topic && s.partition == r.partition)
+                    .expect("every record has its span");
+                from.get(at)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|from| r.offset >= from)
+            })
+            .collect();
+        let fresh_keys: Vec<Key> = records
+            .iter()
+            .zip(&fresh)
+            .filter(|&(_, fresh)| *fresh)
+            .map(|(r, _)| r.key())
+            .collect();
+        let mut held = held;
+        if let (Some(held), Some(first)) = (&mut held, fresh_keys.first()) {
+            held.rekey(first.clone());
+        }
+        Ok(OffsetGuard {
+            fresh,
+            held,
+            fresh_keys,
+            outbox: None,
+        })
+    }
+
+    /// The watermarks of `group` on `topic`: `(partition, next offset)` for every partition
+    /// that has one, by partition.
+    pub async fn watermarks(&self, group: &str, topic: &str) -> Result<Vec<(i32, i64)>, Error> {
+        check_name("consumer group", group)?;
+        check_name("topic", topic)?;
+        Ok(DB::offsets_read(self.pool(), self.sql(), group, topic).await?)
+    }
+
+    /// Sets the watermark of `group` on `topic`'s `partition` to `next`, whatever it was: for
+    /// operators. Moving it back makes the records from `next` on fresh again (a replay that
+    /// runs their effects again); moving it on skips records. A consumer that holds the
+    /// partition keeps reading where it is: restart it (or let the group rebalance) to start
+    /// at the new watermark.
+    pub async fn set_watermark(
+        &self,
+        group: &str,
+        topic: &str,
+        partition: i32,
+        next: i64,
+    ) -> Result<(), Error> {
+        check_name("consumer group", group)?;
+        check_name("topic", topic)?;
+        check_partition(partition)?;
+        if next < 0 {
+            return Err(refused(format!("the next offset {next} is negative")));
+        }
+        let at = Partition {
+            group,
+            topic,
+            partition,
+        };
+        Ok(DB::offsets_set(self.pool(), self.sql(), at, next).await?)
+    }
+
+    /// Deletes the watermarks of `group` on `topic` (on every topic: `None`), for a consumer
+    /// group that is retired; returns how many. A consumer of the group that is given one of
+    /// those partitions later starts it as a partition never seen.
+    pub async fn forget_watermarks(&self, group: &str, topic: Option<&str>) -> Result<u64, Error> {
+        check_name("consumer group", group)?;
+        if let Some(topic) = topic {
+            check_name("topic", topic)?;
+        }
+        Ok(DB::offsets_forget(self.pool(), self.sql(), group, topic).await?)
+    }
+}
+
+/// Who claims, as spans and a refused nested call name it.
+const CALLER: &str = "Store::claim_offsets";
+
+/// The claim: observed, refused inside another claim's body, retried after a lost race.
+async fn claim<DB: Backend>(
+    store: &Store<DB>,
+    request: Request,
+    group: &str,
+    spans: &[Span],
+    records: usize,
+) -> Result<(claim::From, Option<TxHeld<'static, DB>>), Error> {
+    let site = Site::of(group);
+    let mut observed = Observed::counted(site, group, Mode::Offsets, records, request.about);
+    #[cfg(feature = "testing")]
+    crate::testing::probe::claiming(Mode::Offsets);
+    if let Err(e) = nested::refuse_nested(&request.caller) {
+        observed.refused(&e);
+        return Err(e);
+    }
+    let span = observed.span().clone();
+    let mut attempts = Offsets {
+        store,
+        request: &request,
+        group,
+        spans,
+    };
+    let answer = observe::in_span(
+        span,
+        retrying::<DB, _>(&mut observed, &request, true, &mut attempts),
+    )
+    .await;
+    match answer {
+        Ok(Attempt::Done(_)) => {
+            observed.decided(Answer::Duplicate);
+            observed.ended_batch::<(), ()>(&Ok(Batch::new(&vec![false; records], None)));
+            Ok((vec![None; spans.len()], None))
+        }
+        other => {
+            let sql = store.shared_sql().clone();
+            let held = conclude(observed, request, other, |(tx, from), ticket| {
+                let kept = kept(group, spans, &from);
+                (from, TxHeld::offsets(tx, sql, kept, ticket))
+            })?;
+            match held {
+                Claimed::Fresh((from, held)) => Ok((from, Some(held))),
+                _ => unreachable!("duplicates end above"),
+            }
+        }
+    }
+}
+
+/// The watermark a fresh claim's commit looks for: its first partition with a fresh record.
+fn kept(group: &str, spans: &[Span], from: &claim::From) -> Kept {
+    let span = spans
+        .iter()
+        .zip(from)
+        .find_map(|(span, from)| from.map(|_| span))
+        .expect("a fresh claim has a fresh partition");
+    Kept::Offsets {
+        group: group.to_owned(),
+        topic: span.topic.clone(),
+        partition: span.partition,
+    }
+}
+
+/// The answer to [`Store::claim_offsets`]: which records this delivery holds, and the open
+/// transaction holding them.
+///
+/// [`finish`](OffsetGuard::finish) commits (the watermarks, the effects and the
+/// [`outbox`](OffsetGuard::outbox) together) or rolls back; [`release`](OffsetGuard::release),
+/// or dropping it (a panic, a cancelled future), rolls back as well, and the records are
+/// fresh again for the next delivery.
+#[derive(Debug)]
+#[must_use = "an offset claim may hold an open transaction: run the fresh records and call `finish`"]
+pub struct OffsetGuard<DB: Backend> {
+    fresh: Vec<bool>,
+    held: Option<TxHeld<'static, DB>>,
+    /// The fresh records' keys, in the batch's order, until the outbox takes them.
+    fresh_keys: Vec<Key>,
+    outbox: Option<BatchOutbox>,
+}
+
+impl<DB: Backend> OffsetGuard<DB> {
+    fn done(records: usize) -> Self {
+        OffsetGuard {
+            fresh: vec![false; records],
+            held: None,
+            fresh_keys: Vec::new(),
+            outbox: None,
+        }
+    }
+
+    /// How many records the claim names (fresh and duplicate).
+    pub fn len(&self) -> usize {
+        self.fresh.len()
+    }
+
+    /// `true` for an empty claim.
+    pub fn is_empty(&self) -> bool {
+        self.fresh.is_empty()
+    }
+
+    /// `true` if this delivery holds the record at `position`: run its effect.
+    ///
+    /// # Panics
+    ///
+    /// If `position` is not below [`len`](OffsetGuard::len).
+    pub fn is_fresh(&self, position: usize) -> bool {
+        self.fresh[position]
+    }
+
+    /// For each record, whether this delivery holds it.
+    pub fn fresh(&self) -> &[bool] {
+        &self.fresh
+    }
+
+    /// `true` if at least one record is fresh (so the body must run).
+    pub fn any_fresh(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// The transaction the fresh records' effects must run on; `None` when every record was
+    /// a duplicate (the transaction has ended already).
+    pub fn tx(&mut self) -> Option<&mut Transaction<'static, DB>> {
+        self.held.as_mut().map(TxHeld::tx)
+    }
+
+    /// The outbox of the fresh records: each message names its record by its key
+    /// ([`RecordOffset::key`]), and all are written with the watermarks when the claim
+    /// finishes with `Ok`.
+    pub fn outbox(&mut self) -> &mut BatchOutbox {
+        let scope = match &self.held {
+            Some(held) => held.request().scope.clone(),
+            None => Cow::Borrowed(""),
+        };
+        let keys = &mut self.fresh_keys;
+        self.outbox
+            .get_or_insert_with(|| BatchOutbox::new(scope, std::mem::take(keys)))
+    }
+
+    /// The transaction and the outbox at once; `None` as for [`tx`](OffsetGuard::tx).
+    pub fn parts(&mut self) -> Option<(&mut Transaction<'static, DB>, &mut BatchOutbox)> {
+        self.outbox();
+        let outbox = self.outbox.as_mut().expect("made above");
+        let tx = self.held.as_mut().map(TxHeld::tx)?;
+        Some((tx, outbox))
+    }
+
+    /// The call's `idem.claim` span; `None` when every record was a duplicate.
+    pub fn span(&self) -> Option<&tracing::Span> {
+        self.held.as_ref().map(TxHeld::span)
+    }
+
+    /// The claim's body, to run in its span and marked as inside its open transaction (see
+    /// [`Guard::body`](crate::Guard::body)); `None` when every record was a duplicate.
+    pub fn body(&self) -> Option<Body> {
+        self.held.as_ref().map(TxHeld::body)
+    }
+
+    /// Ends the call: commits on `Ok`, rolls back on `Err`.
+    ///
+    /// On `Ok`, each fresh record is [`Outcome::Applied`](crate::Outcome::Applied) only once
+    /// the database confirmed the commit of the watermarks with the effects (a transaction it
+    /// threw away is [`Error::RolledBack`], and nothing of it was kept); the others are
+    /// duplicates. With no fresh record there is nothing to commit, and the value is dropped.
+    pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Batch<T>, E> {
+        let end = self.finish_failed(result.map_err(Failed::Handler)).await;
+        end.map_err(Failed::into_handler_error)
+    }
+
+    /// Gives up: rolls the transaction back, the watermarks and the effects with it.
+    pub async fn release(self) {
+        let result: Result<(), Failed<()>> = Err(Failed::Handler(()));
+        drop(self.finish_failed(result).await);
+    }
+
+    async fn finish_failed<T, E>(
+        self,
+        result: Result<T, Failed<E>>,
+    ) -> Result<Batch<T>, Failed<E>> {
+        let OffsetGuard {
+            fresh,
+            held,
+            outbox,
+            ..
+        } = self;
+        let Some(held) = held else {
+            result?;
+            return Ok(Batch::new(&vec![false; fresh.len()], None));
+        };
+        let (hold, ticket) = held.into_parts();
+        let pending = outbox.map(BatchOutbox::into_pending);
+        let ended = end(hold, &ticket, pending.as_ref(), result, |_| Ok(None)).await;
+        let batch = ended.map(|outcome| Batch::new(&fresh, outcome.into_value()));
+        ticket.observed.ended_batch(&batch);
+        batch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(topic: &str, partition: i32, offset: i64) -> RecordOffset<'_> {
+        RecordOffset {
+            topic,
+            partition,
+            offset,
+        }
+    }
+
+    #[test]
+    fn a_record_key_names_its_place_and_long_ones_are_digested() {
+        assert_eq!(record_key("orders", 3, 42).as_str(), "orders/3/42");
+        let long = "t".repeat(255);
+        let key = record_key(&long, 0, 1);
+        assert!(key.as_str().starts_with("sha256:") && key.as_str().len() == 71);
+        assert_ne!(key, record_key(&long, 0, 2));
+    }
+
+    #[test]
+    fn spans_group_records_by_partition_in_partition_order() {
+        let got = spans(&[at("b", 1, 5), at("a", 0, 7), at("b", 1, 9), at("a", 2, 1)]).unwrap();
+        let got: Vec<_> = got
+            .iter()
+            .map(|s| (s.topic.as_str(), s.partition, s.first, s.last))
+            .collect();
+        assert_eq!(got, [("a", 0, 7, 7), ("a", 2, 1, 1), ("b", 1, 5, 9)]);
+    }
+
+    #[test]
+    fn malformed_offsets_are_refused() {
+        for bad in [
+            vec![at("", 0, 1)],
+            vec![at("t", -1, 1)],
+            vec![at("t", 0, -1)],
+            vec![at("t", 0, i64::MAX)],
+            vec![at("t", 0, 5), at("t", 0, 5)],
+            vec![at("t", 0, 5), at("t", 0, 4)],
+            vec![at("t\0", 0, 5)],
+        ] {
+            assert!(
+                matches!(spans(&bad), Err(Error::InvalidOffsets { .. })),
+                "{bad:?}"
+            );
+        }
+        let many: Vec<_> = (0..=MAX_BATCH as i64).map(|o| at("t", 0, o)).collect();
+        assert!(matches!(spans(&many), Err(Error::InvalidOffsets { .. })));
+    }
+}
