@@ -12,8 +12,8 @@ use super::sealed::Dialect;
 pub(crate) const COUNT_CAP: i64 = 10_000;
 
 /// The schema's tables (named like the marker table, or with its name and `_` as prefix),
-/// and their indexes as `(table, index)`.
-pub(crate) type Catalog = (Vec<String>, Vec<(String, String)>);
+/// their indexes as `(table, index)` and their columns as `(table, column)`.
+pub(crate) type Catalog = (Vec<String>, Vec<(String, String)>, Vec<(String, String)>);
 
 /// Dead space in the marker table, as the database measures it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,8 +29,8 @@ pub enum Bloat {
 /// The doctor's reads.
 pub trait Health: Dialect {
     /// The tables of the current schema named like the marker table or with its name and `_`
-    /// as prefix, and the indexes of those tables: `(tables, (table, index))`. Names as the
-    /// catalog spells them.
+    /// as prefix, the indexes of those tables and their columns: `(tables, (table, index),
+    /// (table, column))`. Names as the catalog spells them.
     fn catalog<'p>(
         pool: &'p Pool<Self>,
         sql: &'p Self::Sql,

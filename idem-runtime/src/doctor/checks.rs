@@ -42,10 +42,10 @@ pub(super) async fn run<DB: Backend>(
     let table = store.table().to_owned();
     let mut findings = Vec::new();
 
-    let (tables, indexes) = DB::catalog(pool, sql).await?;
+    let (tables, indexes, columns) = DB::catalog(pool, sql).await?;
     let want = expected(&store.ddl());
     let has_table = |t: &str| tables.iter().any(|x| x.eq_ignore_ascii_case(t));
-    findings.push(schema(&want, &has_table, store));
+    findings.push(schema(&want, &has_table, &columns, store));
     findings.push(index_check(&want, &has_table, &indexes));
     let markers = has_table(&table);
     let outbox = has_table(&format!("{table}_outbox"));
@@ -97,6 +97,7 @@ pub(super) async fn run<DB: Backend>(
 fn schema<DB: Backend>(
     want: &[Expected],
     has_table: &dyn Fn(&str) -> bool,
+    columns: &[(String, String)],
     store: &Store<DB>,
 ) -> Finding {
     let missing: Vec<&Expected> = want
@@ -104,11 +105,7 @@ fn schema<DB: Backend>(
         .filter(|e| e.index.is_none() && !has_table(&e.table))
         .collect();
     if missing.is_empty() {
-        return Finding::new(
-            "schema",
-            Severity::Ok,
-            format!("every table of the schema is there ({})", want_tables(want)),
-        );
+        return schema_columns(want, has_table, columns);
     }
     let names: Vec<&str> = missing.iter().map(|e| e.table.as_str()).collect();
     let severity = Severity::Problem;
@@ -129,6 +126,49 @@ fn schema<DB: Backend>(
          (schema/<database>.sql; the upgrade files schema/<database>.v*-to-v*.sql) in your \
          migrations; if the table should exist, check the name the handlers' store was given \
          with `Store::with_table` (`idem --table`)",
+    )
+}
+
+/// The schema's tables are there: whether each has the columns of this version (a column a
+/// later version added to a table an earlier one made is missing until `migrate` adds it).
+fn schema_columns(
+    want: &[Expected],
+    has_table: &dyn Fn(&str) -> bool,
+    columns: &[(String, String)],
+) -> Finding {
+    let has = |table: &str, column: &str| {
+        columns
+            .iter()
+            .any(|(t, c)| t.eq_ignore_ascii_case(table) && c.eq_ignore_ascii_case(column))
+    };
+    let missing: Vec<String> = want
+        .iter()
+        .filter(|e| e.index.is_none() && has_table(&e.table))
+        .flat_map(|e| {
+            e.columns
+                .iter()
+                .filter(|c| !has(&e.table, c))
+                .map(|c| format!("{}.{c}", e.table))
+        })
+        .collect();
+    if missing.is_empty() {
+        return Finding::new(
+            "schema",
+            Severity::Ok,
+            format!("every table of the schema is there ({})", want_tables(want)),
+        );
+    }
+    Finding::new(
+        "schema",
+        Severity::Problem,
+        format!(
+            "missing columns: {} (the tables are older than this version of idem)",
+            missing.join(", ")
+        ),
+    )
+    .fix(
+        "call `Store::migrate()` at start-up (it adds the missing columns), or run the upgrade \
+         files schema/<database>.v*-to-v*.sql in your migrations",
     )
 }
 

@@ -11,6 +11,28 @@ pub(super) struct Expected {
     pub(super) index: Option<String>,
     /// The statement that creates it on its own.
     pub(super) statement: String,
+    /// A table's columns (none for an index).
+    pub(super) columns: Vec<String>,
+}
+
+/// The words that begin a line of a `CREATE TABLE` that is not a column.
+const NOT_COLUMNS: [&str; 7] = [
+    "PRIMARY",
+    "KEY",
+    "UNIQUE",
+    "CHECK",
+    "CONSTRAINT",
+    "INDEX",
+    ")",
+];
+
+/// The column a line of a `CREATE TABLE` defines, if it defines one.
+fn column(line: &str) -> Option<String> {
+    let word = line.split_whitespace().next()?;
+    if NOT_COLUMNS.iter().any(|k| word.starts_with(k)) {
+        return None;
+    }
+    Some(word.trim_matches('`').to_owned())
 }
 
 /// The tables and indexes `ddl` creates: `CREATE TABLE IF NOT EXISTS t`, `CREATE [UNIQUE]
@@ -27,6 +49,7 @@ pub(super) fn expected(ddl: &[String]) -> Vec<Expected> {
                     table: table.clone(),
                     index: None,
                     statement: statement.clone(),
+                    columns: statement.lines().skip(1).filter_map(column).collect(),
                 });
                 for line in statement.lines().map(str::trim) {
                     let line = line.trim_end_matches(',');
@@ -43,6 +66,7 @@ pub(super) fn expected(ddl: &[String]) -> Vec<Expected> {
                             statement: format!(
                                 "ALTER TABLE {table} ADD {unique}KEY {name} {columns}"
                             ),
+                            columns: Vec::new(),
                         });
                     }
                 }
@@ -54,6 +78,7 @@ pub(super) fn expected(ddl: &[String]) -> Vec<Expected> {
                         table: words[on + 1].to_owned(),
                         index: Some(words[exists + 1].to_owned()),
                         statement: statement.split_whitespace().collect::<Vec<_>>().join(" "),
+                        columns: Vec::new(),
                     });
                 }
             }
@@ -92,6 +117,10 @@ mod tests {
                 ("m_outbox".to_owned(), name("u")),
             ]
         );
+        let columns = |i: usize| expected(&ddl)[i].columns.clone();
+        assert_eq!(columns(0), ["scope"]);
+        assert_eq!(columns(2), ["id"]);
+        assert!(columns(1).is_empty());
         let alter = &expected(&ddl)[3].statement;
         assert_eq!(
             alter,

@@ -163,6 +163,29 @@ pub(crate) async fn doctor_finds_each_breakage_and_says_what_to_do<S: Support>()
         "{schema:?}"
     );
     assert_eq!(severity(&diagnosis, "retention"), Severity::Skipped);
+
+    // A column a later version added to a table an earlier one made: the marker table's
+    // `error` (version 3), missing until `migrate` adds it, as the fix says.
+    ctx.store.migrate().await.expect("migrate");
     drop(lease);
+    ctx.exec(&format!("ALTER TABLE {table} DROP COLUMN error"))
+        .await;
+    let diagnosis = ctx.store.doctor(&checkup()).await.expect("doctor");
+    let schema = diagnosis.finding("schema").unwrap();
+    assert_eq!(schema.severity, Severity::Problem, "{diagnosis:#?}");
+    assert!(
+        schema
+            .summary
+            .contains(&format!("missing columns: {table}.error")),
+        "{schema:?}"
+    );
+    assert!(schema.fix.as_deref().unwrap().contains("Store::migrate()"));
+    ctx.store.migrate().await.expect("migrate adds the column");
+    let diagnosis = ctx.store.doctor(&checkup()).await.expect("doctor");
+    assert_eq!(
+        severity(&diagnosis, "schema"),
+        Severity::Ok,
+        "{diagnosis:#?}"
+    );
     ctx.cleanup().await;
 }

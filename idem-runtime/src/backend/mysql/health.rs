@@ -19,6 +19,10 @@ statements! {
             "SELECT DISTINCT CAST(TABLE_NAME AS CHAR), CAST(INDEX_NAME AS CHAR) \
              FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() \
              AND (TABLE_NAME = ? OR LEFT(TABLE_NAME, CHAR_LENGTH(?) + 1) = CONCAT(?, '_'))";
+        columns(name: &str, measured: &str, prefix: &str) =
+            "SELECT CAST(TABLE_NAME AS CHAR), CAST(COLUMN_NAME AS CHAR) \
+             FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() \
+             AND (TABLE_NAME = ? OR LEFT(TABLE_NAME, CHAR_LENGTH(?) + 1) = CONCAT(?, '_'))";
         old_in_scope(scope: &str, age_ms: i64, cap: i64) =
             "SELECT CAST(COUNT(*) AS SIGNED) FROM (SELECT 1 FROM {t} WHERE scope = ? \
              AND state = 'completed' \
@@ -50,7 +54,9 @@ impl Health for MySql {
         let tables = tables.scalar().fetch_all(pool).await?;
         let indexes = statements.indexes(name, name, name);
         let indexes = indexes.rows().fetch_all(pool).await?;
-        Ok((tables, indexes))
+        let columns = statements.columns(name, name, name);
+        let columns = columns.rows().fetch_all(pool).await?;
+        Ok((tables, indexes, columns))
     }
 
     async fn marker_tables(pool: &Pool<Self>) -> Result<Vec<String>, sqlx::Error> {

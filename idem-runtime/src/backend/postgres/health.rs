@@ -22,6 +22,10 @@ statements! {
             "SELECT tablename::text, indexname::text FROM pg_indexes \
              WHERE schemaname = current_schema() \
              AND (tablename = lower($1) OR left(tablename, length($1) + 1) = lower($1) || '_')";
+        columns(name: &str) =
+            "SELECT table_name::text, column_name::text FROM information_schema.columns \
+             WHERE table_schema = current_schema() \
+             AND (table_name = lower($1) OR left(table_name, length($1) + 1) = lower($1) || '_')";
         old_in_scope(scope: &str, age_ms: i64, cap: i64) =
             "SELECT COUNT(*) FROM (SELECT 1 FROM {t} WHERE scope = $1 AND state = 'completed' \
              AND completed_at < now() - $2 * interval '1 millisecond' LIMIT $3) s";
@@ -49,7 +53,8 @@ impl Health for Postgres {
         let statements = HealthSql::new(Self::table(sql));
         let tables = statements.tables(name).scalar().fetch_all(pool).await?;
         let indexes = statements.indexes(name).rows().fetch_all(pool).await?;
-        Ok((tables, indexes))
+        let columns = statements.columns(name).rows().fetch_all(pool).await?;
+        Ok((tables, indexes, columns))
     }
 
     async fn marker_tables(pool: &Pool<Self>) -> Result<Vec<String>, sqlx::Error> {

@@ -27,6 +27,10 @@ statements! {
         indexes(name: &str) =
             "SELECT tbl_name, name FROM sqlite_master WHERE type = 'index' \
              AND (tbl_name = ?1 OR substr(tbl_name, 1, length(?1) + 1) = ?1 || '_')";
+        columns(name: &str) =
+            "SELECT m.name, c.name FROM sqlite_master m, pragma_table_info(m.name) c \
+             WHERE m.type = 'table' \
+             AND (m.name = ?1 OR substr(m.name, 1, length(?1) + 1) = ?1 || '_')";
         old_in_scope(scope: &str, age_ms: i64, cap: i64) = concat!(
             "SELECT COUNT(*) FROM (SELECT 1 FROM {t} WHERE scope = ?1 AND state = 'completed' \
              AND completed_at < ", ago!("2"), " LIMIT ?3)"
@@ -54,7 +58,8 @@ impl Health for Sqlite {
         let statements = HealthSql::new(Self::table(sql));
         let tables = statements.tables(name).scalar().fetch_all(pool).await?;
         let indexes = statements.indexes(name).rows().fetch_all(pool).await?;
-        Ok((tables, indexes))
+        let columns = statements.columns(name).rows().fetch_all(pool).await?;
+        Ok((tables, indexes, columns))
     }
 
     async fn marker_tables(pool: &Pool<Self>) -> Result<Vec<String>, sqlx::Error> {
