@@ -53,7 +53,10 @@ pub(crate) enum Kind {
 #[derive(Debug)]
 #[cfg_attr(
     not(any(feature = "sqlite", feature = "mysql")),
-    allow(dead_code, reason = "PostgreSQL's statements ask the catalog themselves")
+    allow(
+        dead_code,
+        reason = "PostgreSQL's statements ask the catalog themselves"
+    )
 )]
 pub(crate) struct Addition {
     pub(crate) kind: Kind,
