@@ -4,9 +4,11 @@
 //! The input is the argument list, split at NUL bytes (non-UTF-8 bytes are kept: arguments
 //! are `OsString`s). Checked: `Cli::try_parse_from` gives a command or an error, never a
 //! panic, and the error renders; a parsed `inspect` or `forget` gives its key (plain, or the
-//! tuple its `--part`s make) or an input error as `Key::new` would; a parsed `purge` holds the
-//! age its text says, a parsed `stuck` a valid scope, a parsed `outbox list` at most one of
-//! `--parked` and `--pending`, a parsed `outbox requeue` an id of 1 to 255 bytes without NUL.
+//! tuple its `--part`s make) or an input error as `Key::new` would (so do `requeue` and
+//! `steps`); every parsed age (`purge`, `retention set`, `doctor`) holds the seconds its text
+//! says; a parsed `stuck`, `failed` or `retention` a valid scope; a parsed `outbox list` at
+//! most one of `--parked` and `--pending`; a parsed `outbox requeue` an id of 1 to 255 bytes
+//! without NUL.
 #![no_main]
 #![allow(dead_code)]
 
@@ -16,7 +18,7 @@ mod args;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt as _;
 
-use args::{Cli, Command, OutboxCommand, Target};
+use args::{Age, Cli, Command, OutboxCommand, RetentionCommand, Target};
 use clap::Parser as _;
 use idem::{Key, MAX_KEY_LEN};
 use libfuzzer_sys::fuzz_target;
@@ -86,6 +88,7 @@ fn age_secs(text: &str) -> Option<u64> {
         return None;
     }
     let scale = match unit {
+        'w' => 7 * 86_400,
         'd' => 86_400,
         'h' => 3_600,
         'm' => 60,
@@ -100,6 +103,22 @@ fn age_secs(text: &str) -> Option<u64> {
     u64::try_from(n * scale).ok().filter(|&s| s > 0)
 }
 
+/// A parsed age holds the seconds its text says.
+fn check_age(age: &Age) {
+    assert_eq!(
+        Some(age.duration.as_secs()),
+        age_secs(&age.text),
+        "{:?}",
+        age.text
+    );
+}
+
+fn check_scope(scope: &Option<String>) {
+    if let Some(scope) = scope {
+        assert!(scope_ok(scope));
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let argv = std::iter::once(OsString::from("idem")).chain(
         data.split(|&b| b == 0)
@@ -107,20 +126,32 @@ fuzz_target!(|data: &[u8]| {
     );
     match Cli::try_parse_from(argv) {
         Ok(cli) => match &cli.command {
-            Command::Inspect(target) | Command::Forget { target, .. } => check_target(target),
-            Command::Purge { older_than } => {
-                assert_eq!(
-                    Some(older_than.duration.as_secs()),
-                    age_secs(&older_than.text),
-                    "{:?}",
-                    older_than.text
-                );
+            Command::Inspect(target)
+            | Command::Forget { target, .. }
+            | Command::Requeue(target)
+            | Command::Steps(target) => check_target(target),
+            Command::Purge { older_than } => older_than.iter().for_each(check_age),
+            Command::Retention(RetentionCommand::Set { scope, keep }) => {
+                assert!(scope_ok(scope));
+                check_age(keep);
             }
-            Command::Stuck { scope, limit } => {
+            Command::Retention(RetentionCommand::Clear { scope }) => assert!(scope_ok(scope)),
+            Command::Retention(RetentionCommand::List) => {}
+            Command::Doctor(doctor) => {
+                check_age(&doctor.stuck_after);
+                let ages = [
+                    &doctor.retention,
+                    &doctor.wait,
+                    &doctor.lease,
+                    &doctor.ack_timeout,
+                ];
+                ages.into_iter().flatten().for_each(check_age);
+                assert!(doctor.concurrency.is_none_or(|n| n >= 1));
+                assert!(doctor.pool_size.is_none_or(|n| n >= 1));
+            }
+            Command::Stuck { scope, limit } | Command::Failed { scope, limit } => {
                 assert!(*limit >= 1);
-                if let Some(scope) = scope {
-                    assert!(scope_ok(scope));
-                }
+                check_scope(scope);
             }
             Command::Outbox(OutboxCommand::List {
                 parked,
