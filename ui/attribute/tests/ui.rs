@@ -1,5 +1,6 @@
 //! Every misuse of `#[idempotent]` is a compile error on the user's own tokens; these cases pin
-//! the messages. Re-bless with `TRYBUILD=overwrite cargo test --test ui`.
+//! the messages. Re-bless with
+//! `TRYBUILD=overwrite cargo test -p idem-ui-attribute`.
 
 #[test]
 fn ui() {
