@@ -243,7 +243,7 @@ async fn stop_servers(env: &Env) {
     }
 }
 
-async fn prepare_databases(pg: &Pg, my: &My) -> Res<(PgPool, MySqlPool)> {
+pub(crate) async fn prepare_databases(pg: &Pg, my: &My) -> Res<(PgPool, MySqlPool)> {
     let pg_admin = PgPoolOptions::new()
         .max_connections(4)
         .connect(&pg.url())
