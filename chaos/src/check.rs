@@ -66,6 +66,20 @@ async fn read_my(env: &Env) -> Res<Db2> {
     })
 }
 
+/// The PostgreSQL transactions that committed the effects of several single-job deliveries
+/// (rows sharing their transaction's start, batches left out): group commits that held more
+/// than one job. Their number, the jobs in them, the most in one.
+async fn shared_commits(env: &Env) -> Res<(i64, i64, i64)> {
+    sqlx::query_as(
+        "SELECT count(*), coalesce(sum(n), 0)::bigint, coalesce(max(n), 0) FROM \
+         (SELECT count(*) AS n FROM chaos_effects WHERE via <> 'batch' \
+          GROUP BY began HAVING count(*) > 1) AS shared",
+    )
+    .fetch_one(&env.pg_admin)
+    .await
+    .map_err(|e| e.to_string())
+}
+
 fn scope(job: &Job) -> &'static str {
     match job.mode {
         Mode::Tx | Mode::Group => EFFECT_SCOPE,
@@ -144,6 +158,7 @@ pub struct Report {
 pub async fn check(env: &Env, jobs: &[Job], ran: &Ran, published: u64, print: bool) -> Res<Report> {
     let faults = &ran.applied;
     let (pg, my) = (read_pg(env).await?, read_my(env).await?);
+    let (groups, grouped, largest) = shared_commits(env).await?;
     let ledger = env.payments.ledger();
     let tally = env.fleet.tally.lock().unwrap_or_else(|e| e.into_inner());
     let mut v = Vec::new();
@@ -248,6 +263,9 @@ pub async fn check(env: &Env, jobs: &[Job], ran: &Ran, published: u64, print: bo
     let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
     println!("| nacks ({}) | {nacks} |", kinds.join(", "));
     println!("| lease takeovers and retries (attempts - 1) | {takeovers} |");
+    println!(
+        "| PostgreSQL group commits of several jobs (their jobs, the largest) | {groups} ({grouped}, {largest}) |"
+    );
     println!(
         "| payments API: requests / charges / answers replayed | {} / {} / {} |",
         ledger.attempts,

@@ -36,7 +36,6 @@ pub enum Mode {
     Group,
 }
 
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Broker {
     Rabbit,

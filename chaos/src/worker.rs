@@ -75,7 +75,9 @@ pub async fn run(config: Config) -> ! {
         .connect_lazy(&config.my_url)
         .expect("the MariaDB URL parses");
     let (pg, my) = (Store::new(pg), Store::new(my));
-    let options = GroupOptions::new();
+    // One lane: the few deliveries of one database in flight at once in a worker all meet
+    // in one group, instead of splitting over two.
+    let options = GroupOptions::new().lanes(1);
     let ctx = Arc::new(Ctx {
         pg_group: pg
             .group(options)
