@@ -66,9 +66,23 @@ async fn read_my(env: &Env) -> Res<Db2> {
     })
 }
 
+/// The PostgreSQL transactions that committed the effects of several single-job deliveries
+/// (rows sharing their transaction's start, batches left out): group commits that held more
+/// than one job. Their number, the jobs in them, the most in one.
+async fn shared_commits(env: &Env) -> Res<(i64, i64, i64)> {
+    sqlx::query_as(
+        "SELECT count(*), coalesce(sum(n), 0)::bigint, coalesce(max(n), 0) FROM \
+         (SELECT count(*) AS n FROM chaos_effects WHERE via <> 'batch' \
+          GROUP BY began HAVING count(*) > 1) AS shared",
+    )
+    .fetch_one(&env.pg_admin)
+    .await
+    .map_err(|e| e.to_string())
+}
+
 fn scope(job: &Job) -> &'static str {
     match job.mode {
-        Mode::Tx => EFFECT_SCOPE,
+        Mode::Tx | Mode::Group => EFFECT_SCOPE,
         Mode::Lease => CHARGE_SCOPE,
     }
 }
@@ -144,6 +158,7 @@ pub struct Report {
 pub async fn check(env: &Env, jobs: &[Job], ran: &Ran, published: u64, print: bool) -> Res<Report> {
     let faults = &ran.applied;
     let (pg, my) = (read_pg(env).await?, read_my(env).await?);
+    let (groups, grouped, largest) = shared_commits(env).await?;
     let ledger = env.payments.ledger();
     let tally = env.fleet.tally.lock().unwrap_or_else(|e| e.into_inner());
     let mut v = Vec::new();
@@ -166,7 +181,9 @@ pub async fn check(env: &Env, jobs: &[Job], ran: &Ran, published: u64, print: bo
         let effects = db.effects.get(&job.id).copied().unwrap_or(0);
         let charges = ledger.charges.get(&job.id).copied().unwrap_or(0);
         match job.mode {
-            Mode::Tx if effects != 1 => v.push(format!("{}: {effects} effects", job.id)),
+            Mode::Tx | Mode::Group if effects != 1 => {
+                v.push(format!("{}: {effects} effects", job.id))
+            }
             Mode::Lease if charges != 1 => v.push(format!("{}: charged {charges} times", job.id)),
             Mode::Lease if effects != 0 => v.push(format!("{}: a lease job wrote effects", job.id)),
             _ => {}
@@ -222,11 +239,13 @@ pub async fn check(env: &Env, jobs: &[Job], ran: &Ran, published: u64, print: bo
     println!("| what | count |");
     println!("|---|---:|");
     println!(
-        "| jobs (PostgreSQL tx / lease, MariaDB tx / lease) | {} ({} / {}, {} / {}) |",
+        "| jobs (PostgreSQL tx / group / lease, MariaDB tx / group / lease) | {} ({} / {} / {}, {} / {} / {}) |",
         jobs.len(),
         count(Db::Pg, Mode::Tx),
+        count(Db::Pg, Mode::Group),
         count(Db::Pg, Mode::Lease),
         count(Db::My, Mode::Tx),
+        count(Db::My, Mode::Group),
         count(Db::My, Mode::Lease)
     );
     println!("| messages published (every job at least twice) | {published} |");
@@ -244,6 +263,9 @@ pub async fn check(env: &Env, jobs: &[Job], ran: &Ran, published: u64, print: bo
     let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
     println!("| nacks ({}) | {nacks} |", kinds.join(", "));
     println!("| lease takeovers and retries (attempts - 1) | {takeovers} |");
+    println!(
+        "| PostgreSQL group commits of several jobs (their jobs, the largest) | {groups} ({grouped}, {largest}) |"
+    );
     println!(
         "| payments API: requests / charges / answers replayed | {} / {} / {} |",
         ledger.attempts,
@@ -272,7 +294,7 @@ pub async fn check(env: &Env, jobs: &[Job], ran: &Ran, published: u64, print: bo
 }
 
 /// The checker checked: after a passing run, one violation of each kind is planted (an effect
-/// row written twice, a lease marker set back to `in_progress` past its expiry, a second
+/// row written twice, for a transaction-mode job and for a group-commit one, a lease marker set back to `in_progress` past its expiry, a second
 /// charge at the payments API, a second `Applied` reported for a job), and the checker must
 /// report each of them. Returns what it missed.
 pub async fn self_check(env: &Env, jobs: &[Job], ran: &Ran, published: u64) -> Res<Vec<String>> {
@@ -282,15 +304,21 @@ pub async fn self_check(env: &Env, jobs: &[Job], ran: &Ran, published: u64) -> R
             .map(|j| j.id.clone())
             .ok_or("too few jobs for the checker's own check")
     };
-    let (twice, stuck, charged, reported) = (
+    let (twice, stuck, charged, reported, grouped) = (
         pick(Db::Pg, Mode::Tx)?,
         pick(Db::My, Mode::Lease)?,
         pick(Db::Pg, Mode::Lease)?,
         pick(Db::My, Mode::Tx)?,
+        pick(Db::My, Mode::Group)?,
     );
     sqlx::query("INSERT INTO chaos_effects (job, via) VALUES ($1, 'planted')")
         .bind(&twice)
         .execute(&env.pg_admin)
+        .await
+        .map_err(|e| e.to_string())?;
+    sqlx::query("INSERT INTO chaos_effects (job, via) VALUES (?, 'planted')")
+        .bind(&grouped)
+        .execute(&env.my_admin)
         .await
         .map_err(|e| e.to_string())?;
     sqlx::query(
@@ -316,6 +344,7 @@ pub async fn self_check(env: &Env, jobs: &[Job], ran: &Ran, published: u64) -> R
         format!("{stuck}: marker left in_progress, past its expiry"),
         format!("{charged}: charged 2 times"),
         format!("{reported}: Applied returned 2 times"),
+        format!("{grouped}: 2 effects"),
     ];
     let missed: Vec<String> = expected
         .into_iter()
@@ -324,7 +353,7 @@ pub async fn self_check(env: &Env, jobs: &[Job], ran: &Ran, published: u64) -> R
         .collect();
     println!(
         "checker's own check: {} planted violations, {} reported ({} missed)",
-        4,
+        5,
         found.len(),
         missed.len()
     );

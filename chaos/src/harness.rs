@@ -25,6 +25,8 @@ pub const QUEUE: &str = "chaos-jobs";
 pub const STREAM: &str = "CHAOS";
 pub const SUBJECT: &str = "chaos.jobs";
 pub const CONSUMER: &str = "workers";
+/// Messages a producer publishes back to back.
+const BURST: usize = 8;
 
 pub struct Args {
     pub seed: u64,
@@ -243,14 +245,17 @@ async fn stop_servers(env: &Env) {
     }
 }
 
-async fn prepare_databases(pg: &Pg, my: &My) -> Res<(PgPool, MySqlPool)> {
+pub(crate) async fn prepare_databases(pg: &Pg, my: &My) -> Res<(PgPool, MySqlPool)> {
     let pg_admin = PgPoolOptions::new()
         .max_connections(4)
         .connect(&pg.url())
         .await
         .map_err(|e| format!("the owned PostgreSQL at {}: {e}", pg.url()))?;
+    // `began`: the start of the transaction that wrote the row (`now()`), shared by every job
+    // of one group's transaction, so that the checker can count the groups that held several.
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE {EFFECTS} (job text NOT NULL, via text NOT NULL)"
+        "CREATE TABLE {EFFECTS} (job text NOT NULL, via text NOT NULL, \
+         began timestamptz NOT NULL DEFAULT now())"
     )))
     .execute(&pg_admin)
     .await
@@ -364,7 +369,10 @@ async fn produce(env: Arc<Env>, jobs: Vec<Job>, span: Duration) -> Res<u64> {
     let mut rabbit: Option<(Connection, Channel)> = None;
     let mut published = 0;
     for (i, job) in order.into_iter().enumerate() {
-        tokio::time::sleep_until(start + pace * u32::try_from(i).unwrap_or(u32::MAX)).await;
+        // Published in bursts, at the same pace on average: a burst reaches the workers as
+        // several deliveries at once, which meet in their groups and batches.
+        let at = u32::try_from(i - i % BURST).unwrap_or(u32::MAX);
+        tokio::time::sleep_until(start + pace * at).await;
         let payload = serde_json::to_vec(job).expect("a job serialises");
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {

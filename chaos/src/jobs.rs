@@ -2,17 +2,19 @@
 //! and checks) and the workers (which run them).
 //!
 //! A job's number decides everything about it: its database (even on PostgreSQL, odd on
-//! MariaDB), its mode (every third one charges through the payments API in lease mode, the
-//! others write an effect row in transaction mode) and its broker (RabbitMQ or JetStream, by
-//! pairs). JetStream's transaction-mode jobs are applied in batches, one claim per database
-//! for the jobs of a fetch.
+//! MariaDB), its mode (every third one charges through the payments API in lease mode, every
+//! third write an effect row through group commit, the others write one in transaction
+//! mode) and its broker (RabbitMQ or JetStream, by pairs). JetStream's transaction-mode jobs
+//! are applied in batches, one claim per database for the jobs of a fetch; the group-commit
+//! jobs of a fetch, and RabbitMQ's (a prefetch of several in flight), run concurrently and
+//! meet in the worker's groups.
 
 use idem::Lease;
 use serde::{Deserialize, Serialize};
 use sqlx::{MySql, Postgres, Transaction};
 
-/// The scope of every transaction-mode job, shared on purpose by the single and the batch
-/// handlers: a job applied in a batch is a duplicate to a single delivery, and the reverse.
+/// The scope of every transaction-mode job, shared on purpose by the single, the batch and
+/// the group-commit handlers: a job applied one way is a duplicate to the others.
 pub const EFFECT_SCOPE: &str = "chaos.effect";
 /// The scope of the lease-mode charges.
 pub const CHARGE_SCOPE: &str = "chaos.charge";
@@ -30,6 +32,8 @@ pub enum Db {
 pub enum Mode {
     Tx,
     Lease,
+    /// Transaction mode through group commit: an effect row, in scope [`EFFECT_SCOPE`].
+    Group,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,10 +57,10 @@ impl Job {
             id: format!("job-{n:06}"),
             n,
             db: if n.is_multiple_of(2) { Db::Pg } else { Db::My },
-            mode: if n.is_multiple_of(3) {
-                Mode::Lease
-            } else {
-                Mode::Tx
+            mode: match n % 3 {
+                0 => Mode::Lease,
+                1 => Mode::Group,
+                _ => Mode::Tx,
             },
             amount: 100 + (n % 97) as i64,
         }
@@ -107,6 +111,10 @@ impl JobError {
             JobError::Idem(idem::Error::LeaseLost { .. }) => "lease_lost",
             JobError::Idem(idem::Error::Timeout { .. }) => "timeout",
             JobError::Idem(idem::Error::RolledBack { .. }) => "rolled_back",
+            JobError::Idem(idem::Error::GroupFailed {
+                may_be_kept: true, ..
+            }) => "group_failed_may_be_kept",
+            JobError::Idem(idem::Error::GroupFailed { .. }) => "group_failed",
             JobError::Idem(idem::Error::Database(_)) => "database",
             JobError::Idem(_) => "idem_other",
             JobError::Database(_) => "database",
@@ -150,6 +158,36 @@ pub async fn effect_pg(
 
 #[idem::idempotent(key = "job.id", scope = "chaos.effect", wait = "2s")]
 pub async fn effect_my(
+    tx: &mut Transaction<'_, MySql>,
+    job: &Job,
+    via: &str,
+) -> Result<(), JobError> {
+    sqlx::query("INSERT INTO chaos_effects (job, via) VALUES (?, ?)")
+        .bind(&job.id)
+        .bind(via)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// [`effect_pg`] through group commit: the caller passes the worker's `idem::Group`.
+#[idem::idempotent(key = "job.id", scope = "chaos.effect", group, wait = "2s")]
+pub async fn effect_grouped_pg(
+    tx: &mut Transaction<'_, Postgres>,
+    job: &Job,
+    via: &str,
+) -> Result<(), JobError> {
+    sqlx::query("INSERT INTO chaos_effects (job, via) VALUES ($1, $2)")
+        .bind(&job.id)
+        .bind(via)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// [`effect_my`] through group commit.
+#[idem::idempotent(key = "job.id", scope = "chaos.effect", group, wait = "2s")]
+pub async fn effect_grouped_my(
     tx: &mut Transaction<'_, MySql>,
     job: &Job,
     via: &str,

@@ -10,7 +10,9 @@
 //! ```
 //! Options: `--seed N` (default: drawn from the clock, printed), `--duration 60s|10m`,
 //! `--workers N` (default 4, at least 4), `--rate JOBS_PER_SECOND` (default 5), `--drain
-//! 120s` (how long the drain may take), `--keep` (keep the servers' directory). It runs as
+//! 120s` (how long the drain may take), `--keep` (keep the servers' directory).
+//! `idem-chaos group-restart` runs one deterministic case instead: the database restarted
+//! while calls are inside a group (`restart.rs`). It runs as
 //! root: the owned servers run as the users `postgres`, `mysql` and `rabbitmq`.
 
 mod check;
@@ -20,6 +22,7 @@ mod harness;
 mod jobs;
 mod payments;
 mod proxy;
+mod restart;
 mod rng;
 mod servers;
 mod worker;
@@ -83,6 +86,18 @@ async fn main() -> std::process::ExitCode {
             .and_then(|c| serde_json::from_str(&c).ok())
             .expect("a worker is started by the harness, with its configuration");
         worker::run(config).await
+    }
+    if argv.peek().map(String::as_str) == Some("group-restart") {
+        return match restart::run().await {
+            Ok(()) => {
+                println!("group restart passed");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                println!("group restart FAILED: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
     }
     let args = match parse(argv) {
         Ok(args) => args,

@@ -1,5 +1,6 @@
 //! A worker process: consumes the RabbitMQ queue and the JetStream stream at once, runs each
-//! job's handler, acks after `Applied` or `Duplicate` and nacks on any error. It reconnects to
+//! job's handler, acks after `Applied` or `Duplicate` and nacks on any error (a group that
+//! failed as a whole included: its redelivery settles each job by its marker). It reconnects to
 //! whatever went away and runs until it is killed; it prints one line per event on stdout,
 //! which the harness reads.
 
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt as _;
-use idem::{Outcome, Store};
+use idem::{Group, GroupOptions, Outcome, Store};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
@@ -44,6 +45,10 @@ pub struct Config {
 struct Ctx {
     pg: Store<Postgres>,
     my: Store<MySql>,
+    /// Group commit on the same pools: the deliveries in flight at once (a prefetch, a
+    /// fetch's jobs) share transactions.
+    pg_group: Group<Postgres>,
+    my_group: Group<MySql>,
     http: reqwest::Client,
     payments_url: String,
 }
@@ -69,9 +74,19 @@ pub async fn run(config: Config) -> ! {
         .test_before_acquire(false)
         .connect_lazy(&config.my_url)
         .expect("the MariaDB URL parses");
+    let (pg, my) = (Store::new(pg), Store::new(my));
+    // One lane: the few deliveries of one database in flight at once in a worker all meet
+    // in one group, instead of splitting over two.
+    let options = GroupOptions::new().lanes(1);
     let ctx = Arc::new(Ctx {
-        pg: Store::new(pg),
-        my: Store::new(my),
+        pg_group: pg
+            .group(options)
+            .expect("the default group options are valid"),
+        my_group: my
+            .group(options)
+            .expect("the default group options are valid"),
+        pg,
+        my,
         http: reqwest::Client::new(),
         payments_url: config.payments_url.clone(),
     });
@@ -105,6 +120,8 @@ async fn handle(ctx: &Ctx, job: &Job, via: &str) -> Result<bool, JobError> {
     let outcome = match (job.mode, job.db) {
         (Mode::Tx, Db::Pg) => jobs::effect_pg(&ctx.pg, job, via).await?,
         (Mode::Tx, Db::My) => jobs::effect_my(&ctx.my, job, via).await?,
+        (Mode::Group, Db::Pg) => jobs::effect_grouped_pg(&ctx.pg_group, job, via).await?,
+        (Mode::Group, Db::My) => jobs::effect_grouped_my(&ctx.my_group, job, via).await?,
         (Mode::Lease, Db::Pg) => jobs::charge(&ctx.pg, job, &ctx.http, &ctx.payments_url).await?,
         (Mode::Lease, Db::My) => jobs::charge(&ctx.my, job, &ctx.http, &ctx.payments_url).await?,
     };
@@ -229,14 +246,14 @@ async fn nats_session(ctx: &Ctx, config: &Config) -> Result<(), async_nats::Erro
 }
 
 /// The transaction-mode jobs of a fetch go in one batch claim per database; the lease-mode
-/// ones one by one, concurrently.
+/// and group-commit ones one by one, concurrently (the group-commit ones meet in groups).
 async fn handle_fetch(ctx: &Ctx, batch: Vec<(Job, jetstream::Message)>) {
-    let (mut pg, mut my, mut lease) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut pg, mut my, mut single) = (Vec::new(), Vec::new(), Vec::new());
     for (job, message) in batch {
         match (job.mode, job.db) {
             (Mode::Tx, Db::Pg) => pg.push((job, message)),
             (Mode::Tx, Db::My) => my.push((job, message)),
-            (Mode::Lease, _) => lease.push((job, message)),
+            (Mode::Lease | Mode::Group, _) => single.push((job, message)),
         }
     }
     let pg_batch = async {
@@ -249,12 +266,12 @@ async fn handle_fetch(ctx: &Ctx, batch: Vec<(Job, jetstream::Message)>) {
         let outcomes = bounded_batch(async { jobs::effects_my(&ctx.my, &jobs).await }).await;
         settle_batch(&my, outcomes).await;
     };
-    let leases = futures_util::future::join_all(lease.iter().map(|(job, message)| async move {
+    let singles = futures_util::future::join_all(single.iter().map(|(job, message)| async move {
         let result = bounded(handle(ctx, job, "nats")).await;
         settle(message, result.is_ok()).await;
         report(job, "nats", &result);
     }));
-    tokio::join!(pg_batch, my_batch, leases);
+    tokio::join!(pg_batch, my_batch, singles);
 }
 
 async fn bounded_batch(

@@ -14,7 +14,10 @@ use crate::conformance::{Server, Support};
 
 /// A proxy cutting at `at`, a pool of one connection through it and a store on the test's
 /// marker table (migrated over the direct pool, so only deliveries pass the proxy).
-async fn through_proxy<S: Server>(ctx: &Ctx<S>, at: CutAt) -> (Proxy, Pool<S::Db>, Store<S::Db>) {
+pub(super) async fn through_proxy<S: Server>(
+    ctx: &Ctx<S>,
+    at: CutAt,
+) -> (Proxy, Pool<S::Db>, Store<S::Db>) {
     let proxy = Proxy::start(S::address(&ctx.url), S::WIRE, at).await;
     let pool = S::connect(&S::with_address(&ctx.url, proxy.addr), 1).await;
     let store = Store::new(pool.clone())
@@ -25,7 +28,7 @@ async fn through_proxy<S: Server>(ctx: &Ctx<S>, at: CutAt) -> (Proxy, Pool<S::Db
 
 /// Blocks until the server has finished with the cut session (committed or rolled back and
 /// gone), so that what the marker table shows afterwards is final.
-async fn until_session_gone<S: Server>(ctx: &Ctx<S>, cut: Cut) {
+pub(super) async fn until_session_gone<S: Server>(ctx: &Ctx<S>, cut: Cut) {
     let port = i64::from(cut.server_side_port);
     until(60, "the cut session ending on the server", || async move {
         ctx.scalar_with(S::SESSIONS_FROM_PORT, &[Bind::I64(port)])
