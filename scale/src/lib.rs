@@ -1,0 +1,6 @@
+//! idem on the setups users scale out to, tested on real servers (docs/scaling.md): PgBouncer
+//! in transaction pooling mode in front of PostgreSQL (`tests/pgbouncer.rs`), and a read-only
+//! PostgreSQL (`tests/read_only.rs`). The tests start what they need themselves.
+
+pub mod bouncer;
+pub mod jobs;
