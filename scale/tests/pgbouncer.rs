@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::outbox::{PublishError, Publisher, Relay};
-use idem::{Message, Outcome, Store};
+use idem::{Checkup, Message, Outcome, Severity, Store};
 use idem_scale::bouncer::{Bouncer, SERVER_CONNECTIONS, postgres_url};
 use idem_scale::jobs::{self, AppError, Hold, Job};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -183,6 +183,11 @@ async fn without_the_setting_claims_fail_and_say_why(url: &str, bounced: &PgPool
         }
     }
     assert!(refused > 0, "some claim must fail without the setting");
+    // The doctor of a store that was told, its reads through PgBouncer too, sees the pooler
+    // and finds it set up (untold, it warns and names the setting: a unit test of its own).
+    let told = case.store.doctor(&Checkup::new()).await.expect("doctor");
+    let finding = told.finding("pooler").expect("a pooler finding");
+    assert_eq!(finding.severity, Severity::Ok, "{}", finding.summary);
     // Every Applied job's effect is there, once; no refused job left one.
     case.assert_once_each(applied, "without the setting").await;
     eprintln!("without the setting: {applied} applied, {refused} refused naming it");
