@@ -375,8 +375,9 @@ impl Store<sqlx::Postgres> {
     /// Every mode, `wait` (a `SET LOCAL`, which ends with its transaction) and the verified
     /// commit work unchanged; `docs/scaling.md` says what was tested (PgBouncer 1.18) and the
     /// pooler's settings. Without this call, idem's statements fail behind such a pooler with
-    /// an [`Error::Database`] that names this method; nothing is written and no job is
-    /// reported `Applied`.
+    /// an [`Error::Database`] that names this method, or, where two clients' statements of
+    /// one name take the same binds, one runs the other's: never run a store behind such a
+    /// pooler without it.
     ///
     /// The handlers' own statements are theirs: send them with `.persistent(false)` as well,
     /// and those with binds inside a transaction (a lease body's, in one of their own), or
