@@ -187,18 +187,23 @@ impl Pair {
             .args(["-o", "pid=", "--ppid", &pid])
             .output()
             .expect("ps");
-        let mut pids = vec![pid];
+        let mut pids = vec![pid.clone()];
         pids.extend(
             String::from_utf8_lossy(&children.stdout)
                 .split_whitespace()
                 .map(str::to_owned),
         );
-        let killed = Command::new("kill")
-            .arg("-KILL")
-            .args(&pids)
-            .status()
-            .expect("kill");
-        assert!(killed.success(), "kill -KILL {pids:?}");
+        // Its status is not checked: a child that ended since `ps` (an autovacuum worker)
+        // makes `kill` fail for that pid alone. The postmaster must be gone.
+        drop(Command::new("kill").arg("-KILL").args(&pids).status());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Path::new(&format!("/proc/{pid}")).exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the primary ({pid}) survived SIGKILL"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// `pg_ctl promote`, waiting until the standby accepts writes.
