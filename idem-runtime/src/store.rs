@@ -179,11 +179,28 @@ impl<DB: Backend> Store<DB> {
     /// letters, digits or `_`, at most [`MAX_TABLE_LEN`] characters) is refused with
     /// [`Error::InvalidTable`].
     pub fn with_table(self, table: &str) -> Result<Self, Error> {
-        let table = Table::new(table)?;
+        let unnamed = DB::table(&self.sql).is_unnamed();
+        let table = Table::new(table)?.unnamed(unnamed);
         Ok(Store {
             pool: self.pool,
             sql: Arc::new(DB::statements(&table)),
         })
+    }
+
+    /// The same store, its statements sent unnamed ([`Table::unnamed`]).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    fn unnamed(self) -> Self {
+        let table = DB::table(&self.sql).clone().unnamed(true);
+        Store {
+            pool: self.pool,
+            sql: Arc::new(DB::statements(&table)),
+        }
+    }
+
+    /// Whether the store was told it runs behind a pooler in transaction mode
+    /// ([`behind_transaction_pooler`](Store::behind_transaction_pooler)).
+    pub fn is_behind_transaction_pooler(&self) -> bool {
+        DB::table(&self.sql).is_unnamed()
     }
 
     /// The connection pool.
@@ -331,5 +348,59 @@ impl<DB: Backend> Store<DB> {
                 return Ok(total);
             }
         }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Store<sqlx::Postgres> {
+    /// Tells the store that its pool reaches PostgreSQL through a pooler in transaction mode
+    /// (PgBouncer's `pool_mode = transaction`, and the poolers of managed PostgreSQL that work
+    /// the same way), which gives each transaction whichever server connection is free, so
+    /// that nothing of a session outlives its transaction. The store then keeps to what works
+    /// there:
+    ///
+    /// - its statements are sent as unnamed prepared statements (sqlx's
+    ///   [`persistent(false)`](sqlx::query::Query::persistent)): a statement sqlx prepared
+    ///   under a name on one server connection is missing on the next ("prepared statement
+    ///   \"sqlx_s_1\" does not exist"), and two clients' names collide on a server
+    ///   connection they share ("already exists");
+    /// - each statement it sends outside a transaction (a lease's claim, renewal, completion
+    ///   and release, a step's record, the relay's takes and marks, the operators' reads)
+    ///   runs in a transaction of its own: sqlx sends a statement with binds in two steps
+    ///   (parse, then bind and execute), and outside a transaction the pooler may run the
+    ///   second on another server connection, whose unnamed statement is someone else's;
+    /// - the outbox relay polls instead of listening: a `LISTEN` keeps no server connection,
+    ///   and its notifications reach another client or nobody.
+    ///
+    /// Every mode, `wait` (a `SET LOCAL`, which ends with its transaction) and the verified
+    /// commit work unchanged; `docs/scaling.md` says what was tested (PgBouncer 1.18) and the
+    /// pooler's settings. Without this call, idem's statements fail behind such a pooler with
+    /// an [`Error::Database`] that names this method, or, where two clients' statements of
+    /// one name take the same binds, one runs the other's: never run a store behind such a
+    /// pooler without it.
+    ///
+    /// The handlers' own statements are theirs: send them with `.persistent(false)` as well,
+    /// and those with binds inside a transaction (a lease body's, in one of their own), or
+    /// go through a pooler that tracks prepared statements (PgBouncer 1.21 and later with
+    /// `max_prepared_statements` above 0, untested here); and give the pool
+    /// [`statement_cache_capacity(0)`](sqlx::postgres::PgConnectOptions::statement_cache_capacity)
+    /// so that a query that still names its statement is not reused from the cache on another
+    /// server connection. A pooler in session mode needs none of this.
+    ///
+    /// ```no_run
+    /// # use idem_runtime as idem;
+    /// # async fn f() -> Result<(), idem::Error> {
+    /// use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    ///
+    /// let options: PgConnectOptions = "postgres://app@pgbouncer:6432/app".parse()?;
+    /// let pool = PgPoolOptions::new()
+    ///     .connect_with(options.statement_cache_capacity(0))
+    ///     .await?;
+    /// let store = idem::Store::new(pool).behind_transaction_pooler();
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn behind_transaction_pooler(self) -> Self {
+        self.unnamed()
     }
 }

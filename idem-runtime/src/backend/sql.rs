@@ -16,8 +16,14 @@ use crate::error::Error;
 pub const MAX_TABLE_LEN: usize = 47;
 
 /// A marker table's name, checked to be a plain identifier: the only way a name reaches SQL.
+/// It also says how the statements filled with it are sent: prepared once per connection and
+/// kept (sqlx's statement cache), or unnamed, prepared again at each execution, which is what
+/// survives a pooler in transaction mode (see [`Table::unnamed`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Table(String);
+pub struct Table {
+    name: String,
+    unnamed: bool,
+}
 
 impl Table {
     /// A letter or `_`, then letters, digits or `_`, at most [`MAX_TABLE_LEN`] characters;
@@ -32,11 +38,30 @@ impl Table {
                 name: name.to_owned(),
             });
         }
-        Ok(Table(name.to_owned()))
+        Ok(Table {
+            name: name.to_owned(),
+            unnamed: false,
+        })
     }
 
     pub(crate) fn as_str(&self) -> &str {
-        &self.0
+        &self.name
+    }
+
+    /// The same table, its statements sent as unnamed prepared statements. A pooler in
+    /// transaction mode (PgBouncer before 1.21, or without `max_prepared_statements`) hands
+    /// each transaction (and each statement outside one) whichever server connection is free:
+    /// a statement prepared under a name on one is missing on the next, and two clients'
+    /// names collide on a server connection they share. The unnamed statement lives only
+    /// until the next one on the same server connection, within the same message sequence.
+    pub(crate) fn unnamed(mut self, unnamed: bool) -> Self {
+        self.unnamed = unnamed;
+        self
+    }
+
+    /// Whether the statements are sent unnamed ([`Table::unnamed`]).
+    pub(crate) fn is_unnamed(&self) -> bool {
+        self.unnamed
     }
 
     /// `template` with `{t}` replaced by this name, which [`Table::new`] checked to be a plain
@@ -50,25 +75,35 @@ impl Table {
 pub(crate) struct Bound<DB: Database> {
     sql: SqlStr,
     args: Result<DB::Arguments, BoxDynError>,
+    /// Kept prepared on the connection (sqlx's default), or sent unnamed ([`Table::unnamed`]).
+    persistent: bool,
 }
 
-impl<DB: Database> Bound<DB>
+impl<DB: Database + sqlx::database::HasStatementCache> Bound<DB>
 where
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
-    pub(crate) fn new(sql: SqlStr, args: Result<DB::Arguments, BoxDynError>) -> Self {
-        Bound { sql, args }
+    pub(crate) fn new(
+        sql: SqlStr,
+        args: Result<DB::Arguments, BoxDynError>,
+        persistent: bool,
+    ) -> Self {
+        Bound {
+            sql,
+            args,
+            persistent,
+        }
     }
 
     pub(crate) fn query(self) -> sqlx::query::Query<'static, DB, DB::Arguments> {
-        sqlx_core::query::query_with_result(self.sql, self.args)
+        sqlx_core::query::query_with_result(self.sql, self.args).persistent(self.persistent)
     }
 
     pub(crate) fn rows<O>(self) -> sqlx::query::QueryAs<'static, DB, O, DB::Arguments>
     where
         O: for<'r> sqlx::FromRow<'r, DB::Row>,
     {
-        sqlx_core::query_as::query_as_with_result(self.sql, self.args)
+        sqlx_core::query_as::query_as_with_result(self.sql, self.args).persistent(self.persistent)
     }
 
     pub(crate) fn scalar<O>(self) -> sqlx::query::QueryScalar<'static, DB, O, DB::Arguments>
@@ -76,6 +111,7 @@ where
         (O,): for<'r> sqlx::FromRow<'r, DB::Row>,
     {
         sqlx_core::query_scalar::query_scalar_with_result(self.sql, self.args)
+            .persistent(self.persistent)
     }
 
     /// The same binds on another text with the same placeholders (MariaDB's statement with
@@ -120,11 +156,16 @@ macro_rules! statements {
         #[derive(Debug)]
         $vis struct $name {
             $($field: ::sqlx::SqlStr,)*
+            /// Whether the statements are kept prepared on the connection.
+            persistent: bool,
         }
 
         impl $name {
             $vis fn new(table: &$crate::backend::sql::Table) -> Self {
-                $name { $($field: table.fill(&$sql),)* }
+                $name {
+                    $($field: table.fill(&$sql),)*
+                    persistent: !table.is_unnamed(),
+                }
             }
 
             $(
@@ -148,7 +189,11 @@ macro_rules! statements {
                         )*
                         ::core::result::Result::Ok(())
                     };
-                    $crate::backend::sql::Bound::new(self.$field.clone(), added.map(|()| args))
+                    $crate::backend::sql::Bound::new(
+                        self.$field.clone(),
+                        added.map(|()| args),
+                        self.persistent,
+                    )
                 }
             )*
 

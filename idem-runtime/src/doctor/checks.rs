@@ -86,7 +86,7 @@ pub(super) async fn run<DB: Backend>(
     let server_max = DB::max_connections(pool).await?;
     findings.push(pool_check(pool_size, checkup.concurrency, server_max));
     findings.push(ack_timeout(checkup));
-    findings.push(pooler(DB::ports(pool).await?));
+    findings.push(pooler(DB::ports(pool).await?, DB::table(sql).is_unnamed()));
     let before = SystemTime::now();
     let db_ms = DB::clock_ms(pool).await?;
     let after = SystemTime::now();
@@ -474,8 +474,16 @@ fn ack_timeout(checkup: &Checkup) -> Finding {
     )
 }
 
-fn pooler(ports: Option<(u16, i64)>) -> Finding {
+fn pooler(ports: Option<(u16, i64)>, told: bool) -> Finding {
     match ports {
+        Some((ours, server)) if i64::from(ours) != server && told => Finding::new(
+            "pooler",
+            Severity::Ok,
+            format!(
+                "the pool connects to port {ours} and the server listens on {server}: a \
+                 pooler is in between, and the store was told (`behind_transaction_pooler`)"
+            ),
+        ),
         Some((ours, server)) if i64::from(ours) != server => Finding::new(
             "pooler",
             Severity::Warning,
@@ -485,10 +493,10 @@ fn pooler(ports: Option<(u16, i64)>) -> Finding {
             ),
         )
         .fix(
-            "behind a pooler in transaction mode, each claim works (it is one transaction) \
-             but LISTEN does not reach the relay (`Relay::listen(false)`) and session \
-             settings do not last; check the pooler's mode, and that a `wait` claim's \
-             lock_timeout stays in its transaction (it does: `SET LOCAL`)",
+            "behind a pooler in transaction mode (PgBouncer's pool_mode = transaction), call \
+             `Store::behind_transaction_pooler()`: sqlx's named statements, statements with \
+             binds outside a transaction and the relay's LISTEN do not work there \
+             (docs/scaling.md); in session mode nothing needs to change",
         ),
         Some((ours, _)) => Finding::new(
             "pooler",

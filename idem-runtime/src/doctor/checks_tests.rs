@@ -67,9 +67,13 @@ fn the_pool_wants_one_connection_more_than_the_jobs() {
 
 #[test]
 fn a_pooler_shows_as_another_port() {
-    assert_eq!(pooler(Some((6432, 5432))).severity, Severity::Warning);
-    assert_eq!(pooler(Some((5432, 5432))).severity, Severity::Ok);
-    assert_eq!(pooler(None).severity, Severity::Skipped);
+    let untold = pooler(Some((6432, 5432)), false);
+    assert_eq!(untold.severity, Severity::Warning);
+    let fix = untold.fix.unwrap_or_default();
+    assert!(fix.contains("Store::behind_transaction_pooler()"), "{fix}");
+    assert_eq!(pooler(Some((6432, 5432)), true).severity, Severity::Ok);
+    assert_eq!(pooler(Some((5432, 5432)), false).severity, Severity::Ok);
+    assert_eq!(pooler(None, false).severity, Severity::Skipped);
 }
 
 #[test]

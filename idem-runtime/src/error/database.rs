@@ -24,6 +24,22 @@ impl fmt::Display for DatabaseMessage<'_> {
 }
 
 fn advice(err: &sqlx::Error) -> &'static str {
+    if is_read_only(err) {
+        return "the server is read-only (a hot standby or replica, or writes are turned off: \
+                PostgreSQL's default_transaction_read_only, MySQL's read_only). Nothing was \
+                written and no job was reported Applied: point the pool at the primary (after \
+                a failover, at the promoted server) and let the job be redelivered; it runs \
+                once writes are accepted";
+    }
+    if is_lost_statement(err) {
+        return "a statement sqlx prepared under a name on one server connection is missing on \
+                the one that ran it, or its name is taken there: a pooler in transaction mode \
+                (PgBouncer's pool_mode = transaction) is between the pool and PostgreSQL. \
+                Nothing was kept. Call `Store::behind_transaction_pooler()` (idem's \
+                statements are then sent unnamed), send the handlers' own queries with \
+                `.persistent(false)` and inside a transaction, or run the pooler in session mode \
+                (docs/scaling.md, \"PgBouncer\")";
+    }
     if is_missing_table(err) {
         return "the marker table does not exist: call `Store::migrate()` at start-up, or add \
                 the statements of `Store::ddl()` to your migrations";
@@ -69,7 +85,9 @@ pub(super) fn transient(err: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => {
             let code = db.code();
             let code = code.as_deref().unwrap_or_default();
-            if code.starts_with("42") || code.starts_with("28") {
+            // A statement lost to a pooler lasts until the store or the pooler is set up for
+            // it.
+            if code.starts_with("42") || code.starts_with("28") || is_lost_statement(err) {
                 return false;
             }
             !sqlite_refusal(&**db)
@@ -96,6 +114,40 @@ fn sqlite_refusal(db: &dyn sqlx::error::DatabaseError) -> bool {
     }
     let _ = db;
     false
+}
+
+/// PostgreSQL `25006` (`read_only_sql_transaction`: a hot standby, or
+/// `default_transaction_read_only`), the same SQLSTATE on MySQL and MariaDB in a read-only
+/// transaction, and their error 1290 for a server running with `read_only`.
+pub(super) fn is_read_only(err: &sqlx::Error) -> bool {
+    let Some(db) = err.as_database_error() else {
+        return false;
+    };
+    if db.code().as_deref() == Some("25006") {
+        return true;
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return my.number() == 1290 && my.message().contains("read-only");
+    }
+    false
+}
+
+/// What a pooler in transaction mode does to sqlx's statements on PostgreSQL: `26000`
+/// (`prepared statement "sqlx_s_1" does not exist`, `unnamed prepared statement does not
+/// exist`), `42P05` (`prepared statement "sqlx_s_1" already exists`), and `08P01` for a bind
+/// that reached another client's unnamed statement (`bind message supplies 2 parameters, but
+/// prepared statement "" requires 5`).
+fn is_lost_statement(err: &sqlx::Error) -> bool {
+    let Some(db) = err.as_database_error() else {
+        return false;
+    };
+    let message = db.message();
+    match db.code().as_deref() {
+        Some("26000" | "42P05") => message.contains("prepared statement"),
+        Some("08P01") => message.contains("prepared statement \"\""),
+        _ => false,
+    }
 }
 
 /// PostgreSQL `42P01`, MySQL 1146, SQLite "no such table".

@@ -6,7 +6,7 @@ mod database;
 #[cfg(test)]
 mod tests;
 
-use database::{DatabaseMessage, transient};
+use database::{DatabaseMessage, is_read_only, transient};
 
 /// Everything that can go wrong around an idempotent call.
 ///
@@ -25,6 +25,16 @@ pub enum Error {
     /// `source()`, so that error reporters do not print it twice.
     #[error("{}", DatabaseMessage(.0))]
     Database(sqlx::Error),
+
+    /// The database refused to write: it is read-only. PostgreSQL answers so (SQLSTATE
+    /// `25006`) on a hot standby and in a session with `default_transaction_read_only` on;
+    /// MySQL and MariaDB on a replica or server with `read_only` (and in a read-only
+    /// transaction). The claim wrote nothing, so no job is reported `Applied` there and
+    /// nothing was kept: nack the job, and point the pool at the primary (after a failover,
+    /// at the promoted server); it runs once writes are accepted again. The sqlx error is the
+    /// variant's field, as in [`Error::Database`].
+    #[error("{}", DatabaseMessage(.0))]
+    ReadOnly(sqlx::Error),
 
     /// The key was refused before any I/O: nothing was written.
     #[error("invalid idempotency key: {0}")]
@@ -458,7 +468,14 @@ impl From<sqlx::Error> for Error {
         match err {
             sqlx::Error::Database(db) => match db.try_downcast::<Error>() {
                 Ok(idem) => *idem,
-                Err(db) => Error::Database(sqlx::Error::Database(db)),
+                Err(db) => {
+                    let err = sqlx::Error::Database(db);
+                    if is_read_only(&err) {
+                        Error::ReadOnly(err)
+                    } else {
+                        Error::Database(err)
+                    }
+                }
             },
             other => Error::Database(other),
         }
@@ -491,6 +508,8 @@ impl Error {
             | Error::GroupFailed { .. }
             | Error::Kafka { .. } => true,
             Error::Database(e) => transient(e),
+            // A standby is promoted, a pool reconnects to the primary: a redelivery may land.
+            Error::ReadOnly(_) => true,
             #[cfg(feature = "testing")]
             Error::Injected { .. } => true,
             Error::InvalidKey(_)
@@ -516,7 +535,7 @@ impl Error {
     /// The driver's error, for an [`Error::Database`] the database returned.
     pub(super) fn driver_error(&self) -> Option<&dyn sqlx::error::DatabaseError> {
         match self {
-            Error::Database(e) => e.as_database_error(),
+            Error::Database(e) | Error::ReadOnly(e) => e.as_database_error(),
             _ => None,
         }
     }

@@ -90,6 +90,7 @@ impl Verdict {
             // An operator's refusal: it ends no call.
             Error::LeaseHeld { .. } => Verdict::Invalid,
             Error::Database(_)
+            | Error::ReadOnly(_)
             | Error::Kafka { .. }
             | Error::JobNotFinished { .. }
             | Error::GroupFailed { .. }

@@ -160,9 +160,10 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     }
 
     /// Whether [`run`](Relay::run) listens for the commits of new messages where the database
-    /// announces them (PostgreSQL; the default), or only polls. Turn it off behind a pooler in
-    /// transaction mode (PgBouncer's `pool_mode = transaction`): a `LISTEN` there does not keep
-    /// its server connection, and its notifications never arrive.
+    /// announces them (PostgreSQL; the default), or only polls. A store told it is behind a
+    /// pooler in transaction mode ([`Store::behind_transaction_pooler`]) only polls whatever
+    /// this says: a `LISTEN` there does not keep its server connection, and its
+    /// notifications never arrive.
     pub fn listen(mut self, listen: bool) -> Self {
         self.listen = listen;
         self
@@ -228,7 +229,8 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// On PostgreSQL the wait ends early at the commit of a new message: each commit with
     /// messages sends `NOTIFY` on the channel `{table}_outbox`, on which the relay listens
     /// from a connection of its own (not one of the store's pool), unless told not to
-    /// ([`listen`](Relay::listen)). Elsewhere it lasts `poll`.
+    /// ([`listen`](Relay::listen)) or behind a pooler in transaction mode
+    /// ([`Store::behind_transaction_pooler`]). Elsewhere it lasts `poll`.
     pub async fn run(&self, poll: Duration, stop: impl Future<Output = ()>) -> Result<(), Error> {
         let mut stop = std::pin::pin!(stop);
         // Listening before the first round: a commit from then on is announced, even one

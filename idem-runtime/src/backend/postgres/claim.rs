@@ -3,6 +3,7 @@
 
 use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, SqlStr, Transaction};
 
+use super::pinned::on_conn;
 use super::{IN_FAILED_TRANSACTION, LEASE_OVER, PgSql, UNBOUND, database_code};
 use crate::backend::rows::MarkerState;
 use crate::backend::sealed::Claims;
@@ -217,12 +218,12 @@ impl Claims for Postgres {
         scope: &'t str,
         key: &'t str,
     ) -> Result<Option<Found>, sqlx::Error> {
-        let row: Option<MarkerState> = sql
-            .claim
-            .marker(scope, key)
-            .rows()
-            .fetch_optional(&mut *conn)
-            .await?;
+        // Also read outside a transaction (a lease's claim, `inspect`).
+        let marker = sql.claim.marker(scope, key);
+        let row: Option<MarkerState> = on_conn(conn, sql, async |conn| {
+            marker.rows().fetch_optional(conn).await
+        })
+        .await?;
         Ok(row.map(Found::of_row))
     }
 

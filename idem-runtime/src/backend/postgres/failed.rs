@@ -5,6 +5,7 @@ use sqlx::{Pool, Postgres};
 
 use super::PgSql;
 use super::operators::MARKER_COLUMNS;
+use super::pinned::on_pool;
 use crate::backend::MarkerRow;
 use crate::backend::sealed::Failures;
 use crate::backend::sql::statements;
@@ -35,7 +36,10 @@ impl Failures for Postgres {
         scope: Option<&'p str>,
         limit: i64,
     ) -> Result<Vec<MarkerRow>, sqlx::Error> {
-        sql.failed.list(scope, limit).rows().fetch_all(pool).await
+        on_pool(pool, sql, async |conn| {
+            sql.failed.list(scope, limit).rows().fetch_all(conn).await
+        })
+        .await
     }
 
     async fn requeue<'p>(
@@ -45,6 +49,7 @@ impl Failures for Postgres {
         key: &'p str,
     ) -> Result<bool, sqlx::Error> {
         let requeue = sql.failed.requeue(scope, key);
-        Ok(requeue.query().execute(pool).await?.rows_affected() == 1)
+        let done = on_pool(pool, sql, async |conn| requeue.query().execute(conn).await).await?;
+        Ok(done.rows_affected() == 1)
     }
 }

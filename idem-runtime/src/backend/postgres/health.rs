@@ -1,8 +1,11 @@
-//! What `Store::doctor` reads on PostgreSQL.
+//! What `Store::doctor` reads on PostgreSQL. Statements with binds go through
+//! [`on_pool`](super::pinned::on_pool); those without are sent as simple queries (`raw_sql`),
+//! one message each, which works behind a pooler in transaction mode too.
 
-use sqlx::{Pool, Postgres};
+use sqlx::{Pool, Postgres, Row as _};
 
 use super::PgSql;
+use super::pinned::on_pool;
 use crate::backend::health::{Bloat, COUNT_CAP, Catalog, Health};
 use crate::backend::sealed::Dialect as _;
 use crate::backend::sql::statements;
@@ -51,9 +54,18 @@ impl Health for Postgres {
     async fn catalog<'p>(pool: &'p Pool<Self>, sql: &'p PgSql) -> Result<Catalog, sqlx::Error> {
         let name = Self::table(sql).as_str();
         let statements = HealthSql::new(Self::table(sql));
-        let tables = statements.tables(name).scalar().fetch_all(pool).await?;
-        let indexes = statements.indexes(name).rows().fetch_all(pool).await?;
-        let columns = statements.columns(name).rows().fetch_all(pool).await?;
+        let tables = on_pool(pool, sql, async |conn| {
+            statements.tables(name).scalar().fetch_all(conn).await
+        })
+        .await?;
+        let indexes = on_pool(pool, sql, async |conn| {
+            statements.indexes(name).rows().fetch_all(conn).await
+        })
+        .await?;
+        let columns = on_pool(pool, sql, async |conn| {
+            statements.columns(name).rows().fetch_all(conn).await
+        })
+        .await?;
         Ok((tables, indexes, columns))
     }
 
@@ -63,9 +75,10 @@ impl Health for Postgres {
              WHERE table_schema = current_schema() AND column_name IN {MARKER_COLUMNS} \
              GROUP BY table_name HAVING COUNT(*) = 7 ORDER BY table_name"
         );
-        sqlx::query_scalar(sqlx::AssertSqlSafe(query))
+        let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(query))
             .fetch_all(pool)
-            .await
+            .await?;
+        rows.iter().map(|row| row.try_get(0)).collect()
     }
 
     async fn count_old<'p>(
@@ -79,7 +92,7 @@ impl Health for Postgres {
             Some(scope) => statements.old_in_scope(scope, age_ms, COUNT_CAP),
             None => statements.old(age_ms, COUNT_CAP),
         };
-        query.scalar().fetch_one(pool).await
+        on_pool(pool, sql, async |conn| query.scalar().fetch_one(conn).await).await
     }
 
     async fn count_stuck<'p>(
@@ -89,7 +102,7 @@ impl Health for Postgres {
     ) -> Result<i64, sqlx::Error> {
         let statements = HealthSql::new(Self::table(sql));
         let query = statements.stuck(age_ms, COUNT_CAP);
-        query.scalar().fetch_one(pool).await
+        on_pool(pool, sql, async |conn| query.scalar().fetch_one(conn).await).await
     }
 
     async fn count_outbox<'p>(
@@ -98,40 +111,53 @@ impl Health for Postgres {
         age_ms: i64,
     ) -> Result<(i64, i64), sqlx::Error> {
         let statements = HealthSql::new(Self::table(sql));
-        statements.outbox(age_ms).rows().fetch_one(pool).await
+        on_pool(pool, sql, async |conn| {
+            statements.outbox(age_ms).rows().fetch_one(conn).await
+        })
+        .await
     }
 
     async fn bloat<'p>(pool: &'p Pool<Self>, sql: &'p PgSql) -> Result<Option<Bloat>, sqlx::Error> {
         let statements = HealthSql::new(Self::table(sql));
-        let row: Option<(i64, i64)> = statements
-            .bloat(Self::table(sql).as_str())
-            .rows()
-            .fetch_optional(pool)
-            .await?;
+        let row: Option<(i64, i64)> = on_pool(pool, sql, async |conn| {
+            statements
+                .bloat(Self::table(sql).as_str())
+                .rows()
+                .fetch_optional(conn)
+                .await
+        })
+        .await?;
         Ok(row.map(|(dead, live)| Bloat::Rows { dead, live }))
     }
 
     async fn clock_ms(pool: &Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
-        sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8")
-            .fetch_one(pool)
-            .await
-            .map(Some)
+        one(
+            pool,
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8",
+        )
+        .await
+        .map(Some)
     }
 
     async fn max_connections(pool: &Pool<Self>) -> Result<Option<i64>, sqlx::Error> {
-        sqlx::query_scalar("SELECT current_setting('max_connections')::int8")
-            .fetch_one(pool)
+        one(pool, "SELECT current_setting('max_connections')::int8")
             .await
             .map(Some)
     }
 
     async fn ports(pool: &Pool<Self>) -> Result<Option<(u16, i64)>, sqlx::Error> {
-        let server: Option<i32> = sqlx::query_scalar("SELECT inet_server_port()")
-            .fetch_one(pool)
-            .await?;
+        let server: Option<i32> = one(pool, "SELECT inet_server_port()").await?;
         let ours = pool.connect_options().get_port();
         Ok(server.map(|port| (ours, i64::from(port))))
     }
+}
+
+/// The first column of the one row `query` (no binds) answers, as a simple query.
+async fn one<T>(pool: &Pool<Postgres>, query: &'static str) -> Result<T, sqlx::Error>
+where
+    T: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
+    sqlx::raw_sql(query).fetch_one(pool).await?.try_get(0)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use sqlx::{Pool, Postgres};
 
+use super::pinned::{on_conn, on_pool};
 use super::{CLOCK_TOKEN, PgSql};
 use crate::backend::sealed::{Claims as _, Leases};
 use crate::backend::sql::statements;
@@ -69,17 +70,18 @@ impl Leases for Postgres {
         lease_ms: i64,
     ) -> Result<LeaseState, sqlx::Error> {
         let wait_ms = c.wait.map_or(AT_ONCE_MS, crate::backend::millis);
-        let taken: Option<(i64, i64)> = sql
+        let mut conn = pool.acquire().await?;
+        let claim = sql
             .lease
-            .claim(c.scope, c.key, lease_ms, c.fingerprint, wait_ms.to_string())
-            .rows()
-            .fetch_optional(pool)
-            .await?;
+            .claim(c.scope, c.key, lease_ms, c.fingerprint, wait_ms.to_string());
+        let taken: Option<(i64, i64)> = on_conn(&mut conn, sql, async |conn| {
+            claim.rows().fetch_optional(conn).await
+        })
+        .await?;
         if let Some((token, attempts)) = taken {
             return Ok(LeaseState::Taken { token, attempts });
         }
         // Completed or held: the marker says which.
-        let mut conn = pool.acquire().await?;
         let found = Self::marker(&mut conn, sql, c.scope, c.key).await?;
         Ok(found.map_or(LeaseState::Missing, LeaseState::Found))
     }
@@ -90,12 +92,8 @@ impl Leases for Postgres {
         h: Holder<'t>,
         result: Option<&'t str>,
     ) -> Result<bool, sqlx::Error> {
-        let done = sql
-            .lease
-            .complete(h.scope, h.key, h.token, result)
-            .query()
-            .execute(conn)
-            .await?;
+        let complete = sql.lease.complete(h.scope, h.key, h.token, result);
+        let done = on_conn(conn, sql, async |conn| complete.query().execute(conn).await).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -106,7 +104,8 @@ impl Leases for Postgres {
         error: &'p str,
     ) -> Result<bool, sqlx::Error> {
         let fail = sql.lease.fail(h.scope, h.key, h.token, error);
-        Ok(fail.query().execute(pool).await?.rows_affected() == 1)
+        let done = on_pool(pool, sql, async |conn| fail.query().execute(conn).await).await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn lease_release<'p>(
@@ -114,12 +113,8 @@ impl Leases for Postgres {
         sql: &'p PgSql,
         h: Holder<'p>,
     ) -> Result<bool, sqlx::Error> {
-        let done = sql
-            .lease
-            .release(h.scope, h.key, h.token)
-            .query()
-            .execute(pool)
-            .await?;
+        let release = sql.lease.release(h.scope, h.key, h.token);
+        let done = on_pool(pool, sql, async |conn| release.query().execute(conn).await).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -129,12 +124,8 @@ impl Leases for Postgres {
         h: Holder<'p>,
         lease_ms: i64,
     ) -> Result<bool, sqlx::Error> {
-        let done = sql
-            .lease
-            .renew(h.scope, h.key, h.token, lease_ms)
-            .query()
-            .execute(pool)
-            .await?;
+        let renew = sql.lease.renew(h.scope, h.key, h.token, lease_ms);
+        let done = on_pool(pool, sql, async |conn| renew.query().execute(conn).await).await?;
         Ok(done.rows_affected() == 1)
     }
 }

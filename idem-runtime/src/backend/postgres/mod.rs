@@ -8,6 +8,7 @@ mod lease;
 mod offsets;
 mod operators;
 mod outbox;
+mod pinned;
 mod retention;
 mod steps;
 

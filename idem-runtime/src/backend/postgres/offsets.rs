@@ -4,6 +4,7 @@
 use sqlx::{Pool, Postgres};
 
 use super::PgSql;
+use super::pinned::on_pool;
 use crate::backend::Partition;
 use crate::backend::sealed::{Outboxes as _, Watermarks};
 use crate::backend::sql::statements;
@@ -92,7 +93,10 @@ impl Watermarks for Postgres {
         group: &'p str,
         topic: &'p str,
     ) -> Result<Vec<(i32, i64)>, sqlx::Error> {
-        sql.offsets.read(group, topic).rows().fetch_all(pool).await
+        on_pool(pool, sql, async |conn| {
+            sql.offsets.read(group, topic).rows().fetch_all(conn).await
+        })
+        .await
     }
 
     async fn offsets_set<'p>(
@@ -107,7 +111,10 @@ impl Watermarks for Postgres {
             partition,
         } = at;
         let statement = sql.offsets.set(group, topic, partition, next);
-        statement.query().execute(pool).await?;
+        on_pool(pool, sql, async |conn| {
+            statement.query().execute(conn).await
+        })
+        .await?;
         Ok(())
     }
 
@@ -117,12 +124,10 @@ impl Watermarks for Postgres {
         group: &'p str,
         topic: Option<&'p str>,
     ) -> Result<u64, sqlx::Error> {
-        let done = sql
-            .offsets
-            .forget(group, topic)
-            .query()
-            .execute(pool)
-            .await?;
+        let done = on_pool(pool, sql, async |conn| {
+            sql.offsets.forget(group, topic).query().execute(conn).await
+        })
+        .await?;
         Ok(done.rows_affected())
     }
 

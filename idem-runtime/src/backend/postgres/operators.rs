@@ -2,6 +2,7 @@
 
 use sqlx::{Pool, Postgres, SqlStr};
 
+use super::pinned::on_pool;
 use super::{LEASE_OVER, PgSql};
 use crate::backend::sealed::Operators;
 use crate::backend::sql::statements;
@@ -65,22 +66,32 @@ impl Operators for Postgres {
     async fn migrate<'p>(pool: &'p Pool<Self>, sql: &'p PgSql) -> Result<(), sqlx::Error> {
         // Concurrent `CREATE TABLE IF NOT EXISTS` can still fail on the catalog's unique
         // index; a transaction-scoped advisory lock makes the workers take turns.
+        // Statements run once per process are not kept prepared (`persistent(false)`): the
+        // cache would hold them for nothing, and a named statement left on a server connection
+        // that a pooler in transaction mode hands to another client collides with that
+        // client's own.
         let mut tx = pool.begin().await?;
         // `IF NOT EXISTS` answers an existing table with a NOTICE, which sqlx logs at INFO:
         // every worker's start-up would say "relation already exists, skipping".
         sqlx::query("SET LOCAL client_min_messages = warning")
+            .persistent(false)
             .execute(&mut *tx)
             .await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idem.migrate.' || $1))")
             .bind(sql.table.as_str())
+            .persistent(false)
             .execute(&mut *tx)
             .await?;
         for stmt in &sql.ddl {
-            sqlx::query(stmt.clone()).execute(&mut *tx).await?;
+            sqlx::query(stmt.clone())
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
         }
         // `IF NOT EXISTS`: a table that has the addition already is left as it is.
         for added in &sql.added {
             sqlx::query(added.statement.clone())
+                .persistent(false)
                 .execute(&mut *tx)
                 .await?;
         }
@@ -118,12 +129,10 @@ impl Operators for Postgres {
         scope: &'p str,
         key: &'p str,
     ) -> Result<Option<Status>, sqlx::Error> {
-        let status: Option<(String, i64)> = sql
-            .ops
-            .status(scope, key)
-            .rows()
-            .fetch_optional(pool)
-            .await?;
+        let status: Option<(String, i64)> = on_pool(pool, sql, async |conn| {
+            sql.ops.status(scope, key).rows().fetch_optional(conn).await
+        })
+        .await?;
         Ok(status.map(|(state, over)| Status::of(&state, over != 0)))
     }
 
@@ -133,11 +142,14 @@ impl Operators for Postgres {
         scope: &'p str,
         key: &'p str,
     ) -> Result<Option<MarkerRow>, sqlx::Error> {
-        sql.ops
-            .inspect(scope, key)
-            .rows()
-            .fetch_optional(pool)
-            .await
+        on_pool(pool, sql, async |conn| {
+            sql.ops
+                .inspect(scope, key)
+                .rows()
+                .fetch_optional(conn)
+                .await
+        })
+        .await
     }
 
     async fn in_progress<'p>(
@@ -146,11 +158,14 @@ impl Operators for Postgres {
         scope: Option<&'p str>,
         limit: i64,
     ) -> Result<Vec<MarkerRow>, sqlx::Error> {
-        sql.ops
-            .in_progress(scope, limit)
-            .rows()
-            .fetch_all(pool)
-            .await
+        on_pool(pool, sql, async |conn| {
+            sql.ops
+                .in_progress(scope, limit)
+                .rows()
+                .fetch_all(conn)
+                .await
+        })
+        .await
     }
 
     async fn purge_batch<'p>(
@@ -159,7 +174,10 @@ impl Operators for Postgres {
         age_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let done = sql.ops.purge(age_ms, limit).query().execute(pool).await?;
+        let done = on_pool(pool, sql, async |conn| {
+            sql.ops.purge(age_ms, limit).query().execute(conn).await
+        })
+        .await?;
         Ok(done.rows_affected())
     }
 }

@@ -4,6 +4,7 @@
 use sqlx::{Pool, Postgres};
 
 use super::PgSql;
+use super::pinned::on_pool;
 use crate::backend::sealed::Outboxes;
 use crate::backend::sql::statements;
 use crate::backend::{Listen, OutboxRow, Taken, rows};
@@ -105,12 +106,14 @@ impl Outboxes for Postgres {
         lease_ms: i64,
     ) -> Result<Taken, sqlx::Error> {
         type Row = (String, String, Vec<u8>, i32, i32, i64, String);
-        let mut taken: Vec<Row> = sql
-            .outbox
-            .take(limit, lease_ms)
-            .rows()
-            .fetch_all(pool)
-            .await?;
+        let mut taken: Vec<Row> = on_pool(pool, sql, async |conn| {
+            sql.outbox
+                .take(limit, lease_ms)
+                .rows()
+                .fetch_all(conn)
+                .await
+        })
+        .await?;
         // `RETURNING` keeps no order: oldest first, and a job's messages in their order.
         taken.sort_by_key(|r| (r.5, r.3));
         let hold = taken.first().map(|r| r.6.clone()).unwrap_or_default();
@@ -129,7 +132,10 @@ impl Outboxes for Postgres {
         ids: &'p [&'p str],
         hold: &'p str,
     ) -> Result<u64, sqlx::Error> {
-        let done = sql.outbox.sent(ids, hold).query().execute(pool).await?;
+        let done = on_pool(pool, sql, async |conn| {
+            sql.outbox.sent(ids, hold).query().execute(conn).await
+        })
+        .await?;
         Ok(done.rows_affected())
     }
 
@@ -143,7 +149,7 @@ impl Outboxes for Postgres {
         hold: &'p str,
     ) -> Result<(), sqlx::Error> {
         let failed = sql.outbox.failed(id, error, retry_ms, park, hold);
-        failed.query().execute(pool).await?;
+        on_pool(pool, sql, async |conn| failed.query().execute(conn).await).await?;
         Ok(())
     }
 
@@ -168,12 +174,10 @@ impl Outboxes for Postgres {
         age_ms: i64,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let done = sql
-            .outbox
-            .purge(age_ms, limit)
-            .query()
-            .execute(pool)
-            .await?;
+        let done = on_pool(pool, sql, async |conn| {
+            sql.outbox.purge(age_ms, limit).query().execute(conn).await
+        })
+        .await?;
         Ok(done.rows_affected())
     }
 
@@ -185,7 +189,7 @@ impl Outboxes for Postgres {
         limit: i64,
     ) -> Result<Vec<OutboxRow>, sqlx::Error> {
         let list = sql.outbox.list(parked, pending, limit);
-        list.rows().fetch_all(pool).await
+        on_pool(pool, sql, async |conn| list.rows().fetch_all(conn).await).await
     }
 
     async fn outbox_find<'p>(
@@ -193,7 +197,10 @@ impl Outboxes for Postgres {
         sql: &'p PgSql,
         id: &'p str,
     ) -> Result<Option<OutboxRow>, sqlx::Error> {
-        sql.outbox.find(id).rows().fetch_optional(pool).await
+        on_pool(pool, sql, async |conn| {
+            sql.outbox.find(id).rows().fetch_optional(conn).await
+        })
+        .await
     }
 
     async fn outbox_requeue<'p>(
@@ -201,7 +208,10 @@ impl Outboxes for Postgres {
         sql: &'p PgSql,
         id: &'p str,
     ) -> Result<bool, sqlx::Error> {
-        let done = sql.outbox.requeue(id).query().execute(pool).await?;
+        let done = on_pool(pool, sql, async |conn| {
+            sql.outbox.requeue(id).query().execute(conn).await
+        })
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -209,6 +219,12 @@ impl Outboxes for Postgres {
         pool: &'p Pool<Self>,
         sql: &'p PgSql,
     ) -> Result<Option<Listen>, sqlx::Error> {
+        // Behind a pooler in transaction mode, `LISTEN` lands on a server connection that goes
+        // back to the pool at once: its notifications reach another client or nobody. The
+        // relay polls instead.
+        if sql.table.is_unnamed() {
+            return Ok(None);
+        }
         // A connection of its own, outside the application's pool: a listener holds its
         // connection for as long as it lives, and a pool of one would have none left.
         let own = sqlx::postgres::PgPoolOptions::new()

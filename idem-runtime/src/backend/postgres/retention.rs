@@ -3,6 +3,7 @@
 use sqlx::{Pool, Postgres};
 
 use super::PgSql;
+use super::pinned::on_pool;
 use crate::backend::retention::Retentions;
 use crate::backend::sealed::Dialect as _;
 use crate::backend::sql::statements;
@@ -34,7 +35,10 @@ impl Retentions for Postgres {
         keep_ms: i64,
     ) -> Result<(), sqlx::Error> {
         let statements = RetentionSql::new(Self::table(sql));
-        statements.set(scope, keep_ms).query().execute(pool).await?;
+        on_pool(pool, sql, async |conn| {
+            statements.set(scope, keep_ms).query().execute(conn).await
+        })
+        .await?;
         Ok(())
     }
 
@@ -44,7 +48,10 @@ impl Retentions for Postgres {
         scope: &'p str,
     ) -> Result<bool, sqlx::Error> {
         let statements = RetentionSql::new(Self::table(sql));
-        let done = statements.clear(scope).query().execute(pool).await?;
+        let done = on_pool(pool, sql, async |conn| {
+            statements.clear(scope).query().execute(conn).await
+        })
+        .await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -53,7 +60,10 @@ impl Retentions for Postgres {
         sql: &'p PgSql,
     ) -> Result<Vec<(String, i64)>, sqlx::Error> {
         let statements = RetentionSql::new(Self::table(sql));
-        statements.list().rows().fetch_all(pool).await
+        on_pool(pool, sql, async |conn| {
+            statements.list().rows().fetch_all(conn).await
+        })
+        .await
     }
 
     async fn purge_scope_batch<'p>(
@@ -65,7 +75,9 @@ impl Retentions for Postgres {
     ) -> Result<u64, sqlx::Error> {
         let statements = RetentionSql::new(Self::table(sql));
         let done = statements.purge(scope, age_ms, limit).query();
-        Ok(done.execute(pool).await?.rows_affected())
+        Ok(on_pool(pool, sql, async |conn| done.execute(conn).await)
+            .await?
+            .rows_affected())
     }
 }
 

@@ -4,6 +4,7 @@
 use sqlx::{Pool, Postgres};
 
 use super::PgSql;
+use super::pinned::{on_conn, on_pool};
 use crate::backend::sealed::Steps;
 use crate::backend::sql::statements;
 use crate::backend::{Holder, StepRow};
@@ -43,7 +44,10 @@ impl Steps for Postgres {
         scope: &'p str,
         key: &'p str,
     ) -> Result<Vec<StepRow>, sqlx::Error> {
-        sql.steps.read(scope, key).rows().fetch_all(pool).await
+        on_pool(pool, sql, async |conn| {
+            sql.steps.read(scope, key).rows().fetch_all(conn).await
+        })
+        .await
     }
 
     async fn step_record<'t>(
@@ -54,8 +58,10 @@ impl Steps for Postgres {
         seq: i64,
         json: &'t str,
     ) -> Result<bool, sqlx::Error> {
+        // Also run outside a transaction (a step of a lease's body).
         let record = sql.steps.record(h.scope, h.key, h.token, name, seq, json);
-        Ok(record.query().execute(conn).await?.rows_affected() == 1)
+        let done = on_conn(conn, sql, async |conn| record.query().execute(conn).await).await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn steps_forget<'t>(
