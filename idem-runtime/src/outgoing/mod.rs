@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::error::Error;
 use crate::job_id::job_id;
-use crate::key::Key;
+use crate::key::{IntoKey, Key};
 
 mod batch;
 
@@ -34,6 +34,11 @@ pub const MAX_DESTINATION_LEN: usize = 255;
 /// of the job (from 0): the same ids every time the body runs for that job, so a redelivery
 /// that runs it again after a rollback sends the same messages, and the next consumer claims
 /// that id as its key.
+///
+/// Each message has an ordering key: the job's key, or the one given to
+/// [`send_keyed`](Outbox::send_keyed). The relay publishes the messages of one ordering key in
+/// the order they were written, one at a time, and holds a key's later messages back while
+/// one of its messages fails (see [`Relay`](crate::outbox::Relay)).
 #[derive(Debug)]
 pub struct Outbox {
     pending: Pending,
@@ -68,6 +73,9 @@ pub struct Message {
     pub seq: u32,
     /// Failed attempts to publish it so far (the relay's count).
     pub attempts: u32,
+    /// Its ordering key: the job's key unless the message was sent with one of its own
+    /// ([`Outbox::send_keyed`]). The relay publishes one key's messages in their order.
+    pub ordering_key: String,
 }
 
 impl Outbox {
@@ -87,12 +95,44 @@ impl Outbox {
         payload: &T,
     ) -> Result<&str, Error> {
         let bytes = json(payload)?;
-        self.pending.push(0, destination, bytes)
+        self.pending.push(0, None, destination, bytes)
     }
 
     /// [`send`](Outbox::send) of bytes as they are.
     pub fn send_bytes(&mut self, destination: &str, payload: Vec<u8>) -> Result<&str, Error> {
-        self.pending.push(0, destination, payload)
+        self.pending.push(0, None, destination, payload)
+    }
+
+    /// [`send`](Outbox::send) under an ordering key of its own instead of the job's: the relay
+    /// publishes the messages of one ordering key in the order they were written, whichever
+    /// jobs wrote them (`&customer_id`, so that one customer's events leave in order). The
+    /// key is encoded and checked as a job's key is ([`Key`](crate::Key)); a bad one is
+    /// refused at once with [`Error::InvalidKey`].
+    pub fn send_keyed<K, T>(
+        &mut self,
+        ordering_key: &K,
+        destination: &str,
+        payload: &T,
+    ) -> Result<&str, Error>
+    where
+        K: IntoKey + ?Sized,
+        T: Serialize + ?Sized,
+    {
+        let ordering_key = Key::new(ordering_key)?;
+        let bytes = json(payload)?;
+        self.pending.push(0, Some(ordering_key), destination, bytes)
+    }
+
+    /// [`send_keyed`](Outbox::send_keyed) of bytes as they are.
+    pub fn send_bytes_keyed<K: IntoKey + ?Sized>(
+        &mut self,
+        ordering_key: &K,
+        destination: &str,
+        payload: Vec<u8>,
+    ) -> Result<&str, Error> {
+        let ordering_key = Key::new(ordering_key)?;
+        self.pending
+            .push(0, Some(ordering_key), destination, payload)
     }
 
     /// The messages sent so far, in the order they were sent.
@@ -119,11 +159,13 @@ impl Pending {
         }
     }
 
-    /// Adds the next message of the job at `job`, checked first: nothing is kept of a message
-    /// that is refused, and the job's numbering does not move.
+    /// Adds the next message of the job at `job`, under `ordering_key` (the job's key if
+    /// `None`), checked first: nothing is kept of a message that is refused, and the job's
+    /// numbering does not move.
     pub(crate) fn push(
         &mut self,
         job: usize,
+        ordering_key: Option<Key>,
         destination: &str,
         payload: Vec<u8>,
     ) -> Result<&str, Error> {
@@ -146,12 +188,17 @@ impl Pending {
         // alone or in a batch.
         let id = job_id(&self.scope, &(key.as_str(), seq))?.into_string();
         *sent = next;
+        let ordering_key = match ordering_key {
+            Some(own) => own.as_str().to_owned(),
+            None => key.as_str().to_owned(),
+        };
         self.messages.push(Message {
             id,
             destination: destination.to_owned(),
             payload,
             seq,
             attempts: 0,
+            ordering_key,
         });
         self.owners.push(job);
         Ok(&self.messages.last().expect("just pushed").id)

@@ -75,7 +75,10 @@ impl Operators for Postgres {
             .bind(sql.table.as_str())
             .execute(&mut *tx)
             .await?;
-        for stmt in &sql.ddl {
+        // The tables, then what later versions added to them, then the indexes, some of
+        // which are on added columns.
+        let (tables, indexes) = super::super::upgrade::tables_first(&sql.ddl);
+        for stmt in tables {
             sqlx::query(stmt.clone()).execute(&mut *tx).await?;
         }
         // `IF NOT EXISTS`: a table that has the addition already is left as it is.
@@ -83,6 +86,9 @@ impl Operators for Postgres {
             sqlx::query(added.statement.clone())
                 .execute(&mut *tx)
                 .await?;
+        }
+        for stmt in indexes {
+            sqlx::query(stmt.clone()).execute(&mut *tx).await?;
         }
         tx.commit().await
     }
