@@ -319,4 +319,27 @@ mod tests {
         assert!(outbox.messages().is_empty());
         assert!(outbox.send_bytes("q", vec![0; MAX_PAYLOAD]).is_ok());
     }
+
+    #[test]
+    fn a_message_is_ordered_by_its_jobs_key_unless_given_its_own() {
+        let mut outbox = Outbox::new("orders.ship".into(), key("order-7"));
+        outbox.send("shipping", &1).unwrap();
+        outbox.send_keyed(&("customer", 42), "billing", &2).unwrap();
+        outbox
+            .send_bytes_keyed("customer-9", "billing", vec![])
+            .unwrap();
+        let keys: Vec<&str> = outbox
+            .messages()
+            .iter()
+            .map(|m| m.ordering_key.as_str())
+            .collect();
+        assert_eq!(keys, ["order-7", "8:customer|2:42", "customer-9"]);
+        // The ids are the job's, whatever the ordering key.
+        let seqs: Vec<u32> = outbox.messages().iter().map(|m| m.seq).collect();
+        assert_eq!(seqs, [0, 1, 2]);
+        // A bad ordering key is refused as a bad job key is, and nothing is kept.
+        let err = outbox.send_keyed("", "billing", &3).unwrap_err();
+        assert!(matches!(err, Error::InvalidKey(_)), "{err}");
+        assert_eq!(outbox.messages().len(), 3);
+    }
 }
