@@ -83,7 +83,8 @@ const DDL: &[&str] = &[
         PRIMARY KEY (id),
         KEY idem_outbox_due (sent_at, parked, next_attempt_at),
         KEY idem_outbox_sent_at (sent_at),
-        KEY idem_outbox_key (ordering_key, sent_at, created_at, seq)
+        KEY idem_outbox_key (ordering_key, sent_at, created_at, seq),
+        KEY idem_outbox_order (sent_at, parked, created_at, seq, id)
     ) ENGINE = InnoDB",
     // Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
     "CREATE TABLE IF NOT EXISTS {t}_retention (
@@ -139,6 +140,13 @@ const ADDED: &[Added] = &[
         table: "{t}_outbox",
         name: "idem_outbox_key",
         definition: "(ordering_key, sent_at, created_at, seq)",
+    },
+    // Schema version 3: the messages to relay in the order they were written, which the
+    // take walks until it has its keys.
+    Added::Index {
+        table: "{t}_outbox",
+        name: "idem_outbox_order",
+        definition: "(sent_at, parked, created_at, seq, id)",
     },
 ];
 

@@ -77,6 +77,10 @@ const DDL: &[&str] = &[
     // Schema version 3: a key's unsent messages in their order, for the relay's take.
     "CREATE INDEX IF NOT EXISTS {t}_outbox_key ON {t}_outbox (ordering_key, created_at, seq) \
      WHERE sent_at IS NULL",
+    // Schema version 3: the messages to relay in the order they were written, which the take
+    // walks until it has its keys (instead of sorting every due message each round).
+    "CREATE INDEX IF NOT EXISTS {t}_outbox_order ON {t}_outbox (created_at, seq, id) \
+     WHERE sent_at IS NULL AND NOT parked",
     // Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
     "CREATE TABLE IF NOT EXISTS {t}_retention (
         scope text PRIMARY KEY,
