@@ -78,7 +78,7 @@ statements! {
         list(parked: bool, pending: bool, limit: i64) = format!(
             "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
              AND ((parked <> 0 AND ?1) OR (parked = 0 AND ?2)) \
-             ORDER BY parked DESC, created_at, seq LIMIT ?3"
+             ORDER BY parked DESC, created_at, rowid LIMIT ?3"
         );
         find(id: &str) = format!("SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE id = ?1");
         requeue(id: &str) =
