@@ -37,9 +37,12 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
         last_error TEXT NULL,
         parked BOOLEAN NOT NULL DEFAULT FALSE,
         sent_at DATETIME(6) NULL,
+        ordering_key VARBINARY(255) NULL,
         PRIMARY KEY (id),
         KEY idem_outbox_due (sent_at, parked, next_attempt_at),
-        KEY idem_outbox_sent_at (sent_at)
+        KEY idem_outbox_sent_at (sent_at),
+        KEY idem_outbox_key (ordering_key, sent_at, created_at, seq),
+        KEY idem_outbox_order (sent_at, parked, created_at, seq, id)
     ) ENGINE = InnoDB;
 
 -- Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.

@@ -38,3 +38,10 @@ CREATE TABLE IF NOT EXISTS idem_processed_offsets (
         updated_at DATETIME(6) NOT NULL,
         PRIMARY KEY (consumer_group, topic, partition_id)
     ) ENGINE = InnoDB;
+
+-- The relay's per-key order: each outbox message's ordering key (NULL in the rows written
+-- before: each of them a key of its own), a key's unsent messages in their order, and the
+-- messages to relay in the order they were written (walked by the take).
+ALTER TABLE idem_processed_outbox ADD COLUMN ordering_key VARBINARY(255) NULL;
+CREATE INDEX idem_outbox_key ON idem_processed_outbox (ordering_key, sent_at, created_at, seq);
+CREATE INDEX idem_outbox_order ON idem_processed_outbox (sent_at, parked, created_at, seq, id);

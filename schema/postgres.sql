@@ -36,12 +36,20 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
         next_attempt_at timestamptz NOT NULL DEFAULT now(),
         last_error text,
         parked boolean NOT NULL DEFAULT false,
-        sent_at timestamptz
+        sent_at timestamptz,
+        ordering_key text
     );
 
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_due ON idem_processed_outbox (next_attempt_at) WHERE sent_at IS NULL AND NOT parked;
 
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_sent_at ON idem_processed_outbox (sent_at) WHERE sent_at IS NOT NULL;
+
+-- Schema version 3: a key's unsent messages in their order, for the relay's take.
+CREATE INDEX IF NOT EXISTS idem_processed_outbox_key ON idem_processed_outbox (ordering_key, created_at, seq) WHERE sent_at IS NULL;
+
+-- Schema version 3: the messages to relay in the order they were written, which the take
+-- walks until it has its keys (instead of sorting every due message each round).
+CREATE INDEX IF NOT EXISTS idem_processed_outbox_order ON idem_processed_outbox (created_at, seq, id) WHERE sent_at IS NULL AND NOT parked;
 
 -- Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
 CREATE TABLE IF NOT EXISTS idem_processed_retention (

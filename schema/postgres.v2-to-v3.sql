@@ -36,3 +36,10 @@ CREATE TABLE IF NOT EXISTS idem_processed_offsets (
         updated_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (consumer_group, topic, partition_id)
     );
+
+-- The relay's per-key order: each outbox message's ordering key (NULL in the rows written
+-- before: each of them a key of its own), a key's unsent messages in their order, and the
+-- messages to relay in the order they were written (walked by the take).
+ALTER TABLE idem_processed_outbox ADD COLUMN IF NOT EXISTS ordering_key text;
+CREATE INDEX IF NOT EXISTS idem_processed_outbox_key ON idem_processed_outbox (ordering_key, created_at, seq) WHERE sent_at IS NULL;
+CREATE INDEX IF NOT EXISTS idem_processed_outbox_order ON idem_processed_outbox (created_at, seq, id) WHERE sent_at IS NULL AND NOT parked;

@@ -36,12 +36,20 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
         next_attempt_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
         last_error TEXT,
         parked INTEGER NOT NULL DEFAULT 0,
-        sent_at TEXT
+        sent_at TEXT,
+        ordering_key TEXT
     );
 
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_due ON idem_processed_outbox (next_attempt_at) WHERE sent_at IS NULL AND parked = 0;
 
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_sent_at ON idem_processed_outbox (sent_at) WHERE sent_at IS NOT NULL;
+
+-- Schema version 3: a key's unsent messages in their order, for the relay's take.
+CREATE INDEX IF NOT EXISTS idem_processed_outbox_key ON idem_processed_outbox (ordering_key, created_at) WHERE sent_at IS NULL;
+
+-- Schema version 3: the messages to relay in the order they were written, which the take
+-- walks until it has its keys (instead of sorting every due message each round).
+CREATE INDEX IF NOT EXISTS idem_processed_outbox_order ON idem_processed_outbox (created_at) WHERE sent_at IS NULL AND parked = 0;
 
 -- Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
 CREATE TABLE IF NOT EXISTS idem_processed_retention (

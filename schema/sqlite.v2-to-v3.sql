@@ -36,3 +36,10 @@ CREATE TABLE IF NOT EXISTS idem_processed_offsets (
         updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
         PRIMARY KEY (consumer_group, topic, partition_id)
     ) WITHOUT ROWID;
+
+-- The relay's per-key order: each outbox message's ordering key (NULL in the rows written
+-- before: each of them a key of its own), a key's unsent messages in their order, and the
+-- messages to relay in the order they were written (walked by the take).
+ALTER TABLE idem_processed_outbox ADD COLUMN ordering_key TEXT;
+CREATE INDEX IF NOT EXISTS idem_processed_outbox_key ON idem_processed_outbox (ordering_key, created_at) WHERE sent_at IS NULL;
+CREATE INDEX IF NOT EXISTS idem_processed_outbox_order ON idem_processed_outbox (created_at) WHERE sent_at IS NULL AND parked = 0;

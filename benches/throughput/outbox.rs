@@ -199,6 +199,7 @@ async fn relay_run(
                     payload: b"{}".to_vec(),
                     seq: 0,
                     attempts: 0,
+                    ordering_key: format!("direct-{round}-{n}"),
                 })
                 .collect();
             started = Instant::now();

@@ -68,8 +68,11 @@ fn ids_of(doc: &Value) -> Vec<String> {
 
 pub(crate) async fn outbox_lists_and_requeues_parked_messages<B: Db>() {
     let fx = Fixture::<B>::new("outbox").await;
-    let first = B::place(&fx.store, "order-1", 2).await;
-    let second = B::place(&fx.store, "order-2", 1).await;
+    // Three jobs of one message each: a job's second message would wait behind its first
+    // (one ordering key), never tried, while the first is parked.
+    let first = B::place(&fx.store, "order-1", 1).await;
+    let mut second = B::place(&fx.store, "order-2", 1).await;
+    second.extend(B::place(&fx.store, "order-5", 1).await);
     let refused = Relay::new(fx.store.clone(), Refusing)
         .max_attempts(2)
         .backoff(std::time::Duration::ZERO);

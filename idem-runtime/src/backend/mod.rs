@@ -415,11 +415,15 @@ pub(crate) mod sealed {
             token: i64,
         ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
 
-        /// The relay's take: at most `limit` due messages, oldest first (a job's in their
-        /// order), none another relay holds; held for `lease_ms`, after which a relay that
-        /// died with them lets another take them again. Every message of one take is held
-        /// until the same instant, which the [`Taken`] names: its hold, which a later take of
-        /// the same message (once the hold ran out) changes.
+        /// The relay's take: at most `limit` messages, in the order they were written, of
+        /// the ordering keys whose earliest unsent message is due and no message of which is
+        /// held, backing off or parked; a key whose earliest message another take is taking
+        /// is skipped (never taken by two at once). A key's messages are taken from its
+        /// earliest on, every key's first before any key's second, so the limit leaves out a
+        /// key's last ones. Held for `lease_ms`, after which a relay that died with them lets
+        /// another take them again. Every message of one take is held until the same instant,
+        /// which the [`Taken`] names: its hold, which a later take of the same message (once
+        /// the hold ran out) changes.
         fn outbox_take<'p>(
             pool: &'p Pool<Self>,
             sql: &'p Self::Sql,
@@ -435,6 +439,16 @@ pub(crate) mod sealed {
             ids: &'p [&'p str],
             hold: &'p str,
         ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'p;
+
+        /// Lets go of these messages of a round, which it did not try because an earlier
+        /// message of their key failed: due again at once (their key waits for that one);
+        /// only those unsent and still under `hold`.
+        fn outbox_release<'p>(
+            pool: &'p Pool<Self>,
+            sql: &'p Self::Sql,
+            ids: &'p [&'p str],
+            hold: &'p str,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'p;
 
         /// Publishing failed: try again in `retry_ms`, or never (`park`); only if the message
         /// is unsent and still under `hold`.

@@ -119,6 +119,7 @@ pub(crate) fn message(
     payload: Vec<u8>,
     seq: impl TryInto<u32>,
     attempts: impl TryInto<u32>,
+    ordering_key: String,
 ) -> Message {
     Message {
         id,
@@ -126,11 +127,13 @@ pub(crate) fn message(
         payload,
         seq: seq.try_into().unwrap_or(u32::MAX),
         attempts: attempts.try_into().unwrap_or(u32::MAX),
+        ordering_key,
     }
 }
 
-/// What a relay's take holds: its messages, and the instant they are held until, as the
-/// database wrote it (the fence of the round's marks).
+/// What a relay's take holds: its messages, in the order they were written (a key's
+/// messages in their order), and the instant they are held until, as the database wrote it
+/// (the fence of the round's marks).
 #[derive(Debug, Default)]
 pub struct Taken {
     pub(crate) messages: Vec<Message>,

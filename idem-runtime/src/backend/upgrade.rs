@@ -21,7 +21,7 @@ use super::sql::Table;
 /// A column or an index that a schema version added to a table an earlier version created.
 /// `{t}` in a table name stands for the marker table's name (`{t}_outbox`).
 #[derive(Debug, Clone, Copy)]
-#[allow(dead_code, reason = "no backend's list has an index yet")]
+#[allow(dead_code, reason = "only MySQL's list has an index")]
 pub(crate) enum Added {
     /// `ALTER TABLE <table> ADD COLUMN <name> <definition>`.
     Column {
@@ -100,6 +100,18 @@ impl Added {
             statement: table.fill(&template),
         }
     }
+}
+
+/// A backend's DDL in the order `migrate` runs it around the additions: its `CREATE TABLE`s
+/// first, the rest (its `CREATE INDEX`es) after, since an index of the current version may be
+/// on a column that `migrate` adds to an older table only between the two.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite")),
+    allow(dead_code, reason = "MySQL's indexes are part of its tables")
+)]
+pub(crate) fn tables_first(ddl: &[SqlStr]) -> (Vec<&SqlStr>, Vec<&SqlStr>) {
+    ddl.iter()
+        .partition(|s| s.as_str().trim_start().starts_with("CREATE TABLE"))
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ impl BatchOutbox {
     {
         let at = self.position(job)?;
         let bytes = json(payload)?;
-        self.pending.push(at, destination, bytes)
+        self.pending.push(at, None, destination, bytes)
     }
 
     /// [`send`](BatchOutbox::send) of bytes as they are.
@@ -67,7 +67,46 @@ impl BatchOutbox {
         payload: Vec<u8>,
     ) -> Result<&str, Error> {
         let at = self.position(job)?;
-        self.pending.push(at, destination, payload)
+        self.pending.push(at, None, destination, payload)
+    }
+
+    /// [`send`](BatchOutbox::send) under an ordering key of its own instead of the job's
+    /// (see [`Outbox::send_keyed`](crate::Outbox::send_keyed)).
+    pub fn send_keyed<J, K, T>(
+        &mut self,
+        job: &J,
+        ordering_key: &K,
+        destination: &str,
+        payload: &T,
+    ) -> Result<&str, Error>
+    where
+        J: IntoKey + ?Sized,
+        K: IntoKey + ?Sized,
+        T: Serialize + ?Sized,
+    {
+        let at = self.position(job)?;
+        let ordering_key = Key::new(ordering_key)?;
+        let bytes = json(payload)?;
+        self.pending
+            .push(at, Some(ordering_key), destination, bytes)
+    }
+
+    /// [`send_keyed`](BatchOutbox::send_keyed) of bytes as they are.
+    pub fn send_bytes_keyed<J, K>(
+        &mut self,
+        job: &J,
+        ordering_key: &K,
+        destination: &str,
+        payload: Vec<u8>,
+    ) -> Result<&str, Error>
+    where
+        J: IntoKey + ?Sized,
+        K: IntoKey + ?Sized,
+    {
+        let at = self.position(job)?;
+        let ordering_key = Key::new(ordering_key)?;
+        self.pending
+            .push(at, Some(ordering_key), destination, payload)
     }
 
     /// The messages sent so far, every job's, in the order they were sent.

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::error::Error;
 use crate::job_id::job_id;
-use crate::key::Key;
+use crate::key::{IntoKey, Key};
 
 mod batch;
 
@@ -34,6 +34,11 @@ pub const MAX_DESTINATION_LEN: usize = 255;
 /// of the job (from 0): the same ids every time the body runs for that job, so a redelivery
 /// that runs it again after a rollback sends the same messages, and the next consumer claims
 /// that id as its key.
+///
+/// Each message has an ordering key: the job's key, or the one given to
+/// [`send_keyed`](Outbox::send_keyed). The relay publishes the messages of one ordering key in
+/// the order they were written, one at a time, and holds a key's later messages back while
+/// one of its messages fails (see [`Relay`](crate::outbox::Relay)).
 #[derive(Debug)]
 pub struct Outbox {
     pending: Pending,
@@ -68,6 +73,9 @@ pub struct Message {
     pub seq: u32,
     /// Failed attempts to publish it so far (the relay's count).
     pub attempts: u32,
+    /// Its ordering key: the job's key unless the message was sent with one of its own
+    /// ([`Outbox::send_keyed`]). The relay publishes one key's messages in their order.
+    pub ordering_key: String,
 }
 
 impl Outbox {
@@ -87,12 +95,44 @@ impl Outbox {
         payload: &T,
     ) -> Result<&str, Error> {
         let bytes = json(payload)?;
-        self.pending.push(0, destination, bytes)
+        self.pending.push(0, None, destination, bytes)
     }
 
     /// [`send`](Outbox::send) of bytes as they are.
     pub fn send_bytes(&mut self, destination: &str, payload: Vec<u8>) -> Result<&str, Error> {
-        self.pending.push(0, destination, payload)
+        self.pending.push(0, None, destination, payload)
+    }
+
+    /// [`send`](Outbox::send) under an ordering key of its own instead of the job's: the relay
+    /// publishes the messages of one ordering key in the order they were written, whichever
+    /// jobs wrote them (`&customer_id`, so that one customer's events leave in order). The
+    /// key is encoded and checked as a job's key is ([`Key`](crate::Key)); a bad one is
+    /// refused at once with [`Error::InvalidKey`].
+    pub fn send_keyed<K, T>(
+        &mut self,
+        ordering_key: &K,
+        destination: &str,
+        payload: &T,
+    ) -> Result<&str, Error>
+    where
+        K: IntoKey + ?Sized,
+        T: Serialize + ?Sized,
+    {
+        let ordering_key = Key::new(ordering_key)?;
+        let bytes = json(payload)?;
+        self.pending.push(0, Some(ordering_key), destination, bytes)
+    }
+
+    /// [`send_keyed`](Outbox::send_keyed) of bytes as they are.
+    pub fn send_bytes_keyed<K: IntoKey + ?Sized>(
+        &mut self,
+        ordering_key: &K,
+        destination: &str,
+        payload: Vec<u8>,
+    ) -> Result<&str, Error> {
+        let ordering_key = Key::new(ordering_key)?;
+        self.pending
+            .push(0, Some(ordering_key), destination, payload)
     }
 
     /// The messages sent so far, in the order they were sent.
@@ -119,11 +159,13 @@ impl Pending {
         }
     }
 
-    /// Adds the next message of the job at `job`, checked first: nothing is kept of a message
-    /// that is refused, and the job's numbering does not move.
+    /// Adds the next message of the job at `job`, under `ordering_key` (the job's key if
+    /// `None`), checked first: nothing is kept of a message that is refused, and the job's
+    /// numbering does not move.
     pub(crate) fn push(
         &mut self,
         job: usize,
+        ordering_key: Option<Key>,
         destination: &str,
         payload: Vec<u8>,
     ) -> Result<&str, Error> {
@@ -146,12 +188,17 @@ impl Pending {
         // alone or in a batch.
         let id = job_id(&self.scope, &(key.as_str(), seq))?.into_string();
         *sent = next;
+        let ordering_key = match ordering_key {
+            Some(own) => own.as_str().to_owned(),
+            None => key.as_str().to_owned(),
+        };
         self.messages.push(Message {
             id,
             destination: destination.to_owned(),
             payload,
             seq,
             attempts: 0,
+            ordering_key,
         });
         self.owners.push(job);
         Ok(&self.messages.last().expect("just pushed").id)
@@ -271,5 +318,28 @@ mod tests {
         }
         assert!(outbox.messages().is_empty());
         assert!(outbox.send_bytes("q", vec![0; MAX_PAYLOAD]).is_ok());
+    }
+
+    #[test]
+    fn a_message_is_ordered_by_its_jobs_key_unless_given_its_own() {
+        let mut outbox = Outbox::new("orders.ship".into(), key("order-7"));
+        outbox.send("shipping", &1).unwrap();
+        outbox.send_keyed(&("customer", 42), "billing", &2).unwrap();
+        outbox
+            .send_bytes_keyed("customer-9", "billing", vec![])
+            .unwrap();
+        let keys: Vec<&str> = outbox
+            .messages()
+            .iter()
+            .map(|m| m.ordering_key.as_str())
+            .collect();
+        assert_eq!(keys, ["order-7", "8:customer|2:42", "customer-9"]);
+        // The ids are the job's, whatever the ordering key.
+        let seqs: Vec<u32> = outbox.messages().iter().map(|m| m.seq).collect();
+        assert_eq!(seqs, [0, 1, 2]);
+        // A bad ordering key is refused as a bad job key is, and nothing is kept.
+        let err = outbox.send_keyed("", "billing", &3).unwrap_err();
+        assert!(matches!(err, Error::InvalidKey(_)), "{err}");
+        assert_eq!(outbox.messages().len(), 3);
     }
 }

@@ -8,6 +8,7 @@ mod nats;
 mod operators;
 #[cfg(feature = "outbox-rabbitmq")]
 mod rabbitmq;
+mod waves;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -81,17 +82,18 @@ pub struct Relayed {
     /// Not tried: the round's time was up (publishing a round must end well within its hold),
     /// or a publish did not answer in that time. Due again once the hold runs out.
     pub left: usize,
+    /// Not tried: an earlier message of their ordering key failed in this round. They wait
+    /// for it (its backoff, or its requeue once parked).
+    pub waiting: usize,
 }
 
 /// Publishes the outbox's messages after their commit.
 ///
-/// Each round takes the due messages (oldest first, a job's in the order it sent them),
-/// skipping those another relay holds (`FOR UPDATE SKIP LOCKED` on PostgreSQL, MariaDB 10.6+
-/// and MySQL 8; SQLite's writers take turns), holds them for [`lease`](Relay::lease), and
-/// publishes each: a confirmed one is marked sent, a failed one is tried again after a
-/// backoff that doubles with each attempt, and parked after
-/// [`max_attempts`](Relay::max_attempts). A relay that dies with messages in hand lets another
-/// relay take them once their lease ran out: at least once, each with its one id.
+/// Each round takes due messages, holds them for [`lease`](Relay::lease), and publishes them:
+/// a confirmed one is marked sent, a failed one is tried again after a backoff that doubles
+/// with each attempt, and parked after [`max_attempts`](Relay::max_attempts). A relay that
+/// dies with messages in hand lets another relay take them once their lease ran out: at least
+/// once, each with its one id.
 ///
 /// A round publishes for at most three quarters of its hold: a publish that has not answered by
 /// then is abandoned with the rest of the round, which stays unmarked until the hold runs
@@ -100,14 +102,40 @@ pub struct Relayed {
 /// messages) marks nothing of what the other relay now holds. The confirmed messages of a
 /// round are marked sent in one statement.
 ///
-/// Order: with one relay and no failed publish, the messages of one job leave in the order it
-/// sent them. Across jobs, a round takes the oldest due messages by their `created_at`, the
-/// time their job's transaction began (PostgreSQL's `now()`; on MySQL and SQLite the time of
-/// the write): a job whose transaction began first but committed last is not visible to a
-/// round that runs between the two commits, so it leaves after the other. The order across
-/// jobs is the order in which they become visible to the rounds, which is commit order only
-/// roughly. A failed message is retried later, so messages sent after it may leave first;
-/// several relays publish side by side.
+/// # Order
+///
+/// Every message has an ordering key: its job's key (the key alone, not its scope), or the
+/// one it was sent with ([`Outbox::send_keyed`](crate::Outbox::send_keyed)).
+///
+/// - **One key's messages leave in the order they were written**, one at a time: a round
+///   publishes in waves (every key's first message, pipelined; then, once confirmed, every
+///   key's second...), and a key's message is published only after the one before it was
+///   confirmed. A job's messages are in the order it sent them. Messages of different jobs
+///   are in the order of their writes (the write's time on the database's clock, to the
+///   microsecond, to the millisecond and then the insert's order on SQLite), which is their
+///   commit order when the jobs' transactions take turns on something of their own (the
+///   same row, the same key), as writers of one key usually do. Those of concurrent
+///   transactions that do not take turns are in the order they become visible to the relay.
+///   Messages one transaction writes for several jobs under one key of their own (a batch)
+///   are in the order of their position in their job, then of their id.
+/// - **A failing message holds back only its own key.** Its key is dropped from the round
+///   (the key's later messages in the round are let go, [`Relayed::waiting`]) and is not
+///   taken again until the message's backoff ran out; a parked message holds its key back
+///   until an operator requeues it. Other keys go on.
+/// - **Several relays never publish one key at once.** A take takes only the keys whose
+///   earliest unsent message is due and no message of which is held, backing off or parked,
+///   and takes such a key by locking that earliest message with `FOR UPDATE SKIP LOCKED`
+///   (PostgreSQL, MariaDB 10.6+, MySQL 8): a key another take is taking is skipped, and one
+///   taken is held until its round marks it. On SQLite writers take turns: one take runs at
+///   a time.
+/// - **Across keys** the order is the database's visibility order: a round takes the keys
+///   whose messages are committed, oldest write first; a transaction that wrote first but
+///   committed last is not visible to a round that runs between the two commits, so its
+///   messages leave after the other's. Failures, backoffs and several relays reorder keys
+///   freely.
+///
+/// A message written by an idem before ordering keys (no ordering key in its row: written
+/// before `migrate`, or by an older worker since) is a key of its own.
 pub struct Relay<DB: Backend, P: Publisher> {
     store: Store<DB>,
     publisher: P,
@@ -178,22 +206,29 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         let deadline = Instant::now() + self.lease.mul_f64(0.75);
         let Taken { messages, hold } =
             DB::outbox_take(pool, st, i64::from(self.batch), millis(self.lease)).await?;
-        let mut relayed = Relayed::default();
-        let mut done = Vec::with_capacity(messages.len());
+        let keys = waves::Keys::of(&messages);
+        let taken: Vec<(String, u32)> = messages
+            .iter()
+            .map(|m| (m.id.clone(), m.attempts))
+            .collect();
+        let mut round = waves::Round::new(messages);
         let left = deadline.saturating_duration_since(Instant::now());
-        if !messages.is_empty() && !left.is_zero() {
-            let publishing = self.publisher.publish_all(&messages, &mut done);
+        if !taken.is_empty() && !left.is_zero() {
+            let publishing = round.publish(&self.publisher, &keys);
             // Out of time: the answers so far are marked, the rest of the round is left.
             let _ = tokio::time::timeout(left, publishing).await;
         }
-        done.truncate(messages.len());
-        relayed.left = messages.len() - done.len();
-        let mut sent = Vec::with_capacity(done.len());
-        for (message, published) in messages.iter().zip(done) {
-            match published {
-                Ok(()) => sent.push(message.id.as_str()),
-                Err(e) => {
-                    let attempts = message.attempts.saturating_add(1);
+        let mut relayed = Relayed::default();
+        let mut sent = Vec::with_capacity(taken.len());
+        let mut waiting = Vec::new();
+        for (at, answer) in round.answers(&keys) {
+            let (id, attempts) = (taken[at].0.as_str(), taken[at].1);
+            match answer {
+                waves::Answer::Published => sent.push(id),
+                waves::Answer::Waiting => waiting.push(id),
+                waves::Answer::Left => relayed.left += 1,
+                waves::Answer::Failed(e) => {
+                    let attempts = attempts.saturating_add(1);
                     let park = attempts >= self.max_attempts;
                     let shift = attempts.saturating_sub(1).min(16);
                     let wait = self
@@ -202,7 +237,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                         .min(Duration::from_secs(300));
                     let error = e.to_string();
                     let error = bounded(&error);
-                    let (id, retry) = (message.id.as_str(), millis(wait));
+                    let retry = millis(wait);
                     DB::outbox_failed(pool, st, id, &error, retry, park, &hold).await?;
                     if park {
                         relayed.parked += 1;
@@ -211,6 +246,10 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                     }
                 }
             }
+        }
+        if !waiting.is_empty() {
+            DB::outbox_release(pool, st, &waiting, &hold).await?;
+            relayed.waiting = waiting.len();
         }
         if !sent.is_empty() {
             let marked = DB::outbox_sent(pool, st, &sent, &hold).await?;

@@ -57,7 +57,7 @@ pub(crate) async fn waiting_relay_wakes_at_the_commit_of_a_message<S: Server>() 
     let waiting = format!(
         "SELECT COUNT(*) FROM pg_stat_activity WHERE state = 'idle' \
          AND (query = 'LISTEN \"{outbox}\"' \
-         OR query LIKE '%FROM {outbox} WHERE sent_at IS NULL%SKIP LOCKED%')"
+         OR query LIKE '%FROM {outbox} o WHERE o.sent_at IS NULL%SKIP LOCKED%')"
     );
     until(60, "the relay listening, its first round done", || async {
         watch.scalar(&waiting).await == 2
@@ -91,7 +91,7 @@ pub(crate) async fn relay_that_does_not_listen_polls<S: Server>() {
     let watch = Ctx::<S>::new("pollwatch", 1).await;
     let rounds = format!(
         "SELECT COUNT(*) FROM pg_stat_activity \
-         WHERE query LIKE '%FROM {outbox} WHERE sent_at IS NULL%SKIP LOCKED%'"
+         WHERE query LIKE '%FROM {outbox} o WHERE o.sent_at IS NULL%SKIP LOCKED%'"
     );
     until(60, "the relay's first round", || async {
         watch.scalar(&rounds).await >= 1

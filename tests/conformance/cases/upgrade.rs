@@ -52,7 +52,7 @@ async fn describe<S: Support>(ctx: &Ctx<S>, table: &str) -> Vec<String> {
 }
 
 /// Makes `table` as schema version 2 made it, with one completed marker of `key`.
-async fn version_2<S: Support>(ctx: &mut Ctx<S>, table: &str, key: &str) {
+pub(crate) async fn version_2<S: Support>(ctx: &mut Ctx<S>, table: &str, key: &str) {
     for stmt in statements(S::SCHEMA_V2) {
         ctx.exec(&stmt.replace("idem_processed", table)).await;
     }

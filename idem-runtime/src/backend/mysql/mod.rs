@@ -79,9 +79,12 @@ const DDL: &[&str] = &[
         last_error TEXT NULL,
         parked BOOLEAN NOT NULL DEFAULT FALSE,
         sent_at DATETIME(6) NULL,
+        ordering_key VARBINARY(255) NULL,
         PRIMARY KEY (id),
         KEY idem_outbox_due (sent_at, parked, next_attempt_at),
-        KEY idem_outbox_sent_at (sent_at)
+        KEY idem_outbox_sent_at (sent_at),
+        KEY idem_outbox_key (ordering_key, sent_at, created_at, seq),
+        KEY idem_outbox_order (sent_at, parked, created_at, seq, id)
     ) ENGINE = InnoDB",
     // Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
     "CREATE TABLE IF NOT EXISTS {t}_retention (
@@ -125,6 +128,25 @@ const ADDED: &[Added] = &[
         table: "{t}",
         name: "error",
         definition: "TEXT NULL",
+    },
+    // Schema version 3: each outbox message's ordering key (NULL in the rows written before:
+    // each of them a key of its own), and a key's unsent messages in their order.
+    Added::Column {
+        table: "{t}_outbox",
+        name: "ordering_key",
+        definition: "VARBINARY(255) NULL",
+    },
+    Added::Index {
+        table: "{t}_outbox",
+        name: "idem_outbox_key",
+        definition: "(ordering_key, sent_at, created_at, seq)",
+    },
+    // Schema version 3: the messages to relay in the order they were written, which the
+    // take walks until it has its keys.
+    Added::Index {
+        table: "{t}_outbox",
+        name: "idem_outbox_order",
+        definition: "(sent_at, parked, created_at, seq, id)",
     },
 ];
 

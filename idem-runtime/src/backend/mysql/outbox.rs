@@ -25,17 +25,25 @@ statements! {
         // autocommit: a message is written only while the marker holding the claim's token
         // (its nonce, or a lease's token) is there, which it is only inside the claim's
         // transaction. Times are UTC, written by the statements (as the markers' are).
-        write(id: &str, destination: &str, payload: &[u8], seq: i64, scope: &str, key: &str, token: i64) =
-            "INSERT INTO {t}_outbox (id, destination, payload, scope, `key`, seq, created_at, \
-             next_attempt_at) SELECT ?, ?, ?, m.scope, m.`key`, ?, UTC_TIMESTAMP(6), \
-             UTC_TIMESTAMP(6) FROM {t} AS m WHERE m.scope = ? AND m.`key` = ? AND m.token = ? \
+        write(id: &str, destination: &str, payload: &[u8], seq: i64, ordering_key: &str, scope: &str, key: &str, token: i64) =
+            "INSERT INTO {t}_outbox (id, destination, payload, scope, `key`, seq, ordering_key, \
+             created_at, next_attempt_at) SELECT ?, ?, ?, m.scope, m.`key`, ?, ?, \
+             UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM {t} AS m \
+             WHERE m.scope = ? AND m.`key` = ? AND m.token = ? \
              ON DUPLICATE KEY UPDATE id = id";
-        // The due messages, locked with `SKIP LOCKED` (MariaDB 10.6, MySQL 8), then held by id
-        // in the same short transaction.
-        due(limit: i64) =
-            "SELECT id, destination, payload, seq, attempts FROM {t}_outbox WHERE sent_at IS NULL \
-             AND parked = FALSE AND next_attempt_at <= UTC_TIMESTAMP(6) \
-             ORDER BY created_at, seq LIMIT ? FOR UPDATE SKIP LOCKED";
+        // The keys whose earliest unsent message is due and that no other message of theirs
+        // holds back (held by a round, backing off, parked): those earliest messages, locked
+        // with `SKIP LOCKED` (MariaDB 10.6, MySQL 8), so that two takes never get one key.
+        // The subquery reads without locks. A message written before ordering keys (NULL) is
+        // a key of its own.
+        heads(limit: i64) =
+            "SELECT o.id, o.ordering_key FROM {t}_outbox o WHERE o.sent_at IS NULL \
+             AND o.parked = FALSE AND o.next_attempt_at <= UTC_TIMESTAMP(6) \
+             AND NOT EXISTS (SELECT 1 FROM {t}_outbox e WHERE e.ordering_key = o.ordering_key \
+             AND e.sent_at IS NULL AND e.id <> o.id AND (e.parked \
+             OR e.next_attempt_at > UTC_TIMESTAMP(6) \
+             OR (e.created_at, e.seq, e.id) < (o.created_at, o.seq, o.id))) \
+             ORDER BY o.created_at, o.seq, o.id LIMIT ? FOR UPDATE SKIP LOCKED";
         // Only while the message is unsent and under the round's hold (a round's sent marks
         // are one statement, written per round: `outbox_sent`).
         failed(error: &str, retry_ms: i64, park: bool, id: &str, hold: &str) =
@@ -73,6 +81,7 @@ impl Outboxes for MySql {
                 &m.destination,
                 &m.payload,
                 seq,
+                &m.ordering_key,
                 outbox.scope(),
                 key,
                 token,
@@ -88,44 +97,84 @@ impl Outboxes for MySql {
         limit: i64,
         lease_ms: i64,
     ) -> Result<Taken, sqlx::Error> {
-        type Row = (Vec<u8>, Vec<u8>, Vec<u8>, i32, i32);
-        let mut tx = pool.begin().await?;
-        let due: Vec<Row> = sql.outbox.due(limit).rows().fetch_all(&mut *tx).await?;
-        let mut hold = String::new();
-        if let Some(first) = due.first() {
-            let ids: Vec<String> = due.iter().map(|r| hex_bytes(&r.0)).collect();
-            // `UTC_TIMESTAMP` is the statement's: one instant for every message it holds, read
-            // back as the round's hold.
-            let table = sql.table.as_str();
-            let held = format!(
-                "UPDATE {table}_outbox SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL {} \
-                 MICROSECOND WHERE id IN ({}); \
-                 SELECT CAST(next_attempt_at AS CHAR) FROM {table}_outbox WHERE id = {}",
-                lease_ms.saturating_mul(1000),
-                ids.join(","),
-                hex_bytes(&first.0)
-            );
-            let rows = sqlx::raw_sql(AssertSqlSafe(held))
-                .fetch_all(&mut *tx)
-                .await?;
-            if let Some(row) = rows.first() {
-                hold = row.try_get(0)?;
-            }
+        // READ COMMITTED: the take's locking read keeps no lock on the rows it read and did
+        // not take (REPEATABLE READ would keep them, and two takes' holds could then wait on
+        // each other). It applies to this transaction only.
+        let mut conn = pool.acquire().await?;
+        sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *conn)
+            .await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let heads: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+            sql.outbox.heads(limit).rows().fetch_all(&mut *tx).await?;
+        if heads.is_empty() {
+            tx.commit().await?;
+            return Ok(Taken::default());
         }
+        let table = sql.table.as_str();
+        // Each taken key's unsent messages, a wave at a time (every key's first, then every
+        // key's second...) up to the limit, so that the ones left out are a key's last.
+        // MySQL binds no array: keys and ids travel as hex literals.
+        let mut of = Vec::new();
+        let keys: Vec<String> = heads
+            .iter()
+            .filter_map(|h| h.1.as_deref())
+            .map(hex_bytes)
+            .collect();
+        if !keys.is_empty() {
+            of.push(format!("f.ordering_key IN ({})", keys.join(",")));
+        }
+        let lone: Vec<String> = heads
+            .iter()
+            .filter(|h| h.1.is_none())
+            .map(|h| hex_bytes(&h.0))
+            .collect();
+        if !lone.is_empty() {
+            of.push(format!("f.id IN ({})", lone.join(",")));
+        }
+        let picked = format!(
+            "SELECT c.id FROM (SELECT f.id, f.created_at, f.seq, ROW_NUMBER() OVER \
+             (PARTITION BY COALESCE(f.ordering_key, f.id) ORDER BY f.created_at, f.seq, f.id) \
+             AS wave FROM {table}_outbox f WHERE f.sent_at IS NULL AND ({})) c \
+             ORDER BY c.wave, c.created_at, c.seq, c.id LIMIT {limit}",
+            of.join(" OR ")
+        );
+        let picked = sqlx::raw_sql(AssertSqlSafe(picked))
+            .fetch_all(&mut *tx)
+            .await?;
+        let ids = picked
+            .iter()
+            .map(|r| r.try_get::<Vec<u8>, _>(0).map(|id| hex_bytes(&id)))
+            .collect::<Result<Vec<_>, _>>()?
+            .join(",");
+        // `UTC_TIMESTAMP` is the statement's: one instant for every message it holds, read
+        // back as the round's hold.
+        let held = format!(
+            "UPDATE {table}_outbox SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL {} \
+             MICROSECOND WHERE id IN ({ids}); \
+             SELECT id, destination, payload, seq, attempts, COALESCE(ordering_key, `key`), \
+             CAST(next_attempt_at AS CHAR) FROM {table}_outbox WHERE id IN ({ids}) \
+             ORDER BY created_at, seq, id",
+            lease_ms.saturating_mul(1000),
+        );
+        let rows = sqlx::raw_sql(AssertSqlSafe(held))
+            .fetch_all(&mut *tx)
+            .await?;
         tx.commit().await?;
         let text = |b: Vec<u8>| String::from_utf8(b).map_err(|e| sqlx::Error::Decode(Box::new(e)));
-        let messages = due
-            .into_iter()
-            .map(|(id, destination, payload, seq, attempts)| {
-                Ok(rows::message(
-                    text(id)?,
-                    text(destination)?,
-                    payload,
-                    seq,
-                    attempts,
-                ))
-            })
-            .collect::<Result<_, sqlx::Error>>()?;
+        let mut hold = String::new();
+        let mut messages = Vec::with_capacity(rows.len());
+        for row in rows {
+            hold = row.try_get(6)?;
+            messages.push(rows::message(
+                text(row.try_get(0)?)?,
+                text(row.try_get(1)?)?,
+                row.try_get(2)?,
+                row.try_get::<i32, _>(3)?,
+                row.try_get::<i32, _>(4)?,
+                text(row.try_get(5)?)?,
+            ));
+        }
         Ok(Taken { messages, hold })
     }
 
@@ -146,6 +195,24 @@ impl Outboxes for MySql {
         );
         let done = sqlx::raw_sql(AssertSqlSafe(sent)).execute(pool).await?;
         Ok(done.rows_affected())
+    }
+
+    async fn outbox_release<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p MySqlSql,
+        ids: &'p [&'p str],
+        hold: &'p str,
+    ) -> Result<(), sqlx::Error> {
+        let ids: Vec<String> = ids.iter().map(|id| hex_bytes(id.as_bytes())).collect();
+        let release = format!(
+            "UPDATE {}_outbox SET next_attempt_at = UTC_TIMESTAMP(6) WHERE id IN ({}) \
+             AND sent_at IS NULL AND CAST(next_attempt_at AS CHAR) = CONVERT({} USING utf8mb4)",
+            sql.table.as_str(),
+            ids.join(","),
+            hex_bytes(hold.as_bytes())
+        );
+        sqlx::raw_sql(AssertSqlSafe(release)).execute(pool).await?;
+        Ok(())
     }
 
     async fn outbox_failed<'p>(

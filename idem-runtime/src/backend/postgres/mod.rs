@@ -68,12 +68,20 @@ const DDL: &[&str] = &[
         next_attempt_at timestamptz NOT NULL DEFAULT now(),
         last_error text,
         parked boolean NOT NULL DEFAULT false,
-        sent_at timestamptz
+        sent_at timestamptz,
+        ordering_key text
     )",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_due ON {t}_outbox (next_attempt_at) \
      WHERE sent_at IS NULL AND NOT parked",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
      WHERE sent_at IS NOT NULL",
+    // Schema version 3: a key's unsent messages in their order, for the relay's take.
+    "CREATE INDEX IF NOT EXISTS {t}_outbox_key ON {t}_outbox (ordering_key, created_at, seq) \
+     WHERE sent_at IS NULL",
+    // Schema version 3: the messages to relay in the order they were written, which the take
+    // walks until it has its keys (instead of sorting every due message each round).
+    "CREATE INDEX IF NOT EXISTS {t}_outbox_order ON {t}_outbox (created_at, seq, id) \
+     WHERE sent_at IS NULL AND NOT parked",
     // Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
     "CREATE TABLE IF NOT EXISTS {t}_retention (
         scope text PRIMARY KEY,
@@ -112,6 +120,13 @@ const ADDED: &[Added] = &[
     Added::Column {
         table: "{t}",
         name: "error",
+        definition: "text",
+    },
+    // Schema version 3: each outbox message's ordering key (NULL in the rows written before:
+    // each of them a key of its own).
+    Added::Column {
+        table: "{t}_outbox",
+        name: "ordering_key",
         definition: "text",
     },
 ];

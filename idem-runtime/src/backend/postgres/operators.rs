@@ -82,7 +82,10 @@ impl Operators for Postgres {
             .persistent(false)
             .execute(&mut *tx)
             .await?;
-        for stmt in &sql.ddl {
+        // The tables, then what later versions added to them, then the indexes, some of
+        // which are on added columns.
+        let (tables, indexes) = super::super::upgrade::tables_first(&sql.ddl);
+        for stmt in tables {
             sqlx::query(stmt.clone())
                 .persistent(false)
                 .execute(&mut *tx)
@@ -91,6 +94,12 @@ impl Operators for Postgres {
         // `IF NOT EXISTS`: a table that has the addition already is left as it is.
         for added in &sql.added {
             sqlx::query(added.statement.clone())
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for stmt in indexes {
+            sqlx::query(stmt.clone())
                 .persistent(false)
                 .execute(&mut *tx)
                 .await?;

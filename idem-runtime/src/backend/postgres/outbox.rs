@@ -30,27 +30,50 @@ statements! {
         // whatever its reader takes, so `LIMIT 1` only spares the calls of `pg_notify` after
         // the first. No statement runs after a failed one in a PostgreSQL transaction, so the
         // write needs no check that the claim's marker is still there.
-        write(ids: Vec<&str>, destinations: Vec<&str>, payloads: Vec<&[u8]>, scope: &str, keys: Vec<&str>, seqs: Vec<i64>) =
-            "WITH written AS (INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq) \
-             SELECT m.id, m.destination, m.payload, $4, m.key, m.seq \
-             FROM unnest($1::text[], $2::text[], $3::bytea[], $5::text[], $6::int8[]) \
-             AS m (id, destination, payload, key, seq) \
+        write(ids: Vec<&str>, destinations: Vec<&str>, payloads: Vec<&[u8]>, scope: &str, keys: Vec<&str>, seqs: Vec<i64>, ordering_keys: Vec<&str>) =
+            "WITH written AS (INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq, \
+             ordering_key, created_at) \
+             SELECT m.id, m.destination, m.payload, $4, m.key, m.seq, m.ordering_key, \
+             statement_timestamp() \
+             FROM unnest($1::text[], $2::text[], $3::bytea[], $5::text[], $6::int8[], $7::text[]) \
+             AS m (id, destination, payload, key, seq, ordering_key) \
              ON CONFLICT DO NOTHING RETURNING 1) \
              SELECT pg_notify('{t}_outbox', '') FROM written LIMIT 1";
-        // Takes the due messages, oldest first, skipping those another relay holds, and holds
-        // them for the lease.
+        // Takes the keys whose earliest unsent message is due and that no other message of
+        // theirs holds back (held by a round, backing off, parked), locking those earliest
+        // messages with `SKIP LOCKED`: two takes never get one key. Then holds each taken
+        // key's unsent messages, a wave at a time (every key's first, then every key's
+        // second...) up to the limit, so that the ones left out are a key's last. A message
+        // written before ordering keys (NULL) is a key of its own.
         take(limit: i64, lease_ms: i64) = format!(
-            "UPDATE {{t}}_outbox SET next_attempt_at = now() + $2 * interval '1 millisecond' \
-             WHERE id IN (SELECT id FROM {{t}}_outbox WHERE sent_at IS NULL AND NOT parked \
-             AND next_attempt_at <= now() ORDER BY created_at, seq LIMIT $1 \
-             FOR UPDATE SKIP LOCKED) \
-             RETURNING id, destination, payload, seq, attempts, \
+            "WITH heads AS (SELECT o.id, o.ordering_key FROM {{t}}_outbox o \
+             WHERE o.sent_at IS NULL AND NOT o.parked AND o.next_attempt_at <= now() \
+             AND NOT EXISTS (SELECT 1 FROM {{t}}_outbox e WHERE e.ordering_key = o.ordering_key \
+             AND e.sent_at IS NULL AND e.id <> o.id AND (e.parked OR e.next_attempt_at > now() \
+             OR (e.created_at, e.seq, e.id) < (o.created_at, o.seq, o.id))) \
+             ORDER BY o.created_at, o.seq, o.id LIMIT $1 FOR UPDATE OF o SKIP LOCKED), \
+             picked AS (SELECT c.id FROM (\
+             SELECT f.id, f.created_at, f.seq, row_number() OVER (PARTITION BY f.ordering_key \
+             ORDER BY f.created_at, f.seq, f.id) AS wave FROM {{t}}_outbox f \
+             WHERE f.sent_at IS NULL AND f.ordering_key IN (SELECT ordering_key FROM heads) \
+             UNION ALL SELECT f.id, f.created_at, f.seq, 1 FROM {{t}}_outbox f \
+             JOIN heads h ON h.id = f.id WHERE h.ordering_key IS NULL) c \
+             ORDER BY c.wave, c.created_at, c.seq, c.id LIMIT $1) \
+             UPDATE {{t}}_outbox SET next_attempt_at = now() + $2 * interval '1 millisecond' \
+             WHERE id IN (SELECT id FROM picked) \
+             RETURNING id, destination, payload, seq, attempts, COALESCE(ordering_key, key), \
              (EXTRACT(EPOCH FROM created_at) * 1000000)::int8, {HOLD}"
         );
         // Marks apply only to messages still unsent and under the round's hold: a relay whose
         // hold ran out and whose messages another relay took marks none of them.
         sent(ids: &[&str], hold: &str) = format!(
             "UPDATE {{t}}_outbox SET sent_at = now() WHERE id = ANY($1::text[]) \
+             AND sent_at IS NULL AND {HOLD} = $2"
+        );
+        // Lets go of messages of the round that it did not try, since an earlier message of
+        // their key failed: they wait for it, not for the round's hold.
+        release(ids: &[&str], hold: &str) = format!(
+            "UPDATE {{t}}_outbox SET next_attempt_at = now() WHERE id = ANY($1::text[]) \
              AND sent_at IS NULL AND {HOLD} = $2"
         );
         failed(id: &str, error: &str, retry_ms: i64, park: bool, hold: &str) = format!(
@@ -82,17 +105,32 @@ impl Outboxes for Postgres {
         outbox: &'t Pending,
         _token: i64,
     ) -> Result<(), sqlx::Error> {
-        let (mut ids, mut destinations, mut payloads, mut keys, mut seqs) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut ids, mut destinations, mut payloads, mut keys, mut seqs, mut ordering) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
         for (key, m) in outbox.rows() {
             ids.push(m.id.as_str());
             destinations.push(m.destination.as_str());
             payloads.push(m.payload.as_slice());
             keys.push(key);
             seqs.push(i64::from(m.seq));
+            ordering.push(m.ordering_key.as_str());
         }
         sql.outbox
-            .write(ids, destinations, payloads, outbox.scope(), keys, seqs)
+            .write(
+                ids,
+                destinations,
+                payloads,
+                outbox.scope(),
+                keys,
+                seqs,
+                ordering,
+            )
             .query()
             .execute(&mut *conn)
             .await?;
@@ -105,7 +143,7 @@ impl Outboxes for Postgres {
         limit: i64,
         lease_ms: i64,
     ) -> Result<Taken, sqlx::Error> {
-        type Row = (String, String, Vec<u8>, i32, i32, i64, String);
+        type Row = (String, String, Vec<u8>, i32, i32, String, i64, String);
         let mut taken: Vec<Row> = on_pool(pool, sql, async |conn| {
             sql.outbox
                 .take(limit, lease_ms)
@@ -114,13 +152,13 @@ impl Outboxes for Postgres {
                 .await
         })
         .await?;
-        // `RETURNING` keeps no order: oldest first, and a job's messages in their order.
-        taken.sort_by_key(|r| (r.5, r.3));
-        let hold = taken.first().map(|r| r.6.clone()).unwrap_or_default();
+        // `RETURNING` keeps no order: the order they were written in, as the take's.
+        taken.sort_by(|a, b| (a.6, a.3, &a.0).cmp(&(b.6, b.3, &b.0)));
+        let hold = taken.first().map(|r| r.7.clone()).unwrap_or_default();
         let messages = taken
             .into_iter()
-            .map(|(id, destination, payload, seq, attempts, _, _)| {
-                rows::message(id, destination, payload, seq, attempts)
+            .map(|(id, destination, payload, seq, attempts, key, _, _)| {
+                rows::message(id, destination, payload, seq, attempts, key)
             })
             .collect();
         Ok(Taken { messages, hold })
@@ -137,6 +175,19 @@ impl Outboxes for Postgres {
         })
         .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn outbox_release<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p PgSql,
+        ids: &'p [&'p str],
+        hold: &'p str,
+    ) -> Result<(), sqlx::Error> {
+        on_pool(pool, sql, async |conn| {
+            sql.outbox.release(ids, hold).query().execute(conn).await
+        })
+        .await?;
+        Ok(())
     }
 
     async fn outbox_failed<'p>(

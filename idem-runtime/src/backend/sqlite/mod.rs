@@ -71,12 +71,20 @@ const DDL: &[&str] = &[
         next_attempt_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
         last_error TEXT,
         parked INTEGER NOT NULL DEFAULT 0,
-        sent_at TEXT
+        sent_at TEXT,
+        ordering_key TEXT
     )",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_due ON {t}_outbox (next_attempt_at) \
      WHERE sent_at IS NULL AND parked = 0",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_sent_at ON {t}_outbox (sent_at) \
      WHERE sent_at IS NOT NULL",
+    // Schema version 3: a key's unsent messages in their order, for the relay's take.
+    "CREATE INDEX IF NOT EXISTS {t}_outbox_key ON {t}_outbox (ordering_key, created_at) \
+     WHERE sent_at IS NULL",
+    // Schema version 3: the messages to relay in the order they were written, which the take
+    // walks until it has its keys (instead of sorting every due message each round).
+    "CREATE INDEX IF NOT EXISTS {t}_outbox_order ON {t}_outbox (created_at) \
+     WHERE sent_at IS NULL AND parked = 0",
     // Schema version 3: per-scope retention, the window `purge` keeps each scope's markers.
     "CREATE TABLE IF NOT EXISTS {t}_retention (
         scope TEXT PRIMARY KEY,
@@ -115,6 +123,13 @@ const ADDED: &[Added] = &[
     Added::Column {
         table: "{t}",
         name: "error",
+        definition: "TEXT",
+    },
+    // Schema version 3: each outbox message's ordering key (NULL in the rows written before:
+    // each of them a key of its own).
+    Added::Column {
+        table: "{t}_outbox",
+        name: "ordering_key",
         definition: "TEXT",
     },
 ];

@@ -66,7 +66,10 @@ impl Operators for Sqlite {
 
     async fn migrate<'p>(pool: &'p Pool<Self>, sql: &'p SqliteSql) -> Result<(), sqlx::Error> {
         let mut tx = pool.begin_with(BEGIN).await?;
-        for stmt in &sql.ddl {
+        // The tables, then what later versions added to them, then the indexes, some of
+        // which are on added columns.
+        let (tables, indexes) = super::super::upgrade::tables_first(&sql.ddl);
+        for stmt in tables {
             sqlx::query(stmt.clone()).execute(&mut *tx).await?;
         }
         // SQLite's `ADD COLUMN` cannot skip a column that exists: the catalog is asked first.
@@ -85,6 +88,9 @@ impl Operators for Sqlite {
                     .execute(&mut *tx)
                     .await?;
             }
+        }
+        for stmt in indexes {
+            sqlx::query(stmt.clone()).execute(&mut *tx).await?;
         }
         tx.commit().await
     }

@@ -22,21 +22,47 @@ statements! {
         // A statement that rolls the transaction back (`INSERT OR ROLLBACK`, a full disk) ends
         // it, and later statements run in autocommit: a message is written only while the
         // marker holding the claim's token (its nonce, or a lease's token) is there.
-        write(id: &str, destination: &str, payload: &[u8], seq: i64, scope: &str, key: &str, token: i64) =
-            "INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq) \
-             SELECT ?1, ?2, ?3, m.scope, m.key, ?4 FROM {t} AS m \
+        write(id: &str, destination: &str, payload: &[u8], seq: i64, scope: &str, key: &str, token: i64, ordering_key: &str) =
+            "INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq, ordering_key) \
+             SELECT ?1, ?2, ?3, m.scope, m.key, ?4, ?8 FROM {t} AS m \
              WHERE m.scope = ?5 AND m.key = ?6 AND m.token = ?7 ON CONFLICT DO NOTHING";
+        // The keys whose earliest unsent message is due and that no other message of theirs
+        // holds back (held by a round, backing off, parked); then each taken key's unsent
+        // messages, a wave at a time (every key's first, then every key's second...) up to
+        // the limit, so that the ones left out are a key's last. One writer at a time: no
+        // other take runs meanwhile. The order they were written in is `created_at` (to the
+        // millisecond) and then the `rowid` (one more than the largest, for each insert). A
+        // message written before ordering keys (NULL) is a key of its own.
         take(limit: i64, lease_ms: i64) =
-            "UPDATE {t}_outbox SET next_attempt_at = \
+            "WITH heads AS (SELECT o.rowid AS r, o.ordering_key AS k FROM {t}_outbox o \
+             WHERE o.sent_at IS NULL AND o.parked = 0 \
+             AND o.next_attempt_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+             AND NOT EXISTS (SELECT 1 FROM {t}_outbox e WHERE e.ordering_key = o.ordering_key \
+             AND e.sent_at IS NULL AND e.rowid <> o.rowid AND (e.parked <> 0 \
+             OR e.next_attempt_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+             OR (e.created_at, e.rowid) < (o.created_at, o.rowid))) \
+             ORDER BY o.created_at, o.rowid LIMIT ?1), \
+             picked AS (SELECT c.r FROM (\
+             SELECT f.rowid AS r, f.created_at AS at, row_number() OVER (PARTITION BY \
+             f.ordering_key ORDER BY f.created_at, f.rowid) AS wave FROM {t}_outbox f \
+             WHERE f.sent_at IS NULL AND f.ordering_key IN (SELECT k FROM heads) \
+             UNION ALL SELECT h.r, f.created_at, 1 FROM heads h JOIN {t}_outbox f \
+             ON f.rowid = h.r WHERE h.k IS NULL) c ORDER BY c.wave, c.at, c.r LIMIT ?1) \
+             UPDATE {t}_outbox SET next_attempt_at = \
              strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+' || (?2 / 1000.0) || ' seconds') \
-             WHERE id IN (SELECT id FROM {t}_outbox WHERE sent_at IS NULL AND parked = 0 \
-             AND next_attempt_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
-             ORDER BY created_at, seq LIMIT ?1) \
-             RETURNING id, destination, payload, seq, attempts, created_at, next_attempt_at";
+             WHERE rowid IN (SELECT r FROM picked) \
+             RETURNING id, destination, payload, seq, attempts, COALESCE(ordering_key, key), \
+             created_at, rowid, next_attempt_at";
         // Marks apply only to messages still unsent and under the round's hold (the time the
         // take wrote, one for the whole statement: SQLite reads 'now' once per statement).
         sent(ids: &str, hold: &str) =
             "UPDATE {t}_outbox SET sent_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+             WHERE id IN (SELECT value FROM json_each(?1)) AND sent_at IS NULL \
+             AND next_attempt_at = ?2";
+        // Lets go of messages of the round that it did not try, since an earlier message of
+        // their key failed: they wait for it, not for the round's hold.
+        release(ids: &str, hold: &str) =
+            "UPDATE {t}_outbox SET next_attempt_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
              WHERE id IN (SELECT value FROM json_each(?1)) AND sent_at IS NULL \
              AND next_attempt_at = ?2";
         failed(id: &str, error: &str, retry_ms: i64, park: bool, hold: &str) =
@@ -52,7 +78,7 @@ statements! {
         list(parked: bool, pending: bool, limit: i64) = format!(
             "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
              AND ((parked <> 0 AND ?1) OR (parked = 0 AND ?2)) \
-             ORDER BY parked DESC, created_at, seq LIMIT ?3"
+             ORDER BY parked DESC, created_at, rowid LIMIT ?3"
         );
         find(id: &str) = format!("SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE id = ?1");
         requeue(id: &str) =
@@ -79,6 +105,7 @@ impl Outboxes for Sqlite {
                 outbox.scope(),
                 key,
                 token,
+                &m.ordering_key,
             );
             write.query().execute(&mut *conn).await?;
         }
@@ -91,7 +118,17 @@ impl Outboxes for Sqlite {
         limit: i64,
         lease_ms: i64,
     ) -> Result<Taken, sqlx::Error> {
-        type Row = (String, String, Vec<u8>, i64, i64, String, String);
+        type Row = (
+            String,
+            String,
+            Vec<u8>,
+            i64,
+            i64,
+            String,
+            String,
+            i64,
+            String,
+        );
         // `BEGIN IMMEDIATE`, as every writer here: the statement runs in a transaction of
         // its own, waiting for the write lock like a claim.
         let mut tx = pool.begin_with(BEGIN).await?;
@@ -102,12 +139,13 @@ impl Outboxes for Sqlite {
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        taken.sort_by(|a, b| (&a.5, a.3).cmp(&(&b.5, b.3)));
-        let hold = taken.first().map(|r| r.6.clone()).unwrap_or_default();
+        // `RETURNING` keeps no order: the order they were written in, as the take's.
+        taken.sort_by(|a, b| (&a.6, a.7).cmp(&(&b.6, b.7)));
+        let hold = taken.first().map(|r| r.8.clone()).unwrap_or_default();
         let messages = taken
             .into_iter()
-            .map(|(id, destination, payload, seq, attempts, _, _)| {
-                rows::message(id, destination, payload, seq, attempts)
+            .map(|(id, destination, payload, seq, attempts, key, _, _, _)| {
+                rows::message(id, destination, payload, seq, attempts, key)
             })
             .collect();
         Ok(Taken { messages, hold })
@@ -122,6 +160,17 @@ impl Outboxes for Sqlite {
         let ids = super::claim::json(ids);
         let done = sql.outbox.sent(&ids, hold).query().execute(pool).await?;
         Ok(done.rows_affected())
+    }
+
+    async fn outbox_release<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p SqliteSql,
+        ids: &'p [&'p str],
+        hold: &'p str,
+    ) -> Result<(), sqlx::Error> {
+        let ids = super::claim::json(ids);
+        sql.outbox.release(&ids, hold).query().execute(pool).await?;
+        Ok(())
     }
 
     async fn outbox_failed<'p>(
