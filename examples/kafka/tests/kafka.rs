@@ -486,8 +486,8 @@ async fn a_broker_that_lost_its_log_is_refused_until_the_watermark_is_set() {
     world.cleanup().await;
 }
 
-/// The relay publishes each outbox message once, its id as the record's key and in the
-/// `idem-message-id` header. Replayed (the relay confirmed but died before its mark, made
+/// The relay publishes each outbox message once, its ordering key (here the job's key) as the
+/// record's key and its id in the `idem-message-id` header. Replayed (the relay confirmed but died before its mark, made
 /// here by clearing the marks in SQL), each message is on the topic twice with one id, and the
 /// next consumer's claim of that id applies it once.
 #[tokio::test(flavor = "multi_thread")]
@@ -526,10 +526,17 @@ async fn relay_publishes_each_message_once_per_id() {
     let mut want = ids.clone();
     want.sort();
     assert_eq!(got, want, "each message once, by its id");
-    assert!(
-        records.iter().all(|(id, key)| key == id),
-        "the record's key is the message's id"
-    );
+    for (id, key) in &records {
+        let job = ids
+            .iter()
+            .position(|sent| sent == id)
+            .expect("a message sent");
+        assert_eq!(
+            key,
+            &format!("order-{job}"),
+            "the record's key is the job's key"
+        );
+    }
     assert_eq!(
         relay.relay_once().await.unwrap().sent,
         0,

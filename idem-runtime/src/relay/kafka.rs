@@ -1,7 +1,7 @@
 //! Kafka: an idempotent producer (`enable.idempotence`, `acks=all`), a record per outbox
-//! message to the topic its destination names, keyed so that a job's messages share a
-//! partition, with the message's id in a header; confirmed once the partition's leader
-//! acknowledged it.
+//! message to the topic its destination names, keyed by its ordering key so that one key's
+//! messages share a partition, with the message's id in a header; confirmed once the
+//! partition's leader acknowledged it.
 
 use std::time::Duration;
 
@@ -20,12 +20,15 @@ pub const MESSAGE_ID_HEADER: &str = "idem-message-id";
 /// Publishes to Kafka with an idempotent producer: `Ok` only once the broker acknowledged
 /// the record (`acks=all`).
 ///
-/// A message's destination is its topic. The record's key is the message's id, and the id
-/// travels in the header [`MESSAGE_ID_HEADER`] too: a message published twice (the relay
-/// died between the broker's acknowledgement and its mark) is two records with one id, which
-/// the next consumer's claim of that id (the per-message marker mode) takes for one. The
-/// producer's own retries never make a second record: `enable.idempotence` lets the broker
-/// drop them.
+/// A message's destination is its topic. The record's key is the message's ordering key
+/// ([`Message::ordering_key`]: the job's key unless it was sent with one of its own), so
+/// Kafka's default partitioner puts one key's messages in one partition, where consumers
+/// read them in the order the relay published them: the relay's order per key becomes
+/// Kafka's order per partition. The message's id travels in the header [`MESSAGE_ID_HEADER`]:
+/// a message published twice (the relay died between the broker's acknowledgement and its
+/// mark) is two records with one id, which the next consumer's claim of that id (the
+/// per-message marker mode) takes for one. The producer's own retries never make a second
+/// record: `enable.idempotence` lets the broker drop them.
 pub struct Kafka {
     producer: FutureProducer,
     timeout: Duration,
@@ -63,7 +66,7 @@ impl Kafka {
             value: Some(message.id.as_str()),
         });
         let record = FutureRecord::to(&message.destination)
-            .key(message.id.as_str())
+            .key(message.ordering_key.as_str())
             .payload(message.payload.as_slice())
             .headers(headers);
         self.producer
