@@ -41,10 +41,12 @@ const WARMUP: u64 = 20;
 /// `duplicate / hand` a duplicate's against the hand-written fresh job, and `observed / macro`
 /// the macro's fresh job with a subscriber and a recorder installed against the same without.
 ///
-/// A macro's fresh job may cost at most 1.3 hand-written ones on PostgreSQL and SQLite. The
-/// least of five runs measured 1.13 to 1.15 on PostgreSQL and 1.21 to 1.24 on SQLite, whose
-/// engine runs on sqlx's worker thread, which is not counted, so that how often the counted
-/// thread polls while it waits varies (`docs/BENCHMARKS.md`). MariaDB measured 1.33 to 1.35:
+/// A macro's fresh job may cost at most 1.3 hand-written ones on PostgreSQL. The least of
+/// five runs measured 1.13 to 1.18 there. SQLite's bound is 1.35: its engine runs on sqlx's
+/// worker thread, which is not counted, so how often the counted thread polls while it waits
+/// moves with the machine's load (`docs/BENCHMARKS.md`): 1.21 to 1.24 under load, 1.25 to 1.29
+/// on an idle machine, where the hand-written job's polls are fewest. A bound of 1.30 there
+/// would be a gate that the machine's load turns red. MariaDB measured 1.33 to 1.35:
 /// its verified commit sends a probe that answers an OK packet of its own, and sqlx sends the
 /// `ROLLBACK` it queues for the transaction it still counts open as a round trip of its own
 /// before the release ping; its bound is 1.40 (the floor, and what would lower it, are in
@@ -58,7 +60,7 @@ const BOUNDS: [(Kind, &str, f64); 9] = [
     (Kind::MySql, "macro / hand", 1.40),
     (Kind::MySql, "duplicate / hand", 1.70),
     (Kind::MySql, "observed / macro", 1.25),
-    (Kind::Sqlite, "macro / hand", 1.30),
+    (Kind::Sqlite, "macro / hand", 1.35),
     (Kind::Sqlite, "duplicate / hand", 1.50),
     (Kind::Sqlite, "observed / macro", 1.30),
 ];
