@@ -393,7 +393,26 @@ async fn produce(env: Arc<Env>, jobs: Vec<Job>, span: Duration) -> Res<u64> {
     Ok(published)
 }
 
+/// One attempt to publish, bounded: a connection that a fault left half-open never answers
+/// (no confirm, no error), and an unbounded attempt would hold the producer, and the run,
+/// for good. Timed out, the connection is dropped and the caller tries again.
 async fn publish_rabbit(
+    env: &Env,
+    rabbit: &mut Option<(Connection, Channel)>,
+    payload: &[u8],
+) -> Res<()> {
+    let attempt = tokio::time::timeout(
+        Duration::from_secs(5),
+        publish_rabbit_once(env, rabbit, payload),
+    )
+    .await;
+    attempt.unwrap_or_else(|_| {
+        *rabbit = None;
+        Err("no publisher confirm within 5 s".to_owned())
+    })
+}
+
+async fn publish_rabbit_once(
     env: &Env,
     rabbit: &mut Option<(Connection, Channel)>,
     payload: &[u8],
