@@ -184,14 +184,10 @@ impl Outboxes for MySql {
         ids: &'p [&'p str],
         hold: &'p str,
     ) -> Result<u64, sqlx::Error> {
-        // MySQL binds no array: the round's ids travel as hex literals in one statement.
-        let ids: Vec<String> = ids.iter().map(|id| hex_bytes(id.as_bytes())).collect();
         let sent = format!(
-            "UPDATE {}_outbox SET sent_at = UTC_TIMESTAMP(6) WHERE id IN ({}) \
-             AND sent_at IS NULL AND CAST(next_attempt_at AS CHAR) = CONVERT({} USING utf8mb4)",
+            "UPDATE {}_outbox SET sent_at = UTC_TIMESTAMP(6) WHERE {}",
             sql.table.as_str(),
-            ids.join(","),
-            hex_bytes(hold.as_bytes())
+            still_held(ids, hold)
         );
         let done = sqlx::raw_sql(AssertSqlSafe(sent)).execute(pool).await?;
         Ok(done.rows_affected())
@@ -203,13 +199,10 @@ impl Outboxes for MySql {
         ids: &'p [&'p str],
         hold: &'p str,
     ) -> Result<(), sqlx::Error> {
-        let ids: Vec<String> = ids.iter().map(|id| hex_bytes(id.as_bytes())).collect();
         let release = format!(
-            "UPDATE {}_outbox SET next_attempt_at = UTC_TIMESTAMP(6) WHERE id IN ({}) \
-             AND sent_at IS NULL AND CAST(next_attempt_at AS CHAR) = CONVERT({} USING utf8mb4)",
+            "UPDATE {}_outbox SET next_attempt_at = UTC_TIMESTAMP(6) WHERE {}",
             sql.table.as_str(),
-            ids.join(","),
-            hex_bytes(hold.as_bytes())
+            still_held(ids, hold)
         );
         sqlx::raw_sql(AssertSqlSafe(release)).execute(pool).await?;
         Ok(())
@@ -294,4 +287,17 @@ impl Outboxes for MySql {
         // MySQL announces no commits: the relay polls.
         Ok(None)
     }
+}
+
+/// The rows of `ids` that are unsent and still under the round's `hold`: what a round's mark
+/// or release may touch. MySQL binds no array, so the ids travel as hex literals in one
+/// statement.
+fn still_held(ids: &[&str], hold: &str) -> String {
+    let ids: Vec<String> = ids.iter().map(|id| hex_bytes(id.as_bytes())).collect();
+    format!(
+        "id IN ({}) AND sent_at IS NULL \
+         AND CAST(next_attempt_at AS CHAR) = CONVERT({} USING utf8mb4)",
+        ids.join(","),
+        hex_bytes(hold.as_bytes())
+    )
 }
