@@ -11,6 +11,8 @@ const PG_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/test";
 const MY_DEFAULT: &str = "mysql://root@127.0.0.1:3306/test";
 
 pub(crate) struct Config {
+    /// What every table's name ends with: `p` and this process's id.
+    pub(crate) suffix: String,
     pub(crate) pg_url: String,
     pub(crate) my_url: String,
     pub(crate) accounts: String,
@@ -43,8 +45,14 @@ impl Config {
         };
         // `_p` and at most 7 digits (Linux's largest pid is 4194304): the longest name,
         // `idem_bench_growth_10m_p4194304`, stays within idem's MAX_TABLE_LEN (47).
-        let name = |base: &str| format!("idem_bench_{base}_p{}", std::process::id());
+        // `--scale`'s worker processes use their parent's tables: it passes its suffix on.
+        let suffix = std::env::var("IDEM_BENCH_SUFFIX")
+            .ok()
+            .filter(|s| s.len() <= 8 && s.bytes().all(|b| b.is_ascii_alphanumeric()))
+            .unwrap_or_else(|| format!("p{}", std::process::id()));
+        let name = |base: &str| format!("idem_bench_{base}_{suffix}");
         Config {
+            suffix: suffix.clone(),
             pg_url: url("IDEM_POSTGRES_URL", PG_DEFAULT),
             my_url: url("IDEM_MYSQL_URL", MY_DEFAULT),
             accounts: name("accounts"),

@@ -8,6 +8,7 @@
 //! cargo bench --bench throughput -- --outbox     # the outbox: handler cost, relay vs direct
 //! cargo bench --bench throughput -- --group      # group commit, and a poisoned batch
 //! cargo bench --bench throughput -- --steps      # lease steps: 3 steps vs 3 lease jobs
+//! cargo bench --bench throughput -- --scale      # 1, 2, 4, 8 worker processes on one server
 //! ```
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
 //! sqlite|mysql`, `--rounds N`, `--run-ms N`, `--pool lean|sqlx` (the pool settings the docs
@@ -51,6 +52,7 @@ mod outbox;
 mod pgbench;
 mod plot;
 mod report;
+mod scale;
 mod setup;
 mod steps;
 mod variants;
@@ -142,7 +144,7 @@ fn parse_args() -> Res<Args> {
             "--run-ms" => parsed.run_ms = Some(args.next().ok_or("--run-ms needs N")?.parse()?),
             // `cargo bench` passes `--bench` to every harness-less bench.
             "--bench" => {}
-            "--instructions" | "--group" => {}
+            "--instructions" | "--group" | "--scale" => {}
             other => eprintln!("ignoring argument {other:?}"),
         }
     }
@@ -162,6 +164,23 @@ fn main() -> Res<()> {
         let counted = instructions::child(kind, variant, &dir);
         let _ = std::fs::remove_dir_all(&dir);
         return counted;
+    }
+    // A worker process of `--scale`, started by it.
+    if let Some(at) = argv.iter().position(|a| a == "--scale-worker") {
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(scale::child(&argv[at + 1..]));
+    }
+    // The scaling curve: 1, 2, 4 and 8 worker processes on one server (`scale.rs`).
+    if argv.iter().any(|a| a == "--scale") {
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(async {
+                let args = parse_args()?;
+                scale::run(args.quick, args.only, args.run_ms).await
+            });
     }
     if argv.iter().any(|a| a == "--http") {
         let quick = argv.iter().any(|a| a == "--quick");
