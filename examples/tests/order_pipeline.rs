@@ -5,6 +5,8 @@
 
 #[path = "order_pipeline/broker_down.rs"]
 mod broker_down;
+#[path = "order_pipeline/mid_round.rs"]
+mod mid_round;
 #[allow(dead_code)]
 #[path = "../order_pipeline.rs"]
 mod order_pipeline;
@@ -37,7 +39,8 @@ const CHILD_BATCH: &str = "IDEM_PIPELINE_BATCH";
 /// A process of the pipeline, until told to stop. Modes: `worker`, `consumer`; `relay` and
 /// `relay_nats` (to RabbitMQ, to JetStream), and both with `_pause`: the relay prints
 /// `CONFIRMED id` once the broker confirmed a message and, paused, waits there to be killed,
-/// before its mark.
+/// before its mark; `relay_midround` and `relay_nats_midround` pause at a later confirm of a
+/// round (`mid_round.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a pipeline process that the tests start themselves"]
 async fn child_process() {
@@ -76,6 +79,28 @@ async fn child_process() {
                     pause,
                     on_line,
                 },
+                batch,
+            );
+            println!("READY");
+            relay.run(poll, stop_signal()).await.unwrap();
+        }
+        // The first relay of the mid-round kill (`mid_round.rs`), to RabbitMQ or JetStream.
+        "relay_midround" => {
+            let conn = connect_amqp(&order_pipeline::amqp_url()).await.unwrap();
+            let inner = RabbitMq::new(confirming_channel(&conn).await.unwrap());
+            let batch = child_env(CHILD_BATCH).parse().unwrap();
+            let relay = relay(&store, mid_round::PauseAt::from_env(inner), batch);
+            println!("READY");
+            relay.run(poll, stop_signal()).await.unwrap();
+        }
+        "relay_nats_midround" => {
+            let js = send_invoice::connect(&send_invoice::nats_url())
+                .await
+                .unwrap();
+            let batch = child_env(CHILD_BATCH).parse().unwrap();
+            let relay = relay(
+                &store,
+                mid_round::PauseAt::from_env(JetStream::new(js)),
                 batch,
             );
             println!("READY");
