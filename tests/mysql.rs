@@ -122,6 +122,7 @@ conformance::every_backend_tests!(My);
 // The cases SQLite cannot run: a connection to cut, a server to miss, a session's own settings,
 // a second writer's serialization failure, a named lock.
 conformance::tests!(My;
+    job_begun_first_and_committed_last_is_published_second,
     killed_connection_fails_its_group_and_redelivery_applies_once,
     connection_killed_in_a_job_fails_the_batch_and_keeps_nothing,
     connection_killed_before_commit_keeps_nothing,

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::outbox::{Message, PublishError, Publisher, Relay};
-use idem::{Outbox, Store};
+use idem::{Claimed, Key, Outbox, Outcome, Store};
 use sqlx::{Pool, Transaction};
 
 use crate::conformance::ctx::Ctx;
@@ -406,5 +406,54 @@ pub(crate) async fn migrate_gives_an_old_outbox_its_ordering_keys<S: Support>() 
         received_of(&ctx, &received, "before-migrate").await,
         ["old-message"]
     );
+    ctx.cleanup().await;
+}
+
+/// Across keys the relay's order is the order messages became visible: a job that began first
+/// and committed last is published after one that began later and committed first, though one
+/// round takes both (a job's messages are written at its end, with its commit). It needs two
+/// writers at once: on SQLite writers take turns, so the order begun is the order committed.
+pub(crate) async fn job_begun_first_and_committed_last_is_published_second<S: Support>() {
+    let mut ctx = Ctx::<S>::new("relayvisible", 3).await;
+    let received = received_table(&mut ctx).await;
+    let fresh = |key: &'static str| {
+        let store = ctx.store.clone();
+        async move {
+            match store.claim(SCOPE, &Key::new(key).expect("a key")).await {
+                Ok(Claimed::Fresh(guard)) => guard,
+                other => panic!("expected a fresh claim of {key}, got {other:?}"),
+            }
+        }
+    };
+    let mut first = fresh("began-first").await;
+    first
+        .outbox()
+        .send("shipping", &"first")
+        .expect("a message");
+    let mut second = fresh("began-second").await;
+    second
+        .outbox()
+        .send("shipping", &"second")
+        .expect("a message");
+    let done = second.finish::<(), idem::Error>(Ok(())).await;
+    assert!(matches!(done, Ok(Outcome::Applied(()))), "{done:?}");
+    let done = first.finish::<(), idem::Error>(Ok(())).await;
+    assert!(matches!(done, Ok(Outcome::Applied(()))), "{done:?}");
+
+    let broker = Arc::new(Broker::default());
+    let relay = Relay::new(
+        ctx.store.clone(),
+        numbering(&ctx, &received, "one", &broker, &[]),
+    )
+    .batch(10);
+    let round = relay.relay_once().await.expect("a round");
+    assert_eq!((round.sent, round.failed), (2, 0), "one round takes both");
+    let sql = format!("SELECT okey FROM {received} ORDER BY n");
+    let mut conn = ctx.pool.acquire().await.expect("a connection");
+    let order = S::Db::fetch_strings(&mut conn, &sql)
+        .await
+        .expect("the order");
+    assert_eq!(order, ["began-second", "began-first"], "commit order");
+    drop(conn);
     ctx.cleanup().await;
 }
