@@ -128,11 +128,28 @@ impl Cluster {
     }
 
     /// Starts node `i` again (crash recovery, then an incremental state transfer from another
-    /// node, or a full one) and waits until it is synced in a cluster of three.
-    pub async fn restart(&mut self, i: usize) {
+    /// node, or a full one) and waits until it is synced in a cluster of three. Returns its
+    /// log's line about the transfer (`Receiving IST... 100.0% (n/n events) complete.`), or
+    /// its lines about a full one.
+    pub async fn restart(&mut self, i: usize) -> String {
+        let before = self.log(i).len();
         self.spawn(i, false);
         for j in 0..NODES {
             self.wait_synced(j, NODES).await;
+        }
+        let log = self.log(i);
+        let new = log.get(before..).unwrap_or_default();
+        let ist = new
+            .lines()
+            .filter(|l| l.contains("Receiving IST") && l.contains("complete"))
+            .last();
+        match ist {
+            Some(line) => line.split("WSREP: ").last().unwrap_or(line).to_owned(),
+            None => new
+                .lines()
+                .filter(|l| l.contains("SST"))
+                .collect::<Vec<_>>()
+                .join("\n"),
         }
     }
 

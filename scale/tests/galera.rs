@@ -283,6 +283,9 @@ async fn idem_keeps_each_job_once_on_a_three_node_galera_cluster() {
     conflicts += joined(&cluster, &nodes).await.conflicts;
     conflicts += replay(&cluster, &nodes).await.conflicts;
     conflicts += lease(&cluster, &nodes).await.conflicts;
+    conflicts += lease_without_autocommit_retries(&cluster, &nodes)
+        .await
+        .conflicts;
     conflicts += group_commit(&cluster, &nodes).await.conflicts;
     conflicts += batch(&cluster, &nodes).await;
     // Deliveries that lost the race at COMMIT, over every mode: the race was real.
@@ -355,6 +358,48 @@ async fn lease(cluster: &Cluster, nodes: &Nodes) -> Tally {
     })
     .await;
     case.drop().await;
+    tally
+}
+
+/// Lease mode again, on sessions that do not let the node retry an autocommit statement
+/// certification failed (`wsrep_retry_autocommit = 0`): the losing claim gets 1213, which idem
+/// retries as a lost race; the retry meets the marker.
+async fn lease_without_autocommit_retries(cluster: &Cluster, nodes: &Nodes) -> Tally {
+    let mut pools = Vec::new();
+    for url in &nodes.urls {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::raw_sql("SET SESSION wsrep_retry_autocommit = 0")
+                        .execute(conn)
+                        .await?;
+                    Ok(())
+                })
+            })
+            .connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
+        pools.push(pool);
+    }
+    let nodes = Nodes {
+        urls: nodes.urls.clone(),
+        pools,
+    };
+    let case = Case::new(&nodes).await;
+    let jobs = case.jobs(30);
+    let (stores, pools) = (case.stores.clone(), case.pools.clone());
+    let what = "lease, wsrep_retry_autocommit = 0";
+    let tally = through_every_node(cluster, &case, what, &jobs, move |node, job| {
+        let (store, pool) = (stores[node].clone(), pools[node].clone());
+        async move { my::leased(&store, &job, &pool).await }
+    })
+    .await;
+    case.drop().await;
+    for pool in nodes.pools {
+        pool.close().await;
+    }
     tally
 }
 
@@ -693,7 +738,7 @@ async fn a_node_killed_mid_run_loses_nothing(cluster: &mut Cluster, nodes: &Node
         worker.await.expect("a worker panicked");
     }
     let drained = killed_at.elapsed();
-    cluster.restart(KILLED).await;
+    let transfer = cluster.restart(KILLED).await;
     let rejoined = killed_at.elapsed();
     let first = first.lock().expect("first").clone();
     let mut redelivered = (0, 0);
@@ -747,7 +792,7 @@ async fn a_node_killed_mid_run_loses_nothing(cluster: &mut Cluster, nodes: &Node
         "node {KILLED} killed after {APPLIED_BEFORE_KILL} Applied: {} jobs Applied at their \
          first delivery, {} failed, {} not reached; redelivered: {} Applied, {} Duplicate (had \
          committed before the kill); the workers done {drained:?} after the kill, the node \
-         synced again {rejoined:?} after it; first failure: {:?}",
+         synced again {rejoined:?} after it ({transfer}); first failure: {:?}",
         applied.len(),
         failed.len(),
         first
