@@ -141,8 +141,7 @@ impl Cluster {
         let new = log.get(before..).unwrap_or_default();
         let ist = new
             .lines()
-            .filter(|l| l.contains("Receiving IST") && l.contains("complete"))
-            .last();
+            .rfind(|l| l.contains("Receiving IST") && l.contains("complete"));
         match ist {
             Some(line) => line.split("WSREP: ").last().unwrap_or(line).to_owned(),
             None => new
