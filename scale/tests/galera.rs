@@ -453,7 +453,12 @@ async fn batch(cluster: &Cluster, nodes: &Nodes) -> usize {
                 loop {
                     match my::batch(&store, &batch).await {
                         Ok(done) => return (batch, done, conflicts),
-                        Err(e) if is_conflict(&e) => {
+                        // A conflict, or a transaction the database threw away under the
+                        // batch: nothing kept, redelivered.
+                        Err(e)
+                            if is_conflict(&e)
+                                || matches!(e, AppError::Idem(idem::Error::RolledBack { .. })) =>
+                        {
                             conflicts += 1;
                             assert!(Instant::now() < deadline, "a batch kept failing: {e:?}");
                         }
