@@ -296,10 +296,18 @@ pub(crate) async fn shared_attempt<DB: Backend>(
     };
     match answer {
         Ok(Attempt::Fresh((), took_over)) => Ok(Ok(Attempt::Fresh((), took_over))),
-        other => {
+        Ok(answer) => {
             DB::savepoint(conn, Savepoint::RollBack).await?;
-            Ok(other)
+            Ok(Ok(answer))
         }
+        // An error that took the whole transaction with it (MySQL's deadlock victim, a
+        // transaction Galera's certification aborted) makes the rollback fail as well, with
+        // `SAVEPOINT .. does not exist`: the claim's own error is the one that says what
+        // happened (a lost race, which is retried), as in `savepoint_attempt`.
+        Err(e) => match DB::savepoint(conn, Savepoint::RollBack).await {
+            Ok(()) => Ok(Err(e)),
+            Err(_) => Err(e),
+        },
     }
 }
 
