@@ -328,13 +328,16 @@ pub(crate) fn kept(group: &str, spans: &[Span], from: &claim::From) -> Kept {
     }
 }
 
-/// The answer to [`Store::claim_offsets`]: which records this delivery holds, and the open
-/// transaction holding them.
+/// The answer to [`Store::claim_offsets`] and [`Group::claim_offsets`](crate::Group::claim_offsets):
+/// which records this delivery holds, and the open transaction holding them (in a group, its
+/// transaction inside this claim's savepoint).
 ///
 /// [`finish`](OffsetGuard::finish) commits (the watermarks, the effects and the
 /// [`outbox`](OffsetGuard::outbox) together) or rolls back; [`release`](OffsetGuard::release),
 /// or dropping it (a panic, a cancelled future), rolls back as well, and the records are
-/// fresh again for the next delivery.
+/// fresh again for the next delivery. In a group, the commit is the group's (`finish` answers
+/// once it is confirmed, or with [`Error::GroupFailed`]) and a rollback is to the claim's
+/// savepoint.
 #[derive(Debug)]
 #[must_use = "an offset claim may hold an open transaction: run the fresh records and call `finish`"]
 pub struct OffsetGuard<DB: Backend> {

@@ -24,6 +24,8 @@ type Records = Vec<(String, i32, i64)>;
 enum Then {
     Commit,
     Fail,
+    /// The guard is dropped after the effects (a panic, a cancelled call): `Ok([])`.
+    Drop,
     /// The first such body parks until released, holding its lane.
     Park(Arc<Hold>),
     /// Counts the group's watermarks in its transaction and, from another session, those
@@ -46,6 +48,10 @@ async fn deliver_grouped<S: Support>(
 ) -> Result<Vec<Outcome<()>>, Error> {
     let mut claim = group.claim_offsets(GROUP, &at(records)).await?;
     let ran = apply_fresh(&mut claim, records, &ctx.effects).await;
+    if let Then::Drop = then {
+        drop(claim);
+        return Ok(Vec::new());
+    }
     let ran = match (ran, then, claim.tx()) {
         (Err(e), ..) => Err(e),
         (Ok(_), Then::Fail, _) => Err(Error::InvalidOffsets {
@@ -165,8 +171,8 @@ pub(crate) async fn grouped_offset_claims_of_partitions_share_one_commit<S: Supp
         .await;
 }
 
-/// A member whose body fails rolls back its savepoint, watermark included: the others commit,
-/// and its redelivery applies its records once.
+/// A member whose body fails, and one dropped in its body, roll back their savepoints,
+/// watermarks included: the others commit, and each redelivery applies its records once.
 pub(crate) async fn failing_grouped_offset_member_keeps_only_its_watermark_back<S: Support>() {
     let ctx = Arc::new(Ctx::<S>::new("ogfail", 8).await);
     let group = one_group(&ctx, 1);
@@ -180,27 +186,34 @@ pub(crate) async fn failing_grouped_offset_member_keeps_only_its_watermark_back<
     }];
     within(60, "partition 0 parking in its body", hold.entered()).await;
     for p in 1..4 {
-        let then = if p == 2 { Then::Fail } else { Then::Commit };
+        let then = match p {
+            1 => Then::Drop,
+            2 => Then::Fail,
+            _ => Then::Commit,
+        };
         calls.push(start(&ctx, &group, batch(p), then, p as usize + 1).await);
     }
     hold.release();
     for (p, call) in calls.into_iter().enumerate() {
         match (p, answer(call).await) {
+            (1, Ok(dropped)) => assert_eq!(dropped, []),
             (2, Err(Error::InvalidOffsets { .. })) => {}
-            (p, Ok(outcomes)) if p != 2 => assert_eq!(outcomes, [A; 4], "partition {p}"),
+            (0 | 3, Ok(outcomes)) => assert_eq!(outcomes, [A; 4], "partition {p}"),
             (p, other) => panic!("partition {p}: {other:?}"),
         }
     }
     let marks = ctx.store.watermarks(GROUP, "orders").await.unwrap();
-    assert_eq!(marks, [(0, 14), (1, 14), (3, 14)], "partition 2 not moved");
-    assert_eq!(ctx.effects_total().await, 12);
-    let again = deliver_grouped(&ctx, &group, &batch(2), Then::Commit).await;
-    assert_eq!(again.unwrap(), [A; 4]);
-    let again = deliver_grouped(&ctx, &group, &batch(2), Then::Commit).await;
-    assert_eq!(again.unwrap(), [D; 4]);
-    assert_eq!(watermark(&ctx.store, "orders", 2).await, Some(14));
-    for o in 10..14 {
-        assert_eq!(ctx.effects(effect_id(2, o)).await, 1, "2/{o}");
+    assert_eq!(marks, [(0, 14), (3, 14)], "partitions 1 and 2 not moved");
+    assert_eq!(ctx.effects_total().await, 8);
+    for p in [1, 2] {
+        let again = deliver_grouped(&ctx, &group, &batch(p), Then::Commit).await;
+        assert_eq!(again.unwrap(), [A; 4]);
+        let again = deliver_grouped(&ctx, &group, &batch(p), Then::Commit).await;
+        assert_eq!(again.unwrap(), [D; 4]);
+        assert_eq!(watermark(&ctx.store, "orders", p).await, Some(14));
+        for o in 10..14 {
+            assert_eq!(ctx.effects(effect_id(p, o)).await, 1, "{p}/{o}");
+        }
     }
     assert_eq!(ctx.effects_total().await, 16);
     Arc::into_inner(ctx)
