@@ -26,7 +26,8 @@ enum Then {
     Fail,
     /// The guard is dropped after the effects (a panic, a cancelled call): `Ok([])`.
     Drop,
-    /// The first such body parks until released, holding its lane.
+    /// Sends an outbox message for its first record, then, the first such body, parks
+    /// until released, holding its lane.
     Park(Arc<Hold>),
     /// Counts the group's watermarks in its transaction and, from another session, those
     /// committed.
@@ -51,6 +52,10 @@ async fn deliver_grouped<S: Support>(
     if let Then::Drop = then {
         drop(claim);
         return Ok(Vec::new());
+    }
+    if let (Then::Park(_), Some((_, partition, offset))) = (&then, records.first()) {
+        let key = format!("orders/{partition}/{offset}");
+        claim.outbox().send(&key, "receipts", offset)?;
     }
     let ran = match (ran, then, claim.tx()) {
         (Err(e), ..) => Err(e),
@@ -165,6 +170,12 @@ pub(crate) async fn grouped_offset_claims_of_partitions_share_one_commit<S: Supp
     }
     assert_eq!(ctx.effects_total().await, i64::from(PARTITIONS) * 5);
     assert_eq!(ctx.markers().await, 0, "no marker per record");
+    let outbox = format!("SELECT COUNT(*) FROM {}_outbox", ctx.store.table());
+    assert_eq!(
+        ctx.scalar(&outbox).await,
+        1,
+        "partition 0's message, with its watermark"
+    );
     Arc::into_inner(ctx)
         .expect("the calls ended")
         .cleanup()
