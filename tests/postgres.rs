@@ -128,6 +128,8 @@ conformance::tests!(Pg;
     commit_never_delivered_is_an_error_and_redelivery_applies,
     group_commit_cut_before_its_answer_fails_every_member_as_may_be_kept,
     group_commit_never_delivered_fails_every_member_and_redelivery_applies,
+    grouped_offset_commit_cut_fails_every_member_as_may_be_kept,
+    grouped_offset_commit_never_delivered_fails_every_member,
     connection_cut_after_the_claim_keeps_nothing_and_redelivery_applies,
     lease_is_live_for_a_session_in_another_time_zone,
     waiting_relay_wakes_at_the_commit_of_a_message,

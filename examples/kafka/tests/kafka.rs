@@ -309,6 +309,58 @@ async fn a_batch_that_was_not_kept_comes_again() {
     world.cleanup().await;
 }
 
+/// `Consumer::claim_in`: a batch claimed in a group's savepoint answers once the group
+/// committed; one whose body failed comes again from its first record (its watermark rolled
+/// back with its savepoint), and the next batch follows one that was kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_claimed_through_a_group_commits_with_it_or_comes_again() {
+    let world = World::new(&kafka_url(), 1).await;
+    world.produce("job", 6).await;
+    let group = world.store.group(idem::GroupOptions::new()).unwrap();
+    let config = idem_example_kafka::config(&world.url, Some(&world.group));
+    let mut consumer = Consumer::watermarks(world.store.clone(), &config).unwrap();
+    consumer.subscribe(&[&world.topic]).unwrap();
+    let offsets = |records: &[Record]| records.iter().map(Record::offset).collect::<Vec<_>>();
+    let first = next_records(&mut consumer, 3).await;
+    assert_eq!(offsets(&first), [0, 1, 2]);
+    let claim = consumer.claim_in(&group, &first).await.unwrap();
+    let failed: Result<(), idem::Error> = Err(idem::Error::Kafka {
+        reason: "the body failed".into(),
+    });
+    assert!(claim.finish(failed).await.is_err());
+    let no_marks = world.store.watermarks(&world.group, &world.topic).await;
+    assert_eq!(
+        no_marks.unwrap(),
+        [],
+        "the savepoint took the watermark back"
+    );
+    let again = next_records(&mut consumer, 3).await;
+    assert_eq!(offsets(&again), [0, 1, 2], "the failed batch comes again");
+    let mut claim = consumer.claim_in(&group, &again).await.unwrap();
+    for (i, record) in again.iter().enumerate() {
+        assert!(claim.is_fresh(i));
+        let job: TopUp = serde_json::from_slice(record.payload().unwrap()).unwrap();
+        let tx = claim.tx().unwrap();
+        <sqlx::Postgres as Effects>::insert(tx, &world.effects, &job, 0, record.offset())
+            .await
+            .unwrap();
+    }
+    let done = claim.finish(Ok::<_, idem::Error>(())).await.unwrap();
+    assert_eq!(done.applied(), 3);
+    let marks = world.store.watermarks(&world.group, &world.topic).await;
+    assert_eq!(marks.unwrap(), [(0, 3)]);
+    let next = next_records(&mut consumer, 3).await;
+    assert_eq!(
+        offsets(&next),
+        [3, 4, 5],
+        "a kept batch is followed by the next"
+    );
+    assert_eq!(world.effects().await, 3);
+    assert!(world.not_once().await.is_empty());
+    consumer.close().await;
+    world.cleanup().await;
+}
+
 /// Up to `n` records, waiting for them (bounded).
 async fn next_records(consumer: &mut Consumer<sqlx::Postgres>, n: usize) -> Vec<Record> {
     within(60, "a batch of records", async {

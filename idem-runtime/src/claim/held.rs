@@ -204,7 +204,7 @@ pub(crate) enum Kept {
 }
 
 impl Kept {
-    fn partition(&self) -> Option<Partition<'_>> {
+    pub(crate) fn partition(&self) -> Option<Partition<'_>> {
         match self {
             Kept::Marker => None,
             Kept::Offsets {
@@ -392,6 +392,11 @@ impl<'c, DB: Backend> TxHeld<'c, DB> {
     /// The scope and key claimed.
     pub(crate) fn request(&self) -> &Request {
         &self.ticket.request
+    }
+
+    /// The request, to rekey (an offset claim's first fresh record names it).
+    pub(crate) fn request_mut(&mut self) -> &mut Request {
+        &mut self.ticket.request
     }
 
     /// The key its errors (and MySQL's commit check, which looks for the claim's nonce on one of

@@ -16,8 +16,8 @@ use sqlx::Transaction;
 use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
 use super::GroupOptions;
-use crate::backend::{Backend, Check, Claimant, Savepoint};
-use crate::claim::Request;
+use crate::backend::{Backend, Check, Claimant, Partition, Savepoint};
+use crate::claim::{Kept, Request};
 use crate::options::ClaimOptions;
 use crate::store::Store;
 
@@ -94,8 +94,14 @@ pub(crate) struct Open<DB: Backend> {
     /// The keys claimed fresh in this generation: a later call of the same key reads their
     /// uncommitted markers, and its answer waits for the generation's end.
     fresh: HashSet<(String, String)>,
-    /// One kept call's identity, which the commit checks (MySQL finds its marker).
-    kept: Option<(String, String, i64)>,
+    /// The partitions (consumer group, topic, partition) whose watermarks offset claims kept
+    /// in this generation moved: a later claim of one of them reads the uncommitted
+    /// watermark, and its answer waits for the generation's end.
+    moved: HashSet<(String, String, i32)>,
+    /// The last kept call's identity, which the commit checks (MySQL finds its marker, or the
+    /// watermark holding its nonce). The last, not the first: a later call of the generation
+    /// may move a watermark an earlier one moved, and the row then holds the later nonce.
+    kept: Option<KeptBy>,
     ended: Option<watch::Sender<Option<Ended>>>,
     /// A call's savepoint may be open with no call to end it (the call was dropped): it is
     /// rolled back before anything else runs.
@@ -109,6 +115,7 @@ impl<DB: Backend> Default for Open<DB> {
             generation: 0,
             members: 0,
             fresh: HashSet::new(),
+            moved: HashSet::new(),
             kept: None,
             ended: None,
             dirty: false,
@@ -146,6 +153,7 @@ impl<DB: Backend> Open<DB> {
     fn reset(&mut self) {
         self.members = 0;
         self.fresh.clear();
+        self.moved.clear();
         self.kept = None;
     }
 
@@ -239,10 +247,36 @@ impl<DB: Backend> Turn<DB> {
         }
     }
 
+    /// The end of this generation, if an offset claim kept in it moved the watermark of one
+    /// of `partitions` (topic, partition) of the consumer group `group`.
+    pub(crate) fn holder_of_partitions<'a>(
+        &self,
+        group: &str,
+        mut partitions: impl Iterator<Item = (&'a str, i32)>,
+    ) -> Option<Waiter> {
+        let open = &*self.guard;
+        let met = partitions.any(|(topic, partition)| {
+            let at = (group.to_owned(), topic.to_owned(), partition);
+            open.moved.contains(&at)
+        });
+        match met {
+            true => open.ended.as_ref().map(watch::Sender::subscribe),
+            false => None,
+        }
+    }
+
     /// The call's work is in the generation (its savepoint released): counts it, and ends
     /// the turn (see [`leave`](Turn::leave)), closing the generation at once if it is full.
-    /// Returns the end to wait for.
-    pub(crate) fn kept(mut self, request: &Request, shared: &Arc<Shared<DB>>) -> Waiter {
+    /// `kept` is what its claim wrote (a marker, or watermarks: `moved`, as (topic,
+    /// partition), all of the request's scope, its consumer group). Returns the end to wait
+    /// for.
+    pub(crate) fn kept(
+        mut self,
+        request: &Request,
+        shared: &Arc<Shared<DB>>,
+        kept: &Kept,
+        moved: &[(String, i32)],
+    ) -> Waiter {
         self.armed = false;
         let open = &mut *self.guard;
         let waiter = open
@@ -252,10 +286,22 @@ impl<DB: Backend> Turn<DB> {
             .subscribe();
         open.members += 1;
         let (scope, key) = (request.scope.to_string(), request.key.as_str().to_owned());
-        if open.kept.is_none() {
-            open.kept = Some((scope.clone(), key.clone(), request.nonce));
+        let partition = kept
+            .partition()
+            .map(|at| (at.topic.to_owned(), at.partition));
+        open.kept = Some(KeptBy {
+            scope: scope.clone(),
+            key: key.clone(),
+            nonce: request.nonce,
+            partition,
+        });
+        for (topic, partition) in moved {
+            open.moved
+                .insert((scope.clone(), topic.clone(), *partition));
         }
-        open.fresh.insert((scope, key));
+        if matches!(kept, Kept::Marker) {
+            open.fresh.insert((scope, key));
+        }
         let full = open.members >= shared.options.max_size;
         self.leave(shared, full);
         waiter
@@ -300,7 +346,17 @@ async fn close_after_delay<DB: Backend>(
 struct Closing<DB: Backend> {
     tx: Transaction<'static, DB>,
     ended: watch::Sender<Option<Ended>>,
-    kept: Option<(String, String, i64)>,
+    kept: Option<KeptBy>,
+}
+
+/// A kept call's identity: its scope, key and nonce, and, for an offset claim, the partition
+/// (topic, partition) whose watermark holds its nonce (the scope is its consumer group).
+#[derive(Debug)]
+struct KeptBy {
+    scope: String,
+    key: String,
+    nonce: i64,
+    partition: Option<(String, i32)>,
 }
 
 impl<DB: Backend> Closing<DB> {
@@ -314,15 +370,28 @@ impl<DB: Backend> Closing<DB> {
                 drop(DB::rollback(tx, &options).await);
                 Ended::Committed
             }
-            Some((scope, key, nonce)) => {
-                let claimant = Claimant {
-                    scope: &scope,
-                    key: &key,
-                    fingerprint: None,
-                    nonce,
-                    wait: None,
+            Some(kept) => {
+                let table = DB::table(shared.store.sql());
+                let check = match &kept.partition {
+                    None => Check::Marker(
+                        table,
+                        Claimant {
+                            scope: &kept.scope,
+                            key: &kept.key,
+                            fingerprint: None,
+                            nonce: kept.nonce,
+                            wait: None,
+                        },
+                    ),
+                    Some((topic, partition)) => {
+                        let at = Partition {
+                            group: &kept.scope,
+                            topic,
+                            partition: *partition,
+                        };
+                        Check::Offsets(table, at, kept.nonce)
+                    }
                 };
-                let check = Check::Marker(DB::table(shared.store.sql()), claimant);
                 match DB::commit(tx, check, &options).await {
                     Ok(true) => Ended::Committed,
                     Ok(false) => Ended::Failed {

@@ -11,7 +11,7 @@ use super::lane::{Ended, Lane, Shared, Turn, Waiter, ended};
 use crate::backend::{Backend, Savepoint};
 use crate::claim::nested::Body;
 use crate::claim::run::{Attempt, Attempts, conclude, retrying, shared_attempt, start};
-use crate::claim::{Claimed, Hold, Request, Ticket, finish};
+use crate::claim::{Claimed, Hold, Kept, Request, Ticket, finish};
 use crate::error::Error;
 use crate::observe;
 use crate::options::Mode;
@@ -65,12 +65,8 @@ pub(crate) async fn claim<DB: Backend>(
         Err(e) => Err(e),
     };
     let shared = shared.clone();
-    conclude(observed, request, answer, |turn, ticket| GroupHeld {
-        hold: GroupHold {
-            turn: Some(turn),
-            shared,
-        },
-        ticket,
+    conclude(observed, request, answer, |turn, ticket| {
+        GroupHeld::new(turn, shared, Kept::Marker, Vec::new(), ticket)
     })
 }
 
@@ -110,7 +106,7 @@ impl<DB: Backend> Attempts for InGroup<'_, DB> {
     }
 }
 
-fn group_failed(request: &Request, may_be_kept: bool, reason: &str) -> Error {
+pub(super) fn group_failed(request: &Request, may_be_kept: bool, reason: &str) -> Error {
     Error::GroupFailed {
         scope: request.scope.to_string(),
         key: request.key.as_str().to_owned(),
@@ -126,11 +122,15 @@ fn rolled_back(request: &Request) -> Error {
     }
 }
 
-/// A fresh claim in a group: the lane's turn, which the call keeps while its body runs.
+/// A fresh claim in a group: the lane's turn, which the call keeps while its body runs, and
+/// what the claim wrote that the group's commit can look for.
 #[derive(Debug)]
 pub(crate) struct GroupHold<DB: Backend> {
     turn: Option<Turn<DB>>,
     shared: Arc<Shared<DB>>,
+    kept: Kept,
+    /// The partitions whose watermarks an offset claim moved, as (topic, partition).
+    moved: Vec<(String, i32)>,
 }
 
 impl<DB: Backend> GroupHold<DB> {
@@ -171,7 +171,11 @@ impl<DB: Backend> Hold for GroupHold<DB> {
             recorded.map_err(|e| Self::failed(e, request))?;
         }
         if let Some(outbox) = outbox {
-            let written = DB::outbox_write(self.tx(), sql, outbox, request.nonce).await;
+            let (kept, nonce) = (self.kept.clone(), request.nonce);
+            let written = match kept.partition() {
+                None => DB::outbox_write(self.tx(), sql, outbox, nonce).await,
+                Some(at) => DB::offsets_outbox_write(self.tx(), sql, outbox, at, nonce).await,
+            };
             written.map_err(|e| Self::failed(e, request))?;
         }
         Ok(())
@@ -203,7 +207,7 @@ impl<DB: Backend> Hold for GroupHold<DB> {
             });
         }
         let turn = self.turn.take().expect("held until the end");
-        let waiter: Waiter = turn.kept(request, &self.shared);
+        let waiter: Waiter = turn.kept(request, &self.shared, &self.kept, &self.moved);
         match ended(waiter).await {
             Ended::Committed => Ok(()),
             Ended::Failed {
@@ -237,6 +241,33 @@ pub struct GroupHeld<DB: Backend> {
 }
 
 impl<DB: Backend> GroupHeld<DB> {
+    pub(super) fn new(
+        turn: Turn<DB>,
+        shared: Arc<Shared<DB>>,
+        kept: Kept,
+        moved: Vec<(String, i32)>,
+        ticket: Ticket,
+    ) -> Self {
+        GroupHeld {
+            hold: GroupHold {
+                turn: Some(turn),
+                shared,
+                kept,
+                moved,
+            },
+            ticket,
+        }
+    }
+
+    /// The request, to rekey (an offset claim's first fresh record names it).
+    pub(crate) fn request_mut(&mut self) -> &mut Request {
+        &mut self.ticket.request
+    }
+
+    pub(crate) fn into_parts(self) -> (GroupHold<DB>, Ticket) {
+        (self.hold, self.ticket)
+    }
+
     /// The transaction the body runs on: the group's, inside this call's savepoint.
     pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
         self.hold.tx()

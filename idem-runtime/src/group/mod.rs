@@ -7,10 +7,11 @@
 
 mod lane;
 mod member;
+mod offsets;
 
 use std::borrow::Cow;
 use std::fmt;
-use std::hash::{BuildHasher as _, BuildHasherDefault, DefaultHasher};
+use std::hash::{BuildHasher as _, BuildHasherDefault, DefaultHasher, Hash};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -147,7 +148,8 @@ impl GroupOptions {
 ///
 /// Made by [`Store::group`]; cheap to clone (clones share the groups). A handler with the
 /// attribute's `group` flag takes `&Group<DB>` in place of `&Store<DB>`; by hand, claim with
-/// [`claim`](Group::claim) and end with [`GroupGuard::finish`].
+/// [`claim`](Group::claim) and end with [`GroupGuard::finish`]. Records of a Kafka partition
+/// are claimed by their offsets with [`claim_offsets`](Group::claim_offsets).
 ///
 /// What each call gets is what a call of its own would: [`Outcome::Applied`] only once the
 /// group's commit is confirmed (the verified commit of every mode), its own outcome
@@ -267,10 +269,15 @@ impl<DB: Backend> Group<DB> {
         &self,
         request: Request,
     ) -> Result<Claimed<GroupHeld<DB>>, Error> {
-        let hasher = BuildHasherDefault::<DefaultHasher>::default();
-        let at = hasher.hash_one((&*request.scope, request.key.as_str())) as usize;
-        let lane = &self.lanes[at % self.lanes.len()];
+        let lane = self.lane((&*request.scope, request.key.as_str()));
         member::claim(&self.shared, lane, request).await
+    }
+
+    /// The lane of the calls that name `what` (a key, a partition).
+    fn lane(&self, what: impl Hash) -> &Lane<DB> {
+        let hasher = BuildHasherDefault::<DefaultHasher>::default();
+        let at = hasher.hash_one(what) as usize;
+        &self.lanes[at % self.lanes.len()]
     }
 }
 

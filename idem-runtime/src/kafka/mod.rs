@@ -41,6 +41,7 @@ use self::poller::Command;
 pub use self::record::Record;
 use crate::backend::Backend;
 use crate::error::Error;
+use crate::group::Group;
 use crate::offsets::{RecordOffset, check_name};
 use crate::store::Store;
 
@@ -222,6 +223,28 @@ impl<DB: Backend> Consumer<DB> {
         let spans = spans(records);
         let at: Vec<RecordOffset<'_>> = records.iter().map(Record::at).collect();
         match self.store.claim_offsets(&self.group, &at).await {
+            Ok(guard) => Ok(Claim::new(guard, self, spans)),
+            Err(e) => {
+                self.seek_back(&spans);
+                Err(e)
+            }
+        }
+    }
+
+    /// [`claim`](Consumer::claim) in a savepoint of `group`'s open transaction
+    /// ([`Group::claim_offsets`](crate::Group::claim_offsets)): consumers of one process (a
+    /// consumer per partition, each in a task of its own) share one commit. The claim's end
+    /// answers once the group committed; a group that failed as a whole is
+    /// [`Error::GroupFailed`], and the batch's partitions are moved back as for any claim
+    /// that was not kept. `group` must be made on this consumer's store.
+    pub async fn claim_in(
+        &mut self,
+        group: &Group<DB>,
+        records: &[Record],
+    ) -> Result<Claim<'_, DB>, Error> {
+        let spans = spans(records);
+        let at: Vec<RecordOffset<'_>> = records.iter().map(Record::at).collect();
+        match group.claim_offsets(&self.group, &at).await {
             Ok(guard) => Ok(Claim::new(guard, self, spans)),
             Err(e) => {
                 self.seek_back(&spans);

@@ -15,15 +15,15 @@ use crate::store::Store;
 
 /// The records of one partition in a claim: its offsets from `first` to `last`.
 #[derive(Debug, Clone)]
-pub(super) struct Span {
-    pub(super) topic: String,
-    pub(super) partition: i32,
-    pub(super) first: i64,
-    pub(super) last: i64,
+pub(crate) struct Span {
+    pub(crate) topic: String,
+    pub(crate) partition: i32,
+    pub(crate) first: i64,
+    pub(crate) last: i64,
 }
 
 impl Span {
-    pub(super) fn at<'a>(&'a self, group: &'a str) -> Partition<'a> {
+    pub(crate) fn at<'a>(&'a self, group: &'a str) -> Partition<'a> {
         Partition {
             group,
             topic: &self.topic,
@@ -34,11 +34,11 @@ impl Span {
 
 /// For each span, the first offset this claim holds (records from it on are fresh), or `None`
 /// when every record of the span was processed already.
-pub(super) type From = Vec<Option<i64>>;
+pub(crate) type From = Vec<Option<i64>>;
 
 /// Moves the watermark of one span past its last record: `Some(first fresh offset)`, or `None`
 /// if the watermark is past it already.
-async fn move_one<DB: Backend>(
+pub(crate) async fn move_one<DB: Backend>(
     conn: &mut DB::Connection,
     sql: &DB::Sql,
     at: Partition<'_>,

@@ -4,7 +4,7 @@
 //! with no marker per record. Kafka's own offsets are then advisory: a consumer starts each
 //! partition it is given at the watermark.
 
-mod claim;
+pub(crate) mod claim;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -19,11 +19,12 @@ use crate::claim::nested::{self, Body};
 use crate::claim::run::{Attempt, conclude, retrying};
 use crate::claim::{Claimed, Kept, Request, TxHeld, end};
 use crate::error::Error;
+use crate::group::GroupHeld;
 use crate::key::{Key, MAX_BATCH, MAX_KEY_LEN};
 use crate::observe::{self, Answer, Observed, Site};
 use crate::options::{ClaimOptions, Mode};
 use crate::outcome::{Batch, Failed};
-use crate::outgoing::BatchOutbox;
+use crate::outgoing::{BatchOutbox, Pending};
 use crate::store::Store;
 
 /// The longest consumer group name and topic name accepted, in bytes (Kafka's own limit for
@@ -96,7 +97,7 @@ fn check_partition(partition: i32) -> Result<(), Error> {
 
 /// The spans of `records`, one per partition, in the order of (topic, partition); refused
 /// before any I/O when a record is malformed or a partition's offsets do not rise.
-fn spans(records: &[RecordOffset<'_>]) -> Result<Vec<Span>, Error> {
+pub(crate) fn spans(records: &[RecordOffset<'_>]) -> Result<Vec<Span>, Error> {
     if records.len() > MAX_BATCH {
         return Err(refused(format!(
             "{} records are more than the {MAX_BATCH} one claim takes: claim them in smaller \
@@ -208,35 +209,12 @@ impl<DB: Backend> Store<DB> {
         let scope = Cow::Owned(group.to_owned());
         let request = Request::new(scope, first.key(), ClaimOptions::new(), CALLER);
         let (from, held) = claim(self, request, group, &spans, records.len()).await?;
-        let fresh: Vec<bool> = records
-            .iter()
-            .map(|r| {
-                let at = spans
-                    .iter()
-                    .position(|s| s.topic == r.topic && s.partition == r.partition)
-                    .expect("every record has its span");
-                from.get(at)
-                    .copied()
-                    .flatten()
-                    .is_some_and(|from| r.offset >= from)
-            })
-            .collect();
-        let fresh_keys: Vec<Key> = records
-            .iter()
-            .zip(&fresh)
-            .filter(|&(_, fresh)| *fresh)
-            .map(|(r, _)| r.key())
-            .collect();
-        let mut held = held;
-        if let (Some(held), Some(first)) = (&mut held, fresh_keys.first()) {
-            held.rekey(first.clone());
-        }
-        Ok(OffsetGuard {
-            fresh,
-            held,
-            fresh_keys,
-            outbox: None,
-        })
+        Ok(OffsetGuard::claimed(
+            records,
+            &spans,
+            &from,
+            held.map(Held::Own),
+        ))
     }
 
     /// The watermarks of `group` on `topic`: `(partition, next offset)` for every partition
@@ -337,7 +315,7 @@ async fn claim<DB: Backend>(
 }
 
 /// The watermark a fresh claim's commit looks for: its first partition with a fresh record.
-fn kept(group: &str, spans: &[Span], from: &claim::From) -> Kept {
+pub(crate) fn kept(group: &str, spans: &[Span], from: &claim::From) -> Kept {
     let span = spans
         .iter()
         .zip(from)
@@ -350,25 +328,142 @@ fn kept(group: &str, spans: &[Span], from: &claim::From) -> Kept {
     }
 }
 
-/// The answer to [`Store::claim_offsets`]: which records this delivery holds, and the open
-/// transaction holding them.
+/// The answer to [`Store::claim_offsets`] and [`Group::claim_offsets`](crate::Group::claim_offsets):
+/// which records this delivery holds, and the open transaction holding them (in a group, its
+/// transaction inside this claim's savepoint).
 ///
 /// [`finish`](OffsetGuard::finish) commits (the watermarks, the effects and the
 /// [`outbox`](OffsetGuard::outbox) together) or rolls back; [`release`](OffsetGuard::release),
 /// or dropping it (a panic, a cancelled future), rolls back as well, and the records are
-/// fresh again for the next delivery.
+/// fresh again for the next delivery. In a group, the commit is the group's (`finish` answers
+/// once it is confirmed, or with [`Error::GroupFailed`]) and a rollback is to the claim's
+/// savepoint.
 #[derive(Debug)]
 #[must_use = "an offset claim may hold an open transaction: run the fresh records and call `finish`"]
 pub struct OffsetGuard<DB: Backend> {
     fresh: Vec<bool>,
-    held: Option<TxHeld<'static, DB>>,
+    held: Option<Held<DB>>,
     /// The fresh records' keys, in the batch's order, until the outbox takes them.
     fresh_keys: Vec<Key>,
     outbox: Option<BatchOutbox>,
 }
 
+/// What holds a fresh offset claim: a transaction of its own, or a savepoint of a group's.
+#[derive(Debug)]
+enum Held<DB: Backend> {
+    Own(TxHeld<'static, DB>),
+    Group(GroupHeld<DB>),
+}
+
+impl<DB: Backend> Held<DB> {
+    fn tx(&mut self) -> &mut Transaction<'static, DB> {
+        match self {
+            Held::Own(held) => held.tx(),
+            Held::Group(held) => held.tx(),
+        }
+    }
+
+    fn span(&self) -> &tracing::Span {
+        match self {
+            Held::Own(held) => held.span(),
+            Held::Group(held) => held.span(),
+        }
+    }
+
+    fn body(&self) -> Body {
+        match self {
+            Held::Own(held) => held.body(),
+            Held::Group(held) => held.body(),
+        }
+    }
+
+    fn request_mut(&mut self) -> &mut Request {
+        match self {
+            Held::Own(held) => held.request_mut(),
+            Held::Group(held) => held.request_mut(),
+        }
+    }
+
+    /// Ends the claim (see [`end`]) and records each record's outcome.
+    async fn end<T, E>(
+        self,
+        fresh: &[bool],
+        outbox: Option<&Pending>,
+        result: Result<T, Failed<E>>,
+    ) -> Result<Batch<T>, Failed<E>> {
+        let (ended, ticket) = match self {
+            Held::Own(held) => {
+                let (hold, ticket) = held.into_parts();
+                (
+                    end(hold, &ticket, outbox, result, |_| Ok(None)).await,
+                    ticket,
+                )
+            }
+            Held::Group(held) => {
+                let (hold, ticket) = held.into_parts();
+                (
+                    end(hold, &ticket, outbox, result, |_| Ok(None)).await,
+                    ticket,
+                )
+            }
+        };
+        let batch = ended.map(|outcome| Batch::new(fresh, outcome.into_value()));
+        ticket.observed.ended_batch(&batch);
+        batch
+    }
+}
+
 impl<DB: Backend> OffsetGuard<DB> {
-    fn done(records: usize) -> Self {
+    /// The guard of a claim whose statements answered: `from` says, for each span, where its
+    /// fresh records begin.
+    fn claimed(
+        records: &[RecordOffset<'_>],
+        spans: &[Span],
+        from: &claim::From,
+        held: Option<Held<DB>>,
+    ) -> Self {
+        let fresh: Vec<bool> = records
+            .iter()
+            .map(|r| {
+                let at = spans
+                    .iter()
+                    .position(|s| s.topic == r.topic && s.partition == r.partition)
+                    .expect("every record has its span");
+                from.get(at)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|from| r.offset >= from)
+            })
+            .collect();
+        let fresh_keys: Vec<Key> = records
+            .iter()
+            .zip(&fresh)
+            .filter(|&(_, fresh)| *fresh)
+            .map(|(r, _)| r.key())
+            .collect();
+        let mut held = held;
+        if let (Some(held), Some(first)) = (&mut held, fresh_keys.first()) {
+            held.request_mut().key = first.clone();
+        }
+        OffsetGuard {
+            fresh,
+            held,
+            fresh_keys,
+            outbox: None,
+        }
+    }
+
+    /// A claim in a group (see [`Group::claim_offsets`](crate::Group::claim_offsets)).
+    pub(crate) fn grouped(
+        records: &[RecordOffset<'_>],
+        spans: &[Span],
+        from: &claim::From,
+        held: Option<GroupHeld<DB>>,
+    ) -> Self {
+        OffsetGuard::claimed(records, spans, from, held.map(Held::Group))
+    }
+
+    pub(crate) fn done(records: usize) -> Self {
         OffsetGuard {
             fresh: vec![false; records],
             held: None,
@@ -409,15 +504,15 @@ impl<DB: Backend> OffsetGuard<DB> {
     /// The transaction the fresh records' effects must run on; `None` when every record was
     /// a duplicate (the transaction has ended already).
     pub fn tx(&mut self) -> Option<&mut Transaction<'static, DB>> {
-        self.held.as_mut().map(TxHeld::tx)
+        self.held.as_mut().map(Held::tx)
     }
 
     /// The outbox of the fresh records: each message names its record by its key
     /// ([`RecordOffset::key`]), and all are written with the watermarks when the claim
     /// finishes with `Ok`.
     pub fn outbox(&mut self) -> &mut BatchOutbox {
-        let scope = match &self.held {
-            Some(held) => held.request().scope.clone(),
+        let scope = match &mut self.held {
+            Some(held) => held.request_mut().scope.clone(),
             None => Cow::Borrowed(""),
         };
         let keys = &mut self.fresh_keys;
@@ -429,19 +524,19 @@ impl<DB: Backend> OffsetGuard<DB> {
     pub fn parts(&mut self) -> Option<(&mut Transaction<'static, DB>, &mut BatchOutbox)> {
         self.outbox();
         let outbox = self.outbox.as_mut().expect("made above");
-        let tx = self.held.as_mut().map(TxHeld::tx)?;
+        let tx = self.held.as_mut().map(Held::tx)?;
         Some((tx, outbox))
     }
 
     /// The call's `idem.claim` span; `None` when every record was a duplicate.
     pub fn span(&self) -> Option<&tracing::Span> {
-        self.held.as_ref().map(TxHeld::span)
+        self.held.as_ref().map(Held::span)
     }
 
     /// The claim's body, to run in its span and marked as inside its open transaction (see
     /// [`Guard::body`](crate::Guard::body)); `None` when every record was a duplicate.
     pub fn body(&self) -> Option<Body> {
-        self.held.as_ref().map(TxHeld::body)
+        self.held.as_ref().map(Held::body)
     }
 
     /// Ends the call: commits on `Ok`, rolls back on `Err`.
@@ -475,12 +570,8 @@ impl<DB: Backend> OffsetGuard<DB> {
             result?;
             return Ok(Batch::new(&vec![false; fresh.len()], None));
         };
-        let (hold, ticket) = held.into_parts();
         let pending = outbox.map(BatchOutbox::into_pending);
-        let ended = end(hold, &ticket, pending.as_ref(), result, |_| Ok(None)).await;
-        let batch = ended.map(|outcome| Batch::new(&fresh, outcome.into_value()));
-        ticket.observed.ended_batch(&batch);
-        batch
+        held.end(&fresh, pending.as_ref(), result).await
     }
 }
 

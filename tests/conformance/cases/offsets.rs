@@ -13,11 +13,11 @@ use crate::conformance::db::Bind;
 use crate::conformance::util::{SplitMix, seed, until, within};
 use crate::conformance::{Support, TestDb};
 
-const A: Outcome<()> = Outcome::Applied(());
-const D: Outcome<()> = Outcome::Duplicate;
-const GROUP: &str = "billing";
+pub(super) const A: Outcome<()> = Outcome::Applied(());
+pub(super) const D: Outcome<()> = Outcome::Duplicate;
+pub(super) const GROUP: &str = "billing";
 
-fn records(
+pub(super) fn records(
     topic: &str,
     partition: i32,
     offsets: impl IntoIterator<Item = i64>,
@@ -28,7 +28,7 @@ fn records(
         .collect()
 }
 
-fn at(records: &[(String, i32, i64)]) -> Vec<RecordOffset<'_>> {
+pub(super) fn at(records: &[(String, i32, i64)]) -> Vec<RecordOffset<'_>> {
     records
         .iter()
         .map(|(topic, partition, offset)| RecordOffset {
@@ -40,12 +40,12 @@ fn at(records: &[(String, i32, i64)]) -> Vec<RecordOffset<'_>> {
 }
 
 /// The effect's id of a record: its partition and offset in one number.
-fn effect_id(partition: i32, offset: i64) -> i64 {
+pub(super) fn effect_id(partition: i32, offset: i64) -> i64 {
     i64::from(partition) * 1_000_000 + offset
 }
 
 /// Inserts one effect row per fresh record, in the claim's transaction.
-async fn apply_fresh<DB: TestDb>(
+pub(super) async fn apply_fresh<DB: TestDb>(
     claim: &mut OffsetGuard<DB>,
     records: &[(String, i32, i64)],
     effects: &str,
@@ -64,7 +64,7 @@ async fn apply_fresh<DB: TestDb>(
 }
 
 /// Claims `records`, runs their effects and commits.
-async fn deliver<DB: TestDb>(
+pub(super) async fn deliver<DB: TestDb>(
     store: &Store<DB>,
     records: &[(String, i32, i64)],
     effects: &str,
@@ -75,7 +75,11 @@ async fn deliver<DB: TestDb>(
     Ok(batch.outcomes().to_vec())
 }
 
-async fn watermark<DB: TestDb>(store: &Store<DB>, topic: &str, partition: i32) -> Option<i64> {
+pub(super) async fn watermark<DB: TestDb>(
+    store: &Store<DB>,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
     let marks = store
         .watermarks(GROUP, topic)
         .await
