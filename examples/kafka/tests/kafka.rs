@@ -585,7 +585,7 @@ async fn relay_publishes_each_message_once_per_id() {
 #[tokio::test(flavor = "multi_thread")]
 async fn relay_carries_a_messages_headers_as_record_headers() {
     const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    let world = World::new(&kafka_url(), 1).await;
+    let world = World::new(&kafka_url(), 2).await;
     let key = idem::Key::new("order-1").unwrap();
     let idem::Claimed::Fresh(mut guard) = world.store.claim("orders.place", &key).await.unwrap()
     else {
