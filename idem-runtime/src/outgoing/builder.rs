@@ -14,7 +14,7 @@ use crate::key::{IntoKey, Key};
 /// ordering key and headers, and [`send`](MessageBuilder::send) it:
 ///
 /// ```
-/// # fn body(outbox: &mut idem::Outbox) -> Result<(), idem::Error> {
+/// # fn body(outbox: &mut idem_runtime::Outbox) -> Result<(), idem_runtime::Error> {
 /// # let order = serde_json::json!({"id": 7});
 /// outbox
 ///     .message("shipping")

@@ -121,7 +121,7 @@ impl Outbox {
     /// [`send`](MessageBuilder::send): the way to give a message headers of its own.
     ///
     /// ```
-    /// # fn body(outbox: &mut idem::Outbox) -> Result<(), idem::Error> {
+    /// # fn body(outbox: &mut idem_runtime::Outbox) -> Result<(), idem_runtime::Error> {
     /// outbox
     ///     .message("invoices")
     ///     .bytes(b"%PDF-1.7".to_vec())
