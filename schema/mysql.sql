@@ -1,11 +1,11 @@
--- idem marker and outbox tables, schema version 3 (MySQL / MariaDB).
+-- idem marker and outbox tables, schema version 4 (MySQL / MariaDB).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
 -- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
 -- added the outbox table `idem_processed_outbox`, version 3 the tables and columns listed in
 -- `schema/mysql.v2-to-v3.sql`, which upgrades a version 2 schema (`schema/mysql.v1-to-v2.sql`
--- a version 1 schema).
+-- a version 1 schema), version 4 the outbox's `headers` (`schema/mysql.v3-to-v4.sql`).
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope VARBINARY(255) NOT NULL,
@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
         parked BOOLEAN NOT NULL DEFAULT FALSE,
         sent_at DATETIME(6) NULL,
         ordering_key VARBINARY(255) NULL,
+        headers BLOB NULL,
         PRIMARY KEY (id),
         KEY idem_outbox_due (sent_at, parked, next_attempt_at),
         KEY idem_outbox_sent_at (sent_at),

@@ -1,11 +1,11 @@
--- idem marker and outbox tables, schema version 3 (SQLite).
+-- idem marker and outbox tables, schema version 4 (SQLite).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
 -- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
 -- added the outbox table `idem_processed_outbox`, version 3 the tables and columns listed in
 -- `schema/sqlite.v2-to-v3.sql`, which upgrades a version 2 schema (`schema/sqlite.v1-to-v2.sql`
--- a version 1 schema).
+-- a version 1 schema), version 4 the outbox's `headers` (`schema/sqlite.v3-to-v4.sql`).
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope TEXT NOT NULL,
@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS idem_processed_outbox (
         last_error TEXT,
         parked INTEGER NOT NULL DEFAULT 0,
         sent_at TEXT,
-        ordering_key TEXT
+        ordering_key TEXT,
+        headers TEXT
     );
 
 CREATE INDEX IF NOT EXISTS idem_processed_outbox_due ON idem_processed_outbox (next_attempt_at) WHERE sent_at IS NULL AND parked = 0;

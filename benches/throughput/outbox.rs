@@ -200,6 +200,7 @@ async fn relay_run(
                     seq: 0,
                     attempts: 0,
                     ordering_key: format!("direct-{round}-{n}"),
+                    headers: idem::outbox::Headers::new().with_content_type("application/json"),
                 })
                 .collect();
             started = Instant::now();

@@ -3,7 +3,8 @@
 //! relay confirmed it but died before its mark, replayed here by clearing the mark in SQL)
 //! carries one id: JetStream drops the second inside its duplicate window, and on RabbitMQ the
 //! consumer's `#[idempotent]` claim of that id makes it a duplicate, so the downstream effect
-//! exists once.
+//! exists once. A message's headers (content type, `traceparent`, the user's) reach each
+//! broker as they were sent.
 
 #[allow(dead_code)]
 #[path = "../rabbitmq_worker.rs"]
@@ -12,13 +13,14 @@ mod rabbitmq_worker;
 #[path = "../send_invoice.rs"]
 mod send_invoice;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use idem::outbox::{JetStream, RabbitMq, Relay};
 use idem::{Outbox, Outcome, Store};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
 /// An order's effect and its shipping messages, sent with it.
@@ -36,6 +38,45 @@ async fn place(
     outbox.send(destination, &format!("ship {order}"))?;
     outbox.send(destination, &format!("bill {order}"))?;
     Ok(())
+}
+
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// An order's effect and one message with headers: a content type, a `traceparent` and two of
+/// the user's own.
+#[idem::idempotent(key = "order", scope = "orders.place")]
+async fn place_with_headers(
+    tx: &mut Transaction<'_, Sqlite>,
+    order: &str,
+    outbox: &mut Outbox,
+    destination: &str,
+) -> Result<(), idem::Error> {
+    sqlx::query("INSERT INTO orders (id) VALUES (?1)")
+        .bind(order)
+        .execute(&mut **tx)
+        .await?;
+    outbox
+        .message(destination)
+        .bytes(format!("ship {order}"))
+        .content_type("text/plain; charset=utf-8")
+        .traceparent(TRACEPARENT)
+        .header("tenant", "acme")
+        .header("X-Note", "caf\u{e9} \"au lait\"")
+        .send()?;
+    Ok(())
+}
+
+/// The headers every broker gets from `place_with_headers`, but the content type (RabbitMQ's
+/// is a property of its own).
+fn sent_headers() -> BTreeMap<String, String> {
+    [
+        ("traceparent", TRACEPARENT),
+        ("tenant", "acme"),
+        ("X-Note", "caf\u{e9} \"au lait\""),
+    ]
+    .into_iter()
+    .map(|(n, v)| (n.to_owned(), v.to_owned()))
+    .collect()
 }
 
 /// The next consumer: claims the message's id, the key the outbox gave it.
@@ -288,5 +329,116 @@ async fn rabbitmq_on_a_channel_without_confirms_publishes_each_message_once() {
     let unsent = "SELECT COUNT(*) FROM idem_processed_outbox WHERE sent_at IS NULL";
     assert_eq!(count(&pool, unsent).await, 0);
     assert_eq!(drain(&channel, &queue).await, 2);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A message's content type reaches RabbitMQ as its `content_type` property, its id as its
+/// `message_id`, and its `traceparent` and the user's headers as long strings in its headers
+/// table, exactly.
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_carries_a_messages_headers() {
+    let (store, _pool, dir) = store("rmq-headers").await;
+    let url = rabbitmq_worker::amqp_url();
+    let connection = rabbitmq_worker::connect(&url).await.unwrap();
+    let channel = rabbitmq_worker::confirming_channel(&connection)
+        .await
+        .unwrap();
+    let queue = format!("idem-outbox-headers-{}", std::process::id());
+    rabbitmq_worker::declare_queue(&channel, &queue)
+        .await
+        .unwrap();
+    assert!(
+        place_with_headers(&store, "o-1", &queue)
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    let relay = Relay::new(store.clone(), RabbitMq::new(channel.clone()));
+    assert_eq!(relay.relay_once().await.unwrap().sent, 1);
+
+    let mut consumer = channel
+        .basic_consume(
+            queue.as_str().into(),
+            "idem-outbox-headers".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let delivery = tokio::time::timeout(Duration::from_secs(30), consumer.next())
+        .await
+        .expect("a delivery within 30 s")
+        .expect("the consumer is open")
+        .unwrap();
+    let properties = &delivery.properties;
+    assert_eq!(
+        properties.content_type().as_ref().map(|c| c.to_string()),
+        Some("text/plain; charset=utf-8".to_owned())
+    );
+    let id = idem::job_id("orders.place", &("o-1", 0_u32)).unwrap();
+    assert_eq!(
+        properties.message_id().as_ref().map(|i| i.to_string()),
+        Some(id.as_str().to_owned())
+    );
+    let table = properties.headers().as_ref().expect("a headers table");
+    let got: BTreeMap<String, String> = table
+        .inner()
+        .iter()
+        .map(|(name, value)| {
+            let AMQPValue::LongString(value) = value else {
+                panic!("header {name} is {value:?}, not a long string");
+            };
+            let value = String::from_utf8(value.as_bytes().to_vec()).unwrap();
+            (name.to_string(), value)
+        })
+        .collect();
+    assert_eq!(got, sent_headers());
+    assert_eq!(delivery.data, b"ship o-1");
+    delivery.ack(BasicAckOptions::default()).await.unwrap();
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A message's headers reach JetStream beside its `Nats-Msg-Id`: `content-type`,
+/// `traceparent` and the user's, exactly, read back from the stream.
+#[tokio::test(flavor = "multi_thread")]
+async fn jetstream_carries_a_messages_headers() {
+    let (store, _pool, dir) = store("nats-headers").await;
+    let js = send_invoice::connect(&send_invoice::nats_url())
+        .await
+        .unwrap();
+    let name = format!("IDEM_OUTBOX_HEADERS_{}", std::process::id());
+    let subject = format!("idem.outbox.headers.{}", std::process::id());
+    let stream = send_invoice::create_stream(&js, &name, &subject, Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert!(
+        place_with_headers(&store, "o-1", &subject)
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    let relay = Relay::new(store.clone(), JetStream::new(js.clone()));
+    assert_eq!(relay.relay_once().await.unwrap().sent, 1);
+
+    let message = stream.get_raw_message(1).await.unwrap();
+    let mut got: BTreeMap<String, String> = BTreeMap::new();
+    for (name, values) in message.headers.iter() {
+        assert_eq!(values.len(), 1, "{name}: {values:?}");
+        got.insert(name.to_string(), values[0].as_str().to_owned());
+    }
+    let mut want = sent_headers();
+    want.insert(
+        "content-type".to_owned(),
+        "text/plain; charset=utf-8".to_owned(),
+    );
+    let id = idem::job_id("orders.place", &("o-1", 0_u32)).unwrap();
+    want.insert("Nats-Msg-Id".to_owned(), id.as_str().to_owned());
+    assert_eq!(got, want);
+    assert_eq!(&message.payload[..], b"ship o-1");
+    js.delete_stream(&name).await.unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }

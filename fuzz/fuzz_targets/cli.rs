@@ -7,8 +7,8 @@
 //! tuple its `--part`s make) or an input error as `Key::new` would (so do `requeue` and
 //! `steps`); every parsed age (`purge`, `retention set`, `doctor`) holds the seconds its text
 //! says; a parsed `stuck`, `failed` or `retention` a valid scope; a parsed `outbox list` at
-//! most one of `--parked` and `--pending`; a parsed `outbox requeue` an id of 1 to 255 bytes
-//! without NUL.
+//! most one of `--parked` and `--pending`; a parsed `outbox requeue` or `outbox show` an id of
+//! 1 to 255 bytes without NUL.
 #![no_main]
 #![allow(dead_code)]
 
@@ -162,7 +162,9 @@ fuzz_target!(|data: &[u8]| {
                 assert!(!(*parked && *pending), "--parked and --pending conflict");
             }
             // A message id is a `job_id`: what a scope may be.
-            Command::Outbox(OutboxCommand::Requeue { id }) => assert!(scope_ok(id), "{id:?}"),
+            Command::Outbox(OutboxCommand::Requeue { id } | OutboxCommand::Show { id }) => {
+                assert!(scope_ok(id), "{id:?}");
+            }
         },
         Err(e) => {
             let _ = e.to_string();

@@ -88,7 +88,10 @@ pub use transaction::Guard;
 /// The transactional outbox: the messages a handler sends with its effect
 /// ([`Outbox`]), and the relay that publishes them after the commit.
 pub mod outbox {
-    pub use crate::outgoing::{BatchOutbox, MAX_DESTINATION_LEN, MAX_PAYLOAD, Message, Outbox};
+    pub use crate::outgoing::{
+        BatchOutbox, Headers, MAX_DESTINATION_LEN, MAX_HEADERS_SIZE, MAX_PAYLOAD, Message,
+        MessageBuilder, Outbox,
+    };
     #[cfg(feature = "outbox-nats")]
     pub use crate::relay::JetStream;
     #[cfg(feature = "outbox-rabbitmq")]

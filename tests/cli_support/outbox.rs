@@ -1,5 +1,5 @@
 //! `idem outbox`: messages committed by real handlers, parked by a relay whose broker refuses
-//! them, then listed and requeued through the command line; each change checked in the
+//! them, then listed, shown and requeued through the command line; each change checked in the
 //! database, and the requeued message published by the next round.
 
 use std::sync::{Arc, Mutex};
@@ -46,6 +46,8 @@ fn assert_shows(doc: &Value, m: &OutboxEntry, state: &str) {
         ("destination", json!(m.destination)),
         ("scope", json!(m.scope)),
         ("key", json!(m.key)),
+        ("ordering_key", json!(m.key)),
+        ("headers", json!({"content-type": "application/json"})),
         ("seq", json!(m.seq)),
         ("state", json!(state)),
         ("attempts", json!(m.attempts)),
@@ -133,6 +135,7 @@ pub(crate) async fn outbox_lists_and_requeues_parked_messages<B: Db>() {
         [
             "ID",
             "DESTINATION",
+            "ORDERING_KEY",
             "STATE",
             "ATTEMPTS",
             "AGE",
@@ -146,8 +149,8 @@ pub(crate) async fn outbox_lists_and_requeues_parked_messages<B: Db>() {
             _ => ("pending", "0"),
         };
         assert_eq!(
-            cells[..4],
-            [m.id.as_str(), "mail", state, attempts],
+            cells[..5],
+            [m.id.as_str(), "mail", m.key.as_str(), state, attempts],
             "{line}"
         );
     }
@@ -156,6 +159,32 @@ pub(crate) async fn outbox_lists_and_requeues_parked_messages<B: Db>() {
         "{text}"
     );
     assert!(lines[4].ends_with('-'), "{text}");
+
+    // One message shown: where it stands, its ordering key, its headers.
+    let shown = fx.idem(&["outbox", "show", parked[0]]).await.ok().stdout;
+    for line in [
+        format!("message {} in table {}_outbox", parked[0], fx.table()),
+        "  ordering key: order-1".to_owned(),
+        "  state:        parked (2 failed attempts)".to_owned(),
+        "  headers:".to_owned(),
+        "    content-type: application/json".to_owned(),
+    ] {
+        assert!(shown.lines().any(|l| l == line), "{line:?} in {shown}");
+    }
+    let shown = fx
+        .idem(&["--json", "outbox", "show", parked[0]])
+        .await
+        .ok()
+        .json();
+    assert_shows(&shown, &before[0], "parked");
+    let unknown = fx
+        .idem(&["outbox", "show", "14:orders.place|7:order-9"])
+        .await;
+    assert_eq!(unknown.code, Some(3), "{unknown:?}");
+    assert!(
+        unknown.stderr.contains("no outbox message with id"),
+        "{unknown:?}"
+    );
 
     // Requeued: pending, due, its attempts back to 0; the next round publishes it.
     let done = fx.idem(&["outbox", "requeue", parked[0]]).await.ok().stdout;

@@ -124,6 +124,9 @@ pub(crate) trait Support: Send + Sync + 'static {
     /// The published upgrade from version 2 to version 3 (`schema/<db>.v2-to-v3.sql`).
     const UPGRADE_V2_TO_V3: &'static str;
 
+    /// The published upgrade from version 3 to version 4 (`schema/<db>.v3-to-v4.sql`).
+    const UPGRADE_V3_TO_V4: &'static str;
+
     /// A query of one text column describing each column of the table `{table}`: its name,
     /// type, nullability and default.
     const COLUMNS_OF: &'static str;
@@ -213,6 +216,9 @@ macro_rules! every_backend_tests {
             failing_message_holds_back_only_its_own_key,
             two_relays_never_publish_one_key_at_once,
             migrate_gives_an_old_outbox_its_ordering_keys,
+            outbox_headers_reach_the_publisher_as_they_were_sent,
+            outbox_refuses_bad_headers_before_any_io,
+            migrate_gives_an_old_outbox_its_headers,
             outbox_refuses_a_bad_message_and_nothing_is_kept,
             migrate_adds_the_outbox_to_a_version_1_schema,
             migrate_brings_a_version_2_schema_to_the_current_one,

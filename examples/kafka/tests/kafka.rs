@@ -632,6 +632,56 @@ async fn relay_publishes_each_message_once_per_id() {
     world.cleanup().await;
 }
 
+/// A message's headers are record headers after its id, in their order: `content-type`,
+/// `traceparent`, then the user's, exactly; its ordering key is the record's key.
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_carries_a_messages_headers_as_record_headers() {
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let world = World::new(&kafka_url(), 2).await;
+    let key = idem::Key::new("order-1").unwrap();
+    let idem::Claimed::Fresh(mut guard) = world.store.claim("orders.place", &key).await.unwrap()
+    else {
+        panic!("fresh");
+    };
+    let id = guard
+        .outbox()
+        .message(&world.topic)
+        .json(&serde_json::json!({"order": 1}))
+        .key("customer-7")
+        .content_type("application/vnd.top-up+json")
+        .traceparent(TRACEPARENT)
+        .header("tenant", "acme")
+        .header("X-Note", "caf\u{e9} \"au lait\"")
+        .send()
+        .unwrap()
+        .to_owned();
+    assert!(
+        guard
+            .finish(Ok::<_, idem::Error>(()))
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    let relay = Relay::new(
+        world.store.clone(),
+        Kafka::new(&idem_example_kafka::config(&world.url, None)).unwrap(),
+    );
+    relay_all(&relay, 1).await;
+    let records = read_records(&world, 1).await;
+    let want: Vec<(String, String)> = [
+        (MESSAGE_ID_HEADER, id.as_str()),
+        ("content-type", "application/vnd.top-up+json"),
+        ("traceparent", TRACEPARENT),
+        ("tenant", "acme"),
+        ("X-Note", "caf\u{e9} \"au lait\""),
+    ]
+    .into_iter()
+    .map(|(n, v)| (n.to_owned(), v.to_owned()))
+    .collect();
+    assert_eq!(records, [(want, "customer-7".to_owned())]);
+    world.cleanup().await;
+}
+
 /// Rounds of the relay until `n` messages were sent (bounded).
 async fn relay_all<P: idem::outbox::Publisher>(relay: &Relay<sqlx::Postgres, P>, n: usize) {
     within(60, "the relay's rounds", async {
@@ -648,6 +698,22 @@ async fn relay_all<P: idem::outbox::Publisher>(relay: &Relay<sqlx::Postgres, P>,
 
 /// The `(message id header, record key)` of the first `n` records of the world's topic.
 async fn read_topic(world: &World, n: usize) -> Vec<(String, String)> {
+    read_records(world, n)
+        .await
+        .into_iter()
+        .map(|(headers, key)| {
+            let id = headers
+                .into_iter()
+                .find(|(name, _)| name == MESSAGE_ID_HEADER)
+                .map(|(_, id)| id)
+                .expect("the message id header");
+            (id, key)
+        })
+        .collect()
+}
+
+/// The `(headers in their order, record key)` of the first `n` records of the world's topic.
+async fn read_records(world: &World, n: usize) -> Vec<(Vec<(String, String)>, String)> {
     let consumer: BaseConsumer =
         idem_example_kafka::config(&world.url, Some(&common::unique("reader")))
             .create()
@@ -669,14 +735,19 @@ async fn read_topic(world: &World, n: usize) -> Vec<(String, String)> {
             );
             if let Some(message) = consumer.poll(Duration::from_millis(200)) {
                 let message = message.unwrap();
-                let id = message
+                let headers = message
                     .headers()
-                    .and_then(|h| h.iter().find(|h| h.key == MESSAGE_ID_HEADER))
-                    .and_then(|h| h.value)
-                    .map(|v| String::from_utf8(v.to_vec()).unwrap())
-                    .expect("the message id header");
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| {
+                                let value = h.value.expect("a header with a value");
+                                (h.key.to_owned(), String::from_utf8(value.to_vec()).unwrap())
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 let key = String::from_utf8(message.key().unwrap().to_vec()).unwrap();
-                got.push((id, key));
+                got.push((headers, key));
             }
         }
         got

@@ -1,6 +1,6 @@
 //! The rows the backends return, as the claim core reads them.
 
-use crate::outgoing::Message;
+use crate::outgoing::{Headers, Message};
 use crate::record::Recorded;
 
 /// Who holds the key of a marker that a claim found, on the database's clock.
@@ -96,7 +96,8 @@ pub(crate) type StepRow = (String, i64, i64, String, String);
 
 /// The columns of the outbox's operator statements: id, destination, scope, key, seq,
 /// attempts, last error, parked (0 or 1), sent (0 or 1), created (ISO-8601 UTC), age ms, ms
-/// until due (negative once due).
+/// until due (negative once due), ordering key (the job's key for a row without one), headers
+/// (their stored JSON, NULL for none).
 pub(crate) type OutboxRow = (
     String,
     String,
@@ -110,6 +111,8 @@ pub(crate) type OutboxRow = (
     String,
     i64,
     i64,
+    String,
+    Option<String>,
 );
 
 /// A taken message as the relay gets it.
@@ -120,7 +123,12 @@ pub(crate) fn message(
     seq: impl TryInto<u32>,
     attempts: impl TryInto<u32>,
     ordering_key: String,
+    headers: Option<&str>,
 ) -> Message {
+    let headers = Headers::from_json(headers).unwrap_or_else(|e| {
+        crate::observe::unreadable_headers(&id, &e);
+        Headers::default()
+    });
     Message {
         id,
         destination,
@@ -128,6 +136,7 @@ pub(crate) fn message(
         seq: seq.try_into().unwrap_or(u32::MAX),
         attempts: attempts.try_into().unwrap_or(u32::MAX),
         ordering_key,
+        headers,
     }
 }
 

@@ -7,8 +7,8 @@
 //! `IF NOT EXISTS` (SQLite and MySQL 8 cannot; MySQL 8 cannot for `CREATE INDEX` either), so
 //! each addition is also listed once as an [`Added`] in the backend's `ADDED`, and `migrate`
 //! adds what a table lacks, asking the catalog first where the statement cannot ask itself,
-//! under the same lock as the DDL. The published upgrade files (`schema/<db>.v2-to-v3.sql`)
-//! hold the same statements.
+//! under the same lock as the DDL. The published upgrade files (`schema/<db>.v2-to-v3.sql`,
+//! `schema/<db>.v3-to-v4.sql`) hold the same statements.
 //!
 //! A column added this way must be valid for the rows already there: nullable, or `NOT NULL`
 //! with a constant default (SQLite refuses any other `ADD COLUMN`), and never part of a

@@ -437,3 +437,21 @@ pub(crate) fn undecodable(error: &serde_json::Error) {
          handler's type; answering Duplicate (the job was applied)"
     );
 }
+
+/// The W3C `traceparent` of the current span, which an outbox message built without one of
+/// its own carries. None yet: the trace context is filled in once spans export one.
+pub(crate) fn ambient_traceparent() -> Option<String> {
+    None
+}
+
+/// A taken outbox message's stored headers no longer read (edited by hand): it is published
+/// without them rather than holding back the whole outbox.
+pub(crate) fn unreadable_headers(id: &str, error: &serde_json::Error) {
+    tracing::warn!(
+        target: "idem",
+        id,
+        error = %error,
+        "idem relay: an outbox message's stored headers do not read as a JSON object of \
+         texts; publishing it without headers"
+    );
+}

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use serde::Serialize;
 
-use super::{Message, Pending, json};
+use super::{Headers, Message, MessageBuilder, Pending, json};
 use crate::error::Error;
 use crate::key::{IntoKey, Key};
 
@@ -56,7 +56,8 @@ impl BatchOutbox {
     {
         let at = self.position(job)?;
         let bytes = json(payload)?;
-        self.pending.push(at, None, destination, bytes)
+        self.pending
+            .push(at, None, destination, bytes, Headers::json())
     }
 
     /// [`send`](BatchOutbox::send) of bytes as they are.
@@ -67,7 +68,8 @@ impl BatchOutbox {
         payload: Vec<u8>,
     ) -> Result<&str, Error> {
         let at = self.position(job)?;
-        self.pending.push(at, None, destination, payload)
+        self.pending
+            .push(at, None, destination, payload, Headers::bytes())
     }
 
     /// [`send`](BatchOutbox::send) under an ordering key of its own instead of the job's
@@ -88,7 +90,7 @@ impl BatchOutbox {
         let ordering_key = Key::new(ordering_key)?;
         let bytes = json(payload)?;
         self.pending
-            .push(at, Some(ordering_key), destination, bytes)
+            .push(at, Some(ordering_key), destination, bytes, Headers::json())
     }
 
     /// [`send_keyed`](BatchOutbox::send_keyed) of bytes as they are.
@@ -105,8 +107,26 @@ impl BatchOutbox {
     {
         let at = self.position(job)?;
         let ordering_key = Key::new(ordering_key)?;
-        self.pending
-            .push(at, Some(ordering_key), destination, payload)
+        self.pending.push(
+            at,
+            Some(ordering_key),
+            destination,
+            payload,
+            Headers::bytes(),
+        )
+    }
+
+    /// A message of the job whose key is `job` to `destination`, to put together (its
+    /// payload, ordering key, headers) and [`send`](MessageBuilder::send) (see
+    /// [`Outbox::message`](crate::Outbox::message)). A key that is no fresh job of this batch
+    /// is refused by `send`.
+    pub fn message<'a, K: IntoKey + ?Sized>(
+        &'a mut self,
+        job: &K,
+        destination: &'a str,
+    ) -> MessageBuilder<'a> {
+        let at = self.position(job);
+        MessageBuilder::new(&mut self.pending, at, destination)
     }
 
     /// The messages sent so far, every job's, in the order they were sent.
@@ -173,5 +193,22 @@ mod tests {
         // A refused message does not move the job's numbering.
         let id = batch.send("a", "q", &1).unwrap().to_owned();
         assert_eq!(id, job_id("s", &("a", 0_u32)).unwrap().as_str());
+    }
+
+    #[test]
+    fn a_batch_message_is_built_for_a_fresh_job() {
+        let mut batch = BatchOutbox::new("s".into(), vec![key("a"), key("b")]);
+        let id = batch
+            .message("b", "q")
+            .json(&1)
+            .header("tenant", "acme")
+            .send()
+            .unwrap()
+            .to_owned();
+        assert_eq!(id, job_id("s", &("b", 0_u32)).unwrap().as_str());
+        assert_eq!(batch.messages()[0].headers.get("tenant"), Some("acme"));
+        let err = batch.message("c", "q").json(&1).send().unwrap_err();
+        assert!(err.to_string().contains("fresh jobs"), "{err}");
+        assert_eq!(batch.messages().len(), 1);
     }
 }

@@ -11,8 +11,12 @@ use crate::job_id::job_id;
 use crate::key::{IntoKey, Key};
 
 mod batch;
+mod builder;
+mod headers;
 
 pub use batch::BatchOutbox;
+pub use builder::MessageBuilder;
+pub use headers::{Headers, MAX_HEADERS_SIZE};
 
 /// The largest payload one message carries: NATS's default `max_payload` (1 MB), the smallest
 /// limit of the brokers idem's relay publishes to (RabbitMQ's default is 128 MB).
@@ -39,6 +43,11 @@ pub const MAX_DESTINATION_LEN: usize = 255;
 /// [`send_keyed`](Outbox::send_keyed). The relay publishes the messages of one ordering key in
 /// the order they were written, one at a time, and holds a key's later messages back while
 /// one of its messages fails (see [`Relay`](crate::outbox::Relay)).
+///
+/// Each message has [`Headers`]: a content type (`application/json` for
+/// [`send`](Outbox::send), `application/octet-stream` for [`send_bytes`](Outbox::send_bytes)),
+/// the W3C `traceparent` of the current span when it has one, and headers of your own, given
+/// to a message put together with [`message`](Outbox::message).
 #[derive(Debug)]
 pub struct Outbox {
     pending: Pending,
@@ -60,7 +69,7 @@ pub struct Pending {
     owners: Vec<usize>,
 }
 
-/// One message of an outbox: its id, where it goes, and its bytes.
+/// One message of an outbox: its id, where it goes, its bytes and its headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     /// The message's id (AMQP `message_id`, JetStream `Nats-Msg-Id`): the next consumer's key.
@@ -76,6 +85,9 @@ pub struct Message {
     /// Its ordering key: the job's key unless the message was sent with one of its own
     /// ([`Outbox::send_keyed`]). The relay publishes one key's messages in their order.
     pub ordering_key: String,
+    /// Its content type, trace context and your headers; none for a message written before
+    /// headers existed (schema version 3).
+    pub headers: Headers,
 }
 
 impl Outbox {
@@ -95,12 +107,31 @@ impl Outbox {
         payload: &T,
     ) -> Result<&str, Error> {
         let bytes = json(payload)?;
-        self.pending.push(0, None, destination, bytes)
+        self.pending
+            .push(0, None, destination, bytes, Headers::json())
     }
 
-    /// [`send`](Outbox::send) of bytes as they are.
+    /// [`send`](Outbox::send) of bytes as they are (content type `application/octet-stream`).
     pub fn send_bytes(&mut self, destination: &str, payload: Vec<u8>) -> Result<&str, Error> {
-        self.pending.push(0, None, destination, payload)
+        self.pending
+            .push(0, None, destination, payload, Headers::bytes())
+    }
+
+    /// A message to `destination` to put together (its payload, ordering key, headers) and
+    /// [`send`](MessageBuilder::send): the way to give a message headers of its own.
+    ///
+    /// ```
+    /// # fn body(outbox: &mut idem_runtime::Outbox) -> Result<(), idem_runtime::Error> {
+    /// outbox
+    ///     .message("invoices")
+    ///     .bytes(b"%PDF-1.7".to_vec())
+    ///     .content_type("application/pdf")
+    ///     .header("tenant", "acme")
+    ///     .send()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn message<'a>(&'a mut self, destination: &'a str) -> MessageBuilder<'a> {
+        MessageBuilder::new(&mut self.pending, Ok(0), destination)
     }
 
     /// [`send`](Outbox::send) under an ordering key of its own instead of the job's: the relay
@@ -120,7 +151,8 @@ impl Outbox {
     {
         let ordering_key = Key::new(ordering_key)?;
         let bytes = json(payload)?;
-        self.pending.push(0, Some(ordering_key), destination, bytes)
+        self.pending
+            .push(0, Some(ordering_key), destination, bytes, Headers::json())
     }
 
     /// [`send_keyed`](Outbox::send_keyed) of bytes as they are.
@@ -131,8 +163,13 @@ impl Outbox {
         payload: Vec<u8>,
     ) -> Result<&str, Error> {
         let ordering_key = Key::new(ordering_key)?;
-        self.pending
-            .push(0, Some(ordering_key), destination, payload)
+        self.pending.push(
+            0,
+            Some(ordering_key),
+            destination,
+            payload,
+            Headers::bytes(),
+        )
     }
 
     /// The messages sent so far, in the order they were sent.
@@ -161,15 +198,19 @@ impl Pending {
 
     /// Adds the next message of the job at `job`, under `ordering_key` (the job's key if
     /// `None`), checked first: nothing is kept of a message that is refused, and the job's
-    /// numbering does not move.
+    /// numbering does not move. Without a `traceparent` of its own the message gets the
+    /// current span's, if any.
     pub(crate) fn push(
         &mut self,
         job: usize,
         ordering_key: Option<Key>,
         destination: &str,
         payload: Vec<u8>,
+        mut headers: Headers,
     ) -> Result<&str, Error> {
         check_destination(destination)?;
+        headers.set_traceparent_if_none(crate::observe::ambient_traceparent());
+        headers.check()?;
         if payload.len() > MAX_PAYLOAD {
             return Err(Error::InvalidMessage {
                 reason: format!(
@@ -199,6 +240,7 @@ impl Pending {
             seq,
             attempts: 0,
             ordering_key,
+            headers,
         });
         self.owners.push(job);
         Ok(&self.messages.last().expect("just pushed").id)
@@ -341,5 +383,90 @@ mod tests {
         let err = outbox.send_keyed("", "billing", &3).unwrap_err();
         assert!(matches!(err, Error::InvalidKey(_)), "{err}");
         assert_eq!(outbox.messages().len(), 3);
+    }
+
+    #[test]
+    fn every_message_has_a_content_type_and_a_built_one_its_headers() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut outbox = Outbox::new("s".into(), key("k"));
+        outbox.send("q", &1).unwrap();
+        outbox.send_bytes("q", vec![1]).unwrap();
+        outbox.send_keyed("c", "q", &2).unwrap();
+        let built = outbox
+            .message("q")
+            .header("tenant", "acme")
+            .json(&3)
+            .key("c")
+            .traceparent(tp)
+            .send()
+            .unwrap()
+            .to_owned();
+        outbox
+            .message("q")
+            .content_type("application/pdf")
+            .bytes(b"%PDF".to_vec())
+            .send()
+            .unwrap();
+        let types: Vec<Option<&str>> = outbox
+            .messages()
+            .iter()
+            .map(|m| m.headers.content_type())
+            .collect();
+        assert_eq!(
+            types,
+            [
+                Some("application/json"),
+                Some("application/octet-stream"),
+                Some("application/json"),
+                Some("application/json"),
+                Some("application/pdf"),
+            ]
+        );
+        let m = &outbox.messages()[3];
+        assert_eq!(m.id, built);
+        assert_eq!((m.seq, m.ordering_key.as_str()), (3, "c"));
+        assert_eq!(m.headers.traceparent(), Some(tp));
+        assert_eq!(m.headers.iter().collect::<Vec<_>>(), [("tenant", "acme")]);
+        assert_eq!(m.payload, b"3");
+        // Without a traceparent of its own, a message has the current span's: none here.
+        assert_eq!(outbox.messages()[0].headers.traceparent(), None);
+    }
+
+    #[test]
+    fn a_refused_built_message_keeps_nothing_and_moves_no_numbering() {
+        let mut outbox = Outbox::new("s".into(), key("k"));
+        let refusals = [
+            outbox.message("q").send().unwrap_err(),
+            outbox.message("q").json(&1).key("").send().unwrap_err(),
+            outbox.message("").json(&1).send().unwrap_err(),
+            outbox
+                .message("q")
+                .json(&1)
+                .header("Nats-Msg-Id", "x")
+                .send()
+                .unwrap_err(),
+            outbox
+                .message("q")
+                .json(&1)
+                .traceparent("00-0-0-0")
+                .send()
+                .unwrap_err(),
+        ];
+        assert!(
+            refusals[0].to_string().contains("no payload"),
+            "{}",
+            refusals[0]
+        );
+        assert!(
+            matches!(refusals[1], Error::InvalidKey(_)),
+            "{}",
+            refusals[1]
+        );
+        for err in &refusals[2..] {
+            assert!(matches!(err, Error::InvalidMessage { .. }), "{err}");
+        }
+        assert!(outbox.messages().is_empty());
+        let id = outbox.message("q").json(&1).send().unwrap().to_owned();
+        assert_eq!(id, job_id("s", &("k", 0_u32)).unwrap().as_str());
     }
 }

@@ -1,7 +1,8 @@
 //! Kafka: an idempotent producer (`enable.idempotence`, `acks=all`), a record per outbox
 //! message to the topic its destination names, keyed by its ordering key so that one key's
-//! messages share a partition, with the message's id in a header; confirmed once the
-//! partition's leader acknowledged it.
+//! messages share a partition, with the message's id and its headers (`content-type`,
+//! `traceparent`, yours) as record headers; confirmed once the partition's leader acknowledged
+//! it.
 
 use std::time::Duration;
 
@@ -24,7 +25,9 @@ pub const MESSAGE_ID_HEADER: &str = "idem-message-id";
 /// ([`Message::ordering_key`]: the job's key unless it was sent with one of its own), so
 /// Kafka's default partitioner puts one key's messages in one partition, where consumers
 /// read them in the order the relay published them: the relay's order per key becomes
-/// Kafka's order per partition. The message's id travels in the header [`MESSAGE_ID_HEADER`]:
+/// Kafka's order per partition. The message's [`Headers`](crate::outbox::Headers) are record
+/// headers: `content-type`, `traceparent` and yours, after [`MESSAGE_ID_HEADER`], as UTF-8
+/// values. The message's id travels in the header [`MESSAGE_ID_HEADER`]:
 /// a message published twice (the relay died between the broker's acknowledgement and its
 /// mark) is two records with one id, which the next consumer's claim of that id (the
 /// per-message marker mode) takes for one. The producer's own retries never make a second
@@ -61,10 +64,17 @@ impl Kafka {
 
     /// Queues `message` in the producer: its acknowledgement, to be waited for.
     fn send(&self, message: &Message) -> Result<DeliveryFuture, PublishError> {
-        let headers = OwnedHeaders::new_with_capacity(1).insert(Header {
+        let all = message.headers.all();
+        let mut headers = OwnedHeaders::new_with_capacity(1 + all.size_hint().0).insert(Header {
             key: MESSAGE_ID_HEADER,
             value: Some(message.id.as_str()),
         });
+        for (key, value) in all {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
         let record = FutureRecord::to(&message.destination)
             .key(message.ordering_key.as_str())
             .payload(message.payload.as_slice())

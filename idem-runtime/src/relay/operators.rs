@@ -3,6 +3,7 @@
 
 use crate::backend::{Backend, OutboxRow};
 use crate::error::Error;
+use crate::outgoing::Headers;
 use crate::store::Store;
 
 /// Where an outbox message stands.
@@ -46,6 +47,11 @@ pub struct OutboxEntry {
     /// Milliseconds until the relay may take it (negative: it is due; for a parked or sent
     /// message, the time of its last attempt's retry, which no relay uses).
     pub due_in_ms: i64,
+    /// Its ordering key (its job's key when it was written before ordering keys).
+    pub ordering_key: String,
+    /// Its headers: content type, `traceparent`, yours (none when it was written before
+    /// headers; none either when what is stored no longer reads, edited by hand).
+    pub headers: Headers,
 }
 
 impl OutboxEntry {
@@ -63,7 +69,10 @@ impl OutboxEntry {
             created_at,
             age_ms,
             due_in_ms,
+            ordering_key,
+            headers,
         ) = row;
+        let headers = Headers::from_json(headers.as_deref()).unwrap_or_default();
         let state = match (sent != 0, parked != 0) {
             (true, _) => OutboxState::Sent,
             (false, true) => OutboxState::Parked,
@@ -81,6 +90,8 @@ impl OutboxEntry {
             created_at,
             age_ms,
             due_in_ms,
+            ordering_key,
+            headers,
         }
     }
 }

@@ -1,6 +1,7 @@
-//! RabbitMQ: a persistent message per outbox message, its id as the AMQP `message_id`,
-//! published to the default exchange with the destination as routing key (a queue's name),
-//! confirmed by the broker before it counts as sent.
+//! RabbitMQ: a persistent message per outbox message, its id as the AMQP `message_id`, its
+//! content type as `content_type` and its other headers (the `traceparent`, yours) in the
+//! `headers` table, published to the default exchange with the destination as routing key (a
+//! queue's name), confirmed by the broker before it counts as sent.
 //!
 //! Published `mandatory`: RabbitMQ confirms a message that no queue takes as readily as one
 //! that a queue keeps, and drops it. With `mandatory` it returns such a message before the
@@ -8,6 +9,7 @@
 //! instead of marking it sent.
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
 
 use super::{PublishError, Publisher};
@@ -62,10 +64,7 @@ impl RabbitMq {
                     ..BasicPublishOptions::default()
                 },
                 &message.payload,
-                // Persistent, so that a durable queue keeps it through a broker restart.
-                BasicProperties::default()
-                    .with_delivery_mode(2)
-                    .with_message_id(message.id.as_str().into()),
+                properties(message),
             )
             .await
     }
@@ -94,6 +93,32 @@ impl RabbitMq {
                 Err(format!("RabbitMQ refused message {} (nack)", message.id).into())
             }
         }
+    }
+}
+
+/// The AMQP properties of `message`: persistent, so that a durable queue keeps it through a
+/// broker restart; its id; its content type; its `traceparent` and your headers as long
+/// strings in the headers table (none for a message written before headers).
+fn properties(message: &Message) -> BasicProperties {
+    let mut properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_message_id(message.id.as_str().into());
+    let headers = &message.headers;
+    if let Some(content_type) = headers.content_type() {
+        properties = properties.with_content_type(content_type.into());
+    }
+    let traceparent = headers.traceparent().map(|v| ("traceparent", v));
+    let mut table = FieldTable::default();
+    for (name, value) in traceparent.into_iter().chain(headers.iter()) {
+        table.insert(
+            ShortString::from(name),
+            AMQPValue::LongString(LongString::from(value)),
+        );
+    }
+    if table.inner().is_empty() {
+        properties
+    } else {
+        properties.with_headers(table)
     }
 }
 

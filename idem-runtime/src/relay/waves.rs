@@ -170,6 +170,7 @@ mod tests {
             seq: 0,
             attempts: 0,
             ordering_key: key.to_owned(),
+            headers: crate::outgoing::Headers::default(),
         }
     }
 

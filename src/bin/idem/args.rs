@@ -96,7 +96,7 @@ pub(crate) enum Command {
     Requeue(Target),
     /// Show the steps a job's lease recorded, in their body's order, with their values.
     Steps(Target),
-    /// The outbox's unsent messages: list the parked and pending ones, requeue a parked one.
+    /// The outbox's messages: list the parked and pending ones, show one, requeue a parked one.
     #[command(subcommand)]
     Outbox(OutboxCommand),
 }
@@ -152,8 +152,8 @@ pub(crate) struct DoctorArgs {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum OutboxCommand {
-    /// List unsent messages, parked ones first, then oldest first: id, destination, state,
-    /// attempts, age, last error.
+    /// List unsent messages, parked ones first, then oldest first: id, destination, ordering
+    /// key, state, attempts, age, last error (`--json` adds each one's headers).
     List {
         /// Only the parked messages (those the relay gave up on).
         #[arg(long, conflicts_with = "pending")]
@@ -169,6 +169,13 @@ pub(crate) enum OutboxCommand {
     /// publishes it at its next round (exit 3 if there is no such message, 4 if it is not
     /// parked).
     Requeue {
+        /// The message's id, as `outbox list` prints it.
+        #[arg(value_parser = parse_message_id, allow_hyphen_values = true)]
+        id: String,
+    },
+    /// Show one message, sent or not: where it stands, its ordering key and its headers
+    /// (exit 3 if there is no such message).
+    Show {
         /// The message's id, as `outbox list` prints it.
         #[arg(value_parser = parse_message_id, allow_hyphen_values = true)]
         id: String,

@@ -1,4 +1,5 @@
-//! `idem outbox`: what `list` and `requeue` print, as text for people or one JSON document.
+//! `idem outbox`: what `list`, `show` and `requeue` print, as text for people or one JSON
+//! document.
 
 use std::fmt::Write as _;
 
@@ -48,12 +49,28 @@ pub(crate) fn state_name(state: OutboxState) -> &'static str {
     }
 }
 
+/// A message's headers as one JSON object (every header, the content type and the
+/// `traceparent` first under their names), `null` when it has none.
+fn headers_json(m: &OutboxEntry) -> Value {
+    if m.headers.is_empty() {
+        return Value::Null;
+    }
+    let all: serde_json::Map<String, Value> = m
+        .headers
+        .all()
+        .map(|(name, value)| (name.to_owned(), Value::String(value.to_owned())))
+        .collect();
+    Value::Object(all)
+}
+
 fn entry_json(m: &OutboxEntry) -> Value {
     json!({
         "id": m.id,
         "destination": m.destination,
         "scope": m.scope,
         "key": m.key,
+        "ordering_key": m.ordering_key,
+        "headers": headers_json(m),
         "seq": m.seq,
         "state": state_name(m.state),
         "attempts": m.attempts,
@@ -90,6 +107,7 @@ pub(crate) fn list(
     let head = [
         "ID",
         "DESTINATION",
+        "ORDERING_KEY",
         "STATE",
         "ATTEMPTS",
         "AGE",
@@ -100,6 +118,7 @@ pub(crate) fn list(
         rows.push([
             m.id.clone(),
             m.destination.clone(),
+            m.ordering_key.clone(),
             state_name(m.state).to_owned(),
             m.attempts.to_string(),
             crate::render::human(m.age_ms),
@@ -129,4 +148,47 @@ pub(crate) fn requeued(table: &str, m: &OutboxEntry, json: bool) -> String {
          at its next round\n",
         m.id, m.destination
     )
+}
+
+/// One message: where it stands, its ordering key and its headers, one per line.
+pub(crate) fn show(table: &str, m: &OutboxEntry, json: bool) -> String {
+    if json {
+        let mut doc = entry_json(m);
+        doc["table"] = Value::String(table.to_owned());
+        return format!("{doc:#}\n");
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "message {} in table {table}", m.id);
+    let _ = writeln!(out, "  destination:  {}", m.destination);
+    let _ = writeln!(
+        out,
+        "  job:          {} {}, message {}",
+        m.scope, m.key, m.seq
+    );
+    let _ = writeln!(out, "  ordering key: {}", m.ordering_key);
+    let _ = writeln!(
+        out,
+        "  state:        {} ({} failed attempts)",
+        state_name(m.state),
+        m.attempts
+    );
+    let _ = writeln!(
+        out,
+        "  written:      {} ({} ago)",
+        m.created_at,
+        crate::render::human(m.age_ms)
+    );
+    if let Some(error) = &m.last_error {
+        let error = error.split_whitespace().collect::<Vec<_>>().join(" ");
+        let _ = writeln!(out, "  last error:   {error}");
+    }
+    if m.headers.is_empty() {
+        let _ = writeln!(out, "  headers:      none (written before headers)");
+    } else {
+        let _ = writeln!(out, "  headers:");
+        for (name, value) in m.headers.all() {
+            let _ = writeln!(out, "    {name}: {value}");
+        }
+    }
+    out
 }

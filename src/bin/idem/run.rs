@@ -74,6 +74,9 @@ enum Request {
     Requeue {
         id: String,
     },
+    OutboxShow {
+        id: String,
+    },
 }
 
 /// Where the command runs and how it prints.
@@ -111,6 +114,7 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             limit,
         },
         Command::Outbox(OutboxCommand::Requeue { id }) => Request::Requeue { id },
+        Command::Outbox(OutboxCommand::Show { id }) => Request::OutboxShow { id },
         Command::Failed { scope, limit } => Request::Failed { scope, limit },
         Command::Requeue(target) => Request::RequeueJob {
             key: target.key()?,
@@ -332,6 +336,23 @@ async fn command<DB: Backend>(
                 failed::steps(store.table(), &scope, &key, &steps, cx.json),
                 0,
             )
+        }
+        Request::OutboxShow { id } => {
+            let table = format!("{}_outbox", store.table());
+            let message = store.outbox_message(&id).await.map_err(refused)?;
+            store.pool().close().await;
+            let Some(m) = message else {
+                return Err(Failure::refused(
+                    NOT_FOUND,
+                    format!(
+                        "no outbox message with id {id:?} in table {table}: check the id \
+                         (`idem outbox list` prints them) and --table; a sent message may \
+                         have been purged"
+                    ),
+                ));
+            };
+            print!("{}", outbox::show(&table, &m, cx.json));
+            return Ok(ExitCode::SUCCESS);
         }
         Request::Requeue { id } => {
             let table = format!("{}_outbox", store.table());

@@ -11,7 +11,7 @@ use crate::conformance::handlers::{Then, apply, duplicate};
 use crate::conformance::util::unique_name;
 
 /// The statements of a published SQL file: comments dropped, split on `;`.
-fn statements(sql: &str) -> Vec<String> {
+pub(crate) fn statements(sql: &str) -> Vec<String> {
     let text: Vec<&str> = sql
         .lines()
         .filter(|l| !l.trim_start().starts_with("--"))
@@ -94,13 +94,15 @@ pub(crate) async fn migrate_brings_a_version_2_schema_to_the_current_one<S: Supp
     // Upgraded by the published file, as a user's own migration tool runs it.
     let copied = unique_name("m", "upgrade");
     version_2(&mut ctx, &copied, "before-file").await;
-    for stmt in statements(S::UPGRADE_V2_TO_V3) {
-        ctx.exec(&stmt.replace("idem_processed", &copied)).await;
+    for upgrade in [S::UPGRADE_V2_TO_V3, S::UPGRADE_V3_TO_V4] {
+        for stmt in statements(upgrade) {
+            ctx.exec(&stmt.replace("idem_processed", &copied)).await;
+        }
     }
     assert_eq!(
         describe(&ctx, &copied).await,
         current,
-        "the published upgrade file's upgrade of version 2"
+        "the published upgrade files' upgrade of version 2"
     );
     let store = Store::new(ctx.pool.clone())
         .with_table(&copied)

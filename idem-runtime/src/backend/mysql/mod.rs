@@ -80,6 +80,7 @@ const DDL: &[&str] = &[
         parked BOOLEAN NOT NULL DEFAULT FALSE,
         sent_at DATETIME(6) NULL,
         ordering_key VARBINARY(255) NULL,
+        headers BLOB NULL,
         PRIMARY KEY (id),
         KEY idem_outbox_due (sent_at, parked, next_attempt_at),
         KEY idem_outbox_sent_at (sent_at),
@@ -147,6 +148,14 @@ const ADDED: &[Added] = &[
         table: "{t}_outbox",
         name: "idem_outbox_order",
         definition: "(sent_at, parked, created_at, seq, id)",
+    },
+    // Schema version 4: each outbox message's headers, a JSON object in UTF-8 (NULL in the
+    // rows written before: no headers). Bytes, as the ids are, so that no table or server
+    // character set can change them.
+    Added::Column {
+        table: "{t}_outbox",
+        name: "headers",
+        definition: "BLOB NULL",
     },
 ];
 

@@ -16,7 +16,8 @@ const OUTBOX_COLUMNS: &str = "CONVERT(id USING utf8mb4), CONVERT(destination USI
     CAST(attempts AS SIGNED), last_error, CAST(parked AS SIGNED), \
     CAST(sent_at IS NOT NULL AS SIGNED), DATE_FORMAT(created_at, '%Y-%m-%dT%H:%i:%s.%fZ'), \
     CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED), \
-    CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), next_attempt_at) DIV 1000 AS SIGNED)";
+    CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), next_attempt_at) DIV 1000 AS SIGNED), \
+    CONVERT(COALESCE(ordering_key, `key`) USING utf8mb4), CONVERT(headers USING utf8mb4)";
 
 statements! {
     /// The outbox table's statements (`{t}_outbox`).
@@ -25,9 +26,9 @@ statements! {
         // autocommit: a message is written only while the marker holding the claim's token
         // (its nonce, or a lease's token) is there, which it is only inside the claim's
         // transaction. Times are UTC, written by the statements (as the markers' are).
-        write(id: &str, destination: &str, payload: &[u8], seq: i64, ordering_key: &str, scope: &str, key: &str, token: i64) =
+        write(id: &str, destination: &str, payload: &[u8], seq: i64, ordering_key: &str, headers: Option<&str>, scope: &str, key: &str, token: i64) =
             "INSERT INTO {t}_outbox (id, destination, payload, scope, `key`, seq, ordering_key, \
-             created_at, next_attempt_at) SELECT ?, ?, ?, m.scope, m.`key`, ?, ?, \
+             headers, created_at, next_attempt_at) SELECT ?, ?, ?, m.scope, m.`key`, ?, ?, ?, \
              UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM {t} AS m \
              WHERE m.scope = ? AND m.`key` = ? AND m.token = ? \
              ON DUPLICATE KEY UPDATE id = id";
@@ -76,12 +77,14 @@ impl Outboxes for MySql {
     ) -> Result<(), sqlx::Error> {
         for (key, m) in outbox.rows() {
             let seq = i64::from(m.seq);
+            let headers = m.headers.to_json();
             let write = sql.outbox.write(
                 &m.id,
                 &m.destination,
                 &m.payload,
                 seq,
                 &m.ordering_key,
+                headers.as_deref(),
                 outbox.scope(),
                 key,
                 token,
@@ -153,7 +156,7 @@ impl Outboxes for MySql {
             "UPDATE {table}_outbox SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL {} \
              MICROSECOND WHERE id IN ({ids}); \
              SELECT id, destination, payload, seq, attempts, COALESCE(ordering_key, `key`), \
-             CAST(next_attempt_at AS CHAR) FROM {table}_outbox WHERE id IN ({ids}) \
+             CAST(next_attempt_at AS CHAR), headers FROM {table}_outbox WHERE id IN ({ids}) \
              ORDER BY created_at, seq, id",
             lease_ms.saturating_mul(1000),
         );
@@ -173,6 +176,10 @@ impl Outboxes for MySql {
                 row.try_get::<i32, _>(3)?,
                 row.try_get::<i32, _>(4)?,
                 text(row.try_get(5)?)?,
+                row.try_get::<Option<Vec<u8>>, _>(7)?
+                    .map(text)
+                    .transpose()?
+                    .as_deref(),
             ));
         }
         Ok(Taken { messages, hold })

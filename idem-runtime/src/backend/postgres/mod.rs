@@ -69,7 +69,8 @@ const DDL: &[&str] = &[
         last_error text,
         parked boolean NOT NULL DEFAULT false,
         sent_at timestamptz,
-        ordering_key text
+        ordering_key text,
+        headers text
     )",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_due ON {t}_outbox (next_attempt_at) \
      WHERE sent_at IS NULL AND NOT parked",
@@ -127,6 +128,13 @@ const ADDED: &[Added] = &[
     Added::Column {
         table: "{t}_outbox",
         name: "ordering_key",
+        definition: "text",
+    },
+    // Schema version 4: each outbox message's headers, a JSON object (NULL in the rows written
+    // before: no headers).
+    Added::Column {
+        table: "{t}_outbox",
+        name: "headers",
         definition: "text",
     },
 ];

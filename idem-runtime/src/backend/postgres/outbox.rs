@@ -16,7 +16,8 @@ const OUTBOX_COLUMNS: &str = "id, destination, scope, key, seq::int8, attempts::
     (CASE WHEN sent_at IS NULL THEN 0 ELSE 1 END)::int8, \
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
     (EXTRACT(EPOCH FROM (now() - created_at)) * 1000)::int8, \
-    (EXTRACT(EPOCH FROM (next_attempt_at - now())) * 1000)::int8";
+    (EXTRACT(EPOCH FROM (next_attempt_at - now())) * 1000)::int8, \
+    COALESCE(ordering_key, key), headers";
 
 /// A take's hold as text: the instant its messages are held until, in microseconds. One take
 /// writes one `now()`, the transaction's, to every message it takes.
@@ -30,13 +31,13 @@ statements! {
         // whatever its reader takes, so `LIMIT 1` only spares the calls of `pg_notify` after
         // the first. No statement runs after a failed one in a PostgreSQL transaction, so the
         // write needs no check that the claim's marker is still there.
-        write(ids: Vec<&str>, destinations: Vec<&str>, payloads: Vec<&[u8]>, scope: &str, keys: Vec<&str>, seqs: Vec<i64>, ordering_keys: Vec<&str>) =
+        write(ids: Vec<&str>, destinations: Vec<&str>, payloads: Vec<&[u8]>, scope: &str, keys: Vec<&str>, seqs: Vec<i64>, ordering_keys: Vec<&str>, headers: Vec<Option<String>>) =
             "WITH written AS (INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq, \
-             ordering_key, created_at) \
-             SELECT m.id, m.destination, m.payload, $4, m.key, m.seq, m.ordering_key, \
+             ordering_key, headers, created_at) \
+             SELECT m.id, m.destination, m.payload, $4, m.key, m.seq, m.ordering_key, m.headers, \
              statement_timestamp() \
-             FROM unnest($1::text[], $2::text[], $3::bytea[], $5::text[], $6::int8[], $7::text[]) \
-             AS m (id, destination, payload, key, seq, ordering_key) \
+             FROM unnest($1::text[], $2::text[], $3::bytea[], $5::text[], $6::int8[], $7::text[], \
+             $8::text[]) AS m (id, destination, payload, key, seq, ordering_key, headers) \
              ON CONFLICT DO NOTHING RETURNING 1) \
              SELECT pg_notify('{t}_outbox', '') FROM written LIMIT 1";
         // Takes the keys whose earliest unsent message is due and that no other message of
@@ -62,7 +63,7 @@ statements! {
              UPDATE {{t}}_outbox SET next_attempt_at = now() + $2 * interval '1 millisecond' \
              WHERE id IN (SELECT id FROM picked) \
              RETURNING id, destination, payload, seq, attempts, COALESCE(ordering_key, key), \
-             (EXTRACT(EPOCH FROM created_at) * 1000000)::int8, {HOLD}"
+             (EXTRACT(EPOCH FROM created_at) * 1000000)::int8, {HOLD}, headers"
         );
         // Marks apply only to messages still unsent and under the round's hold: a relay whose
         // hold ran out and whose messages another relay took marks none of them.
@@ -113,6 +114,7 @@ impl Outboxes for Postgres {
             Vec::new(),
             Vec::new(),
         );
+        let mut headers = Vec::new();
         for (key, m) in outbox.rows() {
             ids.push(m.id.as_str());
             destinations.push(m.destination.as_str());
@@ -120,6 +122,7 @@ impl Outboxes for Postgres {
             keys.push(key);
             seqs.push(i64::from(m.seq));
             ordering.push(m.ordering_key.as_str());
+            headers.push(m.headers.to_json());
         }
         sql.outbox
             .write(
@@ -130,6 +133,7 @@ impl Outboxes for Postgres {
                 keys,
                 seqs,
                 ordering,
+                headers,
             )
             .query()
             .execute(&mut *conn)
@@ -143,7 +147,17 @@ impl Outboxes for Postgres {
         limit: i64,
         lease_ms: i64,
     ) -> Result<Taken, sqlx::Error> {
-        type Row = (String, String, Vec<u8>, i32, i32, String, i64, String);
+        type Row = (
+            String,
+            String,
+            Vec<u8>,
+            i32,
+            i32,
+            String,
+            i64,
+            String,
+            Option<String>,
+        );
         let mut taken: Vec<Row> = on_pool(pool, sql, async |conn| {
             sql.outbox
                 .take(limit, lease_ms)
@@ -157,9 +171,19 @@ impl Outboxes for Postgres {
         let hold = taken.first().map(|r| r.7.clone()).unwrap_or_default();
         let messages = taken
             .into_iter()
-            .map(|(id, destination, payload, seq, attempts, key, _, _)| {
-                rows::message(id, destination, payload, seq, attempts, key)
-            })
+            .map(
+                |(id, destination, payload, seq, attempts, key, _, _, headers)| {
+                    rows::message(
+                        id,
+                        destination,
+                        payload,
+                        seq,
+                        attempts,
+                        key,
+                        headers.as_deref(),
+                    )
+                },
+            )
             .collect();
         Ok(Taken { messages, hold })
     }

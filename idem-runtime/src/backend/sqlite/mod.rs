@@ -72,7 +72,8 @@ const DDL: &[&str] = &[
         last_error TEXT,
         parked INTEGER NOT NULL DEFAULT 0,
         sent_at TEXT,
-        ordering_key TEXT
+        ordering_key TEXT,
+        headers TEXT
     )",
     "CREATE INDEX IF NOT EXISTS {t}_outbox_due ON {t}_outbox (next_attempt_at) \
      WHERE sent_at IS NULL AND parked = 0",
@@ -130,6 +131,13 @@ const ADDED: &[Added] = &[
     Added::Column {
         table: "{t}_outbox",
         name: "ordering_key",
+        definition: "TEXT",
+    },
+    // Schema version 4: each outbox message's headers, a JSON object (NULL in the rows written
+    // before: no headers).
+    Added::Column {
+        table: "{t}_outbox",
+        name: "headers",
         definition: "TEXT",
     },
 ];

@@ -14,7 +14,8 @@ use crate::outgoing::Pending;
 const OUTBOX_COLUMNS: &str = "id, destination, scope, key, seq, attempts, last_error, \
     parked <> 0, sent_at IS NOT NULL, created_at, \
     CAST((julianday('now') - julianday(created_at)) * 86400000.0 AS INTEGER), \
-    CAST((julianday(next_attempt_at) - julianday('now')) * 86400000.0 AS INTEGER)";
+    CAST((julianday(next_attempt_at) - julianday('now')) * 86400000.0 AS INTEGER), \
+    COALESCE(ordering_key, key), headers";
 
 statements! {
     /// The outbox table's statements (`{t}_outbox`).
@@ -22,9 +23,9 @@ statements! {
         // A statement that rolls the transaction back (`INSERT OR ROLLBACK`, a full disk) ends
         // it, and later statements run in autocommit: a message is written only while the
         // marker holding the claim's token (its nonce, or a lease's token) is there.
-        write(id: &str, destination: &str, payload: &[u8], seq: i64, scope: &str, key: &str, token: i64, ordering_key: &str) =
-            "INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq, ordering_key) \
-             SELECT ?1, ?2, ?3, m.scope, m.key, ?4, ?8 FROM {t} AS m \
+        write(id: &str, destination: &str, payload: &[u8], seq: i64, scope: &str, key: &str, token: i64, ordering_key: &str, headers: Option<&str>) =
+            "INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq, ordering_key, \
+             headers) SELECT ?1, ?2, ?3, m.scope, m.key, ?4, ?8, ?9 FROM {t} AS m \
              WHERE m.scope = ?5 AND m.key = ?6 AND m.token = ?7 ON CONFLICT DO NOTHING";
         // The keys whose earliest unsent message is due and that no other message of theirs
         // holds back (held by a round, backing off, parked); then each taken key's unsent
@@ -52,7 +53,7 @@ statements! {
              strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+' || (?2 / 1000.0) || ' seconds') \
              WHERE rowid IN (SELECT r FROM picked) \
              RETURNING id, destination, payload, seq, attempts, COALESCE(ordering_key, key), \
-             created_at, rowid, next_attempt_at";
+             created_at, rowid, next_attempt_at, headers";
         // Marks apply only to messages still unsent and under the round's hold (the time the
         // take wrote, one for the whole statement: SQLite reads 'now' once per statement).
         sent(ids: &str, hold: &str) =
@@ -97,6 +98,7 @@ impl Outboxes for Sqlite {
     ) -> Result<(), sqlx::Error> {
         for (key, m) in outbox.rows() {
             let seq = i64::from(m.seq);
+            let headers = m.headers.to_json();
             let write = sql.outbox.write(
                 &m.id,
                 &m.destination,
@@ -106,6 +108,7 @@ impl Outboxes for Sqlite {
                 key,
                 token,
                 &m.ordering_key,
+                headers.as_deref(),
             );
             write.query().execute(&mut *conn).await?;
         }
@@ -128,6 +131,7 @@ impl Outboxes for Sqlite {
             String,
             i64,
             String,
+            Option<String>,
         );
         // `BEGIN IMMEDIATE`, as every writer here: the statement runs in a transaction of
         // its own, waiting for the write lock like a claim.
@@ -144,9 +148,19 @@ impl Outboxes for Sqlite {
         let hold = taken.first().map(|r| r.8.clone()).unwrap_or_default();
         let messages = taken
             .into_iter()
-            .map(|(id, destination, payload, seq, attempts, key, _, _, _)| {
-                rows::message(id, destination, payload, seq, attempts, key)
-            })
+            .map(
+                |(id, destination, payload, seq, attempts, key, _, _, _, headers)| {
+                    rows::message(
+                        id,
+                        destination,
+                        payload,
+                        seq,
+                        attempts,
+                        key,
+                        headers.as_deref(),
+                    )
+                },
+            )
             .collect();
         Ok(Taken { messages, hold })
     }

@@ -1,0 +1,7 @@
+-- idem schema version 3 to 4 (MySQL / MariaDB). `Store::migrate()` applies it to a version 3 schema
+-- (it asks the catalog before the `ALTER TABLE`, which MySQL 8 cannot write `IF NOT EXISTS`); copy it into your own migrations if you manage the schema yourself.
+
+-- Message headers: each outbox message's content type, trace context and user headers, as one
+-- JSON object in UTF-8 (NULL in the rows written before: no headers, published as they
+-- were). Bytes, as the ids are, so that no table or server character set can change them.
+ALTER TABLE idem_processed_outbox ADD COLUMN headers BLOB NULL;
