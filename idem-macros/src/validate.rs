@@ -54,6 +54,10 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
                 "`batch` runs the body once for the whole batch, `each` once per job",
             ),
             (
+                "link",
+                "the batch's jobs come from messages of their own, each with its traceparent",
+            ),
+            (
                 "group",
                 "a batch is one transaction already, committed once",
             ),
@@ -130,6 +134,10 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
                 "fingerprint",
                 "a batch claims its keys without reading their markers back",
             ),
+            (
+                "link",
+                "the batch's jobs come from messages of their own, each with its traceparent",
+            ),
         ] {
             if let Some(span) = args.span_of(arg) {
                 diag.error_at(
@@ -196,6 +204,13 @@ pub(crate) fn key(expr: &Expr, handler: &Handler, diag: &mut Diag) {
 /// The fingerprint is the job's payload, read like the key from the handler's parameters.
 pub(crate) fn fingerprint(expr: &Expr, handler: &Handler, diag: &mut Diag) {
     reads_parameters("fingerprint", "the job's payload", expr, handler, diag);
+}
+
+/// The link is the message's traceparent, read like the key from the handler's parameters:
+/// the claim's span links to it when the claim starts, before the transaction or the lease
+/// exist.
+pub(crate) fn link(expr: &Expr, handler: &Handler, diag: &mut Diag) {
+    reads_parameters("link", "the message's traceparent", expr, handler, diag);
 }
 
 pub(crate) fn reads_parameters(

@@ -36,6 +36,7 @@ mod in_span;
 mod keys;
 pub(crate) mod semconv;
 mod site;
+pub(crate) mod trace_context;
 mod verdict;
 
 pub(crate) use in_span::in_span;
@@ -43,6 +44,8 @@ pub(crate) use in_span::in_span;
 pub use keys::{KeyInSpans, observe_keys};
 use semconv::About;
 pub use site::Site;
+#[allow(unused_imports, reason = "the outbox's message headers call it")]
+pub(crate) use trace_context::ambient_traceparent;
 use verdict::{Ended, Verdict};
 
 /// The counter of finished calls, labelled `scope` and `outcome`.
@@ -170,6 +173,7 @@ impl Observed {
             messaging.message.id = Empty,
             http.request.method = http.map(|(method, _)| method),
             http.route = http.and_then(|(_, route)| route),
+            traceparent = Empty,
         );
         if let Some(key) = key.filter(|_| !span.is_disabled()) {
             match keys::setting() {
