@@ -65,7 +65,8 @@ async fn a_linked_call_names_its_producer_and_a_bad_header_fails_nothing() {
         .unwrap()
     {
         Claimed::Fresh(guard) => {
-            guard.finish(Ok::<(), Error>(())).await.unwrap();
+            let done = guard.finish(Ok::<(), Error>(())).await.unwrap();
+            assert_eq!(done, Outcome::Applied(()));
         }
         other => panic!("44 was claimed before: {other:?}"),
     }
@@ -77,7 +78,8 @@ async fn a_linked_call_names_its_producer_and_a_bad_header_fails_nothing() {
         .unwrap()
     {
         Claimed::Fresh(lease) => {
-            lease.finish(Ok::<(), Error>(())).await.unwrap();
+            let done = lease.finish(Ok::<(), Error>(())).await.unwrap();
+            assert_eq!(done, Outcome::Applied(()));
         }
         other => panic!("45 was claimed before: {other:?}"),
     }
@@ -91,7 +93,8 @@ async fn a_linked_call_names_its_producer_and_a_bad_header_fails_nothing() {
         )
         .await
         .unwrap();
-    batch.finish(Ok::<(), Error>(())).await.unwrap();
+    let done = batch.finish(Ok::<(), Error>(())).await.unwrap();
+    assert_eq!(done.applied(), 2);
 
     for id in 40..=43 {
         assert_eq!(count(&pool, "effects", id).await, 1, "{id}");

@@ -175,7 +175,8 @@ fn a_consumer_claim_links_to_the_producer_span() {
                     .execute(&mut **guard.tx())
                     .await
                     .unwrap();
-                guard.finish(Ok::<(), idem::Error>(())).await.unwrap();
+                let done = guard.finish(Ok::<(), idem::Error>(())).await.unwrap();
+                assert_eq!(done, Outcome::Applied(()));
             }
             other => panic!("bad-4 was claimed before: {other:?}"),
         }
