@@ -1,9 +1,9 @@
-//! A call given its producer's traceparent, on every path (the attribute, a hand-written claim,
-//! a lease, a batch): without the feature `opentelemetry` its span records it in the field
+//! A call given its producer's traceparent, on every path (the attribute, group commit, a
+//! hand-written claim, a lease, a batch): without the feature `opentelemetry` its span records it in the field
 //! `traceparent` (with it, the link is OpenTelemetry's: `examples/otel/tests/trace_context.rs`).
 //! A value that does not parse is a `debug` event, links nothing, and fails nothing.
 
-use idem::{ClaimOptions, TraceParent};
+use idem::{ClaimOptions, GroupOptions, TraceParent};
 
 use super::*;
 
@@ -16,6 +16,16 @@ struct Message {
 
 #[idem::idempotent(key = "msg.id", scope = "obs.lite.link", link = "msg.traceparent")]
 async fn lite_linked(tx: &mut Transaction<'_, Sqlite>, msg: &Message) -> Result<i64, sqlx::Error> {
+    lite_effect(tx, &Job::new(msg.id, "effects")).await
+}
+
+#[idem::idempotent(
+    key = "msg.id",
+    scope = "obs.lite.link.group",
+    link = "msg.traceparent",
+    group
+)]
+async fn lite_grouped(tx: &mut Transaction<'_, Sqlite>, msg: &Message) -> Result<i64, sqlx::Error> {
     lite_effect(tx, &Job::new(msg.id, "effects")).await
 }
 
@@ -96,7 +106,18 @@ async fn a_linked_call_names_its_producer_and_a_bad_header_fails_nothing() {
     let done = batch.finish(Ok::<(), Error>(())).await.unwrap();
     assert_eq!(done.applied(), 2);
 
-    for id in 40..=43 {
+    // Group commit.
+    let group = store.group(GroupOptions::default()).unwrap();
+    let msg = Message {
+        id: 48,
+        traceparent: Some(SENT.to_owned()),
+    };
+    assert_eq!(
+        lite_grouped(&group, &msg).await.unwrap(),
+        Outcome::Applied(48)
+    );
+
+    for id in (40..=43).chain([48]) {
         assert_eq!(count(&pool, "effects", id).await, 1, "{id}");
     }
     let field = |scope: &str, key: Option<&str>| -> Vec<Option<String>> {
@@ -114,6 +135,7 @@ async fn a_linked_call_names_its_producer_and_a_bad_header_fails_nothing() {
     assert_eq!(field("obs.lite.link.hand", None), [recorded()]);
     assert_eq!(field("obs.lite.link.lease", None), [recorded()]);
     assert_eq!(field("obs.lite.link.batch", None), [recorded()]);
+    assert_eq!(field("obs.lite.link.group", None), [recorded()]);
 
     // Each header that did not parse said so, at DEBUG, with the value.
     let ignored: Vec<String> = seen
