@@ -213,6 +213,8 @@ fn claim_samples(scope: &str) -> Vec<f64> {
 mod batch;
 #[path = "observe/errors.rs"]
 mod errors;
+#[path = "observe/link.rs"]
+mod link;
 #[path = "observe/outcomes.rs"]
 mod outcomes;
 #[path = "observe/pg.rs"]

@@ -1,6 +1,6 @@
 //! The attribute's arguments: `key`, `scope`, `lease`, `timeout`, `wait`, `isolation`,
-//! `fingerprint`, `batch`, `each`, `crate`, each `= "..."`, and the flags `replay` and
-//! `group`.
+//! `fingerprint`, `link`, `batch`, `each`, `crate`, each `= "..."`, and the flags `replay`
+//! and `group`.
 
 use proc_macro2::{Span, TokenStream};
 use syn::meta::ParseNestedMeta;
@@ -24,6 +24,8 @@ pub(crate) struct Args {
     pub(crate) replay: bool,
     /// The literal (for spans) and the expression parsed from it.
     pub(crate) fingerprint: Option<(LitStr, Expr)>,
+    /// The literal (for spans) and the expression parsed from it: the message's traceparent.
+    pub(crate) link: Option<(LitStr, Expr)>,
     pub(crate) krate: Option<Path>,
     /// The literal (for spans) and the parameter it names, which holds the batch of jobs.
     pub(crate) batch: Option<(LitStr, syn::Ident)>,
@@ -67,7 +69,7 @@ pub(crate) enum Isolation {
     Serializable,
 }
 
-const NAMES: [&str; 12] = [
+const NAMES: [&str; 13] = [
     "key",
     "scope",
     "lease",
@@ -76,6 +78,7 @@ const NAMES: [&str; 12] = [
     "isolation",
     "replay",
     "fingerprint",
+    "link",
     "batch",
     "each",
     "group",
@@ -137,6 +140,16 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
                     format!(
                         "`fingerprint` must hold a Rust expression that reads the job's \
                          payload, like \"job.body\": {e}"
+                    ),
+                ),
+            },
+            "link" => match lit.parse::<Expr>() {
+                Ok(expr) => args.link = Some((lit, expr)),
+                Err(e) => diag.error(
+                    &lit,
+                    format!(
+                        "`link` must hold a Rust expression that reads the message's W3C \
+                         traceparent, like \"msg.traceparent\": {e}"
                     ),
                 ),
             },

@@ -54,6 +54,10 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
                 "`batch` runs the body once for the whole batch, `each` once per job",
             ),
             (
+                "link",
+                "the batch's jobs come from messages of their own, each with its traceparent",
+            ),
+            (
                 "group",
                 "a batch is one transaction already, committed once",
             ),
@@ -130,6 +134,10 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
                 "fingerprint",
                 "a batch claims its keys without reading their markers back",
             ),
+            (
+                "link",
+                "the batch's jobs come from messages of their own, each with its traceparent",
+            ),
         ] {
             if let Some(span) = args.span_of(arg) {
                 diag.error_at(
@@ -190,17 +198,33 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
 /// exist only once the key is claimed) or from names the handler does not have: report each
 /// such root on its own token.
 pub(crate) fn key(expr: &Expr, handler: &Handler, diag: &mut Diag) {
-    reads_parameters("key", "the job's id", expr, handler, diag);
+    reads_parameters("key", "the job's id", "job.id", expr, handler, diag);
 }
 
 /// The fingerprint is the job's payload, read like the key from the handler's parameters.
 pub(crate) fn fingerprint(expr: &Expr, handler: &Handler, diag: &mut Diag) {
-    reads_parameters("fingerprint", "the job's payload", expr, handler, diag);
+    reads_parameters(
+        "fingerprint",
+        "the job's payload",
+        "job.id",
+        expr,
+        handler,
+        diag,
+    );
+}
+
+/// The link is the message's traceparent, read like the key from the handler's parameters:
+/// the claim's span links to it when the claim starts, before the transaction or the lease
+/// exist.
+pub(crate) fn link(expr: &Expr, handler: &Handler, diag: &mut Diag) {
+    let read = "the message's traceparent";
+    reads_parameters("link", read, "msg.traceparent", expr, handler, diag);
 }
 
 pub(crate) fn reads_parameters(
     arg: &str,
     read: &str,
+    like: &str,
     expr: &Expr,
     handler: &Handler,
     diag: &mut Diag,
@@ -219,7 +243,7 @@ pub(crate) fn reads_parameters(
                 root,
                 format!(
                     "the {arg} cannot come from the {what} `{root}`: read {read} from \
-                     another parameter, like \"job.id\""
+                     another parameter, like \"{like}\""
                 ),
             );
         } else if !handler.params.contains(root) {

@@ -28,6 +28,7 @@ pub use crate::join::{Joined, Target, Via};
 pub use crate::key::{IntoKey, Key, KeyError};
 pub use crate::lease::Lease;
 pub use crate::observe::Site;
+pub use crate::observe::trace_context::{Link, TraceParent};
 pub use crate::options::{ClaimOptions, Isolation, LeaseOptions, Mode};
 pub use crate::outcome::{Batch, Failed, HandlerError, Outcome};
 pub use crate::outgoing::{BatchOutbox, Outbox};
@@ -42,7 +43,7 @@ pub use crate::outcome::Each;
 pub use each::{
     claim_each, each_body, each_job, finish_each, finish_job, job_parts, job_tx, settle_each,
 };
-pub use group::{claim_group, finish_group, finish_group_replay};
+pub use group::{claim_group, claim_group_linked, finish_group, finish_group_replay};
 
 /// The databases that sqlx's transaction aliases name (`PgTransaction<'_>` is
 /// `Transaction<'_, Postgres>`), for the store parameter that replaces them.
@@ -269,6 +270,34 @@ pub async fn claim<'a, DB: Backend, S: Target<DB> + 'a>(
     }
 }
 
+/// [`claim`] of a handler given `link = ".."`: its span links to the producer's.
+pub async fn claim_linked<'a, DB: Backend, S: Target<DB> + 'a>(
+    store: S,
+    spec: &'static Spec,
+    key: Result<Key, Error>,
+    print: Option<Result<Fingerprint, Error>>,
+    link: Option<TraceParent>,
+) -> Result<Claimed<TxHeld<'a, DB>>, Error> {
+    let via = store.via();
+    let mode = match via {
+        Via::Store(_) => Mode::Transaction,
+        Via::Joined(_) => Mode::Joined,
+    };
+    let (key, print) = checked(spec, mode, key, print)?;
+    let request = spec.request(key, spec.options(print).link(link));
+    match via {
+        Via::Store(store) => run::own(store, request).await,
+        Via::Joined(joined) => joined.claim_request(request).await,
+    }
+}
+
+/// The traceparent of the `link` expression; a value that is none links nothing (said at
+/// `debug`, never an error: the header is the producer's).
+#[inline]
+pub fn link<L: Link + ?Sized>(value: &L) -> Option<TraceParent> {
+    value.link()
+}
+
 /// A lease-mode handler's claim.
 #[inline]
 pub async fn lease<DB: Backend>(
@@ -284,6 +313,23 @@ pub async fn lease<DB: Backend>(
         None => spec.lease,
     };
     claim_lease(store, request, lease).await
+}
+
+/// [`lease`] of a handler given `link = ".."`.
+pub async fn lease_linked<DB: Backend>(
+    store: &Store<DB>,
+    spec: &'static LeaseSpec,
+    key: Result<Key, Error>,
+    print: Option<Result<Fingerprint, Error>>,
+    link: Option<TraceParent>,
+) -> Result<Claimed<Lease>, Error> {
+    let (key, print) = checked(&spec.spec, Mode::Lease, key, print)?;
+    let request = spec.spec.request(key, spec.spec.options(print).link(link));
+    let lease = match print {
+        Some(print) => spec.lease.fingerprint(print),
+        None => spec.lease,
+    };
+    claim_lease(store, request, lease.link(link)).await
 }
 
 /// Runs a handler's body as its claim's body (in its span, marked as inside its open

@@ -74,6 +74,7 @@ pub use key::{IntoKey, Key, KeyError, KeyWriter, MAX_BATCH, MAX_KEY_LEN};
 pub use lease::Leased;
 pub use lease::{Lease, MAX_ERROR_LEN, MAX_STEP_NAME, Step, Verified};
 pub use observe::semconv::{MESSAGING_PROCESS_DURATION, Messaging, observe_messaging};
+pub use observe::trace_context::{TRACEPARENT, TraceParent, TraceParentError};
 pub use observe::{CLAIM_SECONDS, KeyInSpans, OUTCOMES_TOTAL, describe_metrics, observe_keys};
 pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
 pub use outcome::{Batch, Each, Failure, Outcome};

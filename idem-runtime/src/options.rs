@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::observe::semconv::Messaging;
+use crate::observe::trace_context::TraceParent;
 use crate::record::Fingerprint;
 
 /// The shortest lease: below a second there is no margin left for the completing statement's
@@ -66,6 +67,7 @@ pub struct ClaimOptions {
     pub(crate) replay: bool,
     pub(crate) fingerprint: Option<Fingerprint>,
     pub(crate) messaging: Option<Messaging>,
+    pub(crate) link: Option<TraceParent>,
 }
 
 impl ClaimOptions {
@@ -77,6 +79,7 @@ impl ClaimOptions {
             replay: false,
             fingerprint: None,
             messaging: None,
+            link: None,
         }
     }
 
@@ -84,6 +87,28 @@ impl ClaimOptions {
     /// attributes, and the call records `messaging.process.duration` ([`Messaging`]).
     pub const fn messaging(mut self, messaging: Messaging) -> Self {
         self.messaging = Some(messaging);
+        self
+    }
+
+    /// The producer's span the job was sent from (its message's `traceparent`): the call's
+    /// `idem.claim` span links to it, so that the key's producer and consumer spans join in
+    /// one trace. An OpenTelemetry span link with the feature `opentelemetry`; without it, the
+    /// span's field `traceparent`. `None` links nothing.
+    ///
+    /// A header from the wire goes through [`TraceParent::from_header`], which ignores a value
+    /// that does not parse (with a `debug` event): a producer's bad header must not fail the
+    /// job.
+    ///
+    /// ```
+    /// # use idem_runtime as idem;
+    /// use idem::{ClaimOptions, TraceParent};
+    ///
+    /// let header = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    /// let opts = ClaimOptions::new().link(TraceParent::from_header(header));
+    /// # let _ = opts;
+    /// ```
+    pub fn link(mut self, producer: impl Into<Option<TraceParent>>) -> Self {
+        self.link = producer.into();
         self
     }
 
@@ -181,6 +206,7 @@ pub struct LeaseOptions {
     pub(crate) wait: Option<Duration>,
     pub(crate) fingerprint: Option<Fingerprint>,
     pub(crate) messaging: Option<Messaging>,
+    pub(crate) link: Option<TraceParent>,
 }
 
 impl LeaseOptions {
@@ -197,12 +223,19 @@ impl LeaseOptions {
             wait: None,
             fingerprint: None,
             messaging: None,
+            link: None,
         }
     }
 
     /// The broker the job came from, as [`ClaimOptions::messaging`].
     pub const fn messaging(mut self, messaging: Messaging) -> Self {
         self.messaging = Some(messaging);
+        self
+    }
+
+    /// The producer's span the job was sent from, as [`ClaimOptions::link`].
+    pub fn link(mut self, producer: impl Into<Option<TraceParent>>) -> Self {
+        self.link = producer.into();
         self
     }
 

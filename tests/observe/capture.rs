@@ -75,6 +75,11 @@ impl Seen {
             .collect()
     }
 
+    /// Every event of the test, in order, inside a span or not.
+    pub fn events(&self) -> Vec<EventRec> {
+        self.events.lock().unwrap().clone()
+    }
+
     fn current(&self) -> Option<u64> {
         self.stack.lock().unwrap().last().copied()
     }

@@ -22,6 +22,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         key_var,
         print_var,
         codec_var,
+        link_var,
         outcome_var,
         outbox,
     } = shared;
@@ -83,11 +84,16 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         Some(codec) => quote!(#private::lease_finish_replay(#codec, #lease, #result, #sent)),
         None => quote!(#private::lease_finish(#lease, #result, #sent)),
     };
+    // A handler given `link` claims through the linked entry, with the traceparent.
+    let (claim, link) = match link_var {
+        Some(link) => (quote!(lease_linked), quote!(, #link)),
+        None => (quote!(lease), TokenStream::new()),
+    };
     let spec = super::spec::lease(private, scope, &name, options);
     quote! {
         #spec
         let #outcome_var = async move {
-            let #lease = match #private::lease(#store, &__IDEM_SPEC, #key_var, #print).await {
+            let #lease = match #private::#claim(#store, &__IDEM_SPEC, #key_var, #print #link).await {
                 ::core::result::Result::Ok(#private::Claimed::Fresh(#lease)) => #lease,
                 ::core::result::Result::Ok(#private::Claimed::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);

@@ -63,6 +63,9 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     {
         validate::fingerprint(expr, handler, &mut diag);
     }
+    if let (Some(handler), Some((_, expr)), false) = (&handler, &args.link, mode == Mode::Batch) {
+        validate::link(expr, handler, &mut diag);
+    }
     match (diag.finish(), handler) {
         (Ok(()), Some(handler)) if each.is_some() => {
             let each = each.as_ref().expect("checked");
@@ -166,6 +169,8 @@ struct Shared<'a> {
     print_var: Option<Ident>,
     /// The JSON codec of `T`, if `replay` was given.
     codec_var: Option<Ident>,
+    /// `Option<TraceParent>` of the message, bound before any I/O, if `link` was given.
+    link_var: Option<Ident>,
     /// The `Result<Outcome<T>, Failed<E>>` that `settle` converts.
     outcome_var: Ident,
     /// The outbox parameter, if the handler takes one.
@@ -219,6 +224,7 @@ fn expand(
         key_var: local("__idem_key"),
         print_var: args.fingerprint.as_ref().map(|_| local("__idem_print")),
         codec_var: args.replay.then(|| local("__idem_codec")),
+        link_var: args.link.as_ref().map(|_| local("__idem_link")),
         outcome_var: local("__idem_outcome"),
         outbox,
     };
@@ -279,6 +285,14 @@ fn expand(
             let #var = ::core::option::Option::Some(#private::fingerprint(&#expr));
         }
     });
+    // Errors about the traceparent's type land on the `link` literal.
+    let link_eval = args.link.as_ref().map(|(lit, expr)| {
+        let var = shared.link_var.as_ref().expect("set with the link");
+        let expr = unsuggested_fields(by_reference(expr));
+        quote_spanned! {lit.span()=>
+            let #var = #private::link(&#expr);
+        }
+    });
     // `replay` stores `T` and reads it back through a codec picked by autoref: a `T` that
     // cannot be replayed is one error, on the return type where `T` is written.
     let replayable = shared.codec_var.as_ref().map(|codec| {
@@ -332,6 +346,7 @@ fn expand(
             #replayable
             #key_eval
             #print_eval
+            #link_eval
             #run
             #settle
         }

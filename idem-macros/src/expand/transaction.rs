@@ -4,7 +4,7 @@
 //! so the body is compiled (and its mistakes reported) once.
 
 use proc_macro2::{Ident, Literal, TokenStream};
-use quote::quote;
+use quote::{format_ident, quote};
 use syn::Stmt;
 use syn::ext::IdentExt as _;
 
@@ -22,6 +22,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         key_var,
         print_var,
         codec_var,
+        link_var,
         outcome_var,
         outbox,
     } = shared;
@@ -70,15 +71,25 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
     // Group commit claims and ends through the group's adapters.
     let (claim, finish, finish_replay) = match args.group {
         true => (
-            quote!(claim_group),
+            format_ident!("claim_group"),
             quote!(finish_group),
             quote!(finish_group_replay),
         ),
-        false => (quote!(claim), quote!(finish), quote!(finish_replay)),
+        false => (
+            format_ident!("claim"),
+            quote!(finish),
+            quote!(finish_replay),
+        ),
     };
     let finish = match codec_var {
         Some(codec) => quote!(#private::#finish_replay(#codec, #held, #result)),
         None => quote!(#private::#finish(#held, #result)),
+    };
+    // A handler given `link` claims through the linked entry, with the traceparent; one
+    // without it calls what it always did.
+    let (claim, link) = match link_var {
+        Some(link) => (format_ident!("{claim}_linked"), quote!(, #link)),
+        None => (claim, TokenStream::new()),
     };
     let spec = super::spec::claim(private, scope, &name, options);
     // A store inside another claim's body is refused by the claim, before any I/O; this
@@ -86,7 +97,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
     quote! {
         #spec
         let #outcome_var = async move {
-            let mut #held = match #private::#claim(#store, &__IDEM_SPEC, #key_var, #print).await {
+            let mut #held = match #private::#claim(#store, &__IDEM_SPEC, #key_var, #print #link).await {
                 ::core::result::Result::Ok(#private::Claimed::Fresh(#held)) => #held,
                 ::core::result::Result::Ok(#private::Claimed::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);

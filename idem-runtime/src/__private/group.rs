@@ -5,6 +5,7 @@ use crate::claim::Claimed;
 use crate::error::Error;
 use crate::group::{Group, GroupHeld};
 use crate::key::Key;
+use crate::observe::trace_context::TraceParent;
 use crate::options::Mode;
 use crate::outcome::{Failed, Outcome};
 use crate::record::Fingerprint;
@@ -21,6 +22,19 @@ pub async fn claim_group<DB: Backend>(
 ) -> Result<Claimed<GroupHeld<DB>>, Error> {
     let (key, print) = checked(spec, Mode::Group, key, print)?;
     let request = spec.request(key, spec.options(print));
+    group.claim_request(request).await
+}
+
+/// [`claim_group`] of a handler given `link = ".."`.
+pub async fn claim_group_linked<DB: Backend>(
+    group: &Group<DB>,
+    spec: &'static Spec,
+    key: Result<Key, Error>,
+    print: Option<Result<Fingerprint, Error>>,
+    link: Option<TraceParent>,
+) -> Result<Claimed<GroupHeld<DB>>, Error> {
+    let (key, print) = checked(spec, Mode::Group, key, print)?;
+    let request = spec.request(key, spec.options(print).link(link));
     group.claim_request(request).await
 }
 

@@ -12,6 +12,7 @@ use sqlx::{Connection as _, Transaction};
 use super::{CLAIM_ATTEMPTS, Claimed, Decision, RECHECKS, Request, Ticket, TxHeld, decide, nested};
 use crate::backend::{Backend, Savepoint};
 use crate::error::Error;
+use crate::observe::trace_context;
 use crate::observe::{self, Answer, Observed};
 use crate::options::Mode;
 use crate::outcome::{Batch, Failure, Outcome};
@@ -37,6 +38,9 @@ pub(crate) fn start(request: &Request, mode: Mode, nested_check: bool) -> Result
         Some(request.key.as_str()),
         request.about,
     );
+    if let Some(producer) = &request.options.link {
+        trace_context::link(observed.span(), std::slice::from_ref(producer));
+    }
     #[cfg(feature = "testing")]
     crate::testing::probe::claiming(mode);
     if nested_check && let Err(e) = nested::refuse_nested(&request.caller) {
@@ -460,6 +464,9 @@ pub(crate) async fn batch<DB: Backend>(
     jobs: usize,
 ) -> Result<(Keys, Vec<(String, Failure)>, Option<TxHeld<'static, DB>>), Error> {
     let mut observed = Observed::batch(request.site, &request.scope, jobs, request.about);
+    if let Some(producer) = &request.options.link {
+        trace_context::link(observed.span(), std::slice::from_ref(producer));
+    }
     #[cfg(feature = "testing")]
     crate::testing::probe::claiming(Mode::Batch);
     if let Err(e) = nested::refuse_nested(&request.caller) {

@@ -42,6 +42,7 @@ pub use self::record::Record;
 use crate::backend::Backend;
 use crate::error::Error;
 use crate::group::Group;
+use crate::observe::trace_context;
 use crate::offsets::{RecordOffset, check_name};
 use crate::store::Store;
 
@@ -219,11 +220,22 @@ impl<DB: Backend> Consumer<DB> {
     /// in the offset-watermark mode: [`Store::claim_offsets`](crate::Store::claim_offsets)
     /// for this consumer's group, and, when the claim ends, Kafka's commit or the partitions
     /// moved back (see [`Claim`]).
+    ///
+    /// The claim's `idem.claim` span links to the producer's span of each record that has a
+    /// `traceparent` header ([`Record::traceparent`]; one link per distinct context); a header
+    /// that does not parse is ignored (a `debug` event), never an error. A batch whose every
+    /// record is a duplicate has ended its span before the consumer could link it, and links
+    /// nothing.
     pub async fn claim(&mut self, records: &[Record]) -> Result<Claim<'_, DB>, Error> {
         let spans = spans(records);
         let at: Vec<RecordOffset<'_>> = records.iter().map(Record::at).collect();
         match self.store.claim_offsets(&self.group, &at).await {
-            Ok(guard) => Ok(Claim::new(guard, self, spans)),
+            Ok(guard) => {
+                if let Some(span) = guard.span() {
+                    link_records(span, records);
+                }
+                Ok(Claim::new(guard, self, spans))
+            }
             Err(e) => {
                 self.seek_back(&spans);
                 Err(e)
@@ -331,6 +343,21 @@ impl<DB: Backend> Consumer<DB> {
             .collect();
         drop(self.send(Command::Seek { to, reply: None }));
     }
+}
+
+/// Links a batch's span to its records' producers, each distinct context once; only for a
+/// span a subscriber wants, so that a consumer without one reads no header.
+fn link_records(span: &tracing::Span, records: &[Record]) {
+    if span.is_disabled() {
+        return;
+    }
+    let mut seen = std::collections::HashSet::new();
+    let producers: Vec<_> = records
+        .iter()
+        .filter_map(Record::traceparent)
+        .filter(|parent| seen.insert(*parent))
+        .collect();
+    trace_context::link(span, &producers);
 }
 
 /// For each partition, the offset after its last record.

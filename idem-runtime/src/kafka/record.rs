@@ -6,6 +6,7 @@ use rdkafka::message::{BorrowedMessage, Headers as _};
 
 use crate::error::Error;
 use crate::key::Key;
+use crate::observe::trace_context::{TRACEPARENT, TraceParent};
 use crate::offsets::{RecordOffset, record_key};
 
 /// One record of a topic, as the broker delivered it.
@@ -82,6 +83,17 @@ impl Record {
             .iter()
             .find(|(n, _)| n == name)
             .and_then(|(_, v)| v.as_deref())
+    }
+
+    /// The producer's trace context: its `traceparent` header
+    /// ([`TRACEPARENT`](crate::TRACEPARENT)), if it has one that parses. A value that does
+    /// not is ignored with a `debug` event ([`TraceParent::from_header`]): the header is the
+    /// producer's to get wrong, and must not fail the record's job. Give it to a claim with
+    /// [`ClaimOptions::link`](crate::ClaimOptions::link) or the attribute's
+    /// `link = "record.traceparent()"`; [`Consumer::claim`](super::Consumer::claim) links
+    /// every record's.
+    pub fn traceparent(&self) -> Option<TraceParent> {
+        self.header(TRACEPARENT).and_then(TraceParent::from_header)
     }
 
     /// Every header, in the order the producer set them.

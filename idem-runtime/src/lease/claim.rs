@@ -94,6 +94,7 @@ pub(crate) fn claim_options(options: &LeaseOptions) -> ClaimOptions {
         replay: options.replay,
         fingerprint: options.fingerprint,
         messaging: options.messaging,
+        link: options.link,
     }
 }
 

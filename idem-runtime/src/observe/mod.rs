@@ -36,6 +36,7 @@ mod in_span;
 mod keys;
 pub(crate) mod semconv;
 mod site;
+pub(crate) mod trace_context;
 mod verdict;
 
 pub(crate) use in_span::in_span;
@@ -43,6 +44,7 @@ pub(crate) use in_span::in_span;
 pub use keys::{KeyInSpans, observe_keys};
 use semconv::About;
 pub use site::Site;
+pub(crate) use trace_context::ambient_traceparent;
 use verdict::{Ended, Verdict};
 
 /// The counter of finished calls, labelled `scope` and `outcome`.
@@ -170,6 +172,7 @@ impl Observed {
             messaging.message.id = Empty,
             http.request.method = http.map(|(method, _)| method),
             http.route = http.and_then(|(_, route)| route),
+            traceparent = Empty,
         );
         if let Some(key) = key.filter(|_| !span.is_disabled()) {
             match keys::setting() {
@@ -436,12 +439,6 @@ pub(crate) fn undecodable(error: &serde_json::Error) {
         "idem: the value an earlier delivery stored for replay no longer reads as the \
          handler's type; answering Duplicate (the job was applied)"
     );
-}
-
-/// The W3C `traceparent` of the current span, which an outbox message built without one of
-/// its own carries. None yet: the trace context is filled in once spans export one.
-pub(crate) fn ambient_traceparent() -> Option<String> {
-    None
 }
 
 /// A taken outbox message's stored headers no longer read (edited by hand): it is published

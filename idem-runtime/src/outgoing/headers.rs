@@ -7,6 +7,7 @@ use std::fmt;
 use serde::de::{Deserializer, MapAccess, Visitor};
 
 use crate::error::Error;
+use crate::observe::trace_context::{TRACEPARENT, TraceParent};
 
 /// The most a message's headers hold: the sum, over every header (the content type and the
 /// `traceparent` included), of its name's and its value's bytes and 32 more (HTTP/2's measure
@@ -23,10 +24,9 @@ const MAX_NAME_LEN: usize = 255;
 /// The longest content type: what AMQP's short strings (its `content_type`) hold.
 const MAX_CONTENT_TYPE_LEN: usize = 255;
 
-/// The header names that carry the content type and the trace context in the stored JSON and
-/// on brokers whose headers are all there is (JetStream, Kafka).
+/// The header name that carries the content type in the stored JSON and on brokers whose
+/// headers are all there is (JetStream, Kafka); the trace context's is [`TRACEPARENT`].
 pub(crate) const CONTENT_TYPE: &str = "content-type";
-pub(crate) const TRACEPARENT: &str = "traceparent";
 
 /// The content type of [`Outbox::send`](crate::Outbox::send)'s JSON.
 pub(crate) const JSON: &str = "application/json";
@@ -163,11 +163,10 @@ impl Headers {
             return refuse(format!("its content type {content_type:?} {problem}"));
         }
         if let Some(traceparent) = &self.traceparent
-            && let Err(problem) = check_traceparent(traceparent)
+            && let Err(problem) = TraceParent::parse(traceparent)
         {
             return refuse(format!(
-                "its traceparent {traceparent:?} {problem}: give a W3C Trace Context \
-                 `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`, in lower case"
+                "its traceparent {traceparent:?} is not a W3C Trace Context: {problem}"
             ));
         }
         for (at, (name, value)) in self.fields.iter().enumerate() {
@@ -337,32 +336,6 @@ fn check_content_type(content_type: &str) -> Result<(), String> {
                 .to_owned(),
         ),
     }
-}
-
-/// W3C Trace Context, version `00`: `00-{trace id}-{parent id}-{flags}`, lower-case hex.
-fn check_traceparent(traceparent: &str) -> Result<(), &'static str> {
-    let parts: Vec<&str> = traceparent.split('-').collect();
-    let [version, trace, parent, flags] = parts[..] else {
-        return Err("is not four fields joined by `-`");
-    };
-    let hex = |s: &str, len: usize| {
-        s.len() == len
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    if version != "00" {
-        return Err("is not version 00");
-    }
-    if !hex(trace, 32) || !hex(parent, 16) || !hex(flags, 2) {
-        return Err("does not have 32, 16 and 2 lower-case hex digits");
-    }
-    if trace.bytes().all(|b| b == b'0') {
-        return Err("has a trace id of zeros, which W3C makes invalid");
-    }
-    if parent.bytes().all(|b| b == b'0') {
-        return Err("has a parent id of zeros, which W3C makes invalid");
-    }
-    Ok(())
 }
 
 #[cfg(test)]
