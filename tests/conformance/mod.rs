@@ -208,6 +208,7 @@ macro_rules! every_backend_tests {
             relay_keeps_each_keys_order_across_interleaved_jobs,
             failing_message_holds_back_only_its_own_key,
             two_relays_never_publish_one_key_at_once,
+            relay_of_its_own_store_wakes_at_each_commit_of_messages,
             migrate_gives_an_old_outbox_its_ordering_keys,
             outbox_refuses_a_bad_message_and_nothing_is_kept,
             migrate_adds_the_outbox_to_a_version_1_schema,
