@@ -57,7 +57,8 @@ statements! {
         // are read from its index (`{t}_outbox_key`), at most the limit of them, and the
         // taken messages updated by their ids: neither reads the whole backlog, as a
         // window over the keys `IN` the heads and an `UPDATE ... WHERE id IN` did (a hash
-        // join over every unsent message, 14 to 20 ms a take of 100 at 20,000 unsent messages, 5 ms now).
+        // join over every unsent message: 14 to 20 ms a take of 100 at 20,000 unsent
+        // messages, 5 ms now).
         take(limit: i64, lease_ms: i64) = format!(
             "WITH heads AS (SELECT o.id, o.ordering_key FROM {{t}}_outbox o \
              WHERE o.sent_at IS NULL AND NOT o.parked AND o.next_attempt_at <= now() \
