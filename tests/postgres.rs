@@ -134,6 +134,7 @@ conformance::tests!(Pg;
     connection_cut_after_the_claim_keeps_nothing_and_redelivery_applies,
     lease_is_live_for_a_session_in_another_time_zone,
     waiting_relay_wakes_at_the_commit_of_a_message,
+    relay_of_another_store_wakes_at_its_announcement,
     relay_that_does_not_listen_polls,
     body_statement_waits_longer_than_the_claims_wait,
 );

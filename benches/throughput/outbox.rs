@@ -31,6 +31,7 @@ use crate::Res;
 use crate::config::config;
 
 mod batch;
+mod wake;
 
 const WORKERS: usize = 8;
 const ACCOUNTS: i64 = 1_000;
@@ -150,12 +151,13 @@ async fn finish_run(
     Ok(rate)
 }
 
-/// `count` committed messages to `queue`, as a handler's outbox leaves them.
+/// `count` committed messages to `queue`, as a handler's outbox leaves them: each job's one
+/// message, under the job's key as its ordering key.
 async fn fill(pool: &PgPool, names: &Names, count: usize, round: usize) -> Res<()> {
     let sql = format!(
-        "INSERT INTO {}_outbox (id, destination, payload, scope, key, seq) \
-         SELECT 'r{round}-' || g, $1, '{{}}'::bytea, 'bench.outbox', 'r{round}-' || g, 0 \
-         FROM generate_series(1, $2) g",
+        "INSERT INTO {}_outbox (id, destination, payload, scope, key, seq, ordering_key) \
+         SELECT 'r{round}-' || g, $1, '{{}}'::bytea, 'bench.outbox', 'r{round}-' || g, 0, \
+         'r{round}-' || g FROM generate_series(1, $2) g",
         names.markers
     );
     sqlx::query(AssertSqlSafe(sql))
@@ -304,6 +306,22 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
         return Err(format!("{applied} credits for {claimed} jobs").into());
     }
 
+    eprintln!("outbox: the relay's wake-up, from a job's commit to its message's publish");
+    let samples = if quick { 50 } else { 300 };
+    let first = next.fetch_add(2 * samples as u64 + 2, Ordering::Relaxed);
+    let own = wake::latency(&store, store.clone(), &names, first, samples).await?;
+    let other_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&cfg.pg_url)
+        .await?;
+    let other = Store::new(other_pool.clone()).with_table(&names.markers)?;
+    let first = first + samples as u64 + 1;
+    let others = wake::latency(&store, other, &names, first, samples).await?;
+    other_pool.close().await;
+    sqlx::query(AssertSqlSafe(format!("TRUNCATE {}_outbox", names.markers)))
+        .execute(&pool)
+        .await?;
+
     eprintln!(
         "outbox: batches of {} without and with a message a job",
         batch::BATCH
@@ -383,6 +401,19 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
     .zip(handler)
     {
         println!("| {name} | {rate:.0} | {:.2} |", rate / base);
+    }
+    println!(
+        "\n## Outbox: the relay's wake-up, from a job's commit to its message's publish \
+         ({samples} jobs one at a time, the relay's poll a minute)\n"
+    );
+    println!("| relay | p50 | p99 |");
+    println!("|---|---|---|");
+    for (name, (p50, p99)) in [("of the same store", own), ("of another store", others)] {
+        println!(
+            "| {name} | {:.2} ms | {:.2} ms |",
+            p50.as_secs_f64() * 1e3,
+            p99.as_secs_f64() * 1e3
+        );
     }
     println!(
         "\n## Outbox in batches of {} (PostgreSQL, {WORKERS} workers, jobs/s)\n",

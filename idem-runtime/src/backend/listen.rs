@@ -1,28 +1,30 @@
-//! How a relay learns of new outbox messages between its rounds.
+//! How a relay learns of new outbox messages committed by other processes between its rounds.
 
-/// A relay's subscription to the commits of new outbox messages.
+/// A relay's subscription to the announced commits of new outbox messages.
 pub enum Listen {
-    /// `LISTEN` on the outbox table's channel, which each commit with messages notifies.
+    /// `LISTEN` on the outbox table's channel, on which the stores announce their commits of
+    /// messages (`backend/wake.rs`), and joined claims theirs.
     #[cfg(feature = "postgres")]
     Postgres(sqlx::postgres::PgListener),
 }
 
 impl Listen {
-    /// Returns at the next announced commit, or after `poll`: a notification missed while
-    /// the listener reconnected leaves its messages to the next round all the same.
-    pub(crate) async fn wait(&mut self, poll: std::time::Duration) {
+    /// Returns at the next announcement that is not `own`'s: the store's own commits woke its
+    /// relays in the process already. An error means the listener's connection failed; it
+    /// reconnects at the next call, and a notification missed meanwhile leaves its messages
+    /// to the next round all the same.
+    pub(crate) async fn next(&mut self, own: &str) -> Result<(), sqlx::Error> {
         #[cfg(feature = "postgres")]
         match self {
-            Listen::Postgres(listener) => {
-                if let Ok(Err(_)) = tokio::time::timeout(poll, listener.recv()).await {
-                    // The database is unreachable: wait out the poll rather than spin.
-                    tokio::time::sleep(poll).await;
+            Listen::Postgres(listener) => loop {
+                if listener.recv().await?.payload() != own {
+                    return Ok(());
                 }
-            }
+            },
         }
         #[cfg(not(feature = "postgres"))]
         {
-            let _ = poll;
+            let _ = own;
             match *self {}
         }
     }

@@ -35,6 +35,7 @@ mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod upgrade;
+pub(crate) mod wake;
 
 pub(crate) use listen::Listen;
 pub(crate) use rows::{Found, LeaseState, MarkerRow, OutboxRow, Status, StepRow, Taken};

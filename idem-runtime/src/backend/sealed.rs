@@ -1,6 +1,7 @@
 //! The traits that say what a backend does, split by concern; sealed: no other crate can name
 //! them (see the parent module).
 
+use super::wake::Announcer;
 use super::*;
 
 // Schema version 3: per-scope retention; and what `Store::doctor` reads.
@@ -377,6 +378,24 @@ pub trait Outboxes: Dialect {
         pool: &'p Pool<Self>,
         sql: &'p Self::Sql,
     ) -> impl Future<Output = Result<Option<Listen>, sqlx::Error>> + Send + 'p;
+
+    /// How a store tells the relays of other processes that messages were committed (a
+    /// store's own relays are woken in the process): PostgreSQL's `NOTIFY`, on a connection
+    /// of `pool`, outside any job's transaction; `None` where the database has no such thing,
+    /// or where nobody could listen (behind a pooler in transaction mode).
+    fn outbox_announcer(_pool: &Pool<Self>, _sql: &Self::Sql) -> Option<Announcer> {
+        None
+    }
+
+    /// Announces, in `conn`'s transaction, that it wrote messages: for a claim joined to a
+    /// caller's transaction, whose commit is the caller's and so signals nothing. Nothing
+    /// where the database cannot announce a commit (the relays poll).
+    fn outbox_announce<'t>(
+        _conn: &'t mut Self::Connection,
+        _sql: &'t Self::Sql,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't {
+        std::future::ready(Ok(()))
+    }
 }
 
 /// The offset-watermark mode: per (consumer group, topic, partition), the next offset to

@@ -5,9 +5,12 @@
 //! [`Store`](crate::store::Store), so every call reuses the same strings and hits sqlx's
 //! prepared-statement cache.
 
+use std::sync::Arc;
+
 use sqlx::error::BoxDynError;
 use sqlx::{Database, SqlSafeStr as _, SqlStr};
 
+use super::wake::Wake;
 use crate::error::Error;
 
 /// The longest table name a store accepts: the names derived from it (the index
@@ -19,11 +22,24 @@ pub const MAX_TABLE_LEN: usize = 47;
 /// It also says how the statements filled with it are sent: prepared once per connection and
 /// kept (sqlx's statement cache), or unnamed, prepared again at each execution, which is what
 /// survives a pooler in transaction mode (see [`Table::unnamed`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// It also carries the commits of the store's outbox messages that its relays wait on
+/// ([`Wake`]), shared by the store's clones: a statement's check (`Check`) names the table,
+/// and so reaches them after the commit it checked.
+#[derive(Debug, Clone)]
 pub struct Table {
     name: String,
     unnamed: bool,
+    wake: Arc<Wake>,
 }
+
+impl PartialEq for Table {
+    fn eq(&self, other: &Table) -> bool {
+        self.name == other.name && self.unnamed == other.unnamed
+    }
+}
+
+impl Eq for Table {}
 
 impl Table {
     /// A letter or `_`, then letters, digits or `_`, at most [`MAX_TABLE_LEN`] characters;
@@ -41,6 +57,7 @@ impl Table {
         Ok(Table {
             name: name.to_owned(),
             unnamed: false,
+            wake: Wake::new(),
         })
     }
 
@@ -54,9 +71,18 @@ impl Table {
     /// a statement prepared under a name on one is missing on the next, and two clients'
     /// names collide on a server connection they share. The unnamed statement lives only
     /// until the next one on the same server connection, within the same message sequence.
+    ///
+    /// The table it returns has commits of its own ([`Table::wake`]): a store's relays are
+    /// woken by the commits of the store they were given, not of the one it was made from.
     pub(crate) fn unnamed(mut self, unnamed: bool) -> Self {
         self.unnamed = unnamed;
+        self.wake = Wake::new();
         self
+    }
+
+    /// The commits of the store's outbox messages, which its relays wait on.
+    pub(crate) fn wake(&self) -> &Arc<Wake> {
+        &self.wake
     }
 
     /// Whether the statements are sent unnamed ([`Table::unnamed`]).

@@ -186,6 +186,8 @@ pub(crate) struct TxHold<'c, DB: Backend> {
     sql: Arc<DB::Sql>,
     joined: bool,
     kept: Kept,
+    /// Whether it wrote outbox messages: its commit then wakes the store's relays.
+    wrote: bool,
 }
 
 /// What a fresh claim's transaction writes that only it holds: what its commit looks for
@@ -267,6 +269,7 @@ impl<DB: Backend> Hold for TxHold<'_, DB> {
                 Some(at) => DB::offsets_outbox_write(tx, sql, outbox, at, nonce).await,
             };
             written.map_err(|e| self.failed(e, request))?;
+            self.wrote |= !outbox.is_empty();
         }
         Ok(())
     }
@@ -278,17 +281,24 @@ impl<DB: Backend> Hold for TxHold<'_, DB> {
         _: Option<&Pending>,
     ) -> Result<(), Error> {
         if self.joined {
+            // The caller's commit is not ours to see: the messages are announced in the
+            // caller's transaction, where the database can (PostgreSQL's `NOTIFY`).
+            let mut tx = self.tx;
+            if self.wrote {
+                DB::outbox_announce(&mut tx, &self.sql).await.map_err(
+                    |e| match DB::is_aborted(&e) {
+                        true => rolled_back(request),
+                        false => e.into(),
+                    },
+                )?;
+            }
             // `RELEASE SAVEPOINT`: applied in the caller's transaction, which is theirs to
             // commit. A failed release (the body swallowed an error that aborted the
             // transaction) drops the savepoint, whose drop rolls back to it.
-            return self
-                .tx
-                .commit()
-                .await
-                .map_err(|e| match DB::is_aborted(&e) {
-                    true => rolled_back(request),
-                    false => e.into(),
-                });
+            return tx.commit().await.map_err(|e| match DB::is_aborted(&e) {
+                true => rolled_back(request),
+                false => e.into(),
+            });
         }
         let table = DB::table(&self.sql);
         let check = match self.kept.partition() {
@@ -296,7 +306,12 @@ impl<DB: Backend> Hold for TxHold<'_, DB> {
             Some(at) => Check::Offsets(table, at, request.nonce),
         };
         match DB::commit(self.tx, check, &request.options).await {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                if self.wrote {
+                    table.wake().committed();
+                }
+                Ok(())
+            }
             Ok(false) => Err(rolled_back(request)),
             Err(e) => Err(e.into()),
         }
@@ -336,6 +351,7 @@ impl<'c, DB: Backend> TxHeld<'c, DB> {
                 sql,
                 joined,
                 kept: Kept::Marker,
+                wrote: false,
             },
             ticket,
         }
@@ -354,6 +370,7 @@ impl<'c, DB: Backend> TxHeld<'c, DB> {
                 sql,
                 joined: false,
                 kept,
+                wrote: false,
             },
             ticket,
         }

@@ -246,6 +246,7 @@ impl<DB: Backend> LeaseStore for Store<DB> {
             }
             DB::outbox_write(&mut tx, sql, outbox, holder.token).await?;
             tx.commit().await?;
+            DB::table(sql).wake().committed();
             Ok(true)
         })
     }

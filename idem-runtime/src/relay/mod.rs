@@ -21,7 +21,9 @@ pub use operators::{OutboxEntry, OutboxState};
 #[cfg(feature = "outbox-rabbitmq")]
 pub use rabbitmq::RabbitMq;
 
-use crate::backend::{Backend, Taken};
+use tokio::sync::watch;
+
+use crate::backend::{Backend, Listen, Taken};
 use crate::error::Error;
 use crate::outgoing::Message;
 use crate::store::{PURGE_BATCH, Store};
@@ -187,11 +189,12 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         self
     }
 
-    /// Whether [`run`](Relay::run) listens for the commits of new messages where the database
-    /// announces them (PostgreSQL; the default), or only polls. A store told it is behind a
-    /// pooler in transaction mode ([`Store::behind_transaction_pooler`]) only polls whatever
-    /// this says: a `LISTEN` there does not keep its server connection, and its
-    /// notifications never arrive.
+    /// Whether [`run`](Relay::run) is woken by the commits of new messages (the default: its
+    /// store's own, in the process, on every database; other stores' where the database
+    /// announces them, PostgreSQL), or only polls. A store told it is behind a pooler in
+    /// transaction mode ([`Store::behind_transaction_pooler`]) is woken by its own commits
+    /// but does not listen for others' whatever this says: a `LISTEN` there does not keep its
+    /// server connection, and its notifications never arrive.
     pub fn listen(mut self, listen: bool) -> Self {
         self.listen = listen;
         self
@@ -265,15 +268,33 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// Relays until `stop` resolves: a round, then, when it found nothing to send, a wait of
     /// `poll` before the next one. A database error ends it (restart it from your supervisor).
     ///
-    /// On PostgreSQL the wait ends early at the commit of a new message: each commit with
-    /// messages sends `NOTIFY` on the channel `{table}_outbox`, on which the relay listens
-    /// from a connection of its own (not one of the store's pool), unless told not to
-    /// ([`listen`](Relay::listen)) or behind a pooler in transaction mode
-    /// ([`Store::behind_transaction_pooler`]). Elsewhere it lasts `poll`.
+    /// The wait ends early at the commit of a new message, unless the relay was told not to
+    /// listen ([`listen`](Relay::listen)):
+    ///
+    /// - **a commit through the relay's store** (or a clone of it), on every database: the
+    ///   store wakes its relays in the process once the commit is confirmed, with no round
+    ///   trip. That covers the claims of every mode, batches, group commit (on PostgreSQL)
+    ///   and leases; a claim joined to your transaction ([`Store::join`]) commits with your
+    ///   commit, which the store does not see: on PostgreSQL it is announced as below, on
+    ///   MySQL and SQLite it waits for the poll.
+    /// - **a commit through another store** (another process) on PostgreSQL: each store
+    ///   announces its commits of messages with `NOTIFY` on the channel `{table}_outbox`,
+    ///   outside the jobs' transactions and at most once per
+    ///   [`Store::outbox_notify_interval`] for all the commits in between; the relay listens
+    ///   on it from a connection of its own (not one of the store's pool), except behind a
+    ///   pooler in transaction mode ([`Store::behind_transaction_pooler`]), where nothing is
+    ///   announced and the relay polls.
+    ///
+    /// A process that dies between a commit and its announcement leaves the messages to the
+    /// relays' polls: `poll` bounds that latency, and the latency of every message the
+    /// relay is not woken for.
     pub async fn run(&self, poll: Duration, stop: impl Future<Output = ()>) -> Result<(), Error> {
         let mut stop = std::pin::pin!(stop);
-        // Listening before the first round: a commit from then on is announced, even one
-        // that lands while a round runs (the notification waits in the listener).
+        let wake = DB::table(self.store.sql()).wake().clone();
+        // Subscribed and listening before the first round: a commit from then on wakes the
+        // relay, even one that lands while a round runs (the change waits in the receiver,
+        // the notification in the listener).
+        let mut commits = self.listen.then(|| wake.subscribe());
         let mut listen = None;
         if self.listen {
             let listening = DB::outbox_listen(self.store.pool(), self.store.sql());
@@ -290,11 +311,8 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             if relayed.sent + relayed.lost > 0 {
                 continue;
             }
-            let waited = match &mut listen {
-                Some(listen) => unless(stop.as_mut(), listen.wait(poll)).await,
-                None => unless(stop.as_mut(), tokio::time::sleep(poll)).await,
-            };
-            if waited.is_none() {
+            let waiting = wait(poll, commits.as_mut(), listen.as_mut(), wake.token());
+            if unless(stop.as_mut(), waiting).await.is_none() {
                 return Ok(());
             }
         }
@@ -333,6 +351,36 @@ async fn unless<T>(
         work.as_mut().poll(cx).map(Some)
     })
     .await
+}
+
+/// Waits for the first of: a commit of the relay's own store, another store's announcement
+/// (not `own`'s), `poll`. A listener whose connection failed is given up for this wait: the
+/// poll ends it rather than a spin.
+async fn wait(
+    poll: Duration,
+    commits: Option<&mut watch::Receiver<u64>>,
+    listen: Option<&mut Listen>,
+    own: &str,
+) {
+    let local = std::pin::pin!(async {
+        let changed = match commits {
+            Some(commits) => commits.changed().await.is_ok(),
+            None => false,
+        };
+        if !changed {
+            std::future::pending::<()>().await;
+        }
+    });
+    let remote = std::pin::pin!(async {
+        let heard = match listen {
+            Some(listen) => listen.next(own).await.is_ok(),
+            None => false,
+        };
+        if !heard {
+            std::future::pending::<()>().await;
+        }
+    });
+    unless(local, unless(remote, tokio::time::sleep(poll))).await;
 }
 
 /// The most of a publisher's error text kept in `last_error`, in bytes.

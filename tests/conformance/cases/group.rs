@@ -263,7 +263,10 @@ pub(crate) async fn group_keeps_replay_fingerprint_and_outbox<S: Support>() {
     ctx.cleanup().await;
 }
 
-async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+/// Runs `futures` at once (on this task), their outputs in their order.
+pub(super) async fn futures_join<F: std::future::Future>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<F::Output> {
     let mut out = Vec::new();
     let pinned: Vec<_> = futures.map(Box::pin).collect();
     let mut pending: Vec<_> = pinned.into_iter().map(Some).collect();

@@ -19,7 +19,7 @@ const D: Outcome<()> = Outcome::Duplicate;
 /// [`ship`] for a batch, in its scope: each fresh job's effect and two messages to
 /// `shipping`; then one more message for `also` (a key that may be no fresh job's).
 #[idem::idempotent(key = "job.key", scope = "orders.ship", batch = "jobs")]
-async fn ship_batch<DB: TestDb>(
+pub(super) async fn ship_batch<DB: TestDb>(
     tx: &mut Transaction<'_, DB>,
     jobs: &[Job],
     outbox: &mut BatchOutbox,

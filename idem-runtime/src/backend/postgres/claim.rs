@@ -129,6 +129,26 @@ fn savepoint_sql(step: Savepoint) -> SqlStr {
     }
 }
 
+/// The verified commit of `tx`, in one round trip: `Ok(false)` if the database rolled it back.
+async fn commit_checked(mut tx: Transaction<'_, Postgres>) -> Result<bool, sqlx::Error> {
+    // PostgreSQL answers `COMMIT` of an aborted transaction with a silent `ROLLBACK`, and
+    // sqlx reports that as success. Any other statement fails in an aborted transaction, so
+    // a `SAVEPOINT` first tells the two apart in the same message (one round trip): if it
+    // fails, the rest of the message is skipped. It answers with its command tag alone (no
+    // row to decode, unlike a `SELECT`), and the commit discards it. `AND CHAIN` opens the
+    // next transaction at once (sqlx's bookkeeping still counts this one as open): dropping
+    // `tx` queues the `ROLLBACK` that ends it, which the pool sends with the ping it makes
+    // when the connection comes back, so it costs no round trip of its own.
+    match sqlx::raw_sql("SAVEPOINT idem_commit; COMMIT AND CHAIN")
+        .execute(&mut *tx)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if database_code(&e).as_deref() == Some(IN_FAILED_TRANSACTION) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 impl Claims for Postgres {
     async fn begin<'p>(
         pool: &'p Pool<Self>,
@@ -144,22 +164,32 @@ impl Claims for Postgres {
 
     async fn commit<'a>(
         mut tx: Transaction<'a, Self>,
-        _: Check<'a>,
+        check: Check<'a>,
         _: &'a ClaimOptions,
     ) -> Result<bool, sqlx::Error> {
-        // PostgreSQL answers `COMMIT` of an aborted transaction with a silent `ROLLBACK`, and
-        // sqlx reports that as success. Any other statement fails in an aborted transaction, so
-        // a `SAVEPOINT` first tells the two apart in the same message (one round trip): if it
-        // fails, the rest of the message is skipped. It answers with its command tag alone (no
-        // row to decode, unlike a `SELECT`), and the commit discards it. `AND CHAIN` opens the
-        // next transaction at once (sqlx's bookkeeping still counts this one as open): dropping
-        // `tx` queues the `ROLLBACK` that ends it, which the pool sends with the ping it makes
-        // when the connection comes back, so it costs no round trip of its own.
-        match sqlx::raw_sql("SAVEPOINT idem_commit; COMMIT AND CHAIN")
-            .execute(&mut *tx)
-            .await
+        // A claim's commit (`commit_checked`'s statements) also reads whether its transaction
+        // wrote outbox messages (the mark of the outbox's write), in the same message; a
+        // `SELECT` of no row unless it did. The store's relays are woken once the commit is
+        // confirmed: a group's commit, whose members' writes only the transaction
+        // remembers, as every other claim's. `fetch_all` reads the whole answer, so an error
+        // of the `COMMIT` itself is not missed.
+        let table = match check {
+            Check::Marker(table, _) | Check::Offsets(table, _, _) => table,
+            Check::Session => return commit_checked(tx).await,
+        };
+        match sqlx::raw_sql(
+            "SAVEPOINT idem_commit; \
+             SELECT 1 WHERE current_setting('idem.outbox', true) = 'y'; COMMIT AND CHAIN",
+        )
+        .fetch_all(&mut *tx)
+        .await
         {
-            Ok(_) => Ok(true),
+            Ok(wrote) => {
+                if !wrote.is_empty() {
+                    table.wake().committed();
+                }
+                Ok(true)
+            }
             Err(e) if database_code(&e).as_deref() == Some(IN_FAILED_TRANSACTION) => Ok(false),
             Err(e) => Err(e),
         }
