@@ -135,7 +135,7 @@ impl Claims for Sqlite {
         tx: Transaction<'a, Self>,
         _: &'a ClaimOptions,
     ) -> Result<(), sqlx::Error> {
-        tx.rollback().await
+        end(tx).await
     }
 
     async fn discard<'a>(
@@ -143,8 +143,7 @@ impl Claims for Sqlite {
         _: &'a ClaimOptions,
     ) -> Result<(), sqlx::Error> {
         // The busy timeout was put back at the begin: nothing to restore.
-        drop(tx);
-        Ok(())
+        end(tx).await
     }
 
     async fn claim_or_read<'t>(
@@ -267,5 +266,21 @@ impl Claims for Sqlite {
     ) -> Result<(), sqlx::Error> {
         // The wait was the begin's, and its busy timeout was put back there.
         Ok(())
+    }
+}
+
+/// Rolls `tx` back, also when SQLite already ended it (a statement that rolled the whole
+/// transaction back, as in `commit`). sqlx's own rollback fails then and keeps counting the
+/// transaction as open, so the connection would go back to the pool with a count that makes
+/// its next user's `BEGIN IMMEDIATE` fail (`InvalidSavePointStatement`). As in `commit`, a
+/// `BEGIN` gives sqlx's rollback something to end, which sets its count right.
+async fn end(mut tx: Transaction<'_, Sqlite>) -> Result<(), sqlx::Error> {
+    match <Sqlite as sqlx::Database>::TransactionManager::rollback(&mut tx).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.to_string().contains("no transaction is active") => {
+            sqlx::raw_sql("BEGIN").execute(&mut *tx).await?;
+            <Sqlite as sqlx::Database>::TransactionManager::rollback(&mut tx).await
+        }
+        Err(e) => Err(e),
     }
 }
