@@ -43,7 +43,7 @@ use crate::backend::Backend;
 use crate::error::Error;
 use crate::group::Group;
 use crate::observe::trace_context;
-use crate::offsets::{RecordOffset, check_name};
+use crate::offsets::{OffsetGuard, RecordOffset, check_name};
 use crate::store::Store;
 
 /// A Kafka consumer in a consumer group whose records' effects are kept in `DB`.
@@ -229,18 +229,8 @@ impl<DB: Backend> Consumer<DB> {
     pub async fn claim(&mut self, records: &[Record]) -> Result<Claim<'_, DB>, Error> {
         let spans = spans(records);
         let at: Vec<RecordOffset<'_>> = records.iter().map(Record::at).collect();
-        match self.store.claim_offsets(&self.group, &at).await {
-            Ok(guard) => {
-                if let Some(span) = guard.span() {
-                    link_records(span, records);
-                }
-                Ok(Claim::new(guard, self, spans))
-            }
-            Err(e) => {
-                self.seek_back(&spans);
-                Err(e)
-            }
-        }
+        let answer = self.store.claim_offsets(&self.group, &at).await;
+        self.answered(answer, records, spans)
     }
 
     /// [`claim`](Consumer::claim) in a savepoint of `group`'s open transaction
@@ -248,7 +238,8 @@ impl<DB: Backend> Consumer<DB> {
     /// consumer per partition, each in a task of its own) share one commit. The claim's end
     /// answers once the group committed; a group that failed as a whole is
     /// [`Error::GroupFailed`], and the batch's partitions are moved back as for any claim
-    /// that was not kept. `group` must be made on this consumer's store.
+    /// that was not kept. `group` must be made on this consumer's store. Its span is linked
+    /// to the records' producers as [`claim`](Consumer::claim)'s is.
     pub async fn claim_in(
         &mut self,
         group: &Group<DB>,
@@ -256,8 +247,25 @@ impl<DB: Backend> Consumer<DB> {
     ) -> Result<Claim<'_, DB>, Error> {
         let spans = spans(records);
         let at: Vec<RecordOffset<'_>> = records.iter().map(Record::at).collect();
-        match group.claim_offsets(&self.group, &at).await {
-            Ok(guard) => Ok(Claim::new(guard, self, spans)),
+        let answer = group.claim_offsets(&self.group, &at).await;
+        self.answered(answer, records, spans)
+    }
+
+    /// A claim's answer, whichever way it was made: its span linked to the records'
+    /// producers, or the partitions moved back when nothing is held.
+    fn answered(
+        &mut self,
+        answer: Result<OffsetGuard<DB>, Error>,
+        records: &[Record],
+        spans: Spans,
+    ) -> Result<Claim<'_, DB>, Error> {
+        match answer {
+            Ok(guard) => {
+                if let Some(span) = guard.span() {
+                    link_records(span, records);
+                }
+                Ok(Claim::new(guard, self, spans))
+            }
             Err(e) => {
                 self.seek_back(&spans);
                 Err(e)
