@@ -46,21 +46,7 @@ pub(crate) async fn claim<DB: Backend>(
         Ok((other, turn)) => {
             let waiter = turn.holder_of(&request);
             turn.leave(shared, false);
-            let other = match other {
-                Attempt::Done(done) => Attempt::Done(done),
-                Attempt::Refused(e) => Attempt::Refused(e),
-                Attempt::Fresh(..) => unreachable!("matched above"),
-            };
-            match waiter {
-                None => Ok(other),
-                Some(waiter) => match ended(waiter).await {
-                    Ended::Committed => Ok(other),
-                    Ended::Failed {
-                        may_be_kept,
-                        reason,
-                    } => Err(group_failed(&request, may_be_kept, &reason)),
-                },
-            }
+            not_fresh(other, waiter, &request).await
         }
         Err(e) => Err(e),
     };
@@ -103,6 +89,32 @@ impl<DB: Backend> Attempts for InGroup<'_, DB> {
                 Err(e)
             }
         }
+    }
+}
+
+/// A member's claim that did not take its key (or records): its answer once the group that
+/// `waiter` watches has ended. A duplicate made by an earlier member of the same open group
+/// (its marker, or its watermark) is one only if that group commits; if it fails, so does
+/// this answer, as the group's.
+pub(super) async fn not_fresh<F, G>(
+    other: Attempt<F>,
+    waiter: Option<Waiter>,
+    request: &Request,
+) -> Result<Attempt<G>, Error> {
+    let other = match other {
+        Attempt::Done(done) => Attempt::Done(done),
+        Attempt::Refused(e) => Attempt::Refused(e),
+        Attempt::Fresh(..) => unreachable!("a fresh claim is answered by its member"),
+    };
+    let Some(waiter) = waiter else {
+        return Ok(other);
+    };
+    match ended(waiter).await {
+        Ended::Committed => Ok(other),
+        Ended::Failed {
+            may_be_kept,
+            reason,
+        } => Err(group_failed(request, may_be_kept, &reason)),
     }
 }
 

@@ -7,8 +7,8 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::Group;
-use super::lane::{Ended, Lane, Shared, Turn, ended};
-use super::member::{GroupHeld, group_failed};
+use super::lane::{Lane, Shared, Turn};
+use super::member::{GroupHeld, not_fresh};
 use crate::backend::{Backend, Savepoint};
 use crate::claim::nested;
 use crate::claim::run::{Attempt, Attempts, conclude, retrying};
@@ -109,22 +109,8 @@ async fn claim<DB: Backend>(
             let partitions = spans.iter().map(|s| (s.topic.as_str(), s.partition));
             let waiter = turn.holder_of_partitions(&group, partitions);
             turn.leave(shared, false);
-            let other = match other {
-                Attempt::Done(done) => Attempt::Done(done),
-                Attempt::Refused(e) => Attempt::Refused(e),
-                Attempt::Fresh(..) => unreachable!("matched above"),
-            };
-            match waiter {
-                None => Ok(other),
-                // The watermark that made these records duplicates is not committed yet.
-                Some(waiter) => match ended(waiter).await {
-                    Ended::Committed => Ok(other),
-                    Ended::Failed {
-                        may_be_kept,
-                        reason,
-                    } => Err(group_failed(&request, may_be_kept, &reason)),
-                },
-            }
+            // The watermark that made these records duplicates may not be committed yet.
+            not_fresh(other, waiter, &request).await
         }
         Err(e) => Err(e),
     };
