@@ -71,7 +71,10 @@ impl Wake {
             every: AtomicU64::new(micros(DEFAULT_EVERY)),
             last: AtomicU64::new(0),
             epoch: Instant::now(),
-            token: format!("{}.{n}", std::process::id()),
+            // The pid alone may repeat across hosts or containers on one database; the
+            // start's nanoseconds make a clash of two stores' tokens unlikely (a clash would
+            // cost the other store's relays only their poll's latency).
+            token: format!("{}.{n}.{}", std::process::id(), started_nanos()),
         })
     }
 
@@ -151,4 +154,11 @@ impl Wake {
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The nanoseconds of the wall clock's current second.
+fn started_nanos() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
 }
