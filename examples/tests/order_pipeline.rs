@@ -200,6 +200,30 @@ impl Pipeline {
         q.message_count()
     }
 
+    /// A JetStream stream of this pipeline's emails, with a duplicate window of 120 s: the
+    /// context, the stream's name (to delete it) and the stream.
+    pub(crate) async fn email_stream(
+        &self,
+    ) -> (
+        async_nats::jetstream::Context,
+        String,
+        async_nats::jetstream::stream::Stream,
+    ) {
+        let js = send_invoice::connect(&send_invoice::nats_url())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let name = self.names.markers.to_uppercase();
+        let stream = send_invoice::create_stream(
+            &js,
+            &name,
+            &self.names.email_queue,
+            Duration::from_secs(120),
+        )
+        .await
+        .unwrap();
+        (js, name, stream)
+    }
+
     pub(crate) async fn place(&self, id: &str) {
         let order = Order {
             id: id.to_owned(),
@@ -289,18 +313,7 @@ async fn relay_killed_after_the_confirm_the_consumer_claims_the_copy_as_a_duplic
 #[tokio::test(flavor = "multi_thread")]
 async fn relay_killed_after_the_ack_jetstream_drops_the_copy() {
     let p = Pipeline::create("kill_nats").await;
-    let js = send_invoice::connect(&send_invoice::nats_url())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let stream_name = p.names.markers.to_uppercase();
-    let mut stream = send_invoice::create_stream(
-        &js,
-        &stream_name,
-        &p.names.email_queue,
-        Duration::from_secs(120),
-    )
-    .await
-    .unwrap();
+    let (js, stream_name, mut stream) = p.email_stream().await;
     p.place("order-1").await;
     let mut lines = Lines::new();
     let paused = Worker::spawn(0, "relay_nats_pause", &p.env(10), lines.tx.clone());

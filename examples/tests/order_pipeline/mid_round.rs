@@ -4,13 +4,12 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use idem::outbox::{Message, PublishError, Publisher};
 use sqlx::AssertSqlSafe;
 
 use crate::support::{Lines, Worker, child_env};
-use crate::{Pipeline, id_after, send_invoice};
+use crate::{Pipeline, id_after};
 
 /// How many confirms the first relay gets before it stops (for the kill).
 pub(crate) const CHILD_PAUSE_AT: &str = "IDEM_PIPELINE_PAUSE_AT";
@@ -112,18 +111,7 @@ async fn second_relay(p: &Pipeline, lines: &mut Lines, mode: &str) -> BTreeSet<S
 #[tokio::test(flavor = "multi_thread")]
 async fn relay_killed_mid_round_jetstream_holds_each_message_once() {
     let p = Pipeline::create("mid_nats").await;
-    let js = send_invoice::connect(&send_invoice::nats_url())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let stream_name = p.names.markers.to_uppercase();
-    let mut stream = send_invoice::create_stream(
-        &js,
-        &stream_name,
-        &p.names.email_queue,
-        Duration::from_secs(120),
-    )
-    .await
-    .unwrap();
+    let (js, stream_name, mut stream) = p.email_stream().await;
     let mut lines = Lines::new();
     let (first, marked) = kill_mid_round(&p, &mut lines, "relay_nats_midround").await;
     assert_eq!(stream.info().await.unwrap().state.messages, PAUSE_AT as u64);
