@@ -45,26 +45,7 @@ pub use each::{
 };
 pub use group::{claim_group, claim_group_linked, finish_group, finish_group_replay};
 
-/// The databases that sqlx's transaction aliases name (`PgTransaction<'_>` is
-/// `Transaction<'_, Postgres>`), for the store parameter that replaces them.
-pub mod db {
-    #[cfg(feature = "mysql")]
-    pub use sqlx::MySql;
-    #[cfg(feature = "postgres")]
-    pub use sqlx::Postgres;
-    #[cfg(feature = "sqlite")]
-    pub use sqlx::Sqlite;
-
-    /// Stands in for the database of a transaction parameter that named none
-    /// (`&mut Transaction`), so that the handler given back to rustc compiles around the one
-    /// error reported on that type.
-    #[cfg(feature = "sqlite")]
-    pub type Placeholder = Sqlite;
-    #[cfg(all(feature = "postgres", not(feature = "sqlite")))]
-    pub type Placeholder = Postgres;
-    #[cfg(all(feature = "mysql", not(any(feature = "sqlite", feature = "postgres"))))]
-    pub type Placeholder = MySql;
-}
+pub mod db;
 
 /// `if_postgres! { { handler } { stand-in } }` gives the handler when this build has the
 /// database, else the stand-in: a handler on a database whose feature is off is one error
@@ -257,17 +238,7 @@ pub async fn claim<'a, DB: Backend, S: Target<DB> + 'a>(
     key: Result<Key, Error>,
     print: Option<Result<Fingerprint, Error>>,
 ) -> Result<Claimed<TxHeld<'a, DB>>, Error> {
-    let via = store.via();
-    let mode = match via {
-        Via::Store(_) => Mode::Transaction,
-        Via::Joined(_) => Mode::Joined,
-    };
-    let (key, print) = checked(spec, mode, key, print)?;
-    let request = spec.request(key, spec.options(print));
-    match via {
-        Via::Store(store) => run::own(store, request).await,
-        Via::Joined(joined) => joined.claim_request(request).await,
-    }
+    claim_linked(store, spec, key, print, None).await
 }
 
 /// [`claim`] of a handler given `link = ".."`: its span links to the producer's.
@@ -306,13 +277,7 @@ pub async fn lease<DB: Backend>(
     key: Result<Key, Error>,
     print: Option<Result<Fingerprint, Error>>,
 ) -> Result<Claimed<Lease>, Error> {
-    let (key, print) = checked(&spec.spec, Mode::Lease, key, print)?;
-    let request = spec.spec.request(key, spec.spec.options(print));
-    let lease = match print {
-        Some(print) => spec.lease.fingerprint(print),
-        None => spec.lease,
-    };
-    claim_lease(store, request, lease).await
+    lease_linked(store, spec, key, print, None).await
 }
 
 /// [`lease`] of a handler given `link = ".."`.
