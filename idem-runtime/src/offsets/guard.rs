@@ -17,7 +17,7 @@ use crate::key::Key;
 use crate::outcome::{Batch, Failed};
 use crate::outgoing::{BatchOutbox, Pending};
 
-/// The answer to [`Store::claim_offsets`] and [`Group::claim_offsets`](crate::Group::claim_offsets):
+/// The answer to [`Store::claim_offsets`](crate::Store::claim_offsets) and [`Group::claim_offsets`](crate::Group::claim_offsets):
 /// which records this delivery holds, and the open transaction holding them (in a group, its
 /// transaction inside this claim's savepoint).
 ///
