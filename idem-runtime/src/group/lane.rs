@@ -102,6 +102,8 @@ pub(crate) struct Open<DB: Backend> {
     /// watermark holding its nonce). The last, not the first: a later call of the generation
     /// may move a watermark an earlier one moved, and the row then holds the later nonce.
     kept: Option<KeptBy>,
+    /// A kept call of this generation wrote outbox messages.
+    wrote: bool,
     ended: Option<watch::Sender<Option<Ended>>>,
     /// A call's savepoint may be open with no call to end it (the call was dropped): it is
     /// rolled back before anything else runs.
@@ -117,6 +119,7 @@ impl<DB: Backend> Default for Open<DB> {
             fresh: HashSet::new(),
             moved: HashSet::new(),
             kept: None,
+            wrote: false,
             ended: None,
             dirty: false,
         }
@@ -155,6 +158,7 @@ impl<DB: Backend> Open<DB> {
         self.fresh.clear();
         self.moved.clear();
         self.kept = None;
+        self.wrote = false;
     }
 
     /// Takes the generation out of the lane, to be committed.
@@ -164,9 +168,14 @@ impl<DB: Backend> Open<DB> {
             .ended
             .take()
             .expect("an open generation has its sender");
-        let kept = self.kept.take();
+        let (kept, wrote) = (self.kept.take(), self.wrote);
         self.reset();
-        Some(Closing { tx, ended, kept })
+        Some(Closing {
+            tx,
+            ended,
+            kept,
+            wrote,
+        })
     }
 }
 
@@ -268,17 +277,19 @@ impl<DB: Backend> Turn<DB> {
     /// The call's work is in the generation (its savepoint released): counts it, and ends
     /// the turn (see [`leave`](Turn::leave)), closing the generation at once if it is full.
     /// `kept` is what its claim wrote (a marker, or watermarks: `moved`, as (topic,
-    /// partition), all of the request's scope, its consumer group). Returns the end to wait
-    /// for.
+    /// partition), all of the request's scope, its consumer group); `wrote`, whether it wrote
+    /// outbox messages. Returns the end to wait for.
     pub(crate) fn kept(
         mut self,
         request: &Request,
         shared: &Arc<Shared<DB>>,
         kept: &Kept,
         moved: &[(String, i32)],
+        wrote: bool,
     ) -> Waiter {
         self.armed = false;
         let open = &mut *self.guard;
+        open.wrote |= wrote;
         let waiter = open
             .ended
             .as_ref()
@@ -347,6 +358,7 @@ struct Closing<DB: Backend> {
     tx: Transaction<'static, DB>,
     ended: watch::Sender<Option<Ended>>,
     kept: Option<KeptBy>,
+    wrote: bool,
 }
 
 /// A kept call's identity: its scope, key and nonce, and, for an offset claim, the partition
@@ -362,7 +374,12 @@ struct KeptBy {
 impl<DB: Backend> Closing<DB> {
     /// Commits the generation (verified, as every claim's commit is) and tells its calls.
     async fn commit(self, shared: Arc<Shared<DB>>) {
-        let Closing { tx, ended, kept } = self;
+        let Closing {
+            tx,
+            ended,
+            kept,
+            wrote,
+        } = self;
         let options = ClaimOptions::new();
         let end = match kept {
             // No call kept anything: the transaction only held claims that were given back.
@@ -393,7 +410,12 @@ impl<DB: Backend> Closing<DB> {
                     }
                 };
                 match DB::commit(tx, check, &options).await {
-                    Ok(true) => Ended::Committed,
+                    Ok(true) => {
+                        if wrote {
+                            table.wake().committed();
+                        }
+                        Ended::Committed
+                    }
                     Ok(false) => Ended::Failed {
                         may_be_kept: false,
                         reason: "the database rolled the group's transaction back".into(),

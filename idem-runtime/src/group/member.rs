@@ -143,6 +143,8 @@ pub(crate) struct GroupHold<DB: Backend> {
     kept: Kept,
     /// The partitions whose watermarks an offset claim moved, as (topic, partition).
     moved: Vec<(String, i32)>,
+    /// The call wrote outbox messages: the group's commit wakes the store's relays.
+    wrote: bool,
 }
 
 impl<DB: Backend> GroupHold<DB> {
@@ -189,6 +191,7 @@ impl<DB: Backend> Hold for GroupHold<DB> {
                 Some(at) => DB::offsets_outbox_write(self.tx(), sql, outbox, at, nonce).await,
             };
             written.map_err(|e| Self::failed(e, request))?;
+            self.wrote |= !outbox.is_empty();
         }
         Ok(())
     }
@@ -219,7 +222,7 @@ impl<DB: Backend> Hold for GroupHold<DB> {
             });
         }
         let turn = self.turn.take().expect("held until the end");
-        let waiter: Waiter = turn.kept(request, &self.shared, &self.kept, &self.moved);
+        let waiter: Waiter = turn.kept(request, &self.shared, &self.kept, &self.moved, self.wrote);
         match ended(waiter).await {
             Ended::Committed => Ok(()),
             Ended::Failed {
@@ -266,6 +269,7 @@ impl<DB: Backend> GroupHeld<DB> {
                 shared,
                 kept,
                 moved,
+                wrote: false,
             },
             ticket,
         }

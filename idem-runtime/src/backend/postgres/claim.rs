@@ -163,36 +163,13 @@ impl Claims for Postgres {
     }
 
     async fn commit<'a>(
-        mut tx: Transaction<'a, Self>,
-        check: Check<'a>,
+        tx: Transaction<'a, Self>,
+        _: Check<'a>,
         _: &'a ClaimOptions,
     ) -> Result<bool, sqlx::Error> {
-        // A claim's commit (`commit_checked`'s statements) also reads whether its transaction
-        // wrote outbox messages (the mark of the outbox's write), in the same message; a
-        // `SELECT` of no row unless it did. The store's relays are woken once the commit is
-        // confirmed: a group's commit, whose members' writes only the transaction
-        // remembers, as every other claim's. `fetch_all` reads the whole answer, so an error
-        // of the `COMMIT` itself is not missed.
-        let table = match check {
-            Check::Marker(table, _) | Check::Offsets(table, _, _) => table,
-            Check::Session => return commit_checked(tx).await,
-        };
-        match sqlx::raw_sql(
-            "SAVEPOINT idem_commit; \
-             SELECT 1 WHERE current_setting('idem.outbox', true) = 'y'; COMMIT AND CHAIN",
-        )
-        .fetch_all(&mut *tx)
-        .await
-        {
-            Ok(wrote) => {
-                if !wrote.is_empty() {
-                    table.wake().committed();
-                }
-                Ok(true)
-            }
-            Err(e) if database_code(&e).as_deref() == Some(IN_FAILED_TRANSACTION) => Ok(false),
-            Err(e) => Err(e),
-        }
+        // Whoever committed knows whether it wrote outbox messages (a claim's hold, a group's
+        // generation) and wakes the relays itself: the commit reads nothing more.
+        commit_checked(tx).await
     }
 
     async fn rollback<'a>(

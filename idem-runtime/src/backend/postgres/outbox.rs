@@ -31,13 +31,10 @@ statements! {
     /// The outbox table's statements (`{t}_outbox`).
     pub(super) struct OutboxSql<Postgres> {
         // No `NOTIFY` here: its lock at commit would serialise every committing job that
-        // sends messages. The write marks its transaction instead (`idem.outbox`, undone with
-        // the transaction or the savepoint that wrote it), which the verified commit reads in
-        // its own message; its store then wakes the relays (`backend/wake.rs`). A
-        // data-modifying `WITH` runs to completion whatever its reader takes, so `LIMIT 1`
-        // only spares the calls after the first. No statement runs after a failed one in a
-        // PostgreSQL transaction, so the write needs no check that the claim's marker is
-        // still there.
+        // sends messages. Whoever commits the transaction knows it wrote messages and wakes
+        // the relays after the commit (`backend/wake.rs`). No statement runs after a failed
+        // one in a PostgreSQL transaction, so the write needs no check that the claim's marker
+        // is still there.
         write(ids: Vec<&str>, destinations: Vec<&str>, payloads: Vec<&[u8]>, scope: &str, keys: Vec<&str>, seqs: Vec<i64>, ordering_keys: Vec<&str>, headers: Vec<Option<String>>) =
             "WITH written AS (INSERT INTO {t}_outbox (id, destination, payload, scope, key, seq, \
              ordering_key, headers, created_at) \
@@ -46,7 +43,7 @@ statements! {
              FROM unnest($1::text[], $2::text[], $3::bytea[], $5::text[], $6::int8[], $7::text[], \
              $8::text[]) AS m (id, destination, payload, key, seq, ordering_key, headers) \
              ON CONFLICT DO NOTHING RETURNING 1) \
-             SELECT set_config('idem.outbox', 'y', true) FROM written LIMIT 1";
+             SELECT 1 FROM written LIMIT 1";
         // A joined claim's announcement, which goes out with the caller's commit.
         announce() = "SELECT pg_notify('{t}_outbox', '')";
         // Takes the keys whose earliest unsent message is due and that no other message of
