@@ -2,6 +2,7 @@
 //! and the commit, which SQLite answers with an error when a statement had already rolled the
 //! transaction back.
 
+use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Pool, SqlSafeStr as _, Sqlite, Transaction};
 use sqlx_core::transaction::TransactionManager as _;
 
@@ -81,9 +82,10 @@ impl Claims for Sqlite {
         // timeout: `wait` sets that for the `BEGIN` and puts the connection's own back, on
         // every path, before anything else runs on it.
         let Some(wait) = options.wait else {
-            return pool.begin_with(BEGIN).await;
+            let conn = acquire(pool).await?;
+            return Transaction::begin(conn, Some(BEGIN.into_sql_str())).await;
         };
-        let mut conn = Armed::new(pool.acquire().await?);
+        let mut conn = Armed::new(acquire(pool).await?);
         let own = busy_timeout(conn.get()).await?;
         let bounded = format!(
             "PRAGMA busy_timeout = {}; {BEGIN}",
@@ -124,7 +126,7 @@ impl Claims for Sqlite {
         match <Sqlite as sqlx::Database>::TransactionManager::commit(&mut tx).await {
             Ok(()) => Ok(true),
             Err(e) if e.to_string().contains("no transaction is active") => {
-                sqlx::raw_sql("BEGIN").execute(&mut *tx).await?;
+                resync(&mut tx).await?;
                 Ok(false)
             }
             Err(e) => Err(e),
@@ -237,8 +239,17 @@ impl Claims for Sqlite {
     async fn savepoint(conn: &mut Self::Connection, step: Savepoint) -> Result<(), sqlx::Error> {
         // One writer at a time: the transaction holds the write lock, so a claim in it never
         // waits, and `wait` has nothing to bound.
-        sqlx::raw_sql(step.ansi()).execute(&mut *conn).await?;
-        Ok(())
+        let Err(e) = sqlx::raw_sql(step.ansi()).execute(&mut *conn).await else {
+            return Ok(());
+        };
+        // A savepoint is gone only with its transaction (a job's `INSERT OR ROLLBACK`): the
+        // batch fails, and whoever ends it (a rollback, or sqlx when the guard is dropped)
+        // must find a transaction to end, or the connection goes back to the pool counted
+        // as in one, and its next `BEGIN IMMEDIATE` fails.
+        if e.to_string().contains("no such savepoint") {
+            resync(conn).await?;
+        }
+        Err(e)
     }
 
     async fn unclaim<'t>(
@@ -278,9 +289,34 @@ async fn end(mut tx: Transaction<'_, Sqlite>) -> Result<(), sqlx::Error> {
     match <Sqlite as sqlx::Database>::TransactionManager::rollback(&mut tx).await {
         Ok(()) => Ok(()),
         Err(e) if e.to_string().contains("no transaction is active") => {
-            sqlx::raw_sql("BEGIN").execute(&mut *tx).await?;
+            resync(&mut tx).await?;
             <Sqlite as sqlx::Database>::TransactionManager::rollback(&mut tx).await
         }
+        Err(e) => Err(e),
+    }
+}
+
+/// A pooled connection that sqlx counts as outside any transaction. One counted as inside
+/// one is out of step with SQLite (code outside idem dropped a transaction that SQLite had
+/// already ended), and sqlx would refuse its `BEGIN IMMEDIATE`: it is closed instead of used.
+async fn acquire(pool: &Pool<Sqlite>) -> Result<PoolConnection<Sqlite>, sqlx::Error> {
+    loop {
+        let mut conn = pool.acquire().await?;
+        if <Sqlite as sqlx::Database>::TransactionManager::get_transaction_depth(&conn) == 0 {
+            return Ok(conn);
+        }
+        conn.close_on_drop();
+    }
+}
+
+/// Opens a transaction again where SQLite ended the one sqlx still counts as open, so that
+/// sqlx's rollback (its own when `tx` is dropped, or ours) ends a real one and its count
+/// comes back to zero. A `BEGIN` refused because a transaction is open means nothing was
+/// out of step.
+async fn resync(conn: &mut sqlx::SqliteConnection) -> Result<(), sqlx::Error> {
+    match sqlx::raw_sql("BEGIN").execute(conn).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.to_string().contains("within a transaction") => Ok(()),
         Err(e) => Err(e),
     }
 }
