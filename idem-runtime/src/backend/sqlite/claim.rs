@@ -2,11 +2,10 @@
 //! and the commit, which SQLite answers with an error when a statement had already rolled the
 //! transaction back.
 
-use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Pool, SqlSafeStr as _, Sqlite, Transaction};
 use sqlx_core::transaction::TransactionManager as _;
 
-use super::{Armed, BEGIN, LEASE_OVER, SqliteSql, busy_timeout};
+use super::{Armed, BEGIN, LEASE_OVER, SqliteSql, acquire, begin, busy_timeout};
 use crate::backend::rows::MarkerState;
 use crate::backend::sealed::Claims;
 use crate::backend::sql::statements;
@@ -82,8 +81,7 @@ impl Claims for Sqlite {
         // timeout: `wait` sets that for the `BEGIN` and puts the connection's own back, on
         // every path, before anything else runs on it.
         let Some(wait) = options.wait else {
-            let conn = acquire(pool).await?;
-            return Transaction::begin(conn, Some(BEGIN.into_sql_str())).await;
+            return begin(pool).await;
         };
         let mut conn = Armed::new(acquire(pool).await?);
         let own = busy_timeout(conn.get()).await?;
@@ -293,19 +291,6 @@ async fn end(mut tx: Transaction<'_, Sqlite>) -> Result<(), sqlx::Error> {
             <Sqlite as sqlx::Database>::TransactionManager::rollback(&mut tx).await
         }
         Err(e) => Err(e),
-    }
-}
-
-/// A pooled connection that sqlx counts as outside any transaction. One counted as inside
-/// one is out of step with SQLite (code outside idem dropped a transaction that SQLite had
-/// already ended), and sqlx would refuse its `BEGIN IMMEDIATE`: it is closed instead of used.
-async fn acquire(pool: &Pool<Sqlite>) -> Result<PoolConnection<Sqlite>, sqlx::Error> {
-    loop {
-        let mut conn = pool.acquire().await?;
-        if <Sqlite as sqlx::Database>::TransactionManager::get_transaction_depth(&conn) == 0 {
-            return Ok(conn);
-        }
-        conn.close_on_drop();
     }
 }
 

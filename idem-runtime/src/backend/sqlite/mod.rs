@@ -13,7 +13,8 @@ mod retention;
 mod steps;
 
 use sqlx::pool::PoolConnection;
-use sqlx::{SqlStr, Sqlite};
+use sqlx::{Pool, SqlSafeStr as _, SqlStr, Sqlite, Transaction};
+use sqlx_core::transaction::TransactionManager as _;
 
 use super::sealed::Dialect;
 use super::upgrade::{Added, Addition};
@@ -225,6 +226,27 @@ impl Drop for Armed {
             conn.close_on_drop();
         }
     }
+}
+
+/// A pooled connection that sqlx counts as outside any transaction. One counted as inside
+/// one is out of step with SQLite (code outside idem dropped a transaction that SQLite had
+/// already ended), and sqlx would refuse its `BEGIN IMMEDIATE`: it is closed instead of used.
+pub(super) async fn acquire(pool: &Pool<Sqlite>) -> Result<PoolConnection<Sqlite>, sqlx::Error> {
+    loop {
+        let mut conn = pool.acquire().await?;
+        if <Sqlite as sqlx::Database>::TransactionManager::get_transaction_depth(&conn) == 0 {
+            return Ok(conn);
+        }
+        conn.close_on_drop();
+    }
+}
+
+/// `BEGIN IMMEDIATE` on a connection of `pool` that sqlx counts as outside any transaction.
+pub(super) async fn begin(
+    pool: &Pool<Sqlite>,
+) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+    let conn = acquire(pool).await?;
+    Transaction::begin(conn, Some(BEGIN.into_sql_str())).await
 }
 
 /// The connection's busy timeout, in milliseconds.

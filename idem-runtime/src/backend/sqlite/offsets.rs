@@ -3,7 +3,7 @@
 
 use sqlx::{Pool, Sqlite};
 
-use super::{BEGIN, SqliteSql};
+use super::{SqliteSql, begin};
 use crate::backend::Partition;
 use crate::backend::sealed::Watermarks;
 use crate::backend::sql::statements;
@@ -120,7 +120,7 @@ impl Watermarks for Sqlite {
         next: i64,
     ) -> Result<(), sqlx::Error> {
         // `BEGIN IMMEDIATE`, as every writer here.
-        let mut tx = pool.begin_with(BEGIN).await?;
+        let mut tx = begin(pool).await?;
         let Partition {
             group,
             topic,
@@ -137,7 +137,7 @@ impl Watermarks for Sqlite {
         group: &'p str,
         topic: Option<&'p str>,
     ) -> Result<u64, sqlx::Error> {
-        let mut tx = pool.begin_with(BEGIN).await?;
+        let mut tx = begin(pool).await?;
         let done = sql
             .offsets
             .forget(group, topic)

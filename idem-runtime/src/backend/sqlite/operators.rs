@@ -2,7 +2,7 @@
 
 use sqlx::{Pool, SqlStr, Sqlite};
 
-use super::{BEGIN, LEASE_OVER, SqliteSql};
+use super::{LEASE_OVER, SqliteSql, begin};
 use crate::backend::sealed::Operators;
 use crate::backend::sql::statements;
 use crate::backend::upgrade::Kind;
@@ -65,7 +65,7 @@ impl Operators for Sqlite {
     }
 
     async fn migrate<'p>(pool: &'p Pool<Self>, sql: &'p SqliteSql) -> Result<(), sqlx::Error> {
-        let mut tx = pool.begin_with(BEGIN).await?;
+        let mut tx = begin(pool).await?;
         // The tables, then what later versions added to them, then the indexes, some of
         // which are on added columns.
         let (tables, indexes) = super::super::upgrade::tables_first(&sql.ddl);
@@ -169,7 +169,7 @@ impl Operators for Sqlite {
     ) -> Result<u64, sqlx::Error> {
         // Steps first, then their markers, in one transaction: a purge never leaves the steps
         // of a deleted marker behind.
-        let mut tx = pool.begin_with(BEGIN).await?;
+        let mut tx = begin(pool).await?;
         let cutoff: String = sql.ops.cutoff(age_ms).scalar().fetch_one(&mut *tx).await?;
         let steps = sql.ops.purge_steps(&cutoff, limit);
         steps.query().execute(&mut *tx).await?;

@@ -4,7 +4,7 @@
 
 use sqlx::{Pool, Sqlite};
 
-use super::{BEGIN, SqliteSql};
+use super::{SqliteSql, begin};
 use crate::backend::sealed::Outboxes;
 use crate::backend::sql::statements;
 use crate::backend::{Listen, OutboxRow, Taken, rows};
@@ -135,7 +135,7 @@ impl Outboxes for Sqlite {
         );
         // `BEGIN IMMEDIATE`, as every writer here: the statement runs in a transaction of
         // its own, waiting for the write lock like a claim.
-        let mut tx = pool.begin_with(BEGIN).await?;
+        let mut tx = begin(pool).await?;
         let mut taken: Vec<Row> = sql
             .outbox
             .take(limit, lease_ms)

@@ -2,7 +2,7 @@
 
 use sqlx::{Pool, Sqlite};
 
-use super::{BEGIN, SqliteSql};
+use super::{SqliteSql, begin};
 use crate::backend::retention::Retentions;
 use crate::backend::sealed::Dialect as _;
 use crate::backend::sql::statements;
@@ -66,7 +66,7 @@ impl Retentions for Sqlite {
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
         let statements = RetentionSql::new(Self::table(sql));
-        let mut tx = pool.begin_with(BEGIN).await?;
+        let mut tx = begin(pool).await?;
         let cutoff: String = sql.ops.cutoff(age_ms).scalar().fetch_one(&mut *tx).await?;
         let steps = statements.purge_steps(scope, &cutoff, limit).query();
         steps.execute(&mut *tx).await?;
