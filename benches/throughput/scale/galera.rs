@@ -46,13 +46,15 @@ async fn totals(url: &str) -> Res<(i64, i64)> {
     Ok((markers + doubled, markers))
 }
 
-/// The sum over the nodes of two `wsrep_%` counters: certification failures and the local
-/// transactions another node's replicated writes aborted.
-async fn aborts(cluster: &Cluster) -> (u64, u64) {
-    (
+/// The sum over the nodes of three `wsrep_%` counters: certification failures, the local
+/// transactions another node's replicated writes aborted, and the time replication was paused
+/// by flow control (a node's queue of writes to apply was too long).
+async fn counters(cluster: &Cluster) -> [u64; 3] {
+    [
         cluster.total("wsrep_local_cert_failures").await,
         cluster.total("wsrep_local_bf_aborts").await,
-    )
+        cluster.total("wsrep_flow_control_paused_ns").await,
+    ]
 }
 
 pub(super) async fn run(run: Duration) -> Res<()> {
@@ -70,7 +72,8 @@ pub(super) async fn run(run: Duration) -> Res<()> {
     let mut report = String::from(
         "| processes | nodes used | jobs/s | vs 1 process | cluster CPU | workers' CPU | \
          duplicates met | retried after 1213 | other errors retried | certification failures \
-         | BF aborts | doubled effects |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | BF aborts | flow control paused | doubled effects |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut first = None;
     let mut result = Ok(());
@@ -82,14 +85,14 @@ pub(super) async fn run(run: Duration) -> Res<()> {
             totals(url).await?;
         }
         eprintln!("scale: Galera with {procs} processes");
-        let before = aborts(&cluster).await;
+        let before = counters(&cluster).await;
         let server = Server {
             kind: "mysql",
             urls: &urls,
             pids: Some(&pids),
         };
         let (counts, server, wall) = step(&server, procs, run).await?;
-        let after = aborts(&cluster).await;
+        let after = counters(&cluster).await;
         let mut seen = Vec::new();
         for url in &urls {
             seen.push(totals(url).await?);
@@ -101,7 +104,7 @@ pub(super) async fn run(run: Duration) -> Res<()> {
         let share = |d: Duration| d.as_secs_f64() / (wall.as_secs_f64() * cores as f64);
         report.push_str(&format!(
             "| {procs} | {} | {rate:.0} | {:.2} | {:.0} % | {:.0} % | {} | {} | {} | {} | {} | \
-             {doubled} |\n",
+             {:.0} % | {doubled} |\n",
             procs.min(NODES),
             rate / base,
             share(server) * 100.0,
@@ -109,8 +112,10 @@ pub(super) async fn run(run: Duration) -> Res<()> {
             counts.duplicate,
             counts.conflicts,
             counts.errors - counts.conflicts,
-            after.0 - before.0,
-            after.1 - before.1,
+            after[0] - before[0],
+            after[1] - before[1],
+            // Of the nodes' time together.
+            (after[2] - before[2]) as f64 / 1e9 / (wall.as_secs_f64() * NODES as f64) * 100.0,
         ));
         if seen.iter().any(|s| *s != seen[0]) {
             result = Err(format!(
