@@ -33,6 +33,9 @@ pub(crate) struct Config {
     /// `IDEM_BENCH_HAND_CLAIM=idem`: PostgreSQL's hand-written claim runs idem's claim
     /// statement instead of its plain `INSERT`, to show what that statement costs.
     pub(crate) hand_claim_idem: bool,
+    /// `--scale --galera`: the scaling curve on a three-node Galera cluster the bench starts,
+    /// instead of the curve on the local servers.
+    pub(crate) galera: bool,
 }
 
 impl Config {
@@ -66,6 +69,7 @@ impl Config {
             hand_commit_verified: std::env::var("IDEM_BENCH_HAND_COMMIT")
                 .is_ok_and(|v| v == "verified"),
             hand_claim_idem: std::env::var("IDEM_BENCH_HAND_CLAIM").is_ok_and(|v| v == "idem"),
+            galera: std::env::args().any(|a| a == "--galera"),
         }
     }
 

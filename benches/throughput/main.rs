@@ -9,6 +9,7 @@
 //! cargo bench --bench throughput -- --group      # group commit, and a poisoned batch
 //! cargo bench --bench throughput -- --steps      # lease steps: 3 steps vs 3 lease jobs
 //! cargo bench --bench throughput -- --scale      # 1, 2, 4, 8 worker processes on one server
+//! cargo bench --bench throughput -- --scale --galera  # the same on a 3-node Galera cluster
 //! ```
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
 //! sqlite|mysql`, `--rounds N`, `--run-ms N`, `--pool lean|sqlx` (the pool settings the docs
@@ -144,7 +145,7 @@ fn parse_args() -> Res<Args> {
             "--run-ms" => parsed.run_ms = Some(args.next().ok_or("--run-ms needs N")?.parse()?),
             // `cargo bench` passes `--bench` to every harness-less bench.
             "--bench" => {}
-            "--instructions" | "--group" | "--scale" => {}
+            "--instructions" | "--group" | "--scale" | "--galera" => {}
             other => eprintln!("ignoring argument {other:?}"),
         }
     }

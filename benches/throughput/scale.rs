@@ -13,6 +13,9 @@
 //! The children are this same binary with `--scale-worker`; they connect, say `ready`, wait
 //! for `go` on stdin (so connecting is not timed), run for the window and print one line of
 //! counts. The tables are the parent's (`IDEM_BENCH_SUFFIX`).
+//!
+//! `--scale --galera` runs the same curve on a three-node MariaDB Galera cluster it starts for
+//! the run and removes after it ([`galera`]): process `i` connects to node `i mod 3`.
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -30,6 +33,8 @@ use crate::setup::{drop_tables, setup_my, setup_pg};
 use crate::variants::{Kind, TopUp, job_id, mix, my, pg};
 use crate::{ACCOUNTS, Res};
 
+mod galera;
+
 const PROCESSES: [usize; 4] = [1, 2, 4, 8];
 /// Tasks per process: each process is a worker of its own with a small pool.
 const TASKS: usize = 4;
@@ -44,6 +49,9 @@ struct Counts {
     applied: u64,
     duplicate: u64,
     errors: u64,
+    /// Of the errors, the ones MariaDB answered with 1213: a deadlock, or on Galera a
+    /// transaction that certification (or another node's writes) aborted.
+    conflicts: u64,
     cpu: Duration,
 }
 
@@ -52,6 +60,7 @@ impl Counts {
         self.applied += other.applied;
         self.duplicate += other.duplicate;
         self.errors += other.errors;
+        self.conflicts += other.conflicts;
         self.cpu += other.cpu;
     }
 }
@@ -87,7 +96,15 @@ async fn deliver(worker: &Worker, job: &TopUp, counts: &mut Counts) {
         match worker.job(job).await {
             Ok(true) => return counts.applied += 1,
             Ok(false) => return counts.duplicate += 1,
-            Err(_) => counts.errors += 1,
+            Err(e) => {
+                counts.errors += 1;
+                // idem's own errors travel inside a `sqlx::Error`: back to one, whose
+                // database error (if any) is the server's.
+                let number = idem_scale::mariadb_jobs::number_of(&idem::Error::from(e));
+                if number == Some(idem_scale::mariadb_jobs::ER_LOCK_DEADLOCK) {
+                    counts.conflicts += 1;
+                }
+            }
         }
     }
 }
@@ -162,10 +179,11 @@ pub(crate) async fn child(argv: &[String]) -> Res<()> {
     }
     let cpu = cpu.elapsed();
     let line = format!(
-        "{} {} {} {}\n",
+        "{} {} {} {} {}\n",
         counts.applied,
         counts.duplicate,
         counts.errors,
+        counts.conflicts,
         cpu.as_micros()
     );
     stdout.write_all(line.as_bytes())?;
@@ -177,8 +195,9 @@ pub(crate) async fn child(argv: &[String]) -> Res<()> {
 }
 
 /// CPU time used so far by each process whose command is `comm` (the database server's
-/// processes: PostgreSQL's backends, or MariaDB's one), by pid, from /proc.
-fn server_cpu(comm: &str) -> HashMap<u32, Duration> {
+/// processes: PostgreSQL's backends, or MariaDB's one), by pid, from /proc; with `pids`, only
+/// those processes (a Galera cluster's nodes, not the local MariaDB).
+fn server_cpu(comm: &str, pids: Option<&[u32]>) -> HashMap<u32, Duration> {
     // Clock ticks per second: 100 on every Linux this runs on (`getconf CLK_TCK`).
     const TICK: u64 = 100;
     let mut cpu = HashMap::new();
@@ -189,6 +208,9 @@ fn server_cpu(comm: &str) -> HashMap<u32, Duration> {
         let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) else {
             continue;
         };
+        if pids.is_some_and(|pids| !pids.contains(&pid)) {
+            continue;
+        }
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
@@ -218,13 +240,36 @@ fn server_used(before: &HashMap<u32, Duration>, after: &HashMap<u32, Duration>) 
         .sum()
 }
 
+/// The server a step's children work on.
+struct Server<'a> {
+    /// The children's `KIND`: `postgres` or `mysql`.
+    kind: &'a str,
+    /// Empty: the configured server. Else process `i` connects to `urls[i % urls.len()]` (a
+    /// Galera cluster's nodes), through the variable the configuration reads.
+    urls: &'a [String],
+    /// The server's processes, when other processes of the same name are not its own.
+    pids: Option<&'a [u32]>,
+}
+
 /// One step of the curve: `procs` children at once; what they did and what the server used.
-async fn step(kind: &str, procs: usize, run: Duration) -> Res<(Counts, Duration, Duration)> {
+async fn step(
+    server: &Server<'_>,
+    procs: usize,
+    run: Duration,
+) -> Res<(Counts, Duration, Duration)> {
+    let kind = server.kind;
     let exe = std::env::current_exe()?;
     let suffix = config().suffix.clone();
     let mut children = Vec::new();
     for proc in 0..procs {
-        let mut child = tokio::process::Command::new(&exe)
+        let mut command = tokio::process::Command::new(&exe);
+        if !server.urls.is_empty() {
+            let url = &server.urls[proc % server.urls.len()];
+            command
+                .env("IDEM_MYSQL_URL", url)
+                .env("IDEM_POSTGRES_URL", url);
+        }
+        let mut child = command
             .args(["--scale-worker", kind])
             .arg(proc.to_string())
             .arg(procs.to_string())
@@ -247,7 +292,8 @@ async fn step(kind: &str, procs: usize, run: Duration) -> Res<(Counts, Duration,
     } else {
         "mariadbd"
     };
-    let server = server_cpu(comm);
+    let pids = server.pids;
+    let server = server_cpu(comm, pids);
     let wall = Instant::now();
     for (_, stdin, _) in &mut children {
         stdin.write_all(b"go\n").await?;
@@ -265,19 +311,20 @@ async fn step(kind: &str, procs: usize, run: Duration) -> Res<(Counts, Duration,
             .map(str::parse)
             .collect::<Result<_, _>>()
             .map_err(|e| format!("a --scale-worker's counts {line:?}: {e}"))?;
-        let [applied, duplicate, errors, cpu] = n[..] else {
+        let [applied, duplicate, errors, conflicts, cpu] = n[..] else {
             return Err(format!("a --scale-worker's counts {line:?}").into());
         };
         total.add(Counts {
             applied,
             duplicate,
             errors,
+            conflicts,
             cpu: Duration::from_micros(cpu),
         });
         finished.push((child, stdin));
     }
     let wall = wall.elapsed();
-    let server = server_used(&server, &server_cpu(comm));
+    let server = server_used(&server, &server_cpu(comm, pids));
     for (mut child, stdin) in finished {
         drop(stdin);
         let status = child.wait().await?;
@@ -301,7 +348,10 @@ async fn doubled_pg(pool: &Pool<Postgres>) -> Res<i64> {
         .await?)
 }
 
-async fn doubled_my(pool: &Pool<MySql>) -> Res<i64> {
+async fn doubled_my<'c, E>(conn: E) -> Res<i64>
+where
+    E: sqlx::Executor<'c, Database = MySql>,
+{
     let c = config();
     let sql = format!(
         "SELECT CAST((SELECT COALESCE(SUM(credits), 0) FROM {}) - \
@@ -309,14 +359,17 @@ async fn doubled_my(pool: &Pool<MySql>) -> Res<i64> {
         c.accounts, c.markers
     );
     Ok(sqlx::query_scalar(AssertSqlSafe(sql))
-        .fetch_one(pool)
+        .fetch_one(conn)
         .await?)
 }
 
-/// `--scale [--quick] [--only postgres|mysql] [--run-ms N]`: the curve on PostgreSQL and
-/// MariaDB.
+/// `--scale [--quick] [--only postgres|mysql] [--run-ms N] [--galera]`: the curve on
+/// PostgreSQL and MariaDB, or with `--galera` on a Galera cluster of the bench's own.
 pub(crate) async fn run(quick: bool, only: Option<Kind>, run_ms: Option<u64>) -> Res<()> {
     let run = Duration::from_millis(run_ms.unwrap_or(if quick { 500 } else { 3000 }));
+    if config().galera {
+        return galera::run(run).await;
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut report = String::from(
         "| database | processes | jobs/s | vs 1 process | database CPU | workers' CPU | \
@@ -346,7 +399,12 @@ pub(crate) async fn run(quick: bool, only: Option<Kind>, run_ms: Option<u64>) ->
                 _ => unreachable!("one pool per database"),
             }
             eprintln!("scale: {} with {procs} processes", kind.name());
-            let (counts, server, wall) = step(arg, procs, run).await?;
+            let server = Server {
+                kind: arg,
+                urls: &[],
+                pids: None,
+            };
+            let (counts, server, wall) = step(&server, procs, run).await?;
             let doubled = match (&pgp, &myp) {
                 (Some(p), _) => doubled_pg(p).await?,
                 (_, Some(p)) => doubled_my(p).await?,

@@ -120,6 +120,15 @@ impl Cluster {
         format!("mysql://root@127.0.0.1:{}/{DATABASE}", self.nodes[i].port)
     }
 
+    /// The process ids of the nodes' servers that run: what a measurement reads their CPU
+    /// time by (`/proc/PID/stat`), apart from any other `mariadbd` on the machine.
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.child.as_ref()?.id())
+            .collect()
+    }
+
     /// SIGKILL of node `i`: it dies with whatever it had in flight.
     pub async fn kill(&mut self, i: usize) {
         let mut child = self.nodes[i].child.take().expect("the node runs");
