@@ -8,8 +8,8 @@
 //! one message, its id, to a durable queue. The relay runs as it runs in production
 //! (`Relay::run`: woken by its store's commits, a poll of a second, rounds of up to 100) and
 //! publishes through a `RabbitMq` publisher wrapped to note when each round's confirms came
-//! back: the moment the relay has the answers it marks sent. The first `WARM` of the run
-//! is left out of the figures (the relay's first round, the pool's first connections).
+//! back: the moment the relay has the answers it marks sent. A warm-up at the start of the
+//! run is left out of the figures (the relay's first round, the pool's first connections).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
