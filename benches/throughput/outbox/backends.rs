@@ -114,9 +114,9 @@ impl Db {
     ) -> Res<Latency> {
         let publisher = publisher.clone();
         match self {
-            Db::Pg(s) => latency::measure(s, publisher, queue, first_id, quick).await,
-            Db::My(s) => latency::measure(s, publisher, queue, first_id, quick).await,
-            Db::Lite(s) => latency::measure(s, publisher, queue, first_id, quick).await,
+            Db::Pg(s) => latency::measure(s, s.clone(), publisher, queue, first_id, quick).await,
+            Db::My(s) => latency::measure(s, s.clone(), publisher, queue, first_id, quick).await,
+            Db::Lite(s) => latency::measure(s, s.clone(), publisher, queue, first_id, quick).await,
         }
     }
 
@@ -365,6 +365,23 @@ async fn measure(
         db.clear(table).await?;
         first_id += measured.jobs as u64;
         latencies.push((db.name(), measured));
+    }
+    if let Some(Db::Pg(store)) = dbs.first() {
+        // The relay on a pool of its own, woken by the store's announcements: whether the
+        // relay above waits for connections behind the jobs queued for the pool.
+        eprintln!("outbox: the same from PostgreSQL, the relay on a pool of its own");
+        let own = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&config().pg_url)
+            .await?;
+        let relayed = Store::new(own.clone()).with_table(table)?;
+        let measured =
+            latency::measure(store, relayed, publisher.clone(), queue, first_id, quick).await;
+        own.close().await;
+        let measured = measured?;
+        purge(channel, queue, measured.jobs).await?;
+        dbs[0].clear(table).await?;
+        latencies.push(("PostgreSQL, the relay on a pool of its own", measured));
     }
     Ok((relayed, direct, latencies))
 }

@@ -106,9 +106,11 @@ pub(super) struct Latency {
     drain: Duration,
 }
 
-/// Runs the producer and the relay on `store` for the warm-up and the run.
+/// Runs the producer on `store` and the relay on `relayed` (a clone of it, or another store
+/// on the same table) for the warm-up and the run.
 pub(super) async fn measure<DB: Backend>(
     store: &Store<DB>,
+    relayed: Store<DB>,
     inner: RabbitMq,
     queue: &str,
     first_id: u64,
@@ -124,7 +126,7 @@ pub(super) async fn measure<DB: Backend>(
     let jobs = warm_jobs + (run.as_secs_f64() * f64::from(RATE)) as usize;
 
     let (confirmed, mut confirms) = mpsc::unbounded_channel();
-    let relay = Relay::new(store.clone(), Timed { inner, confirmed });
+    let relay = Relay::new(relayed, Timed { inner, confirmed });
     let (stop, stopped) = oneshot::channel::<()>();
     let running = tokio::spawn(async move {
         relay
