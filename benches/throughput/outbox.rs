@@ -10,9 +10,9 @@
 //!   size, against the same `RabbitMq` publisher publishing them directly (no database) in
 //!   rounds of 100, as the relay does: every message of a round sent, then their publisher
 //!   confirms awaited together. Messages are persistent, to a durable queue purged after
-//!   each run. `Relay::run` at batch 100 (two rounds in flight, its default), timed until
-//!   every message is confirmed and marked, against the same direct publish with two rounds
-//!   in flight. `--outbox --relay-only` runs these rows alone.
+//!   each run. `Relay::run` at batch 100 with two rounds in flight (its default) and three,
+//!   timed until every message is confirmed and marked, and the direct publish with two
+//!   rounds in flight. `--outbox --relay-only` runs these rows alone.
 //!
 //! Each round runs every variant once, every other round in reverse order; the report gives
 //! the medians.
@@ -39,13 +39,13 @@ const WORKERS: usize = 8;
 const ACCOUNTS: i64 = 1_000;
 const BATCHES: [u32; 3] = [1, 10, 100];
 
-/// How the relay rows publish: `relay_once` in a loop at a batch size, `Relay::run` (two rounds
-/// in flight at once) at a batch size, or the publisher directly in rounds of 100, with this
-/// many rounds in flight at once.
+/// How the relay rows publish: `relay_once` in a loop at a batch size, `Relay::run` at a batch
+/// size with this many rounds in flight, or the publisher directly in rounds of 100, with this
+/// many rounds in flight.
 #[derive(Clone, Copy)]
 enum Publishing {
     Once(u32),
-    Run(u32),
+    Run(u32, usize),
     Direct(usize),
 }
 
@@ -219,7 +219,7 @@ async fn relay_run(
 ) -> Res<f64> {
     let started;
     match publishing {
-        Publishing::Run(batch) => {
+        Publishing::Run(batch, in_flight) => {
             fill(store.pool(), names, count, round).await?;
             let confirmed = Arc::new(AtomicU64::new(0));
             let counting = Counting {
@@ -228,6 +228,7 @@ async fn relay_run(
             };
             let relay = Relay::new(store.clone(), counting)
                 .batch(batch)
+                .rounds_in_flight(in_flight)
                 .listen(false);
             let outbox = format!("{}_outbox", names.markers);
             // Done once every message is confirmed and marked: the count is read only once
@@ -532,7 +533,8 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
         .copied()
         .map(Publishing::Once)
         .chain([
-            Publishing::Run(100),
+            Publishing::Run(100, 2),
+            Publishing::Run(100, 3),
             Publishing::Direct(1),
             Publishing::Direct(2),
         ])
@@ -584,7 +586,7 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
     for (variant, rate) in relay_variants.iter().zip(&relayed) {
         let name = match variant {
             Publishing::Once(batch) => format!("relay, batch {batch}"),
-            Publishing::Run(batch) => format!("Relay::run, batch {batch}"),
+            Publishing::Run(batch, n) => format!("Relay::run, batch {batch}, {n} rounds in flight"),
             Publishing::Direct(1) => "direct".to_owned(),
             Publishing::Direct(n) => format!("direct, {n} rounds in flight"),
         };
