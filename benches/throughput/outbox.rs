@@ -344,7 +344,7 @@ async fn before_relay(
     eprintln!("outbox: the handler with 0, 1 and 10 messages");
     let next = Arc::new(AtomicU64::new(1));
     let variants = [None, Some(0), Some(1), Some(10)];
-    handler_run(&store, &names, &next, Some(1), run / 2).await?;
+    handler_run(store, names, &next, Some(1), run / 2).await?;
     let mut handler: [Vec<f64>; 4] = Default::default();
     for round in 0..rounds {
         let mut order = [0, 1, 2, 3];
@@ -352,7 +352,7 @@ async fn before_relay(
             order.reverse();
         }
         for v in order {
-            handler[v].push(handler_run(&store, &names, &next, variants[v], run).await?);
+            handler[v].push(handler_run(store, names, &next, variants[v], run).await?);
         }
     }
     let handler = handler.map(median);
@@ -370,14 +370,14 @@ async fn before_relay(
     eprintln!("outbox: the relay's wake-up, from a job's commit to its message's publish");
     let samples = if quick { 50 } else { 300 };
     let first = next.fetch_add(2 * samples as u64 + 2, Ordering::Relaxed);
-    let own = wake::latency(&store, store.clone(), &names, first, samples).await?;
+    let own = wake::latency(store, store.clone(), names, first, samples).await?;
     let other_pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .connect(pg_url)
         .await?;
     let other = Store::new(other_pool.clone()).with_table(&names.markers)?;
     let first = first + samples as u64 + 1;
-    let others = wake::latency(&store, other, &names, first, samples).await?;
+    let others = wake::latency(store, other, names, first, samples).await?;
     other_pool.close().await;
     sqlx::query(AssertSqlSafe(format!("TRUNCATE {}_outbox", names.markers)))
         .execute(store.pool())
@@ -391,7 +391,7 @@ async fn before_relay(
     for round in 0..rounds {
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for v in order {
-            batches[v].push(batch::run(&store, &names, &next, v == 1, run).await?);
+            batches[v].push(batch::run(store, names, &next, v == 1, run).await?);
         }
     }
     let batches = batches.map(median);
