@@ -10,7 +10,9 @@
 //!   size, against the same `RabbitMq` publisher publishing them directly (no database) in
 //!   rounds of 100, as the relay does: every message of a round sent, then their publisher
 //!   confirms awaited together. Messages are persistent, to a durable queue purged after
-//!   each run.
+//!   each run. `Relay::run` at batch 100 with two rounds in flight (its default) and three,
+//!   timed until every message is confirmed and marked, and the direct publish with two
+//!   rounds in flight. `--outbox --relay-only` runs these rows alone.
 //! - **The three databases** (`outbox/backends.rs`): the relay rows again with MariaDB and
 //!   SQLite beside PostgreSQL, and (`outbox/latency.rs`) each one's latency from a job's
 //!   commit to its message's confirm at a steady 1,000 jobs/s.
@@ -41,6 +43,16 @@ mod wake;
 const WORKERS: usize = 8;
 const ACCOUNTS: i64 = 1_000;
 const BATCHES: [u32; 3] = [1, 10, 100];
+
+/// How the relay rows publish: `relay_once` in a loop at a batch size, `Relay::run` at a batch
+/// size with this many rounds in flight, or the publisher directly in rounds of 100, with this
+/// many rounds in flight.
+#[derive(Clone, Copy)]
+enum Publishing {
+    Once(u32),
+    Run(u32, usize),
+    Direct(usize),
+}
 
 /// The bench's tables and queue, this process's own.
 struct Names {
@@ -173,19 +185,87 @@ async fn fill(pool: &PgPool, names: &Names, count: usize, round: usize) -> Res<(
     Ok(())
 }
 
-/// Messages/s of the relay at `batch` (`Some`), or of publishing directly (`None`).
+/// Counts the messages its publisher confirmed, to tell `Relay::run` when to stop.
+struct Counting {
+    inner: RabbitMq,
+    confirmed: Arc<AtomicU64>,
+}
+
+impl idem::outbox::Publisher for Counting {
+    async fn publish<'a>(&'a self, message: &'a Message) -> Result<(), idem::outbox::PublishError> {
+        let answer = self.inner.publish(message).await;
+        if answer.is_ok() {
+            self.confirmed.fetch_add(1, Ordering::Relaxed);
+        }
+        answer
+    }
+
+    async fn publish_all<'a>(
+        &'a self,
+        messages: &'a [Message],
+        done: &'a mut Vec<Result<(), idem::outbox::PublishError>>,
+    ) {
+        let start = done.len();
+        self.inner.publish_all(messages, done).await;
+        let ok = done[start..].iter().filter(|a| a.is_ok()).count();
+        self.confirmed.fetch_add(ok as u64, Ordering::Relaxed);
+    }
+}
+
+/// Messages/s of the relay, or of publishing directly.
 async fn relay_run(
     store: &Store<Postgres>,
     publisher: &RabbitMq,
     channel: &lapin::Channel,
     names: &Names,
-    batch: Option<u32>,
+    publishing: Publishing,
     count: usize,
     round: usize,
 ) -> Res<f64> {
     let started;
-    match batch {
-        Some(batch) => {
+    match publishing {
+        Publishing::Run(batch, in_flight) => {
+            fill(store.pool(), names, count, round).await?;
+            let confirmed = Arc::new(AtomicU64::new(0));
+            let counting = Counting {
+                inner: publisher.clone(),
+                confirmed: confirmed.clone(),
+            };
+            let relay = Relay::new(store.clone(), counting)
+                .batch(batch)
+                .rounds_in_flight(in_flight)
+                .listen(false);
+            let outbox = format!("{}_outbox", names.markers);
+            // Done once every message is confirmed and marked: the count is read only once
+            // the broker confirmed them all, not while the relay works.
+            let done = async {
+                loop {
+                    if confirmed.load(Ordering::Relaxed) as usize >= count {
+                        let unsent: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+                            "SELECT COUNT(*) FROM {outbox} WHERE sent_at IS NULL"
+                        )))
+                        .fetch_one(store.pool())
+                        .await
+                        .unwrap_or(1);
+                        if unsent == 0 {
+                            return;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_micros(500)).await;
+                }
+            };
+            started = Instant::now();
+            let stopped = tokio::time::timeout(
+                Duration::from_secs(60),
+                relay.run(Duration::from_secs(60), done),
+            )
+            .await;
+            match stopped {
+                Ok(ran) => ran?,
+                Err(_) => return Err("Relay::run did not send every message in 60 s".into()),
+            }
+        }
+        Publishing::Once(batch) => {
             fill(store.pool(), names, count, round).await?;
             let relay = Relay::new(store.clone(), publisher.clone()).batch(batch);
             started = Instant::now();
@@ -198,7 +278,7 @@ async fn relay_run(
                 sent += round.sent;
             }
         }
-        None => {
+        Publishing::Direct(in_flight) => {
             let messages: Vec<Message> = (0..count)
                 .map(|n| Message {
                     id: format!("direct-{round}-{n}"),
@@ -210,14 +290,27 @@ async fn relay_run(
                     headers: idem::outbox::Headers::new().with_content_type("application/json"),
                 })
                 .collect();
+            let rounds: Arc<Vec<Vec<Message>>> =
+                Arc::new(messages.chunks(100).map(<[Message]>::to_vec).collect());
             started = Instant::now();
-            // As the relay publishes a round of 100: all sent, then their confirms together.
-            for round in messages.chunks(100) {
-                let mut done = Vec::with_capacity(round.len());
-                publisher.publish_all(round, &mut done).await;
-                if let Some(Err(e)) = done.into_iter().find(Result::is_err) {
-                    return Err(e);
-                }
+            // As the relay publishes a round of 100: all sent, then their confirms together;
+            // each lane's rounds one after another, the lanes side by side.
+            let mut lanes = Vec::new();
+            for lane in 0..in_flight {
+                let (publisher, rounds) = (publisher.clone(), rounds.clone());
+                lanes.push(tokio::spawn(async move {
+                    for round in rounds.iter().skip(lane).step_by(in_flight) {
+                        let mut done = Vec::with_capacity(round.len());
+                        publisher.publish_all(round, &mut done).await;
+                        if let Some(Err(e)) = done.into_iter().find(Result::is_err) {
+                            return Err(e.to_string());
+                        }
+                    }
+                    Ok(())
+                }));
+            }
+            for lane in lanes {
+                lane.await??;
             }
         }
     }
@@ -232,6 +325,136 @@ async fn relay_run(
         .execute(store.pool())
         .await?;
     Ok(rate)
+}
+
+/// The rows before the relay's: the handler's cost, the wake-up, batches.
+struct Before {
+    handler: [f64; 4],
+    samples: usize,
+    own: (Duration, Duration),
+    others: (Duration, Duration),
+    batches: [f64; 2],
+}
+
+/// Runs the handler, wake-up and batch variants (all but the relay's rows; `--relay-only`
+/// leaves them out).
+async fn before_relay(
+    store: &Store<Postgres>,
+    names: &Names,
+    pg_url: &str,
+    quick: bool,
+    rounds: usize,
+    run: Duration,
+) -> Res<Before> {
+    eprintln!("outbox: the handler with 0, 1 and 10 messages");
+    let next = Arc::new(AtomicU64::new(1));
+    let variants = [None, Some(0), Some(1), Some(10)];
+    handler_run(store, names, &next, Some(1), run / 2).await?;
+    let mut handler: [Vec<f64>; 4] = Default::default();
+    for round in 0..rounds {
+        let mut order = [0, 1, 2, 3];
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for v in order {
+            handler[v].push(handler_run(store, names, &next, variants[v], run).await?);
+        }
+    }
+    let handler = handler.map(median);
+    let applied: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT SUM(credits)::int8 FROM {}",
+        names.accounts
+    )))
+    .fetch_one(store.pool())
+    .await?;
+    let claimed = next.load(Ordering::Relaxed) as i64 - 1;
+    if applied != claimed {
+        return Err(format!("{applied} credits for {claimed} jobs").into());
+    }
+
+    eprintln!("outbox: the relay's wake-up, from a job's commit to its message's publish");
+    let samples = if quick { 50 } else { 300 };
+    let first = next.fetch_add(2 * samples as u64 + 2, Ordering::Relaxed);
+    let own = wake::latency(store, store.clone(), names, first, samples).await?;
+    let other_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(pg_url)
+        .await?;
+    let other = Store::new(other_pool.clone()).with_table(&names.markers)?;
+    let first = first + samples as u64 + 1;
+    let others = wake::latency(store, other, names, first, samples).await?;
+    other_pool.close().await;
+    sqlx::query(AssertSqlSafe(format!("TRUNCATE {}_outbox", names.markers)))
+        .execute(store.pool())
+        .await?;
+
+    eprintln!(
+        "outbox: batches of {} without and with a message a job",
+        batch::BATCH
+    );
+    let mut batches: [Vec<f64>; 2] = Default::default();
+    for round in 0..rounds {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for v in order {
+            batches[v].push(batch::run(store, names, &next, v == 1, run).await?);
+        }
+    }
+    let batches = batches.map(median);
+    Ok(Before {
+        handler,
+        samples,
+        own,
+        others,
+        batches,
+    })
+}
+
+impl Before {
+    fn print(&self) {
+        println!(
+            "## Outbox: the handler's cost by messages sent (PostgreSQL, {WORKERS} workers)\n"
+        );
+        println!("| handler | jobs/s | vs no outbox |");
+        println!("|---|---|---|");
+        let (handler, batches, samples) = (self.handler, self.batches, self.samples);
+        let base = handler[0];
+        for (name, rate) in [
+            "no outbox",
+            "outbox, 0 messages",
+            "outbox, 1 message",
+            "outbox, 10 messages",
+        ]
+        .iter()
+        .zip(handler)
+        {
+            println!("| {name} | {rate:.0} | {:.2} |", rate / base);
+        }
+        println!(
+            "\n## Outbox: the relay's wake-up, from a job's commit to its message's publish \
+             ({samples} jobs one at a time, the relay's poll a minute)\n"
+        );
+        println!("| relay | p50 | p99 |");
+        println!("|---|---|---|");
+        for (name, (p50, p99)) in [
+            ("of the same store", self.own),
+            ("of another store", self.others),
+        ] {
+            println!(
+                "| {name} | {:.2} ms | {:.2} ms |",
+                p50.as_secs_f64() * 1e3,
+                p99.as_secs_f64() * 1e3
+            );
+        }
+        println!(
+            "\n## Outbox in batches of {} (PostgreSQL, {WORKERS} workers, jobs/s)\n",
+            batch::BATCH
+        );
+        println!("| batch handler | jobs/s | vs no outbox |");
+        println!("|---|---|---|");
+        for (name, rate) in ["no outbox", "outbox, 1 message a job"].iter().zip(batches) {
+            println!("| {name} | {rate:.0} | {:.2} |", rate / batches[0]);
+        }
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -285,60 +508,12 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
     let store = Store::new(pool.clone()).with_table(&names.markers)?;
     store.migrate().await?;
 
-    eprintln!("outbox: the handler with 0, 1 and 10 messages");
-    let next = Arc::new(AtomicU64::new(1));
-    let variants = [None, Some(0), Some(1), Some(10)];
-    handler_run(&store, &names, &next, Some(1), run / 2).await?;
-    let mut handler: [Vec<f64>; 4] = Default::default();
-    for round in 0..rounds {
-        let mut order = [0, 1, 2, 3];
-        if round % 2 == 1 {
-            order.reverse();
-        }
-        for v in order {
-            handler[v].push(handler_run(&store, &names, &next, variants[v], run).await?);
-        }
-    }
-    let handler = handler.map(median);
-    let applied: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT SUM(credits)::int8 FROM {}",
-        names.accounts
-    )))
-    .fetch_one(&pool)
-    .await?;
-    let claimed = next.load(Ordering::Relaxed) as i64 - 1;
-    if applied != claimed {
-        return Err(format!("{applied} credits for {claimed} jobs").into());
-    }
-
-    eprintln!("outbox: the relay's wake-up, from a job's commit to its message's publish");
-    let samples = if quick { 50 } else { 300 };
-    let first = next.fetch_add(2 * samples as u64 + 2, Ordering::Relaxed);
-    let own = wake::latency(&store, store.clone(), &names, first, samples).await?;
-    let other_pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&cfg.pg_url)
-        .await?;
-    let other = Store::new(other_pool.clone()).with_table(&names.markers)?;
-    let first = first + samples as u64 + 1;
-    let others = wake::latency(&store, other, &names, first, samples).await?;
-    other_pool.close().await;
-    sqlx::query(AssertSqlSafe(format!("TRUNCATE {}_outbox", names.markers)))
-        .execute(&pool)
-        .await?;
-
-    eprintln!(
-        "outbox: batches of {} without and with a message a job",
-        batch::BATCH
-    );
-    let mut batches: [Vec<f64>; 2] = Default::default();
-    for round in 0..rounds {
-        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for v in order {
-            batches[v].push(batch::run(&store, &names, &next, v == 1, run).await?);
-        }
-    }
-    let batches = batches.map(median);
+    let relay_only = std::env::args().any(|a| a == "--relay-only");
+    let before = if relay_only {
+        None
+    } else {
+        Some(before_relay(&store, &names, &cfg.pg_url, quick, rounds, run).await?)
+    };
 
     eprintln!("outbox: relaying to RabbitMQ by batch size, and publishing directly");
     let url = std::env::var("IDEM_AMQP_URL")
@@ -358,8 +533,17 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
         )
         .await?;
     let publisher = RabbitMq::new(channel.clone());
-    let relay_variants: Vec<Option<u32>> =
-        BATCHES.iter().copied().map(Some).chain([None]).collect();
+    let relay_variants: Vec<Publishing> = BATCHES
+        .iter()
+        .copied()
+        .map(Publishing::Once)
+        .chain([
+            Publishing::Run(100, 2),
+            Publishing::Run(100, 3),
+            Publishing::Direct(1),
+            Publishing::Direct(2),
+        ])
+        .collect();
     let mut relayed: Vec<Vec<f64>> = vec![Vec::new(); relay_variants.len()];
     // Each confirm of a persistent message waits for the broker's disk: a few rounds only.
     let rounds = rounds.min(3);
@@ -392,42 +576,8 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
         .execute(&pool)
         .await?;
 
-    println!("## Outbox: the handler's cost by messages sent (PostgreSQL, {WORKERS} workers)\n");
-    println!("| handler | jobs/s | vs no outbox |");
-    println!("|---|---|---|");
-    let base = handler[0];
-    for (name, rate) in [
-        "no outbox",
-        "outbox, 0 messages",
-        "outbox, 1 message",
-        "outbox, 10 messages",
-    ]
-    .iter()
-    .zip(handler)
-    {
-        println!("| {name} | {rate:.0} | {:.2} |", rate / base);
-    }
-    println!(
-        "\n## Outbox: the relay's wake-up, from a job's commit to its message's publish \
-         ({samples} jobs one at a time, the relay's poll a minute)\n"
-    );
-    println!("| relay | p50 | p99 |");
-    println!("|---|---|---|");
-    for (name, (p50, p99)) in [("of the same store", own), ("of another store", others)] {
-        println!(
-            "| {name} | {:.2} ms | {:.2} ms |",
-            p50.as_secs_f64() * 1e3,
-            p99.as_secs_f64() * 1e3
-        );
-    }
-    println!(
-        "\n## Outbox in batches of {} (PostgreSQL, {WORKERS} workers, jobs/s)\n",
-        batch::BATCH
-    );
-    println!("| batch handler | jobs/s | vs no outbox |");
-    println!("|---|---|---|");
-    for (name, rate) in ["no outbox", "outbox, 1 message a job"].iter().zip(batches) {
-        println!("| {name} | {rate:.0} | {:.2} |", rate / batches[0]);
+    if let Some(before) = &before {
+        before.print();
     }
     println!(
         "\n## Outbox: messages/s to RabbitMQ, relayed by batch size against publishing \
@@ -436,11 +586,14 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
     );
     println!("| publisher | messages/s | vs direct |");
     println!("|---|---|---|");
-    let direct = relayed[relayed.len() - 1];
+    // The ratios are to the direct publish of one round at a time, as `relay_once` publishes.
+    let direct = relayed[relayed.len() - 2];
     for (variant, rate) in relay_variants.iter().zip(&relayed) {
         let name = match variant {
-            Some(batch) => format!("relay, batch {batch}"),
-            None => "direct".to_owned(),
+            Publishing::Once(batch) => format!("relay, batch {batch}"),
+            Publishing::Run(batch, n) => format!("Relay::run, batch {batch}, {n} rounds in flight"),
+            Publishing::Direct(1) => "direct".to_owned(),
+            Publishing::Direct(n) => format!("direct, {n} rounds in flight"),
         };
         println!("| {name} | {rate:.0} | {:.2} |", rate / direct);
     }

@@ -37,6 +37,9 @@ use crate::store::{PURGE_BATCH, Store};
 /// (AMQP `message_id`, `Nats-Msg-Id`): a message published twice (the relay died between the
 /// confirm and its mark) then carries one id, which the broker (JetStream's duplicate window)
 /// or the next consumer's claim (its key) recognises.
+///
+/// [`Relay::run`] may call it from several rounds at once
+/// ([`Relay::rounds_in_flight`]); never with two messages of one ordering key at once.
 pub trait Publisher: Send + Sync {
     /// Publishes `message` to its destination and waits for the broker's confirm.
     fn publish<'a>(
@@ -146,6 +149,7 @@ pub struct Relay<DB: Backend, P: Publisher> {
     backoff: Duration,
     max_attempts: u32,
     listen: bool,
+    rounds_in_flight: usize,
 }
 
 impl<DB: Backend, P: Publisher> Relay<DB, P> {
@@ -160,6 +164,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             backoff: Duration::from_secs(1),
             max_attempts: 10,
             listen: true,
+            rounds_in_flight: 2,
         }
     }
 
@@ -200,15 +205,48 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         self
     }
 
+    /// How many rounds [`run`](Relay::run) keeps in flight while there is a backlog (at least
+    /// 1; 2 by default): while one round publishes, the next is taken and the one before is
+    /// marked, so that the database's statements and commits overlap the broker's confirms
+    /// instead of adding to them. The rounds take in turn, each after the one before it took,
+    /// and a round takes only keys no other round holds: one key is still published by one
+    /// round at a time, in order. Each round in flight uses a connection of the store's pool
+    /// for its statements, and calls the publisher while the others may be calling it too:
+    /// 1 for a publisher that must publish one round at a time.
+    pub fn rounds_in_flight(mut self, rounds: usize) -> Self {
+        self.rounds_in_flight = rounds.max(1);
+        self
+    }
+
     /// One round: takes the due messages, publishes them within the round's time, marks them.
     pub async fn relay_once(&self) -> Result<Relayed, Error> {
-        let st = self.store.sql();
-        let pool = self.store.pool();
+        let round = self.take().await?;
+        self.finish(round).await
+    }
+
+    /// A round's take: its messages, held for the lease, and the end of its time to publish.
+    async fn take(&self) -> Result<TakenRound, Error> {
         // The hold runs from the take's statement, which runs after this instant: the round's
         // time, measured from here, ends before the hold does.
         let deadline = Instant::now() + self.lease.mul_f64(0.75);
-        let Taken { messages, hold } =
-            DB::outbox_take(pool, st, i64::from(self.batch), millis(self.lease)).await?;
+        let taken = DB::outbox_take(
+            self.store.pool(),
+            self.store.sql(),
+            i64::from(self.batch),
+            millis(self.lease),
+        )
+        .await?;
+        Ok(TakenRound { taken, deadline })
+    }
+
+    /// A taken round published within its time, then marked.
+    async fn finish(&self, round: TakenRound) -> Result<Relayed, Error> {
+        let st = self.store.sql();
+        let pool = self.store.pool();
+        let TakenRound {
+            taken: Taken { messages, hold },
+            deadline,
+        } = round;
         let keys = waves::Keys::of(&messages);
         let taken: Vec<(String, u32)> = messages
             .iter()
@@ -265,8 +303,11 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         Ok(relayed)
     }
 
-    /// Relays until `stop` resolves: a round, then, when it found nothing to send, a wait of
-    /// `poll` before the next one. A database error ends it (restart it from your supervisor).
+    /// Relays until `stop` resolves: rounds, [`rounds_in_flight`](Relay::rounds_in_flight) of
+    /// them at once while there is a backlog, then, when they found nothing to send, a wait of
+    /// `poll` before the next ones. A database error ends it (restart it from your
+    /// supervisor); the rounds it cut short leave their messages held until their hold runs
+    /// out.
     ///
     /// The wait ends early at the commit of a new message, unless the relay was told not to
     /// listen ([`listen`](Relay::listen)):
@@ -304,11 +345,10 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             listen = listening?;
         }
         loop {
-            let Some(relayed) = unless(stop.as_mut(), self.relay_once()).await else {
+            let Some(moved) = unless(stop.as_mut(), self.rounds()).await else {
                 return Ok(());
             };
-            let relayed = relayed?;
-            if relayed.sent + relayed.lost > 0 {
+            if moved? > 0 {
                 continue;
             }
             let waiting = wait(poll, commits.as_mut(), listen.as_mut(), wake.token());
@@ -317,6 +357,83 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             }
         }
     }
+
+    /// Rounds until one finds nothing to send (or sends nothing), up to
+    /// [`rounds_in_flight`](Relay::rounds_in_flight) of them at once; returns how many
+    /// messages they published (`sent` and `lost`).
+    ///
+    /// Each lane runs its rounds one after another; the lanes take in turn (one take at a
+    /// time, so that each take sees the holds of the takes before it and gets a full batch
+    /// rather than racing another for the same keys). The first take always runs; a lane
+    /// takes again only while the take before it, any lane's, came back full: a backlog. A
+    /// relay without one runs one round at a time, one take per wake-up, as with a single
+    /// lane. A lane also stops at a round that published nothing (the broker down, every
+    /// message failed): the others finish their rounds, and the relay waits before trying
+    /// again, as after a single round.
+    async fn rounds(&self) -> Result<usize, Error> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let turn = tokio::sync::Mutex::new(());
+        let backlog = AtomicBool::new(true);
+        let batch = usize::try_from(self.batch).unwrap_or(usize::MAX);
+        let lane = async || -> Result<usize, Error> {
+            let mut moved = 0;
+            loop {
+                let round = {
+                    let _turn = turn.lock().await;
+                    if !backlog.load(Ordering::Relaxed) {
+                        return Ok(moved);
+                    }
+                    let round = self.take().await?;
+                    let full = round.taken.messages.len() >= batch;
+                    backlog.store(full, Ordering::Relaxed);
+                    round
+                };
+                if round.taken.messages.is_empty() {
+                    return Ok(moved);
+                }
+                let relayed = self.finish(round).await?;
+                if relayed.sent + relayed.lost == 0 {
+                    return Ok(moved);
+                }
+                moved += relayed.sent + relayed.lost;
+            }
+        };
+        let lanes = (0..self.rounds_in_flight)
+            .map(|_| Box::pin(lane()))
+            .collect();
+        all(lanes).await
+    }
+}
+
+/// A round's take and the instant its publishing must end by.
+struct TakenRound {
+    taken: Taken,
+    deadline: Instant,
+}
+
+/// The sum of `lanes`' counts, once every one ended; the first error at once (dropping the
+/// others).
+async fn all<F>(lanes: Vec<std::pin::Pin<Box<F>>>) -> Result<usize, Error>
+where
+    F: Future<Output = Result<usize, Error>>,
+{
+    use std::task::Poll;
+    let mut lanes: Vec<Option<std::pin::Pin<Box<F>>>> = lanes.into_iter().map(Some).collect();
+    let mut sum = 0;
+    std::future::poll_fn(|cx| {
+        for slot in &mut lanes {
+            let Some(lane) = slot else { continue };
+            if let Poll::Ready(done) = lane.as_mut().poll(cx) {
+                *slot = None;
+                sum += done?;
+            }
+        }
+        match lanes.iter().all(Option::is_none) {
+            true => Poll::Ready(Ok(sum)),
+            false => Poll::Pending,
+        }
+    })
+    .await
 }
 
 impl<DB: Backend> Store<DB> {
