@@ -215,6 +215,7 @@ macro_rules! every_backend_tests {
             relay_keeps_each_keys_order_across_interleaved_jobs,
             failing_message_holds_back_only_its_own_key,
             two_relays_never_publish_one_key_at_once,
+            rounds_in_flight_never_publish_one_key_at_once,
             relay_of_its_own_store_wakes_at_each_commit_of_messages,
             migrate_gives_an_old_outbox_its_ordering_keys,
             outbox_headers_reach_the_publisher_as_they_were_sent,
