@@ -516,22 +516,7 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
     };
 
     eprintln!("outbox: relaying to RabbitMQ by batch size, and publishing directly");
-    let url = std::env::var("IDEM_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
-    let amqp = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
-        .await
-        .map_err(|e| format!("cannot reach RabbitMQ at {url} (IDEM_AMQP_URL): {e}"))?;
-    let channel = amqp.create_channel().await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    channel
-        .queue_declare(
-            names.queue.as_str().into(),
-            QueueDeclareOptions::durable(),
-            FieldTable::default(),
-        )
-        .await?;
+    let (amqp, channel) = confirming_channel(&names.queue).await?;
     let publisher = RabbitMq::new(channel.clone());
     let relay_variants: Vec<Publishing> = BATCHES
         .iter()
@@ -598,4 +583,26 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
         println!("| {name} | {rate:.0} | {:.2} |", rate / direct);
     }
     backends::run(quick).await
+}
+
+/// A RabbitMQ channel in confirm mode with the durable queue `queue` declared, and its
+/// connection, which must outlive it.
+async fn confirming_channel(queue: &str) -> Res<(lapin::Connection, lapin::Channel)> {
+    let url = std::env::var("IDEM_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let amqp = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+        .await
+        .map_err(|e| format!("cannot reach RabbitMQ at {url} (IDEM_AMQP_URL): {e}"))?;
+    let channel = amqp.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok((amqp, channel))
 }

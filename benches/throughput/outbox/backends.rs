@@ -14,10 +14,7 @@ use std::time::Instant;
 
 use idem::outbox::{Message, Publisher as _, RabbitMq, Relay};
 use idem::{Backend, Store};
-use lapin::options::{
-    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
-};
-use lapin::types::FieldTable;
+use lapin::options::{QueueDeleteOptions, QueuePurgeOptions};
 use sqlx::{AssertSqlSafe, MySql, Postgres, Sqlite};
 
 use super::latency::{self, Latency};
@@ -246,22 +243,7 @@ pub(super) async fn run(quick: bool) -> Res<()> {
     let queue = format!("idem.bench.outbox.rows.p{pid}");
     let dir = std::env::temp_dir().join(format!("idem-bench-outbox-{pid}"));
     std::fs::create_dir_all(&dir)?;
-    let url = std::env::var("IDEM_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
-    let amqp = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
-        .await
-        .map_err(|e| format!("cannot reach RabbitMQ at {url} (IDEM_AMQP_URL): {e}"))?;
-    let channel = amqp.create_channel().await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions::durable(),
-            FieldTable::default(),
-        )
-        .await?;
+    let (amqp, channel) = super::confirming_channel(&queue).await?;
     let publisher = RabbitMq::new(channel.clone());
     let dbs = connect(&table, &dir).await?;
     let measured = measure(

@@ -326,6 +326,18 @@ pub(crate) async fn failing_message_holds_back_only_its_own_key<S: Support>() {
     ctx.cleanup().await;
 }
 
+/// 24 jobs of two messages each over 8 ordering keys, 6 messages a key, interleaved; the ids
+/// of every key in the order they were written.
+async fn eight_keys_of_six<S: Support>(ctx: &Ctx<S>) -> HashMap<String, Vec<String>> {
+    let mut written = HashMap::new();
+    let jobs = (1..=24).map(|id| {
+        let keys = vec![format!("k{}", id % 8), format!("k{}", (id + 3) % 8)];
+        (id, keys)
+    });
+    write_jobs(ctx, &ctx.store, jobs, &mut written).await;
+    written
+}
+
 /// Two relays at once, round after round, over 8 keys of 6 messages each: both take rounds
 /// and publish side by side (the broker sees publishes of both under way at once), yet no
 /// key is ever published by both at the same time, and each key's messages arrive in order,
@@ -333,12 +345,7 @@ pub(crate) async fn failing_message_holds_back_only_its_own_key<S: Support>() {
 pub(crate) async fn two_relays_never_publish_one_key_at_once<S: Support>() {
     let mut ctx = Ctx::<S>::new("relaykeys", 8).await;
     let received = received_table(&mut ctx).await;
-    let mut written = HashMap::new();
-    let jobs = (1..=24).map(|id| {
-        let keys = vec![format!("k{}", id % 8), format!("k{}", (id + 3) % 8)];
-        (id, keys)
-    });
-    write_jobs(&ctx, &ctx.store, jobs, &mut written).await;
+    let written = eight_keys_of_six(&ctx).await;
     let broker = Arc::new(Broker::default());
     let relay = |name| {
         Relay::new(
@@ -383,12 +390,7 @@ pub(crate) async fn two_relays_never_publish_one_key_at_once<S: Support>() {
 pub(crate) async fn rounds_in_flight_never_publish_one_key_at_once<S: Support>() {
     let mut ctx = Ctx::<S>::new("relayrounds", 8).await;
     let received = received_table(&mut ctx).await;
-    let mut written = HashMap::new();
-    let jobs = (1..=24).map(|id| {
-        let keys = vec![format!("k{}", id % 8), format!("k{}", (id + 3) % 8)];
-        (id, keys)
-    });
-    write_jobs(&ctx, &ctx.store, jobs, &mut written).await;
+    let written = eight_keys_of_six(&ctx).await;
     let broker = Arc::new(Broker::default());
     let relay = Relay::new(
         ctx.store.clone(),
