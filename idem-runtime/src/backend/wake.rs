@@ -88,6 +88,7 @@ impl Wake {
         Duration::from_micros(self.every.load(Ordering::Relaxed))
     }
 
+    #[cfg(feature = "postgres")]
     pub(crate) fn set_every(&self, every: Duration) {
         self.every.store(micros(every), Ordering::Relaxed);
     }
