@@ -229,13 +229,9 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         // The hold runs from the take's statement, which runs after this instant: the round's
         // time, measured from here, ends before the hold does.
         let deadline = Instant::now() + self.lease.mul_f64(0.75);
-        let taken = DB::outbox_take(
-            self.store.pool(),
-            self.store.sql(),
-            i64::from(self.batch),
-            millis(self.lease),
-        )
-        .await?;
+        let (pool, st) = (self.store.pool(), self.store.sql());
+        let (limit, lease_ms) = (i64::from(self.batch), millis(self.lease));
+        let taken = again::<DB, _, _>(|| DB::outbox_take(pool, st, limit, lease_ms)).await?;
         Ok(TakenRound { taken, deadline })
     }
 
@@ -279,7 +275,8 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                     let error = e.to_string();
                     let error = bounded(&error);
                     let retry = millis(wait);
-                    DB::outbox_failed(pool, st, id, &error, retry, park, &hold).await?;
+                    let failed = || DB::outbox_failed(pool, st, id, &error, retry, park, &hold);
+                    again::<DB, _, _>(failed).await?;
                     if park {
                         relayed.parked += 1;
                     } else {
@@ -289,11 +286,11 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             }
         }
         if !waiting.is_empty() {
-            DB::outbox_release(pool, st, &waiting, &hold).await?;
+            again::<DB, _, _>(|| DB::outbox_release(pool, st, &waiting, &hold)).await?;
             relayed.waiting = waiting.len();
         }
         if !sent.is_empty() {
-            let marked = DB::outbox_sent(pool, st, &sent, &hold).await?;
+            let marked = again::<DB, _, _>(|| DB::outbox_sent(pool, st, &sent, &hold)).await?;
             let marked = usize::try_from(marked)
                 .unwrap_or(usize::MAX)
                 .min(sent.len());
@@ -404,6 +401,28 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         all(lanes).await
     }
 }
+
+/// Runs one of the relay's statements again while the database refuses it as a deadlock's
+/// victim (`is_transient`: MySQL's 1213, PostgreSQL's serialization failures), at most
+/// [`ATTEMPTS`] times in all. Relays, and the rounds of one relay, take and mark side by side,
+/// and InnoDB may pick either as its victim. Each statement is a transaction of its own that
+/// the database rolled back whole, and each is fenced by its round's hold, so running it again
+/// changes nothing twice.
+async fn again<DB: Backend, T, F>(mut statement: impl FnMut() -> F) -> Result<T, sqlx::Error>
+where
+    F: Future<Output = Result<T, sqlx::Error>>,
+{
+    for _ in 1..ATTEMPTS {
+        match statement().await {
+            Err(e) if DB::is_transient(&e) => continue,
+            done => return done,
+        }
+    }
+    statement().await
+}
+
+/// How many times [`again`] runs a statement.
+const ATTEMPTS: usize = 5;
 
 /// A round's take and the instant its publishing must end by.
 struct TakenRound {
