@@ -269,14 +269,7 @@ async fn relay_run(
             fill(store.pool(), names, count, round).await?;
             let relay = Relay::new(store.clone(), publisher.clone()).batch(batch);
             started = Instant::now();
-            let mut sent = 0;
-            while sent < count {
-                let round = relay.relay_once().await?;
-                if round.sent == 0 {
-                    return Err(format!("the relay stopped at {sent} of {count}").into());
-                }
-                sent += round.sent;
-            }
+            relay_rounds(&relay, count).await?;
         }
         Publishing::Direct(in_flight) => {
             let messages: Vec<Message> = (0..count)
@@ -605,4 +598,18 @@ async fn confirming_channel(queue: &str) -> Res<(lapin::Connection, lapin::Chann
         )
         .await?;
     Ok((amqp, channel))
+}
+
+/// Runs `relay`'s rounds one after another until it sent `count` messages; an error if a round
+/// sends none first.
+async fn relay_rounds<DB: idem::Backend>(relay: &Relay<DB, RabbitMq>, count: usize) -> Res<()> {
+    let mut sent = 0;
+    while sent < count {
+        let round = relay.relay_once().await?;
+        if round.sent == 0 {
+            return Err(format!("the relay stopped at {sent} of {count}").into());
+        }
+        sent += round.sent;
+    }
+    Ok(())
 }

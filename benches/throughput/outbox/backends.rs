@@ -146,14 +146,7 @@ async fn relay_all<DB: Backend>(
 ) -> Res<f64> {
     let relay = Relay::new(store.clone(), publisher.clone()).batch(batch);
     let started = Instant::now();
-    let mut sent = 0;
-    while sent < count {
-        let round = relay.relay_once().await?;
-        if round.sent == 0 {
-            return Err(format!("the relay stopped at {sent} of {count}").into());
-        }
-        sent += round.sent;
-    }
+    super::relay_rounds(&relay, count).await?;
     Ok(count as f64 / started.elapsed().as_secs_f64())
 }
 
