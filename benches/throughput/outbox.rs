@@ -272,17 +272,7 @@ async fn relay_run(
             relay_rounds(&relay, count).await?;
         }
         Publishing::Direct(in_flight) => {
-            let messages: Vec<Message> = (0..count)
-                .map(|n| Message {
-                    id: format!("direct-{round}-{n}"),
-                    destination: names.queue.clone(),
-                    payload: b"{}".to_vec(),
-                    seq: 0,
-                    attempts: 0,
-                    ordering_key: format!("direct-{round}-{n}"),
-                    headers: idem::outbox::Headers::new().with_content_type("application/json"),
-                })
-                .collect();
+            let messages = direct_messages(&names.queue, round, count);
             let rounds: Arc<Vec<Vec<Message>>> =
                 Arc::new(messages.chunks(100).map(<[Message]>::to_vec).collect());
             started = Instant::now();
@@ -612,4 +602,20 @@ async fn relay_rounds<DB: idem::Backend>(relay: &Relay<DB, RabbitMq>, count: usi
         sent += round.sent;
     }
     Ok(())
+}
+
+/// `count` messages to `queue` for a direct publish in `round`, each an ordering key of its
+/// own, as the relay's rows publish them.
+fn direct_messages(queue: &str, round: usize, count: usize) -> Vec<Message> {
+    (0..count)
+        .map(|n| Message {
+            id: format!("direct-{round}-{n}"),
+            destination: queue.to_owned(),
+            payload: b"{}".to_vec(),
+            seq: 0,
+            attempts: 0,
+            ordering_key: format!("direct-{round}-{n}"),
+            headers: idem::outbox::Headers::new().with_content_type("application/json"),
+        })
+        .collect()
 }

@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use idem::outbox::{Message, Publisher as _, RabbitMq, Relay};
+use idem::outbox::{Publisher as _, RabbitMq, Relay};
 use idem::{Backend, Store};
 use lapin::options::{QueueDeleteOptions, QueuePurgeOptions};
 use sqlx::{AssertSqlSafe, MySql, Postgres, Sqlite};
@@ -153,17 +153,7 @@ async fn relay_all<DB: Backend>(
 /// Publishes `count` messages directly, in rounds of 100 whose confirms are awaited together,
 /// as the relay's; returns messages/s.
 async fn direct(publisher: &RabbitMq, queue: &str, count: usize, round: usize) -> Res<f64> {
-    let messages: Vec<Message> = (0..count)
-        .map(|n| Message {
-            id: format!("direct-{round}-{n}"),
-            destination: queue.to_owned(),
-            payload: b"{}".to_vec(),
-            seq: 0,
-            attempts: 0,
-            ordering_key: format!("direct-{round}-{n}"),
-            headers: idem::outbox::Headers::new().with_content_type("application/json"),
-        })
-        .collect();
+    let messages = super::direct_messages(queue, round, count);
     let started = Instant::now();
     for round in messages.chunks(100) {
         let mut done = Vec::with_capacity(round.len());
