@@ -45,16 +45,19 @@ statements! {
              AND state = 'in_progress' ORDER BY locked_until NULLS FIRST, scope LIMIT $2"
         );
         // Selecting the batch by ctid makes each batch a TID scan; an `IN (SELECT scope, key
-        // ...)` ran as a hash join over the whole table, every batch. The batch's steps go in
-        // the same statement (a data-modifying `WITH` runs whatever reads it).
+        // ...)` ran as a hash join over the whole table, every batch. A ctid names a row only
+        // within its partition (a partitioned table, `Store::partitions`), so the batch's
+        // `tableoid` must match too. The batch's steps go in the same statement (a
+        // data-modifying `WITH` runs whatever reads it).
         purge(age_ms: i64, limit: i64) =
-            "WITH batch AS MATERIALIZED (SELECT ctid, scope, key FROM {t} \
+            "WITH batch AS MATERIALIZED (SELECT tableoid, ctid, scope, key FROM {t} \
              WHERE state = 'completed' \
              AND completed_at < now() - $1 * interval '1 millisecond' \
              AND scope NOT IN (SELECT scope FROM {t}_retention) LIMIT $2), \
              steps AS (DELETE FROM {t}_steps AS s USING batch AS b \
              WHERE s.scope = b.scope AND s.key = b.key) \
-             DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM batch))";
+             DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM batch)) \
+             AND (tableoid, ctid) IN (SELECT tableoid, ctid FROM batch)";
     }
 }
 

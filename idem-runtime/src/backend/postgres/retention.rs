@@ -18,12 +18,13 @@ statements! {
         list() = "SELECT scope, keep_ms FROM {t}_retention ORDER BY scope";
         // As the default purge: a TID scan per batch, the batch's steps in the same statement.
         purge(scope: &str, age_ms: i64, limit: i64) =
-            "WITH batch AS MATERIALIZED (SELECT ctid, scope, key FROM {t} \
+            "WITH batch AS MATERIALIZED (SELECT tableoid, ctid, scope, key FROM {t} \
              WHERE scope = $1 AND state = 'completed' \
              AND completed_at < now() - $2 * interval '1 millisecond' LIMIT $3), \
              steps AS (DELETE FROM {t}_steps AS s USING batch AS b \
              WHERE s.scope = b.scope AND s.key = b.key) \
-             DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM batch))";
+             DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM batch)) \
+             AND (tableoid, ctid) IN (SELECT tableoid, ctid FROM batch)";
     }
 }
 
