@@ -44,6 +44,8 @@ mod group;
 mod join;
 mod lease;
 pub mod offsets;
+#[cfg(feature = "postgres")]
+pub mod partitions;
 mod relay;
 mod transaction;
 

@@ -26,7 +26,7 @@ impl<S: Support> Ctx<S> {
         let store = Store::new(pool.clone())
             .with_table(&markers)
             .expect("generated table names are identifiers");
-        store.migrate().await.expect("migrate the marker table");
+        S::migrate(&store).await;
         let mut ctx = Ctx {
             url,
             pool,

@@ -82,6 +82,12 @@ pub(crate) trait Support: Send + Sync + 'static {
     /// it in autocommit, PostgreSQL refuses it in the aborted transaction.
     const STATEMENT_AFTER_ROLLBACK_KEPT: bool;
 
+    /// Makes a test's marker table: [`Store::migrate`](idem::Store::migrate), or what the run
+    /// asks of the backend instead (PostgreSQL's partitioned table).
+    fn migrate(store: &idem::Store<Self::Db>) -> impl Future<Output = ()> + Send + '_ {
+        async move { store.migrate().await.expect("migrate the marker table") }
+    }
+
     /// Inside a body, on its transaction's connection: makes the database roll the whole
     /// transaction back by a failing statement, and swallows that statement's error (what a
     /// careless body does). `rows` is a table `(id BIGINT PRIMARY KEY, v BIGINT)` holding ids

@@ -27,7 +27,7 @@ mod listen;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
-mod postgres;
+pub(crate) mod postgres;
 pub(crate) mod retention;
 mod rows;
 pub(crate) mod sealed;

@@ -182,6 +182,19 @@ pub enum Error {
         retention: std::time::Duration,
     },
 
+    /// A marker table cannot be partitioned as asked (`Store::partitions`, on PostgreSQL): it
+    /// exists and is not partitioned, or the days asked for are out of range. Nothing was
+    /// written.
+    #[error(
+        "the marker table {table:?} cannot be partitioned as asked: {problem}; nothing was written"
+    )]
+    Partitioning {
+        /// The table.
+        table: String,
+        /// What stands in the way, and what to do instead.
+        problem: String,
+    },
+
     /// [`commit`](crate::commit) of a transaction the database had already rolled back (a
     /// statement in it failed and its error was ignored): nothing of it was kept.
     #[error(
@@ -522,6 +535,7 @@ impl Error {
             | Error::InvalidMessage { .. }
             | Error::InvalidLease { .. }
             | Error::InvalidRetention { .. }
+            | Error::Partitioning { .. }
             | Error::InvalidStep { .. }
             | Error::InvalidGroup { .. }
             | Error::InvalidOffsets { .. }

@@ -79,6 +79,7 @@ impl Verdict {
             | Error::InvalidScope { .. }
             | Error::InvalidLease { .. }
             | Error::InvalidRetention { .. }
+            | Error::Partitioning { .. }
             | Error::InvalidMessage { .. }
             | Error::InvalidOffsets { .. }
             | Error::InvalidRecord { .. }

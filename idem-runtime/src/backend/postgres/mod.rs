@@ -8,6 +8,7 @@ mod lease;
 mod offsets;
 mod operators;
 mod outbox;
+pub(crate) mod partitions;
 mod pinned;
 mod retention;
 mod steps;

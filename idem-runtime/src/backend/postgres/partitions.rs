@@ -1,0 +1,248 @@
+//! A marker table partitioned by the time its keys carry, on PostgreSQL: its DDL, its
+//! partitions' creation, listing and removal ([`crate::partitions`] says why it is sound).
+//!
+//! The marker table and the lease steps' table are partitioned by range of `key`, with the
+//! same bounds: a key that carries its time (a UUIDv7, a ULID) sorts among the keys of its
+//! day. Their primary keys hold `key`, the partition column, so PostgreSQL enforces
+//! `(scope, key)` across the whole table: a key lands in one partition, whichever delivery
+//! writes it. `key` is compared bytewise (`COLLATE "C"`), as the bounds are written.
+
+use sqlx::{Pool, Postgres, Row as _};
+
+use super::{DDL, PgSql};
+use crate::backend::sealed::Dialect as _;
+
+/// `check_violation`: a new partition's range holds rows of the default partition.
+const CHECK_VIOLATION: &str = "23514";
+
+/// What made the partitioned form impossible, for the caller's error.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// The marker table exists and is not partitioned (`relkind`).
+    NotPartitioned(String),
+    Database(sqlx::Error),
+}
+
+impl From<sqlx::Error> for Refused {
+    fn from(e: sqlx::Error) -> Self {
+        Refused::Database(e)
+    }
+}
+
+/// One day's partition: its name's suffix and its bounds, as keys sort.
+#[derive(Debug, Clone)]
+pub(crate) struct Range {
+    pub(crate) suffix: String,
+    pub(crate) from: String,
+    pub(crate) to: String,
+}
+
+/// `create` with `key` compared bytewise and the table partitioned by it.
+fn partitioned(create: &str) -> String {
+    const KEY: &str = "key text NOT NULL,";
+    assert!(create.contains(KEY), "the table has a text key: {create}");
+    let create = create.replacen(KEY, "key text COLLATE \"C\" NOT NULL,", 1);
+    format!("{} PARTITION BY RANGE (key)", create.trim_end())
+}
+
+/// The `CREATE TABLE` of the marker table and of the steps' table, as `migrate` makes them.
+fn creates() -> [&'static str; 2] {
+    let of = |prefix: &str| {
+        *DDL.iter()
+            .find(|s| s.starts_with(prefix))
+            .expect("the DDL creates the table")
+    };
+    [
+        of("CREATE TABLE IF NOT EXISTS {t} ("),
+        of("CREATE TABLE IF NOT EXISTS {t}_steps ("),
+    ]
+}
+
+/// The tables partitioned alike: the markers and their lease steps.
+const PARENTS: [&str; 2] = ["{t}", "{t}_steps"];
+
+/// Serialises the partitions' DDL with `migrate`'s, per table.
+const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('idem.migrate.' || $1))";
+
+/// Creates the marker and steps tables partitioned, each with a default partition for keys
+/// that carry no time, unless the marker table is partitioned already; refuses a marker table
+/// that exists and is not.
+pub(crate) async fn create_parents(pool: &Pool<Postgres>, sql: &PgSql) -> Result<(), Refused> {
+    let table = Postgres::table(sql);
+    let mut tx = pool.begin().await?;
+    sqlx::query(LOCK)
+        .bind(table.as_str())
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    for parent in PARENTS {
+        let name = parent.replace("{t}", table.as_str());
+        let kind: Option<String> =
+            sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
+                .bind(&name)
+                .persistent(false)
+                .fetch_optional(&mut *tx)
+                .await?;
+        match kind.as_deref() {
+            Some("p") => continue,
+            Some(_) => return Err(Refused::NotPartitioned(name)),
+            None => {}
+        }
+    }
+    for (parent, create) in PARENTS.into_iter().zip(creates()) {
+        for stmt in [
+            partitioned(create),
+            format!("CREATE TABLE IF NOT EXISTS {parent}_default PARTITION OF {parent} DEFAULT"),
+        ] {
+            sqlx::query(table.fill(&stmt))
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Creates the partitions of `days` that are missing; returns the suffixes of those made,
+/// and of those skipped because the default partition holds keys of their range already
+/// (keys written while the day had no partition of its own).
+pub(crate) async fn create(
+    pool: &Pool<Postgres>,
+    sql: &PgSql,
+    days: &[Range],
+) -> Result<(Vec<String>, Vec<String>), sqlx::Error> {
+    let table = Postgres::table(sql);
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL client_min_messages = warning")
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(LOCK)
+        .bind(table.as_str())
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    let existing = list_in(&mut tx, sql).await?;
+    let (mut made, mut skipped) = (Vec::new(), Vec::new());
+    for day in days.iter().filter(|d| !existing.contains(&d.suffix)) {
+        // A range the default partition already holds rows of cannot be split off it: that
+        // day stays in the default partition, purged row by row.
+        sqlx::query("SAVEPOINT idem_partition")
+            .persistent(false)
+            .execute(&mut *tx)
+            .await?;
+        let mut refused = false;
+        for parent in PARENTS {
+            let stmt = format!(
+                "CREATE TABLE {parent}_{} PARTITION OF {parent} FOR VALUES FROM ('{}') TO ('{}')",
+                day.suffix, day.from, day.to
+            );
+            match sqlx::query(table.fill(&stmt))
+                .persistent(false)
+                .execute(&mut *tx)
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if code(&e).as_deref() == Some(CHECK_VIOLATION) => {
+                    refused = true;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let end = match refused {
+            true => "ROLLBACK TO SAVEPOINT idem_partition",
+            false => "RELEASE SAVEPOINT idem_partition",
+        };
+        sqlx::query(end).persistent(false).execute(&mut *tx).await?;
+        match refused {
+            true => skipped.push(day.suffix.clone()),
+            false => made.push(day.suffix.clone()),
+        }
+    }
+    tx.commit().await?;
+    Ok((made, skipped))
+}
+
+/// The suffixes of the marker table's day partitions (not its default one), in order.
+pub(crate) async fn list(pool: &Pool<Postgres>, sql: &PgSql) -> Result<Vec<String>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    list_in(&mut conn, sql).await
+}
+
+async fn list_in(conn: &mut sqlx::PgConnection, sql: &PgSql) -> Result<Vec<String>, sqlx::Error> {
+    let table = Postgres::table(sql).as_str();
+    let rows = sqlx::query(
+        "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+         WHERE i.inhparent = to_regclass($1) \
+         AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT' ORDER BY 1",
+    )
+    .bind(table)
+    .persistent(false)
+    .fetch_all(conn)
+    .await?;
+    let prefix = format!("{table}_");
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let name: String = r.get(0);
+            name.strip_prefix(&prefix).map(str::to_owned)
+        })
+        .collect())
+}
+
+/// Drops the day partitions `suffixes` of both tables, in one transaction that waits at most
+/// `lock_ms` for the tables' lock (a drop waiting longer would queue every claim behind it).
+pub(crate) async fn drop(
+    pool: &Pool<Postgres>,
+    sql: &PgSql,
+    suffixes: &[String],
+    lock_ms: u64,
+) -> Result<(), sqlx::Error> {
+    if suffixes.is_empty() {
+        return Ok(());
+    }
+    let table = Postgres::table(sql);
+    let mut tx = pool.begin().await?;
+    sqlx::query(LOCK)
+        .bind(table.as_str())
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SET LOCAL lock_timeout = {lock_ms}"
+    )))
+    .persistent(false)
+    .execute(&mut *tx)
+    .await?;
+    for suffix in suffixes {
+        for parent in PARENTS {
+            let stmt = format!("DROP TABLE IF EXISTS {parent}_{suffix}");
+            sqlx::query(table.fill(&stmt))
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+        }
+    }
+    tx.commit().await
+}
+
+fn code(err: &sqlx::Error) -> Option<String> {
+    err.as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn both_tables_are_partitioned_by_a_bytewise_key() {
+        for create in super::creates() {
+            let made = super::partitioned(create);
+            assert!(made.contains("key text COLLATE \"C\" NOT NULL,"), "{made}");
+            assert!(made.ends_with(") PARTITION BY RANGE (key)"), "{made}");
+            assert!(made.contains("PRIMARY KEY (scope, key"), "{made}");
+        }
+    }
+}
