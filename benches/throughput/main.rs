@@ -10,6 +10,7 @@
 //! cargo bench --bench throughput -- --steps      # lease steps: 3 steps vs 3 lease jobs
 //! cargo bench --bench throughput -- --scale      # 1, 2, 4, 8 worker processes on one server
 //! cargo bench --bench throughput -- --scale --galera  # the same on a 3-node Galera cluster
+//! cargo bench --bench throughput -- --partitions # a claim at 10M markers, partitioned by day
 //! ```
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
 //! sqlite|mysql`, `--rounds N`, `--run-ms N`, `--pool lean|sqlx` (the pool settings the docs
@@ -50,6 +51,7 @@ mod instructions;
 mod measure;
 mod observe;
 mod outbox;
+mod partitions;
 mod pgbench;
 mod plot;
 mod report;
@@ -145,7 +147,7 @@ fn parse_args() -> Res<Args> {
             "--run-ms" => parsed.run_ms = Some(args.next().ok_or("--run-ms needs N")?.parse()?),
             // `cargo bench` passes `--bench` to every harness-less bench.
             "--bench" => {}
-            "--instructions" | "--group" | "--scale" | "--galera" => {}
+            "--instructions" | "--group" | "--scale" | "--galera" | "--partitions" => {}
             other => eprintln!("ignoring argument {other:?}"),
         }
     }
@@ -212,6 +214,14 @@ fn main() -> Res<()> {
                 print!("{report}");
                 Ok(())
             });
+    }
+    // A claim at 10M markers, one table against one partitioned by day (`partitions.rs`).
+    if argv.iter().any(|a| a == "--partitions") {
+        let quick = argv.iter().any(|a| a == "--quick");
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(partitions::run(quick));
     }
     // Lease steps: one job of three steps against three jobs (`steps.rs`).
     if argv.iter().any(|a| a == "--steps") {
