@@ -290,11 +290,17 @@ pub trait Outboxes: Dialect {
     /// another take them again. Every message of one take is held until the same instant,
     /// which the [`Taken`] names: its hold, which a later take of the same message (once
     /// the hold ran out) changes.
+    ///
+    /// First, in the same transaction, marks `sent` as [`outbox_sent`](Outboxes::outbox_sent)
+    /// would under `sent_hold` (the round before's confirmed messages: one commit for its
+    /// marks and this take); the take takes none of them.
     fn outbox_take<'p>(
         pool: &'p Pool<Self>,
         sql: &'p Self::Sql,
         limit: i64,
         lease_ms: i64,
+        sent: &'p [&'p str],
+        sent_hold: &'p str,
     ) -> impl Future<Output = Result<Taken, sqlx::Error>> + Send + 'p;
 
     /// The broker confirmed these messages: each is marked sent if it is unsent and still

@@ -8,6 +8,7 @@ mod nats;
 mod operators;
 #[cfg(feature = "outbox-rabbitmq")]
 mod rabbitmq;
+mod run;
 mod waves;
 
 use std::future::Future;
@@ -21,9 +22,7 @@ pub use operators::{OutboxEntry, OutboxState};
 #[cfg(feature = "outbox-rabbitmq")]
 pub use rabbitmq::RabbitMq;
 
-use tokio::sync::watch;
-
-use crate::backend::{Backend, Listen, Taken};
+use crate::backend::{Backend, Taken};
 use crate::error::Error;
 use crate::outgoing::Message;
 use crate::store::{PURGE_BATCH, Store};
@@ -105,7 +104,9 @@ pub struct Relayed {
 /// out. Every mark (sent, failed) applies only to a message that is unsent and still under
 /// this round's hold, so a relay that lost its hold (it stalled, another relay took the
 /// messages) marks nothing of what the other relay now holds. The confirmed messages of a
-/// round are marked sent in one statement.
+/// round are marked sent in one statement: [`run`](Relay::run) makes it part of the next
+/// take's transaction (one commit a round), [`relay_once`](Relay::relay_once) runs it before
+/// it returns.
 ///
 /// # Order
 ///
@@ -220,23 +221,43 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
 
     /// One round: takes the due messages, publishes them within the round's time, marks them.
     pub async fn relay_once(&self) -> Result<Relayed, Error> {
-        let round = self.take().await?;
-        self.finish(round).await
+        let round = self.take(None).await?;
+        Ok(self.finish(round, false).await?.0)
     }
 
-    /// A round's take: its messages, held for the lease, and the end of its time to publish.
-    async fn take(&self) -> Result<TakenRound, Error> {
+    /// A round's take: its messages, held for the lease, and the end of its time to publish;
+    /// `confirmed`, the round before's, marked sent in the same transaction.
+    async fn take(&self, confirmed: Option<Confirmed>) -> Result<TakenRound, Error> {
         // The hold runs from the take's statement, which runs after this instant: the round's
         // time, measured from here, ends before the hold does.
         let deadline = Instant::now() + self.lease.mul_f64(0.75);
         let (pool, st) = (self.store.pool(), self.store.sql());
         let (limit, lease_ms) = (i64::from(self.batch), millis(self.lease));
-        let taken = again::<DB, _, _>(|| DB::outbox_take(pool, st, limit, lease_ms)).await?;
+        let confirmed = confirmed.unwrap_or_default();
+        let sent: Vec<&str> = confirmed.ids.iter().map(String::as_str).collect();
+        let hold = confirmed.hold.as_str();
+        let take = || DB::outbox_take(pool, st, limit, lease_ms, &sent, hold);
+        let taken = again::<DB, _, _>(take).await?;
         Ok(TakenRound { taken, deadline })
     }
 
-    /// A taken round published within its time, then marked.
-    async fn finish(&self, round: TakenRound) -> Result<Relayed, Error> {
+    /// Marks `ids` sent, if still unsent and under `hold`; how many were.
+    async fn mark_sent(&self, ids: &[&str], hold: &str) -> Result<usize, Error> {
+        let (pool, st) = (self.store.pool(), self.store.sql());
+        let marked = again::<DB, _, _>(|| DB::outbox_sent(pool, st, ids, hold)).await?;
+        Ok(usize::try_from(marked).unwrap_or(usize::MAX).min(ids.len()))
+    }
+
+    /// A taken round published within its time, then marked. With `defer`, a round that
+    /// ended within its time hands its confirmed messages back instead of marking them, for
+    /// its lane's next take to mark ([`Relayed::sent`] then counts them all and
+    /// [`Relayed::lost`] none): the take runs at once, and a quarter of the hold is left
+    /// for it.
+    async fn finish(
+        &self,
+        round: TakenRound,
+        defer: bool,
+    ) -> Result<(Relayed, Option<Confirmed>), Error> {
         let st = self.store.sql();
         let pool = self.store.pool();
         let TakenRound {
@@ -255,6 +276,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             // Out of time: the answers so far are marked, the rest of the round is left.
             let _ = tokio::time::timeout(left, publishing).await;
         }
+        let defer = defer && Instant::now() < deadline;
         let mut relayed = Relayed::default();
         let mut sent = Vec::with_capacity(taken.len());
         let mut waiting = Vec::new();
@@ -289,116 +311,18 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             again::<DB, _, _>(|| DB::outbox_release(pool, st, &waiting, &hold)).await?;
             relayed.waiting = waiting.len();
         }
-        if !sent.is_empty() {
-            let marked = again::<DB, _, _>(|| DB::outbox_sent(pool, st, &sent, &hold)).await?;
-            let marked = usize::try_from(marked)
-                .unwrap_or(usize::MAX)
-                .min(sent.len());
-            relayed.sent = marked;
-            relayed.lost = sent.len() - marked;
+        if sent.is_empty() {
+            return Ok((relayed, None));
         }
-        Ok(relayed)
-    }
-
-    /// Relays until `stop` resolves: rounds, [`rounds_in_flight`](Relay::rounds_in_flight) of
-    /// them at once while there is a backlog, then, when they found nothing to send, a wait of
-    /// `poll` before the next ones. A database error ends it (restart it from your
-    /// supervisor); the rounds it cut short leave their messages held until their hold runs
-    /// out.
-    ///
-    /// The wait ends early at the commit of a new message, unless the relay was told not to
-    /// listen ([`listen`](Relay::listen)):
-    ///
-    /// - **a commit through the relay's store** (or a clone of it), on every database: the
-    ///   store wakes its relays in the process once the commit is confirmed, with no round
-    ///   trip. That covers the claims of every mode, batches, group commit (on PostgreSQL)
-    ///   and leases; a claim joined to your transaction ([`Store::join`]) commits with your
-    ///   commit, which the store does not see: on PostgreSQL it is announced as below, on
-    ///   MySQL and SQLite it waits for the poll.
-    /// - **a commit through another store** (another process) on PostgreSQL: each store
-    ///   announces its commits of messages with `NOTIFY` on the channel `{table}_outbox`,
-    ///   outside the jobs' transactions and at most once per
-    ///   [`Store::outbox_notify_interval`] for all the commits in between; the relay listens
-    ///   on it from a connection of its own (not one of the store's pool), except behind a
-    ///   pooler in transaction mode ([`Store::behind_transaction_pooler`]), where nothing is
-    ///   announced and the relay polls.
-    ///
-    /// A process that dies between a commit and its announcement leaves the messages to the
-    /// relays' polls: `poll` bounds that latency, and the latency of every message the
-    /// relay is not woken for.
-    pub async fn run(&self, poll: Duration, stop: impl Future<Output = ()>) -> Result<(), Error> {
-        let mut stop = std::pin::pin!(stop);
-        let wake = DB::table(self.store.sql()).wake().clone();
-        // Subscribed and listening before the first round: a commit from then on wakes the
-        // relay, even one that lands while a round runs (the change waits in the receiver,
-        // the notification in the listener).
-        let mut commits = self.listen.then(|| wake.subscribe());
-        let mut listen = None;
-        if self.listen {
-            let listening = DB::outbox_listen(self.store.pool(), self.store.sql());
-            let Some(listening) = unless(stop.as_mut(), listening).await else {
-                return Ok(());
-            };
-            listen = listening?;
+        if defer {
+            relayed.sent = sent.len();
+            let ids = sent.into_iter().map(str::to_owned).collect();
+            return Ok((relayed, Some(Confirmed { ids, hold })));
         }
-        loop {
-            let Some(moved) = unless(stop.as_mut(), self.rounds()).await else {
-                return Ok(());
-            };
-            if moved? > 0 {
-                continue;
-            }
-            let waiting = wait(poll, commits.as_mut(), listen.as_mut(), wake.token());
-            if unless(stop.as_mut(), waiting).await.is_none() {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Rounds until one finds nothing to send (or sends nothing), up to
-    /// [`rounds_in_flight`](Relay::rounds_in_flight) of them at once; returns how many
-    /// messages they published (`sent` and `lost`).
-    ///
-    /// Each lane runs its rounds one after another; the lanes take in turn (one take at a
-    /// time, so that each take sees the holds of the takes before it and gets a full batch
-    /// rather than racing another for the same keys). The first take always runs; a lane
-    /// takes again only while the take before it, any lane's, came back full: a backlog. A
-    /// relay without one runs one round at a time, one take per wake-up, as with a single
-    /// lane. A lane also stops at a round that published nothing (the broker down, every
-    /// message failed): the others finish their rounds, and the relay waits before trying
-    /// again, as after a single round.
-    async fn rounds(&self) -> Result<usize, Error> {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let turn = tokio::sync::Mutex::new(());
-        let backlog = AtomicBool::new(true);
-        let batch = usize::try_from(self.batch).unwrap_or(usize::MAX);
-        let lane = async || -> Result<usize, Error> {
-            let mut moved = 0;
-            loop {
-                let round = {
-                    let _turn = turn.lock().await;
-                    if !backlog.load(Ordering::Relaxed) {
-                        return Ok(moved);
-                    }
-                    let round = self.take().await?;
-                    let full = round.taken.messages.len() >= batch;
-                    backlog.store(full, Ordering::Relaxed);
-                    round
-                };
-                if round.taken.messages.is_empty() {
-                    return Ok(moved);
-                }
-                let relayed = self.finish(round).await?;
-                if relayed.sent + relayed.lost == 0 {
-                    return Ok(moved);
-                }
-                moved += relayed.sent + relayed.lost;
-            }
-        };
-        let lanes = (0..self.rounds_in_flight)
-            .map(|_| Box::pin(lane()))
-            .collect();
-        all(lanes).await
+        let marked = self.mark_sent(&sent, &hold).await?;
+        relayed.sent = marked;
+        relayed.lost = sent.len() - marked;
+        Ok((relayed, None))
     }
 }
 
@@ -424,35 +348,17 @@ where
 /// How many times [`again`] runs a statement.
 const ATTEMPTS: usize = 5;
 
+/// A round's confirmed messages and its hold, to be marked sent.
+#[derive(Default)]
+struct Confirmed {
+    ids: Vec<String>,
+    hold: String,
+}
+
 /// A round's take and the instant its publishing must end by.
 struct TakenRound {
     taken: Taken,
     deadline: Instant,
-}
-
-/// The sum of `lanes`' counts, once every one ended; the first error at once (dropping the
-/// others).
-async fn all<F>(lanes: Vec<std::pin::Pin<Box<F>>>) -> Result<usize, Error>
-where
-    F: Future<Output = Result<usize, Error>>,
-{
-    use std::task::Poll;
-    let mut lanes: Vec<Option<std::pin::Pin<Box<F>>>> = lanes.into_iter().map(Some).collect();
-    let mut sum = 0;
-    std::future::poll_fn(|cx| {
-        for slot in &mut lanes {
-            let Some(lane) = slot else { continue };
-            if let Poll::Ready(done) = lane.as_mut().poll(cx) {
-                *slot = None;
-                sum += done?;
-            }
-        }
-        match lanes.iter().all(Option::is_none) {
-            true => Poll::Ready(Ok(sum)),
-            false => Poll::Pending,
-        }
-    })
-    .await
 }
 
 impl<DB: Backend> Store<DB> {
@@ -471,52 +377,6 @@ impl<DB: Backend> Store<DB> {
             }
         }
     }
-}
-
-/// `work`'s output, or `None` if `stop` resolved first.
-async fn unless<T>(
-    mut stop: std::pin::Pin<&mut impl Future<Output = ()>>,
-    work: impl Future<Output = T>,
-) -> Option<T> {
-    use std::task::Poll;
-    let mut work = std::pin::pin!(work);
-    std::future::poll_fn(|cx| {
-        if stop.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        work.as_mut().poll(cx).map(Some)
-    })
-    .await
-}
-
-/// Waits for the first of: a commit of the relay's own store, another store's announcement
-/// (not `own`'s), `poll`. A listener whose connection failed is given up for this wait: the
-/// poll ends it rather than a spin.
-async fn wait(
-    poll: Duration,
-    commits: Option<&mut watch::Receiver<u64>>,
-    listen: Option<&mut Listen>,
-    own: &str,
-) {
-    let local = std::pin::pin!(async {
-        let changed = match commits {
-            Some(commits) => commits.changed().await.is_ok(),
-            None => false,
-        };
-        if !changed {
-            std::future::pending::<()>().await;
-        }
-    });
-    let remote = std::pin::pin!(async {
-        let heard = match listen {
-            Some(listen) => listen.next(own).await.is_ok(),
-            None => false,
-        };
-        if !heard {
-            std::future::pending::<()>().await;
-        }
-    });
-    unless(local, unless(remote, tokio::time::sleep(poll))).await;
 }
 
 /// The most of a publisher's error text kept in `last_error`, in bytes.

@@ -99,6 +99,8 @@ impl Outboxes for MySql {
         sql: &'p MySqlSql,
         limit: i64,
         lease_ms: i64,
+        sent: &'p [&'p str],
+        sent_hold: &'p str,
     ) -> Result<Taken, sqlx::Error> {
         // READ COMMITTED: the take's locking read keeps no lock on the rows it read and did
         // not take (REPEATABLE READ would keep them, and two takes' holds could then wait on
@@ -108,6 +110,13 @@ impl Outboxes for MySql {
             .execute(&mut *conn)
             .await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        // The round before's marks, in this transaction (one commit for both): the take's
+        // reads see them sent.
+        if !sent.is_empty() {
+            sqlx::raw_sql(AssertSqlSafe(sent_marks(sql, sent, sent_hold)))
+                .execute(&mut *tx)
+                .await?;
+        }
         let heads: Vec<(Vec<u8>, Option<Vec<u8>>)> =
             sql.outbox.heads(limit).rows().fetch_all(&mut *tx).await?;
         if heads.is_empty() {
@@ -191,11 +200,7 @@ impl Outboxes for MySql {
         ids: &'p [&'p str],
         hold: &'p str,
     ) -> Result<u64, sqlx::Error> {
-        let sent = format!(
-            "UPDATE {}_outbox SET sent_at = UTC_TIMESTAMP(6) WHERE {}",
-            sql.table.as_str(),
-            still_held(ids, hold)
-        );
+        let sent = sent_marks(sql, ids, hold);
         let done = sqlx::raw_sql(AssertSqlSafe(sent)).execute(pool).await?;
         Ok(done.rows_affected())
     }
@@ -294,6 +299,15 @@ impl Outboxes for MySql {
         // MySQL announces no commits: the relay polls.
         Ok(None)
     }
+}
+
+/// The sent marks of `ids` under `hold`.
+fn sent_marks(sql: &MySqlSql, ids: &[&str], hold: &str) -> String {
+    format!(
+        "UPDATE {}_outbox SET sent_at = UTC_TIMESTAMP(6) WHERE {}",
+        sql.table.as_str(),
+        still_held(ids, hold)
+    )
 }
 
 /// The rows of `ids` that are unsent and still under the round's `hold`: what a round's mark

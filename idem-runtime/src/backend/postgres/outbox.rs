@@ -30,6 +30,20 @@ const HOLD: &str = "((EXTRACT(EPOCH FROM next_attempt_at) * 1000000)::int8)::tex
 /// [`HOLD`] of the take's updated row (`u`).
 const HOLD_U: &str = "((EXTRACT(EPOCH FROM u.next_attempt_at) * 1000000)::int8)::text";
 
+/// Joined to a mark's `UPDATE`: its transaction (the statement's own) commits without waiting
+/// for the WAL's flush, `SET LOCAL synchronous_commit = off` in the statement itself (one
+/// round trip; the setting ends with the transaction, and the session's is untouched).
+///
+/// Sound because the WAL is one sequence: a crash loses at most the last commits, and never a
+/// commit without those before it. A mark lost that way leaves its message unsent under its
+/// round's hold, which its take committed synchronously and so outlives the crash: the
+/// message is taken again once the hold ran out, after its round ended, and published again
+/// with its id, as after a relay killed between the confirm and the mark. Nothing of its key
+/// was published after it: a take of the key's next message needs the mark, commits after
+/// it, and waits for the flush of both. Takes stay synchronous: a hold lost while its round
+/// publishes would let another take publish the key beside it once the server is back.
+const RELAXED: &str = "(SELECT set_config('synchronous_commit', 'off', true)) AS relaxed";
+
 statements! {
     /// The outbox table's statements (`{t}_outbox`).
     pub(super) struct OutboxSql<Postgres> {
@@ -64,9 +78,16 @@ statements! {
         // planner scan a small outbox and compare every row with every id (100,000
         // comparisons at 1,000 unsent messages, 3 to 3.5 ms a take against 1.5 to 1.7 now),
         // and a join on the CTE, estimated at a tenth of the table, hashed all of a large one.
-        take(limit: i64, lease_ms: i64) = format!(
-            "WITH heads AS (SELECT o.id, o.ordering_key FROM {{t}}_outbox o \
+        // The round before's sent marks (`$3`, under its hold `$4`) come first, in the same
+        // statement and commit. The take's snapshot does not see them: it leaves their
+        // messages out (updating a row twice in one statement is undefined), and their keys'
+        // next messages for the next take.
+        take(limit: i64, lease_ms: i64, sent: &[&str], sent_hold: &str) = format!(
+            "WITH marked AS (UPDATE {{t}}_outbox SET sent_at = now() \
+             WHERE id = ANY($3::text[]) AND sent_at IS NULL AND {HOLD} = $4), \
+             heads AS (SELECT o.id, o.ordering_key FROM {{t}}_outbox o \
              WHERE o.sent_at IS NULL AND NOT o.parked AND o.next_attempt_at <= now() \
+             AND o.id <> ALL($3::text[]) \
              AND NOT EXISTS (SELECT 1 FROM {{t}}_outbox e WHERE e.ordering_key = o.ordering_key \
              AND e.sent_at IS NULL AND e.id <> o.id AND (e.parked OR e.next_attempt_at > now() \
              OR (e.created_at, e.seq, e.id) < (o.created_at, o.seq, o.id))) \
@@ -76,6 +97,7 @@ statements! {
              SELECT f.id, f.created_at, f.seq, row_number() OVER (ORDER BY f.created_at, f.seq, \
              f.id) AS wave FROM {{t}}_outbox f \
              WHERE f.ordering_key = h.ordering_key AND f.sent_at IS NULL \
+             AND f.id <> ALL($3::text[]) \
              ORDER BY f.created_at, f.seq, f.id LIMIT $1) f \
              UNION ALL SELECT f.id, f.created_at, f.seq, 1 FROM {{t}}_outbox f \
              JOIN heads h ON h.id = f.id WHERE h.ordering_key IS NULL) c \
@@ -87,21 +109,22 @@ statements! {
              {HOLD_U}, u.headers"
         );
         // Marks apply only to messages still unsent and under the round's hold: a relay whose
-        // hold ran out and whose messages another relay took marks none of them.
+        // hold ran out and whose messages another relay took marks none of them. Their
+        // commits do not wait for the WAL's flush ([`RELAXED`]).
         sent(ids: &[&str], hold: &str) = format!(
-            "UPDATE {{t}}_outbox SET sent_at = now() WHERE id = ANY($1::text[]) \
-             AND sent_at IS NULL AND {HOLD} = $2"
+            "UPDATE {{t}}_outbox SET sent_at = now() FROM {RELAXED} \
+             WHERE id = ANY($1::text[]) AND sent_at IS NULL AND {HOLD} = $2"
         );
         // Lets go of messages of the round that it did not try, since an earlier message of
         // their key failed: they wait for it, not for the round's hold.
         release(ids: &[&str], hold: &str) = format!(
-            "UPDATE {{t}}_outbox SET next_attempt_at = now() WHERE id = ANY($1::text[]) \
-             AND sent_at IS NULL AND {HOLD} = $2"
+            "UPDATE {{t}}_outbox SET next_attempt_at = now() FROM {RELAXED} \
+             WHERE id = ANY($1::text[]) AND sent_at IS NULL AND {HOLD} = $2"
         );
         failed(id: &str, error: &str, retry_ms: i64, park: bool, hold: &str) = format!(
             "UPDATE {{t}}_outbox SET attempts = attempts + 1, last_error = $2, \
              next_attempt_at = now() + $3 * interval '1 millisecond', parked = $4 \
-             WHERE id = $1 AND sent_at IS NULL AND {HOLD} = $5"
+             FROM {RELAXED} WHERE id = $1 AND sent_at IS NULL AND {HOLD} = $5"
         );
         forget(scope: &str, key: &str) =
             "DELETE FROM {t}_outbox WHERE scope = $1 AND key = $2 AND sent_at IS NULL";
@@ -167,6 +190,8 @@ impl Outboxes for Postgres {
         sql: &'p PgSql,
         limit: i64,
         lease_ms: i64,
+        sent: &'p [&'p str],
+        sent_hold: &'p str,
     ) -> Result<Taken, sqlx::Error> {
         type Row = (
             String,
@@ -181,7 +206,7 @@ impl Outboxes for Postgres {
         );
         let mut taken: Vec<Row> = on_pool(pool, sql, async |conn| {
             sql.outbox
-                .take(limit, lease_ms)
+                .take(limit, lease_ms, sent, sent_hold)
                 .rows()
                 .fetch_all(conn)
                 .await

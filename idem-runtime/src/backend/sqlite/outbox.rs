@@ -120,6 +120,8 @@ impl Outboxes for Sqlite {
         sql: &'p SqliteSql,
         limit: i64,
         lease_ms: i64,
+        sent: &'p [&'p str],
+        sent_hold: &'p str,
     ) -> Result<Taken, sqlx::Error> {
         type Row = (
             String,
@@ -136,6 +138,16 @@ impl Outboxes for Sqlite {
         // `BEGIN IMMEDIATE`, as every writer here: the statement runs in a transaction of
         // its own, waiting for the write lock like a claim.
         let mut tx = begin(pool).await?;
+        // The round before's marks, in this transaction (one commit for both): the take sees
+        // them sent.
+        if !sent.is_empty() {
+            let sent = super::claim::json(sent);
+            sql.outbox
+                .sent(&sent, sent_hold)
+                .query()
+                .execute(&mut *tx)
+                .await?;
+        }
         let mut taken: Vec<Row> = sql
             .outbox
             .take(limit, lease_ms)
