@@ -178,6 +178,72 @@ pub(crate) async fn cancelled_caller_in_a_group_keeps_nothing_and_others_commit<
     ctx.cleanup().await;
 }
 
+/// A call in the middle of a group whose body swallows a failed statement. A kept call's
+/// savepoint is left open for the next call's first message to release; on PostgreSQL that
+/// release fails (the statement aborted the savepoint), so the call is rolled back alone and
+/// gets `RolledBack` while the calls around it commit. Elsewhere the failed statement undid
+/// only itself, and the call is applied.
+pub(crate) async fn group_member_that_swallows_a_failed_statement_is_rolled_back_alone<
+    S: Support,
+>() {
+    let ctx = Ctx::<S>::new("groupswallow", 12).await;
+    let group = group(
+        &ctx,
+        GroupOptions::new()
+            .lanes(1)
+            .max_delay(Duration::from_secs(1)),
+    );
+    let hold = Arc::new(Hold::default());
+    let batch = jobs(&ctx, 1..=5);
+    // Job 1 parks in its body while the others queue, so that one group holds them all.
+    let first = {
+        let (group, hold, job) = (group.clone(), hold.clone(), batch[0].clone());
+        tokio::spawn(async move { apply_grouped_holding(&group, &job, &hold).await })
+    };
+    within(60, "the first call parking in its body", hold.entered()).await;
+    let mut others = Vec::new();
+    for job in batch[1..].iter().cloned() {
+        let group = group.clone();
+        others.push(tokio::spawn(async move {
+            let done = match job.id {
+                2 => apply_grouped_swallowing(&group, &job).await,
+                _ => apply_grouped(&group, &job, Then::Commit).await,
+            };
+            (job.id, done)
+        }));
+        // In this order: job 2 runs right after job 1, and job 3 carries job 2's release.
+        until_queued(&group, job.id as usize).await;
+    }
+    hold.release();
+    assert_eq!(applied(within(60, "job 1", first).await.expect("no panic")), 10);
+    for task in others {
+        let (id, done) = within(60, "a grouped delivery", task)
+            .await
+            .expect("no panic");
+        match (id, done) {
+            (2, Err(TestError::Idem(Error::RolledBack { key, .. }))) if S::FAILED_STATEMENT_ABORTS => {
+                assert_eq!(key, "job-2");
+            }
+            (id, Ok(Outcome::Applied(v))) if id != 2 || !S::FAILED_STATEMENT_ABORTS => {
+                assert_eq!(v, 10 * id);
+            }
+            (id, other) => panic!("job {id}: {other:?}"),
+        }
+    }
+    let kept = if S::FAILED_STATEMENT_ABORTS { 4 } else { 5 };
+    assert_eq!((ctx.effects_total().await, ctx.markers().await), (kept, kept));
+    if S::FAILED_STATEMENT_ABORTS {
+        assert_eq!(ctx.effects(2).await, 0);
+        let again = apply_grouped(&group, &batch[1], Then::Commit).await;
+        assert_eq!(applied(again), 20);
+    }
+    for job in &batch {
+        duplicate(apply_grouped(&group, job, Then::Commit).await);
+        assert_eq!(ctx.effects(job.id).await, 1, "job {}", job.id);
+    }
+    ctx.cleanup().await;
+}
+
 /// Group commit beside transaction mode and lease mode on the same scope and keys: every key
 /// applied once, every delivery's outcome right.
 pub(crate) async fn group_beside_transaction_and_lease_mode_applies_each_key_once<S: Support>() {
