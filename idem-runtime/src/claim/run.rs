@@ -5,7 +5,6 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::time::Instant;
 
 use sqlx::{Connection as _, Transaction};
 
@@ -71,7 +70,7 @@ pub(crate) async fn retrying<DB: Backend, A: Attempts>(
 ) -> Result<Attempt<A::Fresh>, Error> {
     let mut tried = 1;
     loop {
-        let sent = Instant::now();
+        let sent = observed.sending();
         let answer = attempts.attempt().await;
         observed.attempted(sent);
         match answer {
@@ -135,16 +134,18 @@ pub(crate) fn conclude<H, F>(
 
 /// The marker of one key, claimed in an open transaction: the insert, and only when it finds a
 /// marker (the duplicate path, which alone pays for it) the read of that marker and the
-/// decision; a free lease is taken over in the same transaction.
+/// decision; a free lease is taken over in the same transaction. `own`: the transaction is
+/// the claim's own ([`Claims::claim_or_read`](crate::backend::sealed::Claims::claim_or_read)).
 async fn claim_one<DB: Backend>(
     conn: &mut DB::Connection,
     sql: &DB::Sql,
     request: &Request,
+    own: bool,
 ) -> Result<Attempt<()>, sqlx::Error> {
     let c = request.claimant();
     let replay = request.options.replay;
     for _ in 0..RECHECKS {
-        let found = match DB::claim_or_read(conn, sql, c, replay).await? {
+        let found = match DB::claim_or_read(conn, sql, c, replay, own).await? {
             (true, _) => return Ok(Attempt::Fresh((), false)),
             (false, Some(found)) => Some(found),
             // Committed while the insert waited for it: read it now.
@@ -193,7 +194,7 @@ async fn own_attempt<DB: Backend>(
 ) -> Result<Attempt<Transaction<'static, DB>>, sqlx::Error> {
     let (sql, options) = (store.sql(), &request.options);
     let mut tx = DB::begin(store.pool(), sql, options).await?;
-    let answer = match claim_one::<DB>(&mut tx, sql, request).await {
+    let answer = match claim_one::<DB>(&mut tx, sql, request, true).await {
         Ok(answer) => answer,
         Err(e) => {
             drop(DB::rollback(tx, options).await);
@@ -263,7 +264,7 @@ async fn savepoint_attempt<'a, DB: Backend>(
     request: &Request,
 ) -> Result<Attempt<Transaction<'a, DB>>, sqlx::Error> {
     let mut savepoint = conn.begin().await?;
-    match claim_one::<DB>(&mut savepoint, sql, request).await {
+    match claim_one::<DB>(&mut savepoint, sql, request, false).await {
         Ok(Attempt::Fresh((), took_over)) => Ok(Attempt::Fresh(savepoint, took_over)),
         Ok(answer) => {
             savepoint.rollback().await?;
@@ -295,7 +296,7 @@ pub(crate) async fn shared_attempt<DB: Backend>(
 ) -> Result<Result<Attempt<()>, sqlx::Error>, sqlx::Error> {
     let opened = DB::savepoint(conn, Savepoint::Open(request.options.wait)).await;
     let answer = match opened {
-        Ok(()) => claim_one::<DB>(conn, sql, request).await,
+        Ok(()) => claim_one::<DB>(conn, sql, request, false).await,
         Err(e) => Err(e),
     };
     match answer {

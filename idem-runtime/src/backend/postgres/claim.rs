@@ -193,6 +193,7 @@ impl Claims for Postgres {
         sql: &'t PgSql,
         c: Claimant<'t>,
         replay: bool,
+        _own: bool,
     ) -> Result<(bool, Option<Found>), sqlx::Error> {
         type Row = (
             Option<String>,
