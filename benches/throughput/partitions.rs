@@ -106,7 +106,9 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
                     return Err(format!("partitions: fresh key {key} was a duplicate").into());
                 };
                 let t1 = Instant::now();
-                guard.finish(Ok::<(), idem::Error>(())).await?;
+                if !guard.finish(Ok::<(), idem::Error>(())).await?.is_applied() {
+                    return Err(format!("partitions: {key} was not applied").into());
+                }
                 if round > 0 {
                     claims[i].push((t1 - t0).as_nanos() as u64);
                     jobs[i].push(t0.elapsed().as_nanos() as u64);

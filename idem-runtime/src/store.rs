@@ -64,11 +64,15 @@ pub(crate) const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 
 ///   lost race (`40001`, `40P01`) is retried, a few times at most. `wait` is `SET LOCAL
 ///   lock_timeout` in the begin statement, put back to the session's value by the claim's
 ///   last statement, so it bounds the claim and not the body.
-/// - **MySQL / MariaDB**: the claim is a plain `INSERT`; duplicate-key error 1062 is the
-///   duplicate signal, and a deadlock victim (1213) among waiters retries its claim. Keys are
-///   stored as bytes, so `"Job-A"`, `"job-a"` and `"job-a "` are three keys. On MariaDB,
-///   `wait` bounds each claim statement with `SET STATEMENT innodb_lock_wait_timeout = N FOR`
-///   (whole seconds), so nothing of it reaches the body or the pooled connection, whatever
+/// - **MySQL / MariaDB**: the claim is an `INSERT`. In a transaction of its own, its `ON
+///   DUPLICATE KEY UPDATE` changes nothing but sets `LAST_INSERT_ID` to what the marker it
+///   met holds, so a duplicate answers in the claim's own OK packet; in a caller's or a
+///   group's transaction a plain `INSERT`'s duplicate-key error 1062 is the signal (it locks
+///   the marker for reading only, for as long as that transaction lasts). A deadlock victim
+///   (1213) among waiters retries its claim. Keys are stored as bytes, so `"Job-A"`,
+///   `"job-a"` and `"job-a "` are three keys. On MariaDB, `wait` bounds each claim
+///   statement with `SET STATEMENT innodb_lock_wait_timeout = N FOR` (whole seconds), so
+///   nothing of it reaches the body or the pooled connection, whatever
 ///   happens to the call. MySQL 8 has no per-statement form for this variable: there `wait`
 ///   sets the session's for the transaction (the body's statements included) and every end of
 ///   the call puts the server's default back, except a call dropped mid-transaction (a panic,

@@ -49,6 +49,16 @@ impl Found {
         }
     }
 
+    /// A completed marker with nothing to tell beyond that (MySQL's claim answers as much
+    /// without a read): a plain duplicate.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn duplicate() -> Found {
+        Found {
+            status: Status::Completed,
+            recorded: Recorded::default(),
+        }
+    }
+
     /// A marker of which only the status (and a failure it completed with) was read (a
     /// batch's).
     pub(crate) fn of_status(state: &str, over: i64, error: Option<String>) -> Found {

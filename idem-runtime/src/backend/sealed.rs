@@ -74,12 +74,16 @@ pub trait Claims: Dialect {
     /// marker can be missing from the answer although the insert found one (a delivery
     /// that committed it while this claim waited): the caller reads it again. The stored
     /// value is read only with `replay`. With a `wait`, the statement that makes the
-    /// claim fresh puts the session's lock wait back.
+    /// claim fresh puts the session's lock wait back. `own`: the transaction is the claim's
+    /// own, ended right after a duplicate's answer, so the marker met may be locked for
+    /// writing (MySQL answers a duplicate in its claim statement so); in a transaction that
+    /// goes on (a caller's, a group's) it is locked no more than a read of it would.
     fn claim_or_read<'t>(
         conn: &'t mut Self::Connection,
         sql: &'t Self::Sql,
         claimant: Claimant<'t>,
         replay: bool,
+        own: bool,
     ) -> impl Future<Output = Result<(bool, Option<Found>), sqlx::Error>> + Send + 't;
 
     /// Runs `step` (a group member's savepoint), then [`claim_or_read`](Claims::claim_or_read),
@@ -95,7 +99,7 @@ pub trait Claims: Dialect {
     {
         async move {
             Self::savepoint(conn, step).await?;
-            Ok(Self::claim_or_read(conn, sql, claimant, replay).await)
+            Ok(Self::claim_or_read(conn, sql, claimant, replay, false).await)
         }
     }
 

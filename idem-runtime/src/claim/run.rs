@@ -5,7 +5,6 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::time::Instant;
 
 use sqlx::{Connection as _, Transaction};
 
@@ -71,7 +70,7 @@ pub(crate) async fn retrying<DB: Backend, A: Attempts>(
 ) -> Result<Attempt<A::Fresh>, Error> {
     let mut tried = 1;
     loop {
-        let sent = Instant::now();
+        let sent = observed.sending();
         let answer = attempts.attempt().await;
         observed.attempted(sent);
         match answer {
@@ -135,14 +134,17 @@ pub(crate) fn conclude<H, F>(
 
 /// The marker of one key, claimed in an open transaction: the insert, and only when it finds a
 /// marker (the duplicate path, which alone pays for it) the read of that marker and the
-/// decision; a free lease is taken over in the same transaction.
+/// decision; a free lease is taken over in the same transaction. `own`: the transaction is
+/// the claim's own ([`Claims::claim_or_read`](crate::backend::sealed::Claims::claim_or_read)).
 async fn claim_one<DB: Backend>(
     conn: &mut DB::Connection,
     sql: &DB::Sql,
     request: &Request,
+    own: bool,
 ) -> Result<Attempt<()>, sqlx::Error> {
-    let first = DB::claim_or_read(conn, sql, request.claimant(), request.options.replay).await?;
-    claim_from::<DB>(conn, sql, request, first).await
+    let (c, replay) = (request.claimant(), request.options.replay);
+    let first = DB::claim_or_read(conn, sql, c, replay, own).await?;
+    claim_from::<DB>(conn, sql, request, first, own).await
 }
 
 /// [`claim_one`] from the answer of its first insert.
@@ -151,6 +153,7 @@ async fn claim_from<DB: Backend>(
     sql: &DB::Sql,
     request: &Request,
     first: (bool, Option<Found>),
+    own: bool,
 ) -> Result<Attempt<()>, sqlx::Error> {
     let c = request.claimant();
     let replay = request.options.replay;
@@ -158,7 +161,7 @@ async fn claim_from<DB: Backend>(
     for _ in 0..RECHECKS {
         let inserted = match first.take() {
             Some(inserted) => inserted,
-            None => DB::claim_or_read(conn, sql, c, replay).await?,
+            None => DB::claim_or_read(conn, sql, c, replay, own).await?,
         };
         let found = match inserted {
             (true, _) => return Ok(Attempt::Fresh((), false)),
@@ -209,7 +212,7 @@ async fn own_attempt<DB: Backend>(
 ) -> Result<Attempt<Transaction<'static, DB>>, sqlx::Error> {
     let (sql, options) = (store.sql(), &request.options);
     let mut tx = DB::begin(store.pool(), sql, options).await?;
-    let answer = match claim_one::<DB>(&mut tx, sql, request).await {
+    let answer = match claim_one::<DB>(&mut tx, sql, request, true).await {
         Ok(answer) => answer,
         Err(e) => {
             drop(DB::rollback(tx, options).await);
@@ -279,7 +282,7 @@ async fn savepoint_attempt<'a, DB: Backend>(
     request: &Request,
 ) -> Result<Attempt<Transaction<'a, DB>>, sqlx::Error> {
     let mut savepoint = conn.begin().await?;
-    match claim_one::<DB>(&mut savepoint, sql, request).await {
+    match claim_one::<DB>(&mut savepoint, sql, request, false).await {
         Ok(Attempt::Fresh((), took_over)) => Ok(Attempt::Fresh(savepoint, took_over)),
         Ok(answer) => {
             savepoint.rollback().await?;
@@ -325,7 +328,7 @@ pub(crate) async fn shared_attempt<DB: Backend>(
     let c = request.claimant();
     let first = DB::savepoint_and_claim(conn, sql, open, c, request.options.replay).await;
     let answer = match first.map_err(Lost::Opening)? {
-        Ok(first) => claim_from::<DB>(conn, sql, request, first).await,
+        Ok(first) => claim_from::<DB>(conn, sql, request, first, false).await,
         Err(e) => Err(e),
     };
     match answer {

@@ -232,11 +232,23 @@ impl Observed {
         &self.span
     }
 
+    /// When a claim attempt's statements are sent, if anyone reads how long they took: the
+    /// span's `waited_ms` alone does, so with the span disabled the clock is not read.
+    pub(crate) fn sending(&self) -> Option<Instant> {
+        match self.span.is_disabled() {
+            true => None,
+            false => Some(Instant::now()),
+        }
+    }
+
     /// One claim attempt ended: its statements (begin and claim, or the lease statement) ran
-    /// from `sent` until now, which is the call's `waited_ms`.
-    pub(crate) fn attempted(&mut self, sent: Instant) {
+    /// from `sent` ([`sending`](Observed::sending)) until now, which is the call's
+    /// `waited_ms`.
+    pub(crate) fn attempted(&mut self, sent: Option<Instant>) {
         self.attempts += 1;
-        self.waited += sent.elapsed();
+        if let Some(sent) = sent {
+            self.waited += sent.elapsed();
+        }
     }
 
     /// The claim has its answer: the span's `retries` and `waited_ms`, the claim's latency,

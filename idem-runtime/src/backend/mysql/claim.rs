@@ -1,5 +1,6 @@
-//! Claims in a transaction on MySQL and MariaDB: a plain `INSERT` (duplicate-key error 1062
-//! is the duplicate signal), each claim statement's lock wait bounded on MariaDB, and the
+//! Claims in a transaction on MySQL and MariaDB: an `INSERT` whose answer says whether it
+//! met a marker (in a transaction of the claim's own, its insert id; in one that goes on,
+//! duplicate-key error 1062), each claim statement's lock wait bounded on MariaDB, and the
 //! verified commit, which counts the marker holding the claim's nonce.
 
 use std::fmt::Write as _;
@@ -26,13 +27,27 @@ statements! {
     /// The statements of a claim in a transaction (a batch's are written per batch:
     /// `batch.rs`).
     pub(super) struct ClaimSql<MySql> {
-        // A plain INSERT: `INSERT IGNORE` would turn every error into a warning, and `ON
-        // DUPLICATE KEY UPDATE` reports a row under sqlx's CLIENT_FOUND_ROWS. Times are UTC
-        // whatever the session's time zone: `DATETIME` holds no zone, and workers in different
-        // zones must agree when a lease runs out.
+        // In a transaction that goes on (a caller's, a group's): a plain INSERT, whose
+        // duplicate-key error 1062 locks the marker it met for reading only, as long as the
+        // transaction lasts. `INSERT IGNORE` would turn every error into a warning. Times are
+        // UTC whatever the session's time zone: `DATETIME` holds no zone, and workers in
+        // different zones must agree when a lease runs out.
         claim(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64) =
             "INSERT INTO {t} (scope, `key`, fingerprint, token, created_at, completed_at) \
              VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))";
+        // In a transaction of the claim's own: a duplicate answers in the OK packet, not with
+        // an error. On an existing marker the no-op `UPDATE` sets `LAST_INSERT_ID(code)`,
+        // which the server returns as the packet's insert id (the table has no
+        // AUTO_INCREMENT, so an insert returns 0); the code says what the marker holds
+        // ([`plain_duplicate`]), so a plain duplicate takes no statement more. It locks the
+        // marker for writing, until the rollback that follows at once. The rows it counts
+        // would not tell (1 for a duplicate under sqlx's CLIENT_FOUND_ROWS).
+        claim_own(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64, same_fingerprint: Option<&[u8]>) =
+            "INSERT INTO {t} (scope, `key`, fingerprint, token, created_at, completed_at) \
+             VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) \
+             ON DUPLICATE KEY UPDATE token = IF(LAST_INSERT_ID(1 \
+             | (state = 'completed') << 1 | (error IS NOT NULL) << 2 \
+             | (result IS NOT NULL) << 3 | COALESCE(fingerprint <> ?, 0) << 4), token, token)";
         marker(scope: &str, key: &str) = format!(
             "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR), error FROM {{t}} \
              WHERE scope = ? AND `key` = ?"
@@ -50,6 +65,21 @@ statements! {
         record(json: &str, scope: &str, key: &str) =
             "UPDATE {t} SET result = ? WHERE scope = ? AND `key` = ?";
     }
+}
+
+/// The bits of the code a claim that met a marker answers with (its `LAST_INSERT_ID`).
+const COMPLETED: u64 = 1 << 1;
+const FAILED: u64 = 1 << 2;
+const RESULT: u64 = 1 << 3;
+const OTHER_FINGERPRINT: u64 = 1 << 4;
+
+/// Whether the marker a claim met is, from its code alone, what [`decide`] answers with a
+/// plain duplicate: completed, not failed, holding this payload's fingerprint (or either has
+/// none), and with no value to replay. Anything else is read whole and decided as ever.
+///
+/// [`decide`]: crate::claim::decide
+fn plain_duplicate(code: u64, replay: bool) -> bool {
+    code & (COMPLETED | FAILED | OTHER_FINGERPRINT) == COMPLETED && (!replay || code & RESULT == 0)
 }
 
 /// `statement` with its lock waits bounded by the claim's `wait`, if it has one.
@@ -87,6 +117,103 @@ fn begin_sql(options: &ClaimOptions) -> String {
     begin
 }
 
+/// The probe `UPDATE`'s head, up to the table's name.
+const PROBE: &str = "/*M! SET STATEMENT innodb_lock_wait_timeout = 1 FOR */ UPDATE ";
+
+/// The commit's message: the probe of `check`, then `COMMIT` (and with a `wait`, the lock
+/// wait put back). Written into one buffer sized for it up front: growing it copied the whole
+/// message once per job, which cost more than writing it.
+fn commit_message(check: &Check<'_>, wait: bool) -> String {
+    const COMMIT: &str = "; COMMIT";
+    // A literal's quotes and prefix, and an `i64`'s longest decimal form.
+    let (hex, number) = (3, 20);
+    let tail = COMMIT.len() + if wait { 2 + RESTORE_WAIT.len() } else { 0 };
+    let mut message = String::new();
+    match check {
+        Check::Marker(table, c) => {
+            const SET: &str = " SET token = token WHERE scope = ";
+            const KEY: &str = " AND `key` = ";
+            const TOKEN: &str = " AND token = ";
+            message.reserve_exact(
+                PROBE.len()
+                    + table.as_str().len()
+                    + SET.len()
+                    + KEY.len()
+                    + TOKEN.len()
+                    + 2 * hex
+                    + 2 * (c.scope.len() + c.key.len())
+                    + number
+                    + tail,
+            );
+            message.push_str(PROBE);
+            message.push_str(table.as_str());
+            message.push_str(SET);
+            push_hex(&mut message, c.scope.as_bytes());
+            message.push_str(KEY);
+            push_hex(&mut message, c.key.as_bytes());
+            message.push_str(TOKEN);
+            push_int(&mut message, c.nonce);
+        }
+        Check::Offsets(table, at, nonce) => {
+            const SET: &str = "_offsets SET token = token WHERE consumer_group = ";
+            const TOPIC: &str = " AND topic = ";
+            const PARTITION: &str = " AND partition_id = ";
+            const TOKEN: &str = " AND token = ";
+            message.reserve_exact(
+                PROBE.len()
+                    + table.as_str().len()
+                    + SET.len()
+                    + TOPIC.len()
+                    + PARTITION.len()
+                    + TOKEN.len()
+                    + 2 * hex
+                    + 2 * (at.group.len() + at.topic.len())
+                    + 2 * number
+                    + tail,
+            );
+            message.push_str(PROBE);
+            message.push_str(table.as_str());
+            message.push_str(SET);
+            push_hex(&mut message, at.group.as_bytes());
+            message.push_str(TOPIC);
+            push_hex(&mut message, at.topic.as_bytes());
+            message.push_str(PARTITION);
+            push_int(&mut message, i64::from(at.partition));
+            message.push_str(TOKEN);
+            push_int(&mut message, *nonce);
+        }
+        Check::Session => {
+            message.push_str("SELECT CAST(1 /*M! * @@in_transaction */ AS SIGNED)");
+        }
+    }
+    message.push_str(COMMIT);
+    if wait {
+        message.push_str("; ");
+        message.push_str(RESTORE_WAIT);
+    }
+    message
+}
+
+/// Appends `n` in decimal: what `write!` does, without the formatter's machinery, which cost
+/// as much as the rest of the message.
+fn push_int(out: &mut String, n: i64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push('-');
+    }
+    out.push_str(std::str::from_utf8(&digits[at..]).expect("decimal digits are ASCII"));
+}
+
 impl Claims for MySql {
     async fn begin<'p>(
         pool: &'p Pool<Self>,
@@ -120,40 +247,7 @@ impl Claims for MySql {
         // the pool's ping on release flushes, and which MySQL runs as a no-op outside a
         // transaction (PostgreSQL would warn, so there a `BEGIN` ends the message).
         // An offset claim's probe is the same `UPDATE`, of the watermark holding its nonce.
-        let mut message = String::with_capacity(200);
-        match check {
-            Check::Marker(table, c) => {
-                message.push_str("/*M! SET STATEMENT innodb_lock_wait_timeout = 1 FOR */ UPDATE ");
-                message.push_str(table.as_str());
-                message.push_str(" SET token = token WHERE scope = ");
-                push_hex(&mut message, c.scope.as_bytes());
-                message.push_str(" AND `key` = ");
-                push_hex(&mut message, c.key.as_bytes());
-                // Writing to a `String` cannot fail.
-                let _ = write!(message, " AND token = {}", c.nonce);
-            }
-            Check::Offsets(table, at, nonce) => {
-                message.push_str("/*M! SET STATEMENT innodb_lock_wait_timeout = 1 FOR */ UPDATE ");
-                message.push_str(table.as_str());
-                message.push_str("_offsets SET token = token WHERE consumer_group = ");
-                push_hex(&mut message, at.group.as_bytes());
-                message.push_str(" AND topic = ");
-                push_hex(&mut message, at.topic.as_bytes());
-                let _ = write!(
-                    message,
-                    " AND partition_id = {} AND token = {nonce}",
-                    at.partition
-                );
-            }
-            Check::Session => {
-                message.push_str("SELECT CAST(1 /*M! * @@in_transaction */ AS SIGNED)");
-            }
-        }
-        message.push_str("; COMMIT");
-        if options.wait.is_some() {
-            message.push_str("; ");
-            message.push_str(RESTORE_WAIT);
-        }
+        let message = commit_message(&check, options.wait.is_some());
         let message = sqlx::raw_sql(AssertSqlSafe(message));
         if matches!(check, Check::Session) {
             let rows = message.fetch_all(&mut *tx).await?;
@@ -207,16 +301,27 @@ impl Claims for MySql {
         conn: &'t mut Self::Connection,
         sql: &'t MySqlSql,
         c: Claimant<'t>,
-        _replay: bool,
+        replay: bool,
+        own: bool,
     ) -> Result<(bool, Option<Found>), sqlx::Error> {
-        let claim = within(sql.claim.claim(c.scope, c.key, c.fingerprint, c.nonce), &c);
-        match claim.query().execute(&mut *conn).await {
-            Ok(_) => Ok((true, None)),
-            Err(e) if number(&e) == Some(ER_DUP_ENTRY) => {
-                let found = Self::marker(conn, sql, c.scope, c.key).await?;
-                Ok((false, found))
-            }
-            Err(e) => Err(e),
+        let fp = c.fingerprint;
+        if !own {
+            let claim = within(sql.claim.claim(c.scope, c.key, fp, c.nonce), &c);
+            return match claim.query().execute(&mut *conn).await {
+                Ok(_) => Ok((true, None)),
+                Err(e) if number(&e) == Some(ER_DUP_ENTRY) => {
+                    let found = Self::marker(conn, sql, c.scope, c.key).await?;
+                    Ok((false, found))
+                }
+                Err(e) => Err(e),
+            };
+        }
+        let claim = within(sql.claim.claim_own(c.scope, c.key, fp, c.nonce, fp), &c);
+        let done = claim.query().execute(&mut *conn).await?;
+        match done.last_insert_id() {
+            0 => Ok((true, None)),
+            code if plain_duplicate(code, replay) => Ok((false, Some(Found::duplicate()))),
+            _ => Ok((false, Self::marker(conn, sql, c.scope, c.key).await?)),
         }
     }
 
@@ -354,5 +459,41 @@ impl Claims for MySql {
         // MariaDB bounded each statement on its own; MySQL 8 keeps the session's wait set for
         // the transaction (there is no per-statement form), and its end puts it back.
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_are_written_as_write_writes_them() {
+        for n in [
+            0,
+            1,
+            -1,
+            9,
+            10,
+            -10,
+            1234567890,
+            i64::MAX,
+            i64::MIN,
+            -4_611_686_018_427_387_904,
+        ] {
+            let mut out = String::from("x");
+            push_int(&mut out, n);
+            assert_eq!(out, format!("x{n}"));
+        }
+    }
+
+    #[test]
+    fn only_a_completed_marker_with_nothing_to_tell_is_a_plain_duplicate() {
+        assert!(plain_duplicate(1 | COMPLETED, false));
+        assert!(plain_duplicate(1 | COMPLETED, true));
+        assert!(plain_duplicate(1 | COMPLETED | RESULT, false));
+        assert!(!plain_duplicate(1 | COMPLETED | RESULT, true));
+        assert!(!plain_duplicate(1, false));
+        assert!(!plain_duplicate(1 | COMPLETED | FAILED, false));
+        assert!(!plain_duplicate(1 | COMPLETED | OTHER_FINGERPRINT, false));
     }
 }

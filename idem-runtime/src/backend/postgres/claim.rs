@@ -259,6 +259,7 @@ impl Claims for Postgres {
         sql: &'t PgSql,
         c: Claimant<'t>,
         replay: bool,
+        _own: bool,
     ) -> Result<(bool, Option<Found>), sqlx::Error> {
         type Row = (
             Option<String>,
@@ -303,7 +304,7 @@ impl Claims for Postgres {
         // the bounded claim puts it back: two messages, as before.
         if c.wait.is_some() || step.wait().is_some() {
             Self::savepoint(conn, step).await?;
-            return Ok(Self::claim_or_read(conn, sql, c, replay).await);
+            return Ok(Self::claim_or_read(conn, sql, c, replay, false).await);
         }
         let message = savepoint_and_claim_sql(step, Self::table(sql), c, replay);
         let rows = match sqlx::raw_sql(message).fetch_all(&mut *conn).await {

@@ -151,6 +151,7 @@ impl Claims for Sqlite {
         sql: &'t SqliteSql,
         c: Claimant<'t>,
         _replay: bool,
+        _own: bool,
     ) -> Result<(bool, Option<Found>), sqlx::Error> {
         let claim = sql.claim.claim(c.scope, c.key, c.fingerprint, c.nonce);
         if claim.query().execute(&mut *conn).await?.rows_affected() == 1 {
