@@ -96,6 +96,7 @@ impl Store<Postgres> {
     /// which [`purge`](Store::purge) trims row by row.
     ///
     /// ```no_run
+    /// # use idem_runtime as idem;
     /// # async fn f(store: idem::Store<sqlx::Postgres>) -> Result<(), idem::Error> {
     /// use std::time::Duration;
     /// use idem::partitions::KeyTime;

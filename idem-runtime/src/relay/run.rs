@@ -37,6 +37,10 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// A process that dies between a commit and its announcement leaves the messages to the
     /// relays' polls: `poll` bounds that latency, and the latency of every message the
     /// relay is not woken for.
+    ///
+    /// [`Store::join`]: crate::Store::join
+    /// [`Store::outbox_notify_interval`]: crate::Store::outbox_notify_interval
+    /// [`Store::behind_transaction_pooler`]: crate::Store::behind_transaction_pooler
     pub async fn run(&self, poll: Duration, stop: impl Future<Output = ()>) -> Result<(), Error> {
         let mut stop = std::pin::pin!(stop);
         let wake = DB::table(self.store.sql()).wake().clone();
