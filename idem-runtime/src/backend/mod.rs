@@ -174,7 +174,9 @@ impl Savepoint {
         }
     }
 
-    /// The wait that bounds the claim after an opening step.
+    /// The wait that bounds the claim after an opening step (PostgreSQL's one-message claim
+    /// falls back to two messages under one).
+    #[cfg(feature = "postgres")]
     fn wait(self) -> Option<Duration> {
         match self {
             Savepoint::Open(wait) | Savepoint::Next(wait) | Savepoint::Member { wait, .. } => wait,

@@ -7,9 +7,10 @@
 //! `(scope, key)` across the whole table: a key lands in one partition, whichever delivery
 //! writes it. `key` is compared bytewise (`COLLATE "C"`), as the bounds are written.
 
-use sqlx::{Pool, Postgres, Row as _};
+use sqlx::{Pool, Postgres, Row as _, Transaction};
 
-use super::{DDL, PgSql};
+use super::{DDL, PgSql, database_code};
+use crate::backend::Table;
 use crate::backend::sealed::Dialect as _;
 
 /// `check_violation`: a new partition's range holds rows of the default partition.
@@ -61,20 +62,27 @@ fn creates() -> [&'static str; 2] {
 /// The tables partitioned alike: the markers and their lease steps.
 const PARENTS: [&str; 2] = ["{t}", "{t}_steps"];
 
-/// Serialises the partitions' DDL with `migrate`'s, per table.
-const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('idem.migrate.' || $1))";
+/// A transaction that holds `migrate`'s lock of `table`, which serialises the partitions' DDL
+/// with `migrate`'s.
+async fn locked(
+    pool: &Pool<Postgres>,
+    table: &Table,
+) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idem.migrate.' || $1))")
+        .bind(table.as_str())
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
 
 /// Creates the marker and steps tables partitioned, each with a default partition for keys
 /// that carry no time, unless the marker table is partitioned already; refuses a marker table
 /// that exists and is not.
 pub(crate) async fn create_parents(pool: &Pool<Postgres>, sql: &PgSql) -> Result<(), Refused> {
     let table = Postgres::table(sql);
-    let mut tx = pool.begin().await?;
-    sqlx::query(LOCK)
-        .bind(table.as_str())
-        .persistent(false)
-        .execute(&mut *tx)
-        .await?;
+    let mut tx = locked(pool, table).await?;
     for parent in PARENTS {
         let name = parent.replace("{t}", table.as_str());
         let kind: Option<String> =
@@ -113,13 +121,8 @@ pub(crate) async fn create(
     days: &[Range],
 ) -> Result<(Vec<String>, Vec<String>), sqlx::Error> {
     let table = Postgres::table(sql);
-    let mut tx = pool.begin().await?;
+    let mut tx = locked(pool, table).await?;
     sqlx::query("SET LOCAL client_min_messages = warning")
-        .persistent(false)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query(LOCK)
-        .bind(table.as_str())
         .persistent(false)
         .execute(&mut *tx)
         .await?;
@@ -144,7 +147,7 @@ pub(crate) async fn create(
                 .await
             {
                 Ok(_) => {}
-                Err(e) if code(&e).as_deref() == Some(CHECK_VIOLATION) => {
+                Err(e) if database_code(&e).as_deref() == Some(CHECK_VIOLATION) => {
                     refused = true;
                     break;
                 }
@@ -204,12 +207,7 @@ pub(crate) async fn drop(
         return Ok(());
     }
     let table = Postgres::table(sql);
-    let mut tx = pool.begin().await?;
-    sqlx::query(LOCK)
-        .bind(table.as_str())
-        .persistent(false)
-        .execute(&mut *tx)
-        .await?;
+    let mut tx = locked(pool, table).await?;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "SET LOCAL lock_timeout = {lock_ms}"
     )))
@@ -226,12 +224,6 @@ pub(crate) async fn drop(
         }
     }
     tx.commit().await
-}
-
-fn code(err: &sqlx::Error) -> Option<String> {
-    err.as_database_error()
-        .and_then(|e| e.code())
-        .map(|c| c.into_owned())
 }
 
 #[cfg(test)]
