@@ -95,8 +95,9 @@ pub trait Claims: Dialect {
         step: Savepoint,
         claimant: Claimant<'t>,
         replay: bool,
-    ) -> impl Future<Output = Result<Result<(bool, Option<Found>), sqlx::Error>, sqlx::Error>> + Send + 't
-    {
+    ) -> impl Future<Output = Result<Result<(bool, Option<Found>), sqlx::Error>, sqlx::Error>>
+    + Send
+    + 't {
         async move {
             Self::savepoint(conn, step).await?;
             Ok(Self::claim_or_read(conn, sql, claimant, replay, false).await)

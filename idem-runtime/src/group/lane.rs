@@ -14,9 +14,9 @@
 //! before the generation commits.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sqlx::Transaction;
 use tokio::sync::{Mutex, OwnedMutexGuard, watch};
@@ -324,10 +324,7 @@ impl<DB: Backend> Turn<DB> {
     pub(crate) async fn open_failed(&mut self, e: sqlx::Error) -> Result<(), sqlx::Error> {
         self.armed = false;
         if self.guard.pending.is_none() {
-            self.fail(
-                false,
-                &format!("its transaction was lost during a claim: {e}"),
-            );
+            self.fail(false, &format!("its transaction was lost during a claim: {e}"));
             return Err(e);
         }
         let why = match DB::is_aborted(&e) {

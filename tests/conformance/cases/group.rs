@@ -203,9 +203,8 @@ pub(crate) async fn group_member_that_swallows_a_failed_statement_is_rolled_back
     within(60, "the first call parking in its body", hold.entered()).await;
     let mut others = Vec::new();
     for job in batch[1..].iter().cloned() {
-        let (at, call) = (job.id as usize, group.clone());
+        let group = group.clone();
         others.push(tokio::spawn(async move {
-            let group = call;
             let done = match job.id {
                 2 => apply_grouped_swallowing(&group, &job).await,
                 _ => apply_grouped(&group, &job, Then::Commit).await,
@@ -213,21 +212,16 @@ pub(crate) async fn group_member_that_swallows_a_failed_statement_is_rolled_back
             (job.id, done)
         }));
         // In this order: job 2 runs right after job 1, and job 3 carries job 2's release.
-        until_queued(&group, at).await;
+        until_queued(&group, job.id as usize).await;
     }
     hold.release();
-    assert_eq!(
-        applied(within(60, "job 1", first).await.expect("no panic")),
-        10
-    );
+    assert_eq!(applied(within(60, "job 1", first).await.expect("no panic")), 10);
     for task in others {
         let (id, done) = within(60, "a grouped delivery", task)
             .await
             .expect("no panic");
         match (id, done) {
-            (2, Err(TestError::Idem(Error::RolledBack { key, .. })))
-                if S::FAILED_STATEMENT_ABORTS =>
-            {
+            (2, Err(TestError::Idem(Error::RolledBack { key, .. }))) if S::FAILED_STATEMENT_ABORTS => {
                 assert_eq!(key, "job-2");
             }
             (id, Ok(Outcome::Applied(v))) if id != 2 || !S::FAILED_STATEMENT_ABORTS => {
@@ -237,10 +231,7 @@ pub(crate) async fn group_member_that_swallows_a_failed_statement_is_rolled_back
         }
     }
     let kept = if S::FAILED_STATEMENT_ABORTS { 4 } else { 5 };
-    assert_eq!(
-        (ctx.effects_total().await, ctx.markers().await),
-        (kept, kept)
-    );
+    assert_eq!((ctx.effects_total().await, ctx.markers().await), (kept, kept));
     if S::FAILED_STATEMENT_ABORTS {
         assert_eq!(ctx.effects(2).await, 0);
         let again = apply_grouped(&group, &batch[1], Then::Commit).await;

@@ -349,10 +349,7 @@ impl Claims for MySql {
         }
         let _ = write!(insert, ",{},UTC_TIMESTAMP(6),UTC_TIMESTAMP(6))", c.nonce);
         let message = format!("{}; {}", step.ansi(), bounded(&insert, c.wait).as_str());
-        match sqlx::raw_sql(AssertSqlSafe(message))
-            .execute(&mut *conn)
-            .await
-        {
+        match sqlx::raw_sql(AssertSqlSafe(message)).execute(&mut *conn).await {
             Ok(_) => Ok(Ok((true, None))),
             Err(e) if number(&e) == Some(ER_DUP_ENTRY) => {
                 let found = Self::marker(conn, sql, c.scope, c.key).await;

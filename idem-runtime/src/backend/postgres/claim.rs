@@ -45,18 +45,8 @@ fn claim_or_read_of(when_inserted: &str, values: [&str; 5], fingerprint: &str) -
 /// binds, so the values are literals: scope, key and fingerprint as hex digits (nothing to
 /// escape, whatever `standard_conforming_strings` says), the fingerprint read back as hex
 /// too (whatever `bytea_output` says).
-fn savepoint_and_claim_sql(
-    step: Savepoint,
-    table: &Table,
-    c: Claimant<'_>,
-    replay: bool,
-) -> SqlStr {
-    let text = |value: &str| {
-        format!(
-            "convert_from(decode('{}', 'hex'), 'UTF8')",
-            hex(value.as_bytes())
-        )
-    };
+fn savepoint_and_claim_sql(step: Savepoint, table: &Table, c: Claimant<'_>, replay: bool) -> SqlStr {
+    let text = |value: &str| format!("convert_from(decode('{}', 'hex'), 'UTF8')", hex(value.as_bytes()));
     let (scope, key) = (text(c.scope), text(c.key));
     let print = match c.fingerprint {
         Some(print) => format!("decode('{}', 'hex')", hex(print)),
