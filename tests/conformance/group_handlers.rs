@@ -81,19 +81,6 @@ pub(crate) async fn apply_grouped_holding<DB: TestDb>(
     Ok(job.amount)
 }
 
-/// `apply_grouped` whose body runs a statement that fails, swallows its error and returns
-/// `Ok` (PostgreSQL aborts the call's savepoint; elsewhere the statement undoes only itself).
-#[idem::idempotent(key = "job.key", scope = "apply", group)]
-pub(crate) async fn apply_grouped_swallowing<DB: TestDb>(
-    tx: &mut Transaction<'_, DB>,
-    job: &Job,
-) -> Result<i64, TestError> {
-    insert_effect(tx, job, "group").await?;
-    let failed = DB::execute(&mut **tx, "SELECT * FROM idem_no_such_table", &[]).await;
-    assert!(failed.is_err(), "the statement fails");
-    Ok(job.amount)
-}
-
 /// With `replay`: the value is the job's amount, stored with the marker.
 #[idem::idempotent(key = "job.key", scope = "apply.replay", group, replay)]
 pub(crate) async fn apply_grouped_replay<DB: TestDb>(

@@ -115,38 +115,6 @@ pub enum Savepoint {
     Release,
     /// Rolled back to and released: nothing of the job stays.
     RollBack,
-    /// A group member's savepoint opened in `slot`; with `carry`, the other slot's savepoint,
-    /// which the member before it kept and left open, released first in the same message.
-    Member {
-        slot: Slot,
-        carry: bool,
-        wait: Option<Duration>,
-    },
-    /// A group member's savepoint released: its work stays in the transaction.
-    ReleaseAt(Slot),
-    /// A group member's savepoint rolled back to and released.
-    RollBackAt(Slot),
-}
-
-/// Which of two savepoint names a group member's savepoint has. A member that kept its work
-/// leaves its savepoint open for the next member's first message to release; the two take
-/// turns, so that a statement naming one can never reach the other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Slot {
-    /// `idem_job`.
-    A,
-    /// `idem_job_b`.
-    B,
-}
-
-impl Slot {
-    /// The other name.
-    pub(crate) fn other(self) -> Slot {
-        match self {
-            Slot::A => Slot::B,
-            Slot::B => Slot::A,
-        }
-    }
 }
 
 impl Savepoint {
@@ -157,30 +125,6 @@ impl Savepoint {
             Savepoint::Next(_) => "RELEASE SAVEPOINT idem_job; SAVEPOINT idem_job",
             Savepoint::Release => "RELEASE SAVEPOINT idem_job",
             Savepoint::RollBack => "ROLLBACK TO SAVEPOINT idem_job; RELEASE SAVEPOINT idem_job",
-            Savepoint::Member { slot, carry, .. } => match (slot, carry) {
-                (Slot::A, false) => "SAVEPOINT idem_job",
-                (Slot::B, false) => "SAVEPOINT idem_job_b",
-                (Slot::A, true) => "RELEASE SAVEPOINT idem_job_b; SAVEPOINT idem_job",
-                (Slot::B, true) => "RELEASE SAVEPOINT idem_job; SAVEPOINT idem_job_b",
-            },
-            Savepoint::ReleaseAt(Slot::A) => "RELEASE SAVEPOINT idem_job",
-            Savepoint::ReleaseAt(Slot::B) => "RELEASE SAVEPOINT idem_job_b",
-            Savepoint::RollBackAt(Slot::A) => {
-                "ROLLBACK TO SAVEPOINT idem_job; RELEASE SAVEPOINT idem_job"
-            }
-            Savepoint::RollBackAt(Slot::B) => {
-                "ROLLBACK TO SAVEPOINT idem_job_b; RELEASE SAVEPOINT idem_job_b"
-            }
-        }
-    }
-
-    /// The wait that bounds the claim after an opening step (PostgreSQL's one-message claim
-    /// falls back to two messages under one).
-    #[cfg(feature = "postgres")]
-    fn wait(self) -> Option<Duration> {
-        match self {
-            Savepoint::Open(wait) | Savepoint::Next(wait) | Savepoint::Member { wait, .. } => wait,
-            _ => None,
         }
     }
 }

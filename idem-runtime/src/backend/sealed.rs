@@ -86,24 +86,6 @@ pub trait Claims: Dialect {
         own: bool,
     ) -> impl Future<Output = Result<(bool, Option<Found>), sqlx::Error>> + Send + 't;
 
-    /// Runs `step` (a group member's savepoint), then [`claim_or_read`](Claims::claim_or_read),
-    /// in one round trip where the backend can (PostgreSQL, without a `wait`). The outer
-    /// `Err`: `step` failed and the claim did not run; the inner one: the claim failed.
-    fn savepoint_and_claim<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t Self::Sql,
-        step: Savepoint,
-        claimant: Claimant<'t>,
-        replay: bool,
-    ) -> impl Future<Output = Result<Result<(bool, Option<Found>), sqlx::Error>, sqlx::Error>>
-    + Send
-    + 't {
-        async move {
-            Self::savepoint(conn, step).await?;
-            Ok(Self::claim_or_read(conn, sql, claimant, replay, false).await)
-        }
-    }
-
     /// Reads a marker: its state on the database's clock, fingerprint and stored value;
     /// `None` if it is gone.
     fn marker<'t>(

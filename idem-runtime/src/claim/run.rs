@@ -9,7 +9,7 @@ use std::future::Future;
 use sqlx::{Connection as _, Transaction};
 
 use super::{CLAIM_ATTEMPTS, Claimed, Decision, RECHECKS, Request, Ticket, TxHeld, decide, nested};
-use crate::backend::{Backend, Found, Savepoint};
+use crate::backend::{Backend, Savepoint};
 use crate::error::Error;
 use crate::observe::trace_context;
 use crate::observe::{self, Answer, Observed};
@@ -142,28 +142,10 @@ async fn claim_one<DB: Backend>(
     request: &Request,
     own: bool,
 ) -> Result<Attempt<()>, sqlx::Error> {
-    let (c, replay) = (request.claimant(), request.options.replay);
-    let first = DB::claim_or_read(conn, sql, c, replay, own).await?;
-    claim_from::<DB>(conn, sql, request, first, own).await
-}
-
-/// [`claim_one`] from the answer of its first insert.
-async fn claim_from<DB: Backend>(
-    conn: &mut DB::Connection,
-    sql: &DB::Sql,
-    request: &Request,
-    first: (bool, Option<Found>),
-    own: bool,
-) -> Result<Attempt<()>, sqlx::Error> {
     let c = request.claimant();
     let replay = request.options.replay;
-    let mut first = Some(first);
     for _ in 0..RECHECKS {
-        let inserted = match first.take() {
-            Some(inserted) => inserted,
-            None => DB::claim_or_read(conn, sql, c, replay, own).await?,
-        };
-        let found = match inserted {
+        let found = match DB::claim_or_read(conn, sql, c, replay, own).await? {
             (true, _) => return Ok(Attempt::Fresh((), false)),
             (false, Some(found)) => Some(found),
             // Committed while the insert waited for it: read it now.
@@ -301,49 +283,35 @@ async fn savepoint_attempt<'a, DB: Backend>(
     }
 }
 
-/// Why a claim in a savepoint of a shared transaction (a group's) could not answer.
-#[derive(Debug)]
-pub(crate) enum Lost {
-    /// The step that opens the savepoint failed, and the claim did not run: the savepoint a
-    /// member before it kept could not be released (the step carried that release), or the
-    /// transaction is gone.
-    Opening(sqlx::Error),
-    /// The transaction is gone: rolling back to the claim's savepoint failed (a lost
-    /// connection; on MySQL a deadlock or lock wait that rolled back the whole transaction).
-    Gone(sqlx::Error),
-}
-
-/// One attempt of a claim in a savepoint of a shared transaction (a group's): `open` (the
-/// savepoint, bounding the claim by `wait` where the backend does so per transaction) and the
-/// claim's insert in one message where the backend can, the rest of the claim, and for
-/// anything but a fresh claim `back`, the savepoint rolled back, so that the transaction is as
-/// it was.
+/// One attempt of a claim in a savepoint of a shared transaction (a group's): the savepoint
+/// (bounding the claim by `wait` where the backend does so per transaction), the claim, and
+/// for anything but a fresh claim the savepoint rolled back, so that the transaction is as it
+/// was. The outer `Err` says the transaction itself is gone: rolling back to the savepoint
+/// failed (a lost connection; on MySQL a deadlock or lock wait that rolled back the whole
+/// transaction).
 pub(crate) async fn shared_attempt<DB: Backend>(
     conn: &mut DB::Connection,
     sql: &DB::Sql,
     request: &Request,
-    open: Savepoint,
-    back: Savepoint,
-) -> Result<Result<Attempt<()>, sqlx::Error>, Lost> {
-    let c = request.claimant();
-    let first = DB::savepoint_and_claim(conn, sql, open, c, request.options.replay).await;
-    let answer = match first.map_err(Lost::Opening)? {
-        Ok(first) => claim_from::<DB>(conn, sql, request, first, false).await,
+) -> Result<Result<Attempt<()>, sqlx::Error>, sqlx::Error> {
+    let opened = DB::savepoint(conn, Savepoint::Open(request.options.wait)).await;
+    let answer = match opened {
+        Ok(()) => claim_one::<DB>(conn, sql, request, false).await,
         Err(e) => Err(e),
     };
     match answer {
         Ok(Attempt::Fresh((), took_over)) => Ok(Ok(Attempt::Fresh((), took_over))),
         Ok(answer) => {
-            DB::savepoint(conn, back).await.map_err(Lost::Gone)?;
+            DB::savepoint(conn, Savepoint::RollBack).await?;
             Ok(Ok(answer))
         }
         // An error that took the whole transaction with it (MySQL's deadlock victim, a
         // transaction Galera's certification aborted) makes the rollback fail as well, with
         // `SAVEPOINT .. does not exist`: the claim's own error is the one that says what
         // happened (a lost race, which is retried), as in `savepoint_attempt`.
-        Err(e) => match DB::savepoint(conn, back).await {
+        Err(e) => match DB::savepoint(conn, Savepoint::RollBack).await {
             Ok(()) => Ok(Err(e)),
-            Err(_) => Err(Lost::Gone(e)),
+            Err(_) => Err(e),
         },
     }
 }

@@ -2,28 +2,21 @@
 //! generation (one group, one commit) after another.
 //!
 //! A turn is the lane's lock: the call holding it runs its claim and body on the lane's
-//! transaction, each call behind a savepoint of its own. A call that keeps its work gives up
-//! the lock and waits for its generation's end; the generation closes when it is full, when
-//! its delay bound runs out, or when no other call is waiting for the lane, and a task of its
-//! own commits it, so that no caller's cancellation can stop the commit of the others.
-//!
-//! A kept call whose generation stays open leaves its savepoint open (pending): the next
-//! call's first message releases it, with that call's own savepoint and claim, so that
-//! keeping costs no round trip of its own. Whoever finds it cannot be released (its savepoint
-//! was aborted under a body that returned `Ok`) rolls it back and tells the call (`Undone`)
-//! before the generation commits.
+//! transaction, each call behind a savepoint of its own. A call that keeps its work releases
+//! its savepoint and the lock, then waits for its generation's end; the generation closes
+//! when it is full, when its delay bound runs out, or when no other call is waiting for the
+//! lane, and a task of its own commits it, so that no caller's cancellation can stop the
+//! commit of the others.
 
 use std::collections::HashSet;
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sqlx::Transaction;
 use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
 use super::GroupOptions;
-use super::closing::{Closing, KeptBy};
-use crate::backend::{Backend, Savepoint, Slot};
+use crate::backend::{Backend, Check, Claimant, Partition, Savepoint};
 use crate::claim::{Kept, Request};
 use crate::options::ClaimOptions;
 use crate::store::Store;
@@ -48,31 +41,6 @@ pub(crate) enum Ended {
 
 /// The end of a generation, awaited by its calls.
 pub(crate) type Waiter = watch::Receiver<Option<Ended>>;
-
-/// Why a kept call's work was undone before its generation's commit.
-#[derive(Debug, Clone)]
-pub(crate) enum Undone {
-    /// Its savepoint was aborted: a statement of its body failed, and the body returned
-    /// `Ok` all the same (PostgreSQL).
-    Aborted,
-    /// Its savepoint was rolled back with the generation going on: whether it could be
-    /// released was not to be told (the call after it was dropped in its first message).
-    Lost(Arc<str>),
-}
-
-/// Where a kept call reads whether its work was undone: set, if ever, before its
-/// generation's end is sent.
-pub(crate) type Undo = Arc<OnceLock<Undone>>;
-
-/// A kept call whose savepoint is still open, for the next call's first message (or the
-/// generation's close) to release.
-#[derive(Debug)]
-pub(super) struct Pending {
-    pub(super) slot: Slot,
-    pub(super) undo: Undo,
-    /// The kept call before it, which the commit checks if this one is undone.
-    pub(super) before: Option<KeptBy>,
-}
 
 /// One lane: its open generation behind the lock of its turns.
 #[derive(Debug)]
@@ -99,7 +67,6 @@ impl<DB: Backend> Lane<DB> {
         let mut turn = Turn {
             guard,
             armed: false,
-            slot: Slot::A,
             queued,
         };
         turn.ready(shared, &self.open).await?;
@@ -138,11 +105,9 @@ pub(crate) struct Open<DB: Backend> {
     /// A kept call of this generation wrote outbox messages.
     wrote: bool,
     ended: Option<watch::Sender<Option<Ended>>>,
-    /// The savepoint of a call that was dropped while it may have been open, in this slot:
-    /// it is rolled back before anything else runs.
-    dirty: Option<Slot>,
-    /// The last kept call's savepoint, left open.
-    pending: Option<Pending>,
+    /// A call's savepoint may be open with no call to end it (the call was dropped): it is
+    /// rolled back before anything else runs.
+    dirty: bool,
 }
 
 impl<DB: Backend> Default for Open<DB> {
@@ -156,64 +121,21 @@ impl<DB: Backend> Default for Open<DB> {
             kept: None,
             wrote: false,
             ended: None,
-            dirty: None,
-            pending: None,
+            dirty: false,
         }
     }
 }
 
 impl<DB: Backend> Open<DB> {
     /// Rolls back the savepoint a dropped call left open; the generation fails if that fails.
-    /// The state is changed only once a statement answered: a clean cut short by a drop of
-    /// its own is done again by the next turn.
     async fn clean(&mut self) {
-        let (Some(slot), Some(tx)) = (self.dirty, &mut self.tx) else {
-            self.dirty = None;
+        if !std::mem::take(&mut self.dirty) {
             return;
-        };
-        let back = DB::savepoint(tx, Savepoint::RollBackAt(slot)).await;
-        let pending = self.pending.as_ref().map(|p| p.slot);
-        match (back, pending) {
-            // The dropped call's savepoint was there: its first message went through,
-            // releasing the one it carried.
-            (Ok(()), _) => self.pending = None,
-            (Err(e), None) => {
-                let reason =
-                    format!("the savepoint of a cancelled call could not be rolled back: {e}");
-                self.fail(false, &reason);
-            }
-            // It was not: its first message did not run, or its carried release failed.
-            (Err(_), Some(kept)) => {
-                if DB::savepoint(tx, Savepoint::ReleaseAt(kept)).await.is_ok() {
-                    self.pending = None;
-                } else {
-                    let why = "the call after it was cancelled in its first statement, and \
-                               the savepoint it left open could not be released";
-                    self.undo_pending(Undone::Lost(why.into())).await;
-                }
-            }
         }
-        self.dirty = None;
-    }
-
-    /// Rolls back the pending call's savepoint and tells it why; the generation fails if that
-    /// fails (which tells the call too).
-    async fn undo_pending(&mut self, why: Undone) {
-        let (Some(slot), Some(tx)) = (self.pending.as_ref().map(|p| p.slot), &mut self.tx) else {
-            return;
-        };
-        match DB::savepoint(tx, Savepoint::RollBackAt(slot)).await {
-            Ok(()) => {
-                let pending = self.pending.take().expect("looked at above");
-                self.kept = pending.before;
-                self.members -= 1;
-                // Set before the generation's end is sent, which the call awaits first.
-                let _ = pending.undo.set(why);
-            }
-            Err(e) => {
-                let reason = format!("the savepoint of a kept call could not be rolled back: {e}");
-                self.fail(false, &reason);
-            }
+        let Some(tx) = &mut self.tx else { return };
+        if let Err(e) = DB::savepoint(tx, Savepoint::RollBack).await {
+            let reason = format!("the savepoint of a cancelled call could not be rolled back: {e}");
+            self.fail(false, &reason);
         }
     }
 
@@ -232,8 +154,6 @@ impl<DB: Backend> Open<DB> {
     }
 
     fn reset(&mut self) {
-        // A pending call learns the generation's end from its sender: nothing to undo.
-        self.pending = None;
         self.members = 0;
         self.fresh.clear();
         self.moved.clear();
@@ -248,14 +168,13 @@ impl<DB: Backend> Open<DB> {
             .ended
             .take()
             .expect("an open generation has its sender");
-        let (kept, wrote, pending) = (self.kept.take(), self.wrote, self.pending.take());
+        let (kept, wrote) = (self.kept.take(), self.wrote);
         self.reset();
         Some(Closing {
             tx,
             ended,
             kept,
             wrote,
-            pending,
         })
     }
 }
@@ -268,15 +187,13 @@ impl<DB: Backend> Open<DB> {
 pub(crate) struct Turn<DB: Backend> {
     guard: OwnedMutexGuard<Open<DB>>,
     armed: bool,
-    /// The name of the call's savepoint.
-    slot: Slot,
     queued: Queued,
 }
 
 impl<DB: Backend> Drop for Turn<DB> {
     fn drop(&mut self) {
         if self.armed {
-            self.guard.dirty = Some(self.slot);
+            self.guard.dirty = true;
         }
     }
 }
@@ -301,51 +218,9 @@ impl<DB: Backend> Turn<DB> {
         Ok(())
     }
 
-    /// The step that opens the call's savepoint (from here on it may be open): in the slot
-    /// the pending call did not take, carrying the release of that call's savepoint if there
-    /// is one.
-    pub(crate) fn opening(&mut self, wait: Option<Duration>) -> Savepoint {
-        let pending = self.guard.pending.as_ref().map(|p| p.slot);
-        self.slot = pending.map_or(Slot::A, Slot::other);
+    /// From here on the call's savepoint may be open.
+    pub(crate) fn arm(&mut self) {
         self.armed = true;
-        let (slot, carry) = (self.slot, pending.is_some());
-        Savepoint::Member { slot, carry, wait }
-    }
-
-    /// The opening step went through: the pending call's savepoint was released with it.
-    pub(crate) fn opened(&mut self) {
-        self.guard.pending = None;
-    }
-
-    /// The opening step failed (`e`) and the claim did not run. If it carried the pending
-    /// call's release, that call's savepoint is rolled back (it was aborted under its body,
-    /// or the transaction is gone, and then the generation fails) and `Ok`: open again.
-    /// Otherwise the transaction is gone: the generation fails, and `e` is the call's.
-    pub(crate) async fn open_failed(&mut self, e: sqlx::Error) -> Result<(), sqlx::Error> {
-        self.armed = false;
-        if self.guard.pending.is_none() {
-            self.fail(false, &format!("its transaction was lost during a claim: {e}"));
-            return Err(e);
-        }
-        let why = match DB::is_aborted(&e) {
-            true => Undone::Aborted,
-            false => Undone::Lost(format!("its savepoint could not be released: {e}").into()),
-        };
-        self.guard.undo_pending(why).await;
-        Ok(())
-    }
-
-    /// The name of the call's savepoint.
-    pub(crate) fn slot(&self) -> Slot {
-        self.slot
-    }
-
-    /// Whether the call, once kept, may leave its savepoint open for the next call's first
-    /// message to release: another call waits for the lane, and the generation will not be
-    /// full with this one (a generation closing now releases it itself).
-    pub(crate) fn may_stay_open(&self, shared: &Shared<DB>) -> bool {
-        let waiting = self.queued.0.load(Ordering::SeqCst) > 1;
-        waiting && self.guard.members + 1 < shared.options.max_size
     }
 
     /// The call's savepoint is settled (released or rolled back).
@@ -399,13 +274,11 @@ impl<DB: Backend> Turn<DB> {
         }
     }
 
-    /// The call's work is in the generation (its savepoint released, or left open if
-    /// `stays_open`: see [`may_stay_open`](Turn::may_stay_open)): counts it, and ends the
-    /// turn (see [`leave`](Turn::leave)), closing the generation at once if it is full.
+    /// The call's work is in the generation (its savepoint released): counts it, and ends
+    /// the turn (see [`leave`](Turn::leave)), closing the generation at once if it is full.
     /// `kept` is what its claim wrote (a marker, or watermarks: `moved`, as (topic,
     /// partition), all of the request's scope, its consumer group); `wrote`, whether it wrote
-    /// outbox messages. Returns the end to wait for, and where to read, once it came, whether
-    /// the call's work was undone after all (a savepoint left open).
+    /// outbox messages. Returns the end to wait for.
     pub(crate) fn kept(
         mut self,
         request: &Request,
@@ -413,8 +286,7 @@ impl<DB: Backend> Turn<DB> {
         kept: &Kept,
         moved: &[(String, i32)],
         wrote: bool,
-        stays_open: bool,
-    ) -> (Waiter, Option<Undo>) {
+    ) -> Waiter {
         self.armed = false;
         let open = &mut *self.guard;
         open.wrote |= wrote;
@@ -428,20 +300,11 @@ impl<DB: Backend> Turn<DB> {
         let partition = kept
             .partition()
             .map(|at| (at.topic.to_owned(), at.partition));
-        let before = open.kept.replace(KeptBy {
+        open.kept = Some(KeptBy {
             scope: scope.clone(),
             key: key.clone(),
             nonce: request.nonce,
             partition,
-        });
-        let undo = stays_open.then(|| {
-            let undo = Undo::default();
-            open.pending = Some(Pending {
-                slot: self.slot,
-                undo: undo.clone(),
-                before,
-            });
-            undo
         });
         for (topic, partition) in moved {
             open.moved
@@ -452,7 +315,7 @@ impl<DB: Backend> Turn<DB> {
         }
         let full = open.members >= shared.options.max_size;
         self.leave(shared, full);
-        (waiter, undo)
+        waiter
     }
 
     /// Ends the turn; the generation closes (commits what its calls kept, or ends a
@@ -487,6 +350,86 @@ async fn close_after_delay<DB: Backend>(
     drop(open);
     if let Some(closing) = closing {
         closing.commit(shared).await;
+    }
+}
+
+/// A generation taken out of its lane, to be committed.
+struct Closing<DB: Backend> {
+    tx: Transaction<'static, DB>,
+    ended: watch::Sender<Option<Ended>>,
+    kept: Option<KeptBy>,
+    wrote: bool,
+}
+
+/// A kept call's identity: its scope, key and nonce, and, for an offset claim, the partition
+/// (topic, partition) whose watermark holds its nonce (the scope is its consumer group).
+#[derive(Debug)]
+struct KeptBy {
+    scope: String,
+    key: String,
+    nonce: i64,
+    partition: Option<(String, i32)>,
+}
+
+impl<DB: Backend> Closing<DB> {
+    /// Commits the generation (verified, as every claim's commit is) and tells its calls.
+    async fn commit(self, shared: Arc<Shared<DB>>) {
+        let Closing {
+            tx,
+            ended,
+            kept,
+            wrote,
+        } = self;
+        let options = ClaimOptions::new();
+        let end = match kept {
+            // No call kept anything: the transaction only held claims that were given back.
+            None => {
+                drop(DB::rollback(tx, &options).await);
+                Ended::Committed
+            }
+            Some(kept) => {
+                let table = DB::table(shared.store.sql());
+                let check = match &kept.partition {
+                    None => Check::Marker(
+                        table,
+                        Claimant {
+                            scope: &kept.scope,
+                            key: &kept.key,
+                            fingerprint: None,
+                            nonce: kept.nonce,
+                            wait: None,
+                        },
+                    ),
+                    Some((topic, partition)) => {
+                        let at = Partition {
+                            group: &kept.scope,
+                            topic,
+                            partition: *partition,
+                        };
+                        Check::Offsets(table, at, kept.nonce)
+                    }
+                };
+                match DB::commit(tx, check, &options).await {
+                    Ok(true) => {
+                        if wrote {
+                            table.wake().committed();
+                        }
+                        Ended::Committed
+                    }
+                    Ok(false) => Ended::Failed {
+                        may_be_kept: false,
+                        reason: "the database rolled the group's transaction back".into(),
+                    },
+                    // The server's own error: not committed. Anything else (a lost
+                    // connection) may have come after the commit landed.
+                    Err(e) => Ended::Failed {
+                        may_be_kept: e.as_database_error().is_none(),
+                        reason: format!("its commit failed: {e}").into(),
+                    },
+                }
+            }
+        };
+        ended.send_replace(Some(end));
     }
 }
 

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use sqlx::Transaction;
 
-use super::lane::{Ended, Lane, Shared, Turn, Undo, Undone, Waiter, ended};
+use super::lane::{Ended, Lane, Shared, Turn, Waiter, ended};
 use crate::backend::{Backend, Savepoint};
 use crate::claim::nested::Body;
-use crate::claim::run::{Attempt, Attempts, Lost, conclude, retrying, shared_attempt, start};
+use crate::claim::run::{Attempt, Attempts, conclude, retrying, shared_attempt, start};
 use crate::claim::{Claimed, Hold, Kept, Request, Ticket, finish};
 use crate::error::Error;
 use crate::observe;
@@ -70,30 +70,23 @@ impl<DB: Backend> Attempts for InGroup<'_, DB> {
     type Fresh = ();
 
     async fn attempt(&mut self) -> Result<Attempt<()>, sqlx::Error> {
-        loop {
-            if self.turn.tx().is_none() {
-                self.turn.again(self.shared, self.lane).await?;
+        if self.turn.tx().is_none() {
+            self.turn.again(self.shared, self.lane).await?;
+        }
+        let sql = self.shared.store.sql();
+        self.turn.arm();
+        let tx = self.turn.tx().expect("readied above");
+        match shared_attempt::<DB>(tx, sql, self.request).await {
+            Ok(Ok(Attempt::Fresh((), took_over))) => Ok(Attempt::Fresh((), took_over)),
+            Ok(answer) => {
+                self.turn.disarm();
+                answer
             }
-            let sql = self.shared.store.sql();
-            let open = self.turn.opening(self.request.options.wait);
-            let back = Savepoint::RollBackAt(self.turn.slot());
-            let tx = self.turn.tx().expect("readied above");
-            match shared_attempt::<DB>(tx, sql, self.request, open, back).await {
-                Ok(answer) => {
-                    self.turn.opened();
-                    if !matches!(answer, Ok(Attempt::Fresh(..))) {
-                        self.turn.disarm();
-                    }
-                    return answer;
-                }
-                // The pending call's savepoint is settled: open again.
-                Err(Lost::Opening(e)) => self.turn.open_failed(e).await?,
-                Err(Lost::Gone(e)) => {
-                    self.turn.disarm();
-                    let reason = format!("its transaction was lost during a claim: {e}");
-                    self.turn.fail(false, &reason);
-                    return Err(e);
-                }
+            Err(e) => {
+                self.turn.disarm();
+                let reason = format!("its transaction was lost during a claim: {e}");
+                self.turn.fail(false, &reason);
+                Err(e)
             }
         }
     }
@@ -209,17 +202,11 @@ impl<DB: Backend> Hold for GroupHold<DB> {
         _: Option<&str>,
         _: Option<&Pending>,
     ) -> Result<(), Error> {
-        let turn = self.turn.as_ref().expect("held until the end");
-        let (slot, stays_open) = (turn.slot(), turn.may_stay_open(&self.shared));
-        // Left open, the savepoint is released by the next call's first message.
-        let released = match stays_open {
-            true => Ok(()),
-            false => DB::savepoint(self.tx(), Savepoint::ReleaseAt(slot)).await,
-        };
+        let released = DB::savepoint(self.tx(), Savepoint::Release).await;
         if let Err(e) = released {
             // The body's statements failed under it although it returned `Ok` (PostgreSQL
             // aborted its savepoint), or the transaction is gone.
-            let back = DB::savepoint(self.tx(), Savepoint::RollBackAt(slot)).await;
+            let back = DB::savepoint(self.tx(), Savepoint::RollBack).await;
             let mut turn = self.turn.take().expect("held until the end");
             turn.disarm();
             match back {
@@ -235,17 +222,8 @@ impl<DB: Backend> Hold for GroupHold<DB> {
             });
         }
         let turn = self.turn.take().expect("held until the end");
-        let (shared, kept, moved) = (&self.shared, &self.kept, &self.moved);
-        let (waiter, undo): (Waiter, Option<Undo>) =
-            turn.kept(request, shared, kept, moved, self.wrote, stays_open);
-        let end = ended(waiter).await;
-        // Undone before the generation's end was sent, if at all.
-        match undo.as_ref().and_then(|undo| undo.get()) {
-            Some(Undone::Aborted) => return Err(rolled_back(request)),
-            Some(Undone::Lost(reason)) => return Err(group_failed(request, false, reason)),
-            None => {}
-        }
-        match end {
+        let waiter: Waiter = turn.kept(request, &self.shared, &self.kept, &self.moved, self.wrote);
+        match ended(waiter).await {
             Ended::Committed => Ok(()),
             Ended::Failed {
                 may_be_kept,
@@ -255,8 +233,7 @@ impl<DB: Backend> Hold for GroupHold<DB> {
     }
 
     async fn release(mut self, _: &Request) {
-        let slot = self.turn.as_ref().expect("held until the end").slot();
-        let back = DB::savepoint(self.tx(), Savepoint::RollBackAt(slot)).await;
+        let back = DB::savepoint(self.tx(), Savepoint::RollBack).await;
         let mut turn = self.turn.take().expect("held until the end");
         turn.disarm();
         match back {

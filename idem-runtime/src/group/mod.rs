@@ -5,7 +5,6 @@
 //! the core's one finish, whose keeping step releases the call's savepoint and waits for the
 //! group's commit.
 
-mod closing;
 mod lane;
 mod member;
 mod offsets;

@@ -11,7 +11,7 @@ use super::lane::{Lane, Shared, Turn};
 use super::member::{GroupHeld, not_fresh};
 use crate::backend::{Backend, Savepoint};
 use crate::claim::nested;
-use crate::claim::run::{Attempt, Attempts, Lost, conclude, retrying};
+use crate::claim::run::{Attempt, Attempts, conclude, retrying};
 use crate::claim::{Claimed, Request};
 use crate::error::Error;
 use crate::observe::{self, Answer, Observed};
@@ -152,53 +152,47 @@ impl<DB: Backend> Attempts for InGroup<'_, DB> {
     type Fresh = From;
 
     async fn attempt(&mut self) -> Result<Attempt<From>, sqlx::Error> {
-        loop {
-            if self.turn.tx().is_none() {
-                self.turn.again(self.shared, self.lane).await?;
+        if self.turn.tx().is_none() {
+            self.turn.again(self.shared, self.lane).await?;
+        }
+        let sql = self.shared.store.sql();
+        self.turn.arm();
+        let tx = self.turn.tx().expect("readied above");
+        match in_savepoint::<DB>(tx, sql, self.request, self.group, self.spans).await {
+            Ok(Ok(Attempt::Fresh(from, took_over))) => Ok(Attempt::Fresh(from, took_over)),
+            Ok(answer) => {
+                self.turn.disarm();
+                answer
             }
-            let sql = self.shared.store.sql();
-            let open = self.turn.opening(self.request.options.wait);
-            let back = Savepoint::RollBackAt(self.turn.slot());
-            let tx = self.turn.tx().expect("readied above");
-            let (request, group, spans) = (self.request, self.group, self.spans);
-            match in_savepoint::<DB>(tx, sql, request, group, spans, open, back).await {
-                Ok(answer) => {
-                    self.turn.opened();
-                    if !matches!(answer, Ok(Attempt::Fresh(..))) {
-                        self.turn.disarm();
-                    }
-                    return answer;
-                }
-                // The pending call's savepoint is settled: open again.
-                Err(Lost::Opening(e)) => self.turn.open_failed(e).await?,
-                Err(Lost::Gone(e)) => {
-                    self.turn.disarm();
-                    let reason = format!("its transaction was lost during an offset claim: {e}");
-                    self.turn.fail(false, &reason);
-                    return Err(e);
-                }
+            Err(e) => {
+                self.turn.disarm();
+                let reason = format!("its transaction was lost during an offset claim: {e}");
+                self.turn.fail(false, &reason);
+                Err(e)
             }
         }
     }
 }
 
-/// One attempt: the savepoint (`open`), then each span's watermark in the order of the
-/// partitions; anything but a fresh claim rolls the savepoint back (`back`), so that the
-/// transaction is as it was.
+/// One attempt: the savepoint, then each span's watermark in the order of the partitions;
+/// anything but a fresh claim rolls the savepoint back, so that the transaction is as it was.
+/// The outer `Err` says the transaction itself is gone.
 async fn in_savepoint<DB: Backend>(
     conn: &mut DB::Connection,
     sql: &DB::Sql,
     request: &Request,
     group: &str,
     spans: &[Span],
-    open: Savepoint,
-    back: Savepoint,
-) -> Result<Result<Attempt<From>, sqlx::Error>, Lost> {
-    DB::savepoint(conn, open).await.map_err(Lost::Opening)?;
-    match moves::<DB>(conn, sql, request, group, spans).await {
+) -> Result<Result<Attempt<From>, sqlx::Error>, sqlx::Error> {
+    let opened = DB::savepoint(conn, Savepoint::Open(request.options.wait)).await;
+    let answer = match opened {
+        Ok(()) => moves::<DB>(conn, sql, request, group, spans).await,
+        Err(e) => Err(e),
+    };
+    match answer {
         Ok(Attempt::Fresh(from, took_over)) => Ok(Ok(Attempt::Fresh(from, took_over))),
         other => {
-            DB::savepoint(conn, back).await.map_err(Lost::Gone)?;
+            DB::savepoint(conn, Savepoint::RollBack).await?;
             Ok(other)
         }
     }

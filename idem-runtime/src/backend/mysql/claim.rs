@@ -15,9 +15,6 @@ use crate::backend::sql::{Bound, statements};
 use crate::backend::{Check, Claimant, Found, Savepoint};
 use crate::options::ClaimOptions;
 
-/// `SAVEPOINT .. does not exist`.
-const ER_SP_DOES_NOT_EXIST: u16 = 1305;
-
 /// MySQL 8 only (a no-op on MariaDB, which bounds each claim statement instead): puts the
 /// session's lock wait back to the server's default after a claim that set it.
 const RESTORE_WAIT: &str = "SET @@SESSION.innodb_lock_wait_timeout = IF(/*M! 1 OR */ 0, \
@@ -322,43 +319,6 @@ impl Claims for MySql {
             0 => Ok((true, None)),
             code if plain_duplicate(code, replay) => Ok((false, Some(Found::duplicate()))),
             _ => Ok((false, Self::marker(conn, sql, c.scope, c.key).await?)),
-        }
-    }
-
-    async fn savepoint_and_claim<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t MySqlSql,
-        step: Savepoint,
-        c: Claimant<'t>,
-        _replay: bool,
-    ) -> Result<Result<(bool, Option<Found>), sqlx::Error>, sqlx::Error> {
-        // One text-protocol message, which carries no binds: scope, key and fingerprint as hex
-        // literals, as a batch's claim writes them. MySQL stops a message at its first error,
-        // whose number says which statement it was.
-        let mut insert = format!(
-            "INSERT INTO {} (scope, `key`, fingerprint, token, created_at, completed_at) VALUES (",
-            sql.table.as_str()
-        );
-        push_hex(&mut insert, c.scope.as_bytes());
-        insert.push(',');
-        push_hex(&mut insert, c.key.as_bytes());
-        insert.push(',');
-        match c.fingerprint {
-            Some(print) => push_hex(&mut insert, print),
-            None => insert.push_str("NULL"),
-        }
-        let _ = write!(insert, ",{},UTC_TIMESTAMP(6),UTC_TIMESTAMP(6))", c.nonce);
-        let message = format!("{}; {}", step.ansi(), bounded(&insert, c.wait).as_str());
-        match sqlx::raw_sql(AssertSqlSafe(message)).execute(&mut *conn).await {
-            Ok(_) => Ok(Ok((true, None))),
-            Err(e) if number(&e) == Some(ER_DUP_ENTRY) => {
-                let found = Self::marker(conn, sql, c.scope, c.key).await;
-                Ok(found.map(|found| (false, found)))
-            }
-            // No statement's error (the connection is gone), or the step's: a savepoint of
-            // that name is not there (1305), so the claim did not run.
-            Err(e) if number(&e).is_none_or(|n| n == ER_SP_DOES_NOT_EXIST) => Err(e),
-            Err(e) => Ok(Err(e)),
         }
     }
 

@@ -6,9 +6,9 @@ use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, SqlStr, Transaction};
 use super::pinned::on_conn;
 use super::{IN_FAILED_TRANSACTION, LEASE_OVER, PgSql, UNBOUND, database_code};
 use crate::backend::rows::MarkerState;
-use crate::backend::sealed::{Claims, Dialect as _};
+use crate::backend::sealed::Claims;
 use crate::backend::sql::statements;
-use crate::backend::{Check, Claimant, Found, Savepoint, Table};
+use crate::backend::{Check, Claimant, Found, Savepoint};
 use crate::options::ClaimOptions;
 
 // The claim and, when it inserts nothing, the marker it met, in one statement. A claim that
@@ -21,58 +21,15 @@ use crate::options::ClaimOptions;
 // lease over still waits on the row) and is never true, so that the fresh claim's row is
 // dropped. The `WITH` runs to completion before the `SELECT` reads its count.
 fn claim_or_read(when_inserted: &str) -> String {
-    let binds = ["$1", "$2", "$3", "$4", "$5"];
-    claim_or_read_of(when_inserted, binds, "m.fingerprint")
-}
-
-/// [`claim_or_read`] with `values` in the places of its binds (scope, key, fingerprint, nonce,
-/// replay), and `fingerprint` the expression that reads the marker's fingerprint.
-fn claim_or_read_of(when_inserted: &str, values: [&str; 5], fingerprint: &str) -> String {
-    let [scope, key, print, nonce, replay] = values;
     format!(
         "WITH ins AS (INSERT INTO {{t}} (scope, key, fingerprint, token, completed_at) \
-         VALUES ({scope}, {key}, {print}, {nonce}, now()) ON CONFLICT DO NOTHING RETURNING 1) \
+         VALUES ($1, $2, $3, $4, now()) ON CONFLICT DO NOTHING RETURNING 1) \
          SELECT m.state, \
          (m.locked_until IS NULL OR m.locked_until <= statement_timestamp())::int::int8, \
-         {fingerprint}, CASE WHEN {replay} THEN m.result::text END, m.error \
+         m.fingerprint, CASE WHEN $5 THEN m.result::text END, m.error \
          FROM (SELECT 1 WHERE CASE WHEN EXISTS (SELECT 1 FROM ins) THEN {when_inserted} \
-         ELSE true END) AS one LEFT JOIN {{t}} AS m ON m.scope = {scope} AND m.key = {key}"
+         ELSE true END) AS one LEFT JOIN {{t}} AS m ON m.scope = $1 AND m.key = $2"
     )
-}
-
-/// `step`, then the claim of `c` (without a `wait`), as one simple-query message: one round
-/// trip where a prepared claim after the savepoint would take two. A simple query carries no
-/// binds, so the values are literals: scope, key and fingerprint as hex digits (nothing to
-/// escape, whatever `standard_conforming_strings` says), the fingerprint read back as hex
-/// too (whatever `bytea_output` says).
-fn savepoint_and_claim_sql(step: Savepoint, table: &Table, c: Claimant<'_>, replay: bool) -> SqlStr {
-    let text = |value: &str| format!("convert_from(decode('{}', 'hex'), 'UTF8')", hex(value.as_bytes()));
-    let (scope, key) = (text(c.scope), text(c.key));
-    let print = match c.fingerprint {
-        Some(print) => format!("decode('{}', 'hex')", hex(print)),
-        None => "NULL::bytea".to_owned(),
-    };
-    let nonce = format!("({})::int8", c.nonce);
-    let replay = if replay { "true" } else { "false" };
-    let values = [&*scope, &*key, &*print, &*nonce, replay];
-    let claim = claim_or_read_of("false", values, "encode(m.fingerprint, 'hex')");
-    table.fill(&format!("{}; {claim}", step.ansi()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(2 * bytes.len());
-    for &b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 15)]));
-    }
-    out
-}
-
-fn unhex(digits: &str) -> Option<Vec<u8>> {
-    let pairs = digits.as_bytes().chunks(2);
-    let byte = |pair: &[u8]| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok();
-    pairs.map(byte).collect()
 }
 
 // A free lease becomes this transaction's completed marker holding the claim's nonce; its old
@@ -160,30 +117,17 @@ fn begin_sql(options: &ClaimOptions) -> String {
 /// statement does (`begin_sql`), inside the savepoint, so that a rollback to it undoes that
 /// too.
 fn savepoint_sql(step: Savepoint) -> SqlStr {
-    match step.wait() {
-        Some(wait) => AssertSqlSafe(format!(
+    match step {
+        Savepoint::Open(Some(wait)) | Savepoint::Next(Some(wait)) => AssertSqlSafe(format!(
             "{}; SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true); \
              SET LOCAL lock_timeout = {}",
             step.ansi(),
             crate::backend::millis(wait)
         ))
         .into_sql_str(),
-        None => step.ansi().into_sql_str(),
+        _ => step.ansi().into_sql_str(),
     }
 }
-
-/// Whether a message's error came from its savepoint step, before its claim: the claim never
-/// fails with either code (it runs only once the step went through), and an error of no
-/// statement says the connection is gone.
-fn opening_failed(e: &sqlx::Error) -> bool {
-    match database_code(e).as_deref() {
-        Some(code) => code == IN_FAILED_TRANSACTION || code == INVALID_SAVEPOINT,
-        None => true,
-    }
-}
-
-/// `invalid_savepoint_specification`: no savepoint of that name.
-const INVALID_SAVEPOINT: &str = "3B001";
 
 /// The verified commit of `tx`, in one round trip: `Ok(false)` if the database rolled it back.
 async fn commit_checked(mut tx: Transaction<'_, Postgres>) -> Result<bool, sqlx::Error> {
@@ -274,52 +218,6 @@ impl Claims for Postgres {
         let found = state
             .map(|state| Found::of_row((state, over.unwrap_or(1), fingerprint, result, error)));
         Ok((false, found))
-    }
-
-    async fn savepoint_and_claim<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t PgSql,
-        step: Savepoint,
-        c: Claimant<'t>,
-        replay: bool,
-    ) -> Result<Result<(bool, Option<Found>), sqlx::Error>, sqlx::Error> {
-        type Row = (
-            Option<String>,
-            Option<i64>,
-            Option<String>,
-            Option<String>,
-            Option<String>,
-        );
-        // With a `wait`, the savepoint's message ends with the lock wait's `SET LOCAL`, and
-        // the bounded claim puts it back: two messages, as before.
-        if c.wait.is_some() || step.wait().is_some() {
-            Self::savepoint(conn, step).await?;
-            return Ok(Self::claim_or_read(conn, sql, c, replay, false).await);
-        }
-        let message = savepoint_and_claim_sql(step, Self::table(sql), c, replay);
-        let rows = match sqlx::raw_sql(message).fetch_all(&mut *conn).await {
-            Ok(rows) => rows,
-            // The savepoint's step failed, so the claim did not run: the transaction was
-            // aborted before it (a carried release of an aborted savepoint), the savepoint
-            // was not there, or the connection is gone.
-            Err(e) if opening_failed(&e) => return Err(e),
-            Err(e) => return Ok(Err(e)),
-        };
-        let Some(row) = rows.first() else {
-            return Ok(Ok((true, None)));
-        };
-        let (state, over, print, result, error): Row = match sqlx::FromRow::from_row(row) {
-            Ok(row) => row,
-            Err(e) => return Ok(Err(e)),
-        };
-        let print = match print.map(|p| unhex(&p)) {
-            Some(None) => return Ok(Err(sqlx::Error::Decode("a fingerprint's hex".into()))),
-            Some(Some(print)) => Some(print),
-            None => None,
-        };
-        let found =
-            state.map(|state| Found::of_row((state, over.unwrap_or(1), print, result, error)));
-        Ok(Ok((false, found)))
     }
 
     async fn marker<'t>(
