@@ -3,8 +3,6 @@
 //! duplicate-key error 1062), each claim statement's lock wait bounded on MariaDB, and the
 //! verified commit, which counts the marker holding the claim's nonce.
 
-use std::fmt::Write as _;
-
 use sqlx::{AssertSqlSafe, MySql, Pool, Row as _, SqlSafeStr as _, Transaction};
 
 use super::batch::{self, push_hex};
