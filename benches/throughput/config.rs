@@ -27,12 +27,17 @@ pub(crate) struct Config {
     pub(crate) http_accounts: String,
     pub(crate) http_layer: String,
     pub(crate) http_hand: String,
-    /// `IDEM_BENCH_HAND_COMMIT=verified`: PostgreSQL's hand-written claim commits with idem's
-    /// verified commit message instead of a plain `COMMIT`, to show what that message costs.
+    /// `IDEM_BENCH_HAND_COMMIT=verified`: the hand-written claim on PostgreSQL and MariaDB
+    /// commits with idem's verified commit message instead of a plain `COMMIT`, to show what
+    /// that message costs.
     pub(crate) hand_commit_verified: bool,
     /// `IDEM_BENCH_HAND_CLAIM=idem`: PostgreSQL's hand-written claim runs idem's claim
     /// statement instead of its plain `INSERT`, to show what that statement costs.
     pub(crate) hand_claim_idem: bool,
+    /// `IDEM_BENCH_DUPLICATE=handwritten`: the `duplicate` rows redeliver the hand-written
+    /// claim's keys to it instead of the macro's to the macro, to show what a duplicate costs
+    /// against a fresh job without idem.
+    pub(crate) duplicate_of_hand: bool,
     /// `--scale --galera`: the scaling curve on a three-node Galera cluster the bench starts,
     /// instead of the curve on the local servers.
     pub(crate) galera: bool,
@@ -69,6 +74,8 @@ impl Config {
             hand_commit_verified: std::env::var("IDEM_BENCH_HAND_COMMIT")
                 .is_ok_and(|v| v == "verified"),
             hand_claim_idem: std::env::var("IDEM_BENCH_HAND_CLAIM").is_ok_and(|v| v == "idem"),
+            duplicate_of_hand: std::env::var("IDEM_BENCH_DUPLICATE")
+                .is_ok_and(|v| v == "handwritten"),
             galera: std::env::args().any(|a| a == "--galera"),
         }
     }

@@ -58,7 +58,13 @@ pub(crate) async fn run_variant(
     workers: usize,
     dur: Duration,
 ) -> Res<Run> {
-    let applied = keys.applied.load(Ordering::SeqCst);
+    // `IDEM_BENCH_DUPLICATE=handwritten`: the duplicates are the hand-written claim's keys,
+    // redelivered to it, so that its duplicate / fresh ratio stands beside idem's.
+    let applied = match config().duplicate_of_hand {
+        false => keys.applied.load(Ordering::SeqCst),
+        true => keys.hand.load(Ordering::SeqCst),
+    };
+    let dup_salt = if config().duplicate_of_hand { HAND } else { 0 };
     if variant == Variant::Duplicate && applied == 0 {
         return Err("duplicate: no applied job to re-deliver".into());
     }
@@ -83,12 +89,11 @@ pub(crate) async fn run_variant(
                 }
                 // The job arrives before the clock starts: only its handling is timed.
                 let id = match variant {
-                    Variant::Plain | Variant::Handwritten => {
-                        job_id(HAND, keys.hand.fetch_add(1, Ordering::Relaxed))
-                    }
+                    Variant::Plain => job_id(HAND, keys.plain.fetch_add(1, Ordering::Relaxed)),
+                    Variant::Handwritten => job_id(HAND, keys.hand.fetch_add(1, Ordering::Relaxed)),
                     Variant::Macro => job_id(0, keys.applied.fetch_add(1, Ordering::Relaxed)),
                     Variant::Duplicate => {
-                        job_id(0, keys.dup.fetch_add(1, Ordering::Relaxed) % applied)
+                        job_id(dup_salt, keys.dup.fetch_add(1, Ordering::Relaxed) % applied)
                     }
                     Variant::Pgbench => unreachable!("pgbench runs on its own"),
                 };
