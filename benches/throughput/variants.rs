@@ -349,21 +349,12 @@ impl Conn {
         match (self, variant) {
             (Conn::Pg(s), Variant::Plain) => pg::plain(s.pool(), job).await,
             (Conn::Pg(s), Variant::Handwritten) => pg::handwritten(s.pool(), job).await,
-            (Conn::Pg(s), Variant::Duplicate) if config().duplicate_of_hand => {
-                pg::handwritten(s.pool(), job).await
-            }
             (Conn::Pg(s), _) => Ok(pg::top_up(s, job).await?.is_applied()),
             (Conn::Lite(s), Variant::Plain) => lite::plain(s.pool(), job).await,
             (Conn::Lite(s), Variant::Handwritten) => lite::handwritten(s.pool(), job).await,
-            (Conn::Lite(s), Variant::Duplicate) if config().duplicate_of_hand => {
-                lite::handwritten(s.pool(), job).await
-            }
             (Conn::Lite(s), _) => Ok(lite::top_up(s, job).await?.is_applied()),
             (Conn::My(s), Variant::Plain) => my::plain(s.pool(), job).await,
             (Conn::My(s), Variant::Handwritten) => my::handwritten(s.pool(), job).await,
-            (Conn::My(s), Variant::Duplicate) if config().duplicate_of_hand => {
-                my::handwritten(s.pool(), job).await
-            }
             (Conn::My(s), _) => Ok(my::top_up(s, job).await?.is_applied()),
         }
     }
