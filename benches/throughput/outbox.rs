@@ -12,7 +12,9 @@
 //!   confirms awaited together. Messages are persistent, to a durable queue purged after
 //!   each run. `Relay::run` at batch 100 with two rounds in flight (its default) and three,
 //!   timed until every message is confirmed and marked, and the direct publish with two
-//!   rounds in flight. `--outbox --relay-only` runs these rows alone.
+//!   rounds in flight. The rows at batch 100 and the direct ones again through the
+//!   `JetStream` publisher, to a stream of their own (`outbox/jetstream.rs`), in the same
+//!   rounds. `--outbox --relay-only` runs these rows alone (and the three databases' rows).
 //! - **The three databases** (`outbox/backends.rs`): the relay rows again with MariaDB and
 //!   SQLite beside PostgreSQL, and (`outbox/latency.rs`) each one's latency from a job's
 //!   commit to its message's confirm at a steady 1,000 jobs/s.
@@ -24,11 +26,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idem::outbox::{Publisher as _, RabbitMq, Relay};
+use idem::outbox::{Publisher, RabbitMq, Relay};
 use idem::{Message, Outbox, Store};
-use lapin::options::{
-    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions,
-};
+use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Transaction};
 
@@ -37,6 +37,7 @@ use crate::config::config;
 
 mod backends;
 mod batch;
+mod jetstream;
 mod latency;
 mod wake;
 
@@ -47,7 +48,7 @@ const BATCHES: [u32; 3] = [1, 10, 100];
 /// How the relay rows publish: `relay_once` in a loop at a batch size, `Relay::run` at a batch
 /// size with this many rounds in flight, or the publisher directly in rounds of 100, with this
 /// many rounds in flight.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 enum Publishing {
     Once(u32),
     Run(u32, usize),
@@ -168,9 +169,22 @@ async fn finish_run(
     Ok(rate)
 }
 
-/// `count` committed messages to `queue`, as a handler's outbox leaves them: each job's one
-/// message, under the job's key as its ordering key.
-async fn fill(pool: &PgPool, names: &Names, count: usize, round: usize) -> Res<()> {
+/// The brokers the relay rows publish to.
+#[derive(Clone, Copy, PartialEq)]
+enum Broker {
+    RabbitMq,
+    JetStream,
+}
+
+/// `count` committed messages to `destination`, as a handler's outbox leaves them: each job's
+/// one message, under the job's key as its ordering key; their ids are `relayed_ids`'.
+async fn fill(
+    pool: &PgPool,
+    names: &Names,
+    destination: &str,
+    count: usize,
+    round: usize,
+) -> Res<()> {
     let sql = format!(
         "INSERT INTO {}_outbox (id, destination, payload, scope, key, seq, ordering_key) \
          SELECT 'r{round}-' || g, $1, '{{}}'::bytea, 'bench.outbox', 'r{round}-' || g, 0, \
@@ -178,20 +192,29 @@ async fn fill(pool: &PgPool, names: &Names, count: usize, round: usize) -> Res<(
         names.markers
     );
     sqlx::query(AssertSqlSafe(sql))
-        .bind(&names.queue)
+        .bind(destination)
         .bind(count as i64)
         .execute(pool)
         .await?;
     Ok(())
 }
 
+/// The ids of the messages a run of `publishing` in `round` publishes: `fill`'s, or
+/// `direct_messages`'.
+fn relayed_ids(publishing: Publishing, round: usize, count: usize) -> Vec<String> {
+    match publishing {
+        Publishing::Direct(_) => (0..count).map(|n| format!("direct-{round}-{n}")).collect(),
+        _ => (1..=count).map(|g| format!("r{round}-{g}")).collect(),
+    }
+}
+
 /// Counts the messages its publisher confirmed, to tell `Relay::run` when to stop.
-struct Counting {
-    inner: RabbitMq,
+struct Counting<P> {
+    inner: P,
     confirmed: Arc<AtomicU64>,
 }
 
-impl idem::outbox::Publisher for Counting {
+impl<P: Publisher> Publisher for Counting<P> {
     async fn publish<'a>(&'a self, message: &'a Message) -> Result<(), idem::outbox::PublishError> {
         let answer = self.inner.publish(message).await;
         if answer.is_ok() {
@@ -212,11 +235,12 @@ impl idem::outbox::Publisher for Counting {
     }
 }
 
-/// Messages/s of the relay, or of publishing directly.
-async fn relay_run(
+/// Messages/s of the relay, or of publishing directly, to `destination` through `publisher`;
+/// the caller checks the broker got them.
+async fn relay_run<P: Publisher + Clone + 'static>(
     store: &Store<Postgres>,
-    publisher: &RabbitMq,
-    channel: &lapin::Channel,
+    publisher: &P,
+    destination: &str,
     names: &Names,
     publishing: Publishing,
     count: usize,
@@ -225,7 +249,7 @@ async fn relay_run(
     let started;
     match publishing {
         Publishing::Run(batch, in_flight) => {
-            fill(store.pool(), names, count, round).await?;
+            fill(store.pool(), names, destination, count, round).await?;
             let confirmed = Arc::new(AtomicU64::new(0));
             let counting = Counting {
                 inner: publisher.clone(),
@@ -266,13 +290,13 @@ async fn relay_run(
             }
         }
         Publishing::Once(batch) => {
-            fill(store.pool(), names, count, round).await?;
+            fill(store.pool(), names, destination, count, round).await?;
             let relay = Relay::new(store.clone(), publisher.clone()).batch(batch);
             started = Instant::now();
             relay_rounds(&relay, count).await?;
         }
         Publishing::Direct(in_flight) => {
-            let messages = direct_messages(&names.queue, round, count);
+            let messages = direct_messages(destination, round, count);
             let rounds: Arc<Vec<Vec<Message>>> =
                 Arc::new(messages.chunks(100).map(<[Message]>::to_vec).collect());
             started = Instant::now();
@@ -298,12 +322,6 @@ async fn relay_run(
         }
     }
     let rate = count as f64 / started.elapsed().as_secs_f64();
-    let purged = channel
-        .queue_purge(names.queue.as_str().into(), QueuePurgeOptions::default())
-        .await?;
-    if purged as usize != count {
-        return Err(format!("{purged} messages in the queue after publishing {count}").into());
-    }
     sqlx::query(AssertSqlSafe(format!("TRUNCATE {}_outbox", names.markers)))
         .execute(store.pool())
         .await?;
@@ -498,44 +516,18 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
         Some(before_relay(&store, &names, &cfg.pg_url, quick, rounds, run).await?)
     };
 
-    eprintln!("outbox: relaying to RabbitMQ by batch size, and publishing directly");
+    eprintln!(
+        "outbox: relaying to RabbitMQ by batch size and to JetStream, and publishing directly"
+    );
     let (amqp, channel) = confirming_channel(&names.queue).await?;
     let publisher = RabbitMq::new(channel.clone());
-    let relay_variants: Vec<Publishing> = BATCHES
-        .iter()
-        .copied()
-        .map(Publishing::Once)
-        .chain([
-            Publishing::Run(100, 2),
-            Publishing::Run(100, 3),
-            Publishing::Direct(1),
-            Publishing::Direct(2),
-        ])
-        .collect();
-    let mut relayed: Vec<Vec<f64>> = vec![Vec::new(); relay_variants.len()];
-    // Each confirm of a persistent message waits for the broker's disk: a few rounds only.
-    let rounds = rounds.min(3);
-    for round in 0..rounds {
-        let mut order: Vec<usize> = (0..relay_variants.len()).collect();
-        if round % 2 == 1 {
-            order.reverse();
-        }
-        for v in order {
-            let at = round * relay_variants.len() + v;
-            let rate = relay_run(
-                &store,
-                &publisher,
-                &channel,
-                &names,
-                relay_variants[v],
-                messages,
-                at,
-            )
-            .await?;
-            relayed[v].push(rate);
-        }
-    }
-    let relayed: Vec<f64> = relayed.into_iter().map(median).collect();
+    let js = jetstream::Js::connect(&cfg.suffix).await?;
+    let variants = relay_variants();
+    let measured = relay_rows(
+        &store, &names, &publisher, &channel, &js, &variants, rounds, messages,
+    )
+    .await;
+    js.delete().await;
     channel
         .queue_delete(names.queue.as_str().into(), QueueDeleteOptions::default())
         .await?;
@@ -543,29 +535,145 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
     sqlx::query(AssertSqlSafe(drop_tables))
         .execute(&pool)
         .await?;
+    let relayed = measured?;
 
     if let Some(before) = &before {
         before.print();
     }
+    print_relayed(&variants, &relayed, messages);
+    backends::run(quick).await
+}
+
+/// The relay rows: every `Publishing` to RabbitMQ, and those at batch 100 and the direct ones
+/// to JetStream.
+fn relay_variants() -> Vec<(Broker, Publishing)> {
+    let at_100 = [
+        Publishing::Once(100),
+        Publishing::Run(100, 2),
+        Publishing::Run(100, 3),
+        Publishing::Direct(1),
+        Publishing::Direct(2),
+    ];
+    let rabbit = BATCHES
+        .iter()
+        .filter(|&&batch| batch < 100)
+        .map(|&batch| Publishing::Once(batch))
+        .chain(at_100)
+        .map(|p| (Broker::RabbitMq, p));
+    rabbit
+        .chain(at_100.map(|p| (Broker::JetStream, p)))
+        .collect()
+}
+
+/// Each variant's median messages/s over `rounds`, every variant once a round, every other
+/// round in reverse order; each run checked against its broker, which is emptied after it.
+#[allow(clippy::too_many_arguments)] // One run's settings, read once.
+async fn relay_rows(
+    store: &Store<Postgres>,
+    names: &Names,
+    publisher: &RabbitMq,
+    channel: &lapin::Channel,
+    js: &jetstream::Js,
+    variants: &[(Broker, Publishing)],
+    rounds: usize,
+    messages: usize,
+) -> Res<Vec<f64>> {
+    let mut relayed: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    // Each confirm of a persistent message waits for the broker's disk: a few rounds only.
+    let rounds = rounds.min(3);
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..variants.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for v in order {
+            let at = round * variants.len() + v;
+            let (broker, publishing) = variants[v];
+            let rate = match broker {
+                Broker::RabbitMq => {
+                    let rate = relay_run(
+                        store,
+                        publisher,
+                        &names.queue,
+                        names,
+                        publishing,
+                        messages,
+                        at,
+                    )
+                    .await?;
+                    backends::purge(channel, &names.queue, messages).await?;
+                    rate
+                }
+                Broker::JetStream => {
+                    let rate = relay_run(
+                        store,
+                        &js.publisher,
+                        &js.subject,
+                        names,
+                        publishing,
+                        messages,
+                        at,
+                    )
+                    .await?;
+                    js.check_and_purge(relayed_ids(publishing, at, messages))
+                        .await?;
+                    rate
+                }
+            };
+            relayed[v].push(rate);
+        }
+    }
+    Ok(relayed.into_iter().map(median).collect())
+}
+
+/// The relay rows' table: RabbitMQ's and JetStream's side by side, each ratio to its own
+/// broker's direct publish of one round at a time, as `relay_once` publishes.
+fn print_relayed(variants: &[(Broker, Publishing)], relayed: &[f64], messages: usize) {
     println!(
-        "\n## Outbox: messages/s to RabbitMQ, relayed by batch size against publishing \
-         directly ({messages} messages; directly: rounds of 100, each round's confirms awaited \
-         together, as the relay's)\n"
+        "\n## Outbox: messages/s relayed from PostgreSQL by batch size against publishing \
+         directly, to RabbitMQ and to JetStream ({messages} messages; directly: rounds of 100, \
+         each round's confirms or acks awaited together, as the relay's)\n"
     );
-    println!("| publisher | messages/s | vs direct |");
-    println!("|---|---|---|");
-    // The ratios are to the direct publish of one round at a time, as `relay_once` publishes.
-    let direct = relayed[relayed.len() - 2];
-    for (variant, rate) in relay_variants.iter().zip(&relayed) {
-        let name = match variant {
+    println!(
+        "| publisher | RabbitMQ: messages/s | vs direct | JetStream: messages/s | vs direct |"
+    );
+    println!("|---|---|---|---|---|");
+    let rate = |broker: Broker, publishing: Publishing| {
+        variants
+            .iter()
+            .zip(relayed)
+            .find(|(v, _)| **v == (broker, publishing))
+            .map(|(_, rate)| *rate)
+    };
+    let cell = |broker: Broker, publishing: Publishing| {
+        let direct = rate(broker, Publishing::Direct(1));
+        match (rate(broker, publishing), direct) {
+            (Some(r), Some(d)) => format!("{r:.0} | {:.2}", r / d),
+            _ => "– | –".to_owned(),
+        }
+    };
+    for &(broker, publishing) in variants {
+        if broker != Broker::RabbitMq {
+            continue;
+        }
+        println!(
+            "| {} | {} | {} |",
+            publishing.name(),
+            cell(Broker::RabbitMq, publishing),
+            cell(Broker::JetStream, publishing)
+        );
+    }
+}
+
+impl Publishing {
+    fn name(self) -> String {
+        match self {
             Publishing::Once(batch) => format!("relay, batch {batch}"),
             Publishing::Run(batch, n) => format!("Relay::run, batch {batch}, {n} rounds in flight"),
             Publishing::Direct(1) => "direct".to_owned(),
             Publishing::Direct(n) => format!("direct, {n} rounds in flight"),
-        };
-        println!("| {name} | {rate:.0} | {:.2} |", rate / direct);
+        }
     }
-    backends::run(quick).await
 }
 
 /// A RabbitMQ channel in confirm mode with the durable queue `queue` declared, and its
@@ -592,7 +700,10 @@ async fn confirming_channel(queue: &str) -> Res<(lapin::Connection, lapin::Chann
 
 /// Runs `relay`'s rounds one after another until it sent `count` messages; an error if a round
 /// sends none first.
-async fn relay_rounds<DB: idem::Backend>(relay: &Relay<DB, RabbitMq>, count: usize) -> Res<()> {
+async fn relay_rounds<DB: idem::Backend, P: Publisher>(
+    relay: &Relay<DB, P>,
+    count: usize,
+) -> Res<()> {
     let mut sent = 0;
     while sent < count {
         let round = relay.relay_once().await?;
