@@ -172,13 +172,14 @@ async fn run(
                 let t0 = Instant::now();
                 let applied = batch(&conn, &jobs).await?;
                 let secs = t0.elapsed().as_secs_f64();
-                if turn % BLOCK != 0 {
+                if turn.is_multiple_of(BLOCK) {
+                    uncounted += applied;
+                } else {
                     let tally = &mut tallies[kind];
                     tally.applied += applied;
                     tally.secs += secs;
                     tally.per_job.push(secs / applied as f64);
                 }
-                uncounted += u64::from(turn % BLOCK == 0) * applied;
                 turn = (turn + 1) % (TURN * BLOCK);
             }
             Ok::<_, BoxError>((tallies, uncounted))
