@@ -1,5 +1,6 @@
 //! `--group`: group commit against the single-job macro and the hand-written transaction per
-//! job, and a batch run job by job with one poisoned job against a clean one.
+//! job, and a batch run job by job with one poisoned job against a clean one (`each.rs`;
+//! `--group --each` runs only those).
 //!
 //! The top-up job of the other rows, at 1, 8 and 32 workers: `handwritten` (one transaction
 //! per job, by hand), `macro` (`#[idem::idempotent]`), `group` (the same handler with
@@ -7,10 +8,6 @@
 //! round, every other round in reverse. For `macro` and `group` the bench also times each
 //! job's wait from the end of its body to its answer: the commit for the macro, the group's
 //! gathering and commit for `group`.
-//!
-//! Then batches of 100 jobs run job by job (`each = "job"`) at 1 and 8 workers, clean and
-//! with one job whose body fails after its effect: jobs/s counts the applied jobs (100, or
-//! the 99 others).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,11 +25,9 @@ use crate::measure::{Agg, Run, connect, sqlite_options};
 use crate::report::{median, percentile_ms};
 use crate::setup::{drop_tables, setup_lite, setup_my, setup_pg};
 use crate::variants::{Conn, KINDS, Kind, TopUp, job_id, mix};
-use crate::{ACCOUNTS, BoxError, MAX_JOBS_PER_WORKER, Res, variants};
+use crate::{ACCOUNTS, BoxError, MAX_JOBS_PER_WORKER, Res, each, variants};
 
 const WORKERS: [usize; 3] = [1, 8, 32];
-const EACH_WORKERS: [usize; 2] = [1, 8];
-const EACH_SIZE: usize = 100;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum V {
@@ -40,8 +35,6 @@ enum V {
     Macro,
     /// Group commit with this many lanes.
     Group(usize),
-    Clean,
-    Poisoned,
 }
 
 impl V {
@@ -50,8 +43,6 @@ impl V {
             V::Hand => "handwritten".to_owned(),
             V::Macro => "macro".to_owned(),
             V::Group(lanes) => format!("group, {lanes} lanes"),
-            V::Clean => "each, clean".to_owned(),
-            V::Poisoned => "each, 1 poisoned".to_owned(),
         }
     }
 }
@@ -86,14 +77,6 @@ impl BodyEnd {
     }
 }
 
-/// One job of a batch run job by job; `poison` fails after its effect.
-#[derive(Clone)]
-struct Job {
-    id: String,
-    account: i64,
-    poison: bool,
-}
-
 macro_rules! handlers {
     ($db:ty, $update:path) => {
         use super::*;
@@ -125,22 +108,6 @@ macro_rules! handlers {
                 .execute(&mut **tx)
                 .await?;
             end.mark();
-            Ok(())
-        }
-
-        #[idem::idempotent(key = "job.id", scope = "bench.each", each = "job")]
-        pub(super) async fn each(
-            tx: &mut Transaction<'_, $db>,
-            job: &Job,
-        ) -> Result<(), sqlx::Error> {
-            sqlx::query($update())
-                .bind(1_i64)
-                .bind(job.account)
-                .execute(&mut **tx)
-                .await?;
-            if job.poison {
-                return Err(sqlx::Error::Protocol("a poisoned job".into()));
-            }
             Ok(())
         }
     };
@@ -188,22 +155,6 @@ async fn job(conn: &Conn, groups: &Groups, v: V, job: &TopUp) -> Res<(bool, Opti
     Ok((applied, end.waited()))
 }
 
-/// One batch run job by job; how many jobs it applied.
-async fn batch(conn: &Conn, jobs: &[Job]) -> Res<u64> {
-    let done = match conn {
-        Conn::Pg(s) => pg::each(s, jobs).await?.applied(),
-        Conn::Lite(s) => lite::each(s, jobs).await?.applied(),
-        Conn::My(s) => my::each(s, jobs).await?.applied(),
-    };
-    Ok(done as u64)
-}
-
-/// An account of worker `w`'s own: `n` folded into those ≡ `w` mod `workers`.
-fn own_account(n: u64, w: usize, workers: usize) -> i64 {
-    let per_worker = ACCOUNTS / workers as u64;
-    ((n % per_worker) * workers as u64 + w as u64 + 1) as i64
-}
-
 /// Salts of the keys, apart from the other rows' and from each other.
 const SALT: u64 = 0x6772_6f75_7000;
 
@@ -231,32 +182,14 @@ async fn run(
                 }
                 seed = mix(seed);
                 let t0 = Instant::now();
-                let applied = match v {
-                    V::Clean | V::Poisoned => {
-                        let poisoned = (v == V::Poisoned).then_some(seed as usize % EACH_SIZE);
-                        let jobs: Vec<Job> = (0..EACH_SIZE)
-                            .map(|i| Job {
-                                id: job_id(SALT ^ 1, next.fetch_add(1, Ordering::Relaxed)),
-                                // Each worker tops up its own accounts (account ≡ worker
-                                // mod workers), as the batch rows do: two batches never
-                                // wait on each other's rows.
-                                account: own_account(mix(seed ^ i as u64), w, workers),
-                                poison: poisoned == Some(i),
-                            })
-                            .collect();
-                        batch(&conn, &jobs).await?
-                    }
-                    _ => {
-                        let top_up = TopUp {
-                            id: job_id(SALT, next.fetch_add(1, Ordering::Relaxed)),
-                            account: (seed % ACCOUNTS + 1) as i64,
-                            credits: 1,
-                        };
-                        let (applied, waited) = job(&conn, &group, v, &top_up).await?;
-                        waits.extend(waited);
-                        u64::from(applied)
-                    }
+                let top_up = TopUp {
+                    id: job_id(SALT, next.fetch_add(1, Ordering::Relaxed)),
+                    account: (seed % ACCOUNTS + 1) as i64,
+                    credits: 1,
                 };
+                let (applied, waited) = job(&conn, &group, v, &top_up).await?;
+                waits.extend(waited);
+                let applied = u64::from(applied);
                 let t1 = Instant::now();
                 lat.push((t1 - t0).as_nanos() as u64);
                 effects += applied;
@@ -297,8 +230,14 @@ macro_rules! credits {
     }};
 }
 
-/// `cargo bench --bench throughput -- --group [--quick] [--only DB] [--rounds N] [--run-ms N]`.
-pub(crate) async fn bench(only: Option<Kind>, rounds: usize, run_for: Duration) -> Res<String> {
+/// `cargo bench --bench throughput -- --group [--each] [--quick] [--only DB] [--rounds N]
+/// [--run-ms N]`; with `--each`, only the batch rows.
+pub(crate) async fn bench(
+    only: Option<Kind>,
+    rounds: usize,
+    run_for: Duration,
+    each_only: bool,
+) -> Res<String> {
     let mut out = String::new();
     let dir = std::env::temp_dir().join(format!("idem-bench-group-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -312,7 +251,7 @@ pub(crate) async fn bench(only: Option<Kind>, rounds: usize, run_for: Duration) 
             Kind::Postgres => {
                 let admin = PgPoolOptions::new().connect(&config().pg_url).await?;
                 setup_pg(&admin).await?;
-                let done = bench_kind(kind, &sqlite, rounds, run_for).await;
+                let done = bench_kind(kind, &sqlite, rounds, run_for, each_only).await;
                 let sum = credits!(
                     &admin,
                     "SELECT COALESCE(SUM(credits), 0)::bigint FROM {accounts}"
@@ -327,7 +266,7 @@ pub(crate) async fn bench(only: Option<Kind>, rounds: usize, run_for: Duration) 
                     .connect_with(sqlite_options(&sqlite))
                     .await?;
                 setup_lite(&admin).await?;
-                let done = bench_kind(kind, &sqlite, rounds, run_for).await;
+                let done = bench_kind(kind, &sqlite, rounds, run_for, each_only).await;
                 let sum = credits!(&admin, "SELECT COALESCE(SUM(credits), 0) FROM {accounts}");
                 admin.close().await;
                 check(done, sum?)?
@@ -335,7 +274,7 @@ pub(crate) async fn bench(only: Option<Kind>, rounds: usize, run_for: Duration) 
             Kind::MySql => {
                 let admin = MySqlPoolOptions::new().connect(&config().my_url).await?;
                 setup_my(&admin).await?;
-                let done = bench_kind(kind, &sqlite, rounds, run_for).await;
+                let done = bench_kind(kind, &sqlite, rounds, run_for, each_only).await;
                 let sum = credits!(
                     &admin,
                     "SELECT CAST(COALESCE(SUM(credits), 0) AS SIGNED) FROM {accounts}"
@@ -365,7 +304,35 @@ fn check(done: Res<(String, u64)>, sum: i64) -> Res<String> {
     Ok(report)
 }
 
+/// The report of one database (its group rows unless `each_only`, then its batch rows), and
+/// the jobs it applied.
 async fn bench_kind(
+    kind: Kind,
+    sqlite: &std::path::Path,
+    rounds: usize,
+    dur: Duration,
+    each_only: bool,
+) -> Res<(String, u64)> {
+    let mut report = String::new();
+    writeln!(
+        report,
+        "\n#### {} (rounds {rounds}, runs of {} ms)",
+        kind.name(),
+        dur.as_millis()
+    )?;
+    let mut effects = 0;
+    if !each_only {
+        let (rows, applied) = group_rows(kind, sqlite, rounds, dur).await?;
+        report.push_str(&rows);
+        effects += applied;
+    }
+    let (rows, applied) = each::rows(kind, sqlite, rounds, dur).await?;
+    report.push_str(&rows);
+    Ok((report, effects + applied))
+}
+
+/// The single-job rows: group commit against the macro and the hand-written code.
+async fn group_rows(
     kind: Kind,
     sqlite: &std::path::Path,
     rounds: usize,
@@ -385,6 +352,9 @@ async fn bench_kind(
             )
             .await?,
         );
+        // The PostgreSQL here runs without autovacuum: vacuum between worker counts, as the
+        // main rows do, never during a timed run.
+        conn.maintain().await?;
         let group = Arc::new(grouped(&conn)?);
         let variants = [V::Hand, V::Macro].into_iter();
         let mut aggs: Vec<(V, Agg, Vec<u64>)> = variants
@@ -443,48 +413,10 @@ async fn bench_kind(
         }
         conn.close().await;
     }
-    let mut each_rows = String::new();
-    for workers in EACH_WORKERS {
-        let conn = Arc::new(connect(kind, workers + 1, sqlite).await?);
-        let group = Arc::new(grouped(&conn)?);
-        let mut aggs: Vec<(V, Agg)> = [V::Clean, V::Poisoned]
-            .into_iter()
-            .map(|v| (v, Agg::default()))
-            .collect();
-        for (v, _) in &aggs {
-            effects += run(&conn, &group, &next, *v, workers, warm).await?.2;
-        }
-        for round in 0..rounds {
-            let order: Vec<usize> = match round % 2 {
-                0 => vec![0, 1],
-                _ => vec![1, 0],
-            };
-            for i in order {
-                let (v, agg) = &mut aggs[i];
-                let (r, _, e) = run(&conn, &group, &next, *v, workers, dur).await?;
-                effects += e;
-                agg.add(r);
-            }
-        }
-        let (clean, poisoned) = (median(&aggs[0].1.rates), median(&aggs[1].1.rates));
-        writeln!(
-            each_rows,
-            "| {} | {workers} | {clean:.0} | {poisoned:.0} | {:.2} |",
-            kind.name(),
-            poisoned / clean
-        )?;
-        conn.close().await;
-    }
     let mut report = String::new();
     writeln!(
         report,
-        "\n#### {} (rounds {rounds}, runs of {} ms)\n",
-        kind.name(),
-        dur.as_millis()
-    )?;
-    writeln!(
-        report,
-        "| database | workers | variant | jobs/s | p50 ms | p99 ms | wait after the body p50 / p99 ms |"
+        "\n| database | workers | variant | jobs/s | p50 ms | p99 ms | wait after the body p50 / p99 ms |"
     )?;
     writeln!(report, "|---|---:|---|---:|---:|---:|---:|")?;
     report.push_str(&rows);
@@ -500,12 +432,6 @@ async fn bench_kind(
             kind.name()
         )?;
     }
-    writeln!(
-        report,
-        "\n| database | workers | each, clean jobs/s | each, 1 poisoned of 100 jobs/s | poisoned / clean |"
-    )?;
-    writeln!(report, "|---|---:|---:|---:|---:|")?;
-    report.push_str(&each_rows);
     Ok((report, effects))
 }
 

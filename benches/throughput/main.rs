@@ -7,6 +7,7 @@
 //! cargo bench --bench throughput -- --http       # idem::http's layer against a hand-written claim
 //! cargo bench --bench throughput -- --outbox     # the outbox: handler cost, relay vs direct
 //! cargo bench --bench throughput -- --group      # group commit, and a poisoned batch
+//! cargo bench --bench throughput -- --group --each  # the poisoned batch alone
 //! cargo bench --bench throughput -- --steps      # lease steps: 3 steps vs 3 lease jobs
 //! cargo bench --bench throughput -- --scale      # 1, 2, 4, 8 worker processes on one server
 //! cargo bench --bench throughput -- --scale --galera  # the same on a 3-node Galera cluster
@@ -44,6 +45,7 @@
 // its effects and prints the report.
 mod batch;
 mod config;
+mod each;
 mod group;
 mod growth;
 mod http;
@@ -147,7 +149,7 @@ fn parse_args() -> Res<Args> {
             "--run-ms" => parsed.run_ms = Some(args.next().ok_or("--run-ms needs N")?.parse()?),
             // `cargo bench` passes `--bench` to every harness-less bench.
             "--bench" => {}
-            "--instructions" | "--group" | "--scale" | "--galera" | "--partitions" => {}
+            "--instructions" | "--group" | "--each" | "--scale" | "--galera" | "--partitions" => {}
             other => eprintln!("ignoring argument {other:?}"),
         }
     }
@@ -210,7 +212,8 @@ fn main() -> Res<()> {
                 let rounds = args.rounds.unwrap_or(if quick { 3 } else { 8 });
                 let run =
                     Duration::from_millis(args.run_ms.unwrap_or(if quick { 200 } else { 1000 }));
-                let report = group::bench(args.only, rounds, run).await?;
+                let each_only = argv.iter().any(|a| a == "--each");
+                let report = group::bench(args.only, rounds, run, each_only).await?;
                 print!("{report}");
                 Ok(())
             });
