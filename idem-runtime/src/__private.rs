@@ -368,7 +368,7 @@ pub fn replayed<T, E>(codec: Codec<T>, recorded: &Recorded) -> Result<Outcome<T>
 }
 
 /// Ends a transaction-mode call with the body's `result`, without converting idem's errors
-/// yet (that is [`settle`]'s, once). The finish's own future, as [`claim`] returns the claim's.
+/// yet (that is [`settle`]'s, once). The finish's own future, as `claim` returns the claim's.
 #[inline]
 pub fn finish<DB: Backend, T, E>(
     held: TxHeld<'_, DB>,
