@@ -41,8 +41,9 @@ const WARMUP: u64 = 20;
 /// `duplicate / hand` a duplicate's against the hand-written fresh job, and `observed / macro`
 /// the macro's fresh job with a subscriber and a recorder installed against the same without.
 ///
-/// A macro's fresh job may cost at most 1.3 hand-written ones on PostgreSQL. The least of
-/// five runs measured 1.13 to 1.18 there. SQLite's bound is 1.35: its engine runs on sqlx's
+/// A macro's fresh job may cost at most 1.25 hand-written ones on PostgreSQL. The least of
+/// five runs measured 1.13 to 1.18 there, and 1.08 to 1.12 once the claim's and the finish's
+/// futures were no longer wrapped in layers that only await them. SQLite's bound is 1.35: its engine runs on sqlx's
 /// worker thread, which is not counted, so how often the counted thread polls while it waits
 /// moves with the machine's load (`docs/BENCHMARKS.md`): 1.21 to 1.24 under load, 1.25 to 1.29
 /// on an idle machine, where the hand-written job's polls are fewest. A bound of 1.30 there
@@ -56,7 +57,7 @@ const WARMUP: u64 = 20;
 /// (1.44 to 1.47 before) turns the gate red. A regression the gate is for (a statement, an
 /// allocation per call, a copy of the key) costs more than the margin.
 const BOUNDS: [(Kind, &str, f64); 9] = [
-    (Kind::Postgres, "macro / hand", 1.30),
+    (Kind::Postgres, "macro / hand", 1.25),
     (Kind::Postgres, "duplicate / hand", 0.90),
     (Kind::Postgres, "observed / macro", 1.25),
     (Kind::MySql, "macro / hand", 1.40),

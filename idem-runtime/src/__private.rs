@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::batch::claim_batch as claim_keys;
-use crate::claim::{Request, run};
+use crate::claim::Request;
 use crate::key::collect_keys;
 use crate::lease::claim_lease;
 use crate::observe::Observed;
@@ -36,10 +36,12 @@ pub use crate::record::{Fingerprint, Recorded};
 pub use crate::store::Store;
 pub use core::time::Duration;
 
+mod claim;
 mod each;
 mod group;
 pub use crate::group::{Group, GroupHeld};
 pub use crate::outcome::Each;
+pub use claim::{claim, claim_linked};
 pub use each::{
     claim_each, each_body, each_job, finish_each, finish_job, job_parts, job_tx, settle_each,
 };
@@ -229,39 +231,6 @@ fn checked(
     }
 }
 
-/// A transaction-mode handler's claim: in a transaction of its own (`&store`, refused inside
-/// another claim's open transaction of this task) or in the caller's (`store.join(tx)`).
-#[inline]
-pub async fn claim<'a, DB: Backend, S: Target<DB> + 'a>(
-    store: S,
-    spec: &'static Spec,
-    key: Result<Key, Error>,
-    print: Option<Result<Fingerprint, Error>>,
-) -> Result<Claimed<TxHeld<'a, DB>>, Error> {
-    claim_linked(store, spec, key, print, None).await
-}
-
-/// [`claim`] of a handler given `link = ".."`: its span links to the producer's.
-pub async fn claim_linked<'a, DB: Backend, S: Target<DB> + 'a>(
-    store: S,
-    spec: &'static Spec,
-    key: Result<Key, Error>,
-    print: Option<Result<Fingerprint, Error>>,
-    link: Option<TraceParent>,
-) -> Result<Claimed<TxHeld<'a, DB>>, Error> {
-    let via = store.via();
-    let mode = match via {
-        Via::Store(_) => Mode::Transaction,
-        Via::Joined(_) => Mode::Joined,
-    };
-    let (key, print) = checked(spec, mode, key, print)?;
-    let request = spec.request(key, spec.options(print).link(link));
-    match via {
-        Via::Store(store) => run::own(store, request).await,
-        Via::Joined(joined) => joined.claim_request(request).await,
-    }
-}
-
 /// The traceparent of the `link` expression; a value that is none links nothing (said at
 /// `debug`, never an error: the header is the producer's).
 #[inline]
@@ -399,24 +368,23 @@ pub fn replayed<T, E>(codec: Codec<T>, recorded: &Recorded) -> Result<Outcome<T>
 }
 
 /// Ends a transaction-mode call with the body's `result`, without converting idem's errors
-/// yet (that is [`settle`]'s, once).
+/// yet (that is [`settle`]'s, once). The finish's own future, as `claim` returns the claim's.
 #[inline]
-pub async fn finish<DB: Backend, T, E>(
+pub fn finish<DB: Backend, T, E>(
     held: TxHeld<'_, DB>,
     result: Result<T, E>,
-) -> Result<Outcome<T>, Failed<E>> {
-    held.finish(result, |_| Ok(None)).await
+) -> impl Future<Output = Result<Outcome<T>, Failed<E>>> {
+    held.finish(result, |_| Ok(None))
 }
 
 /// [`finish`] storing the value for later deliveries (`replay`).
 #[inline]
-pub async fn finish_replay<DB: Backend, T, E>(
+pub fn finish_replay<DB: Backend, T, E>(
     codec: Codec<T>,
     held: TxHeld<'_, DB>,
     result: Result<T, E>,
-) -> Result<Outcome<T>, Failed<E>> {
-    held.finish(result, |value| (codec.encode)(value).map(Some))
-        .await
+) -> impl Future<Output = Result<Outcome<T>, Failed<E>>> {
+    held.finish(result, move |value| (codec.encode)(value).map(Some))
 }
 
 /// The outbox a lease handler's body sends on (the body borrows the lease meanwhile).

@@ -22,7 +22,9 @@ use crate::record::NotStorable;
 pub(crate) struct Ticket {
     pub(crate) request: Request,
     pub(crate) observed: Observed,
-    outbox: Option<Outbox>,
+    /// Boxed: most bodies send nothing, and the holder (this ticket in it) is moved from
+    /// future to future on every call, byte by byte.
+    outbox: Option<Box<Outbox>>,
 }
 
 impl Ticket {
@@ -44,12 +46,12 @@ impl Ticket {
     pub(crate) fn outbox(&mut self) -> &mut Outbox {
         let Request { scope, key, .. } = &self.request;
         self.outbox
-            .get_or_insert_with(|| Outbox::new(scope.clone(), key.clone()))
+            .get_or_insert_with(|| Box::new(Outbox::new(scope.clone(), key.clone())))
     }
 
     fn pending(&self) -> Option<&Pending> {
         self.outbox
-            .as_ref()
+            .as_deref()
             .map(Outbox::pending)
             .filter(|p| !p.is_empty())
     }
@@ -68,6 +70,7 @@ pub(crate) trait Hold: Send + Sized {
 
     /// Writes what is kept with the marker before it is kept: the value for `replay` and the
     /// outbox's messages, in the claim's transaction (a lease writes both as it completes).
+    /// Called only when there is one of them to write.
     fn write(
         &mut self,
         request: &Request,
@@ -152,7 +155,10 @@ pub(crate) async fn end<H: Hold, T, E>(
             ))));
         }
     };
-    if let Err(e) = hold.write(request, json.as_deref(), outbox).await {
+    // Nothing to write is every plain job's end: no write's future to build and poll.
+    if (json.is_some() || outbox.is_some())
+        && let Err(e) = hold.write(request, json.as_deref(), outbox).await
+    {
         hold.release(request).await;
         return Err(Failed::Idem(e));
     }
@@ -426,14 +432,16 @@ impl<'c, DB: Backend> TxHeld<'c, DB> {
         (self.hold, self.ticket)
     }
 
-    /// Ends the claim with `result`, storing what `encode` makes of an `Ok` value.
-    pub(crate) async fn finish<T, E>(
+    /// Ends the claim with `result`, storing what `encode` makes of an `Ok` value: the
+    /// finish's future itself, not one awaiting it, which would copy it (and its answer) once
+    /// more per call.
+    pub(crate) fn finish<T, E>(
         self,
         result: Result<T, E>,
         encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
-    ) -> Result<Outcome<T>, Failed<E>> {
+    ) -> impl Future<Output = Result<Outcome<T>, Failed<E>>> {
         let TxHeld { hold, ticket } = self;
-        finish(hold, ticket, None, result.map_err(Failed::Handler), encode).await
+        finish(hold, ticket, None, result.map_err(Failed::Handler), encode)
     }
 
     /// Ends the claim keeping nothing: the transaction is rolled back (or the savepoint), and

@@ -263,11 +263,10 @@ impl Observed {
                 u64::try_from(self.waited.as_millis()).unwrap_or(u64::MAX),
             );
         }
-        let claim = self.started.elapsed();
         metrics::with_recorder(|recorder| {
             recorder
                 .register_histogram(self.site.claim_seconds_key(), &METADATA)
-                .record(claim.as_secs_f64());
+                .record(Since(self.started));
         });
         let decision = match answer {
             Answer::Fresh => "fresh",
@@ -394,6 +393,16 @@ impl Observed {
                 });
             }
         });
+    }
+}
+
+/// The seconds since an instant, read when a histogram takes the value: a recorder's does, the
+/// no-op one (no recorder installed) never reads the clock.
+struct Since(Instant);
+
+impl metrics::IntoF64 for Since {
+    fn into_f64(self) -> f64 {
+        self.0.elapsed().as_secs_f64()
     }
 }
 

@@ -162,14 +162,15 @@ impl Claims for Postgres {
             .await
     }
 
-    async fn commit<'a>(
+    fn commit<'a>(
         tx: Transaction<'a, Self>,
         _: Check<'a>,
         _: &'a ClaimOptions,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a {
         // Whoever committed knows whether it wrote outbox messages (a claim's hold, a group's
-        // generation) and wakes the relays itself: the commit reads nothing more.
-        commit_checked(tx).await
+        // generation) and wakes the relays itself: the commit reads nothing more. Its future
+        // is the commit's own (a layer awaiting it would copy it once more per call).
+        commit_checked(tx)
     }
 
     async fn rollback<'a>(
