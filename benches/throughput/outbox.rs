@@ -4,6 +4,8 @@
 //!   one sending 0, 1 and 10 messages (each message one more `INSERT` in the claim's
 //!   transaction): jobs/s at `WORKERS` workers. Each run checks its effects and its messages
 //!   (one per job and message), then empties the outbox, so that every run starts alike.
+//!   Beside them, the floor (`outbox/floor.rs`): pgbench running the same statements by hand,
+//!   each ratio to pgbench without an outbox.
 //! - **Batches** (`outbox/batch.rs`): a batch handler of 100 jobs without an outbox and with
 //!   one message a job, in jobs/s.
 //! - **The relay.** `Relay::relay_once` until `MESSAGES` committed messages are sent, by batch
@@ -14,7 +16,10 @@
 //!   timed until every message is confirmed and marked, and the direct publish with two
 //!   rounds in flight. The rows at batch 100 and the direct ones again through the
 //!   `JetStream` publisher, to a stream of their own (`outbox/jetstream.rs`), in the same
-//!   rounds. `--outbox --relay-only` runs these rows alone (and the three databases' rows).
+//!   rounds. And the relay rows at batch 100 to no broker at all (a publisher that confirms
+//!   every message as it is given): the database's share of the relay, its ceiling here.
+//!   `--outbox --relay-only` runs these rows alone (and the three databases' rows);
+//!   `--outbox --handler-only` the rows before them alone.
 //! - **The three databases** (`outbox/backends.rs`): the relay rows again with MariaDB and
 //!   SQLite beside PostgreSQL, and (`outbox/latency.rs`) each one's latency from a job's
 //!   commit to its message's confirm at a steady 1,000 jobs/s.
@@ -37,6 +42,7 @@ use crate::config::config;
 
 mod backends;
 mod batch;
+mod floor;
 mod jetstream;
 mod latency;
 mod wake;
@@ -169,11 +175,23 @@ async fn finish_run(
     Ok(rate)
 }
 
-/// The brokers the relay rows publish to.
+/// The brokers the relay rows publish to; `Nowhere` confirms every message at once, which
+/// leaves the relay's database work alone.
 #[derive(Clone, Copy, PartialEq)]
 enum Broker {
     RabbitMq,
     JetStream,
+    Nowhere,
+}
+
+/// A publisher with no broker behind it: every message confirmed as it is given.
+#[derive(Clone)]
+struct Nowhere;
+
+impl Publisher for Nowhere {
+    async fn publish<'a>(&'a self, _: &'a Message) -> Result<(), idem::outbox::PublishError> {
+        Ok(())
+    }
 }
 
 /// `count` committed messages to `destination`, as a handler's outbox leaves them: each job's
@@ -331,6 +349,7 @@ async fn relay_run<P: Publisher + Clone + 'static>(
 /// The rows before the relay's: the handler's cost, the wake-up, batches.
 struct Before {
     handler: [f64; 4],
+    floor: [f64; 3],
     samples: usize,
     own: (Duration, Duration),
     others: (Duration, Duration),
@@ -362,6 +381,8 @@ async fn before_relay(
         }
     }
     let handler = handler.map(median);
+    eprintln!("outbox: pgbench running the handler's statements with 0, 1 and 10 messages");
+    let floor = floor::run(store.pool(), names, rounds, run).await?;
     let applied: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT SUM(credits)::int8 FROM {}",
         names.accounts
@@ -403,6 +424,7 @@ async fn before_relay(
     let batches = batches.map(median);
     Ok(Before {
         handler,
+        floor,
         samples,
         own,
         others,
@@ -429,6 +451,17 @@ impl Before {
         .zip(handler)
         {
             println!("| {name} | {rate:.0} | {:.2} |", rate / base);
+        }
+        // The floor: PostgreSQL's own client on the same statements (`outbox/floor.rs`).
+        for (name, rate) in [
+            "pgbench, no outbox",
+            "pgbench, 1 message",
+            "pgbench, 10 messages",
+        ]
+        .iter()
+        .zip(self.floor)
+        {
+            println!("| {name} | {rate:.0} | {:.2} |", rate / self.floor[0]);
         }
         println!(
             "\n## Outbox: the relay's wake-up, from a job's commit to its message's publish \
@@ -516,6 +549,17 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
         Some(before_relay(&store, &names, &cfg.pg_url, quick, rounds, run).await?)
     };
 
+    if let Some(before) = before
+        .as_ref()
+        .filter(|_| std::env::args().any(|a| a == "--handler-only"))
+    {
+        sqlx::query(AssertSqlSafe(drop_tables))
+            .execute(&pool)
+            .await?;
+        before.print();
+        return Ok(());
+    }
+
     eprintln!(
         "outbox: relaying to RabbitMQ by batch size and to JetStream, and publishing directly"
     );
@@ -560,8 +604,13 @@ fn relay_variants() -> Vec<(Broker, Publishing)> {
         .map(|&batch| Publishing::Once(batch))
         .chain(at_100)
         .map(|p| (Broker::RabbitMq, p));
+    let nowhere = at_100
+        .into_iter()
+        .filter(|p| !matches!(p, Publishing::Direct(_)))
+        .map(|p| (Broker::Nowhere, p));
     rabbit
         .chain(at_100.map(|p| (Broker::JetStream, p)))
+        .chain(nowhere)
         .collect()
 }
 
@@ -619,6 +668,10 @@ async fn relay_rows(
                         .await?;
                     rate
                 }
+                // Every message marked sent is the check (`relay_run` waits for it).
+                Broker::Nowhere => {
+                    relay_run(store, &Nowhere, "nowhere", names, publishing, messages, at).await?
+                }
             };
             relayed[v].push(rate);
         }
@@ -635,9 +688,10 @@ fn print_relayed(variants: &[(Broker, Publishing)], relayed: &[f64], messages: u
          each round's confirms or acks awaited together, as the relay's)\n"
     );
     println!(
-        "| publisher | RabbitMQ: messages/s | vs direct | JetStream: messages/s | vs direct |"
+        "| publisher | RabbitMQ: messages/s | vs direct | JetStream: messages/s | vs direct \
+         | no broker: messages/s |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     let rate = |broker: Broker, publishing: Publishing| {
         variants
             .iter()
@@ -656,8 +710,10 @@ fn print_relayed(variants: &[(Broker, Publishing)], relayed: &[f64], messages: u
         if broker != Broker::RabbitMq {
             continue;
         }
+        let alone =
+            rate(Broker::Nowhere, publishing).map_or("–".to_owned(), |r| format!("{r:.0}"));
         println!(
-            "| {} | {} | {} |",
+            "| {} | {} | {} | {alone} |",
             publishing.name(),
             cell(Broker::RabbitMq, publishing),
             cell(Broker::JetStream, publishing)

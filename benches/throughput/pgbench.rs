@@ -95,7 +95,7 @@ impl Pgbench {
         self.run_script(&script, clients, length, tag).await
     }
 
-    async fn run_script(
+    pub(crate) async fn run_script(
         &self,
         script: &Path,
         clients: usize,
@@ -121,6 +121,12 @@ impl Pgbench {
             .arg(&config().pg_url)
             .current_dir(&self.dir)
             .kill_on_drop(true);
+        // libpq tries TLS first (`sslmode=prefer`) where the server offers it, and the bench's
+        // sqlx has no TLS: unless told otherwise, pgbench talks in plain text as sqlx does,
+        // or the floor would carry the cost of encryption.
+        if std::env::var_os("PGSSLMODE").is_none() {
+            cmd.env("PGSSLMODE", "disable");
+        }
         let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
             .await
             .map_err(|_| "pgbench ran for more than 120 s")??;
