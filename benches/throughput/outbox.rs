@@ -12,7 +12,7 @@
 //!   size, against the same `RabbitMq` publisher publishing them directly (no database) in
 //!   rounds of 100, as the relay does: every message of a round sent, then their publisher
 //!   confirms awaited together. Messages are persistent, to a durable queue purged after
-//!   each run. `Relay::run` at batch 100 with two rounds in flight (its default) and three,
+//!   each run. `Relay::run` at batch 100 with two rounds in flight (its default), three and four,
 //!   timed until every message is confirmed and marked, and the direct publish with two
 //!   rounds in flight. The rows at batch 100 and the direct ones again through the
 //!   `JetStream` publisher, to a stream of their own (`outbox/jetstream.rs`), in the same
@@ -595,6 +595,7 @@ fn relay_variants() -> Vec<(Broker, Publishing)> {
         Publishing::Once(100),
         Publishing::Run(100, 2),
         Publishing::Run(100, 3),
+        Publishing::Run(100, 4),
         Publishing::Direct(1),
         Publishing::Direct(2),
     ];
