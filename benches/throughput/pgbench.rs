@@ -37,6 +37,27 @@ pub(crate) fn find_pgbench() -> Option<PathBuf> {
     on_path.chain(versioned).find(|p| p.is_file())
 }
 
+/// The handwritten top-up as a pgbench script: the claim of a fresh key in `markers`, the
+/// effect on one of `count` accounts, then `before_commit` (statements ended by `;\n`).
+pub(crate) fn top_up_script(
+    accounts: &str,
+    count: impl std::fmt::Display,
+    markers: &str,
+    scope: &str,
+    before_commit: &str,
+) -> String {
+    format!(
+        "\\set aid random(1, {count})\n\
+         \\set k random(1, 9000000000000000000)\n\
+         BEGIN;\n\
+         INSERT INTO {markers} (scope, key, completed_at) VALUES ('{scope}', :k, now()) \
+         ON CONFLICT DO NOTHING;\n\
+         UPDATE {accounts} SET credits = credits + 1 WHERE id = :aid;\n\
+         {before_commit}\
+         COMMIT;\n"
+    )
+}
+
 impl Pgbench {
     pub(crate) fn new(dir: &Path) -> Option<Pgbench> {
         let bin = find_pgbench()?;
@@ -44,15 +65,7 @@ impl Pgbench {
         // The handwritten transaction, statement for statement. Every key is fresh, so the
         // script needs no branch on the claim's row count.
         let (accounts, markers) = (&config().accounts, &config().pgbench);
-        let text = format!(
-            "\\set aid random(1, {ACCOUNTS})\n\
-             \\set k random(1, 9000000000000000000)\n\
-             BEGIN;\n\
-             INSERT INTO {markers} (scope, key, completed_at) VALUES ('{SCOPE}', :k, now()) \
-             ON CONFLICT DO NOTHING;\n\
-             UPDATE {accounts} SET credits = credits + 1 WHERE id = :aid;\n\
-             COMMIT;\n"
-        );
+        let text = top_up_script(accounts, ACCOUNTS, markers, SCOPE, "");
         std::fs::write(&script, text).ok()?;
         Some(Pgbench {
             bin,

@@ -10,7 +10,7 @@ use sqlx::{AssertSqlSafe, PgPool};
 
 use super::{ACCOUNTS, Names, WORKERS, median};
 use crate::Res;
-use crate::pgbench::{Pgbench, PgbenchLength, find_pgbench};
+use crate::pgbench::{Pgbench, PgbenchLength, find_pgbench, top_up_script};
 
 /// The messages a job writes in each variant, as the handler rows' 0 (no outbox), 1 and 10.
 const MESSAGES: [usize; 3] = [0, 1, 10];
@@ -94,16 +94,7 @@ fn script(accounts: &str, markers: &str, n: usize) -> String {
             rows.join(", ")
         ),
     };
-    format!(
-        "\\set aid random(1, {ACCOUNTS})\n\
-         \\set k random(1, 9000000000000000000)\n\
-         BEGIN;\n\
-         INSERT INTO {markers} (scope, key, completed_at) VALUES ('bench.outbox', :k, now()) \
-         ON CONFLICT DO NOTHING;\n\
-         UPDATE {accounts} SET credits = credits + 1 WHERE id = :aid;\n\
-         {write}\
-         COMMIT;\n"
-    )
+    top_up_script(accounts, ACCOUNTS, markers, "bench.outbox", &write)
 }
 
 /// Checks that the run left a marker for each of its `jobs` transactions and `n` messages for
