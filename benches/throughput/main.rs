@@ -8,6 +8,7 @@
 //! cargo bench --bench throughput -- --outbox     # the outbox: handler cost, relay vs direct
 //! cargo bench --bench throughput -- --group      # group commit, and a poisoned batch
 //! cargo bench --bench throughput -- --group --each  # the poisoned batch alone
+//! cargo bench --bench throughput -- --group --floor # pgbench on each group design's statements
 //! cargo bench --bench throughput -- --steps      # lease steps: 3 steps vs 3 lease jobs
 //! cargo bench --bench throughput -- --scale      # 1, 2, 4, 8 worker processes on one server
 //! cargo bench --bench throughput -- --scale --galera  # the same on a 3-node Galera cluster
@@ -47,6 +48,7 @@ mod batch;
 mod config;
 mod each;
 mod group;
+mod group_floor;
 mod growth;
 mod http;
 mod instructions;
@@ -149,7 +151,8 @@ fn parse_args() -> Res<Args> {
             "--run-ms" => parsed.run_ms = Some(args.next().ok_or("--run-ms needs N")?.parse()?),
             // `cargo bench` passes `--bench` to every harness-less bench.
             "--bench" => {}
-            "--instructions" | "--group" | "--each" | "--scale" | "--galera" | "--partitions" => {}
+            "--instructions" | "--group" | "--each" | "--floor" | "--scale" | "--galera"
+            | "--partitions" => {}
             other => eprintln!("ignoring argument {other:?}"),
         }
     }
@@ -212,6 +215,13 @@ fn main() -> Res<()> {
                 let rounds = args.rounds.unwrap_or(if quick { 3 } else { 8 });
                 let run =
                     Duration::from_millis(args.run_ms.unwrap_or(if quick { 200 } else { 1000 }));
+                if argv.iter().any(|a| a == "--floor") {
+                    print!(
+                        "{}",
+                        group_floor::run(rounds, run.max(Duration::from_secs(2))).await?
+                    );
+                    return Ok(());
+                }
                 let each_only = argv.iter().any(|a| a == "--each");
                 let report = group::bench(args.only, rounds, run, each_only).await?;
                 print!("{report}");

@@ -1,0 +1,177 @@
+//! `--group --floor`: the ceiling PostgreSQL itself sets each design of group commit, measured
+//! with pgbench on the statements that design sends, against one job a transaction on the
+//! same server in the same run. No idem in it: what any client could reach here.
+//!
+//! - **One job a transaction**, 8 clients: `BEGIN`, the claim, the effect, `COMMIT`.
+//! - **A group, savepoint by savepoint** (how `group` runs today), 8 or 32 jobs a transaction
+//!   on each of 2 clients (the default lanes): every job its `SAVEPOINT`, claim, effect and
+//!   `RELEASE`, one statement after another, and one `COMMIT` for the group.
+//! - **A group, statements shared**: the same jobs with one statement claiming all their keys
+//!   and one for all their effects, as a batch does.
+//!
+//! Every job of a transaction tops up the same account (one row locked a transaction, so the
+//! two clients never deadlock), in every variant alike. Each run is checked: a marker a job,
+//! and the accounts' credits grown by the jobs.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use idem::Store;
+use sqlx::{AssertSqlSafe, PgPool};
+
+use crate::config::config;
+use crate::pgbench::{Pgbench, PgbenchLength, find_pgbench};
+use crate::report::median;
+use crate::{ACCOUNTS, Res};
+
+/// The variants: a name, jobs a transaction, clients, and whether the jobs share statements.
+const VARIANTS: [(&str, usize, usize, bool); 5] = [
+    ("one job a transaction, 8 clients", 1, 8, false),
+    ("group of 8, savepoint by savepoint, 2 lanes", 8, 2, false),
+    ("group of 32, savepoint by savepoint, 2 lanes", 32, 2, false),
+    ("group of 8, statements shared, 2 lanes", 8, 2, true),
+    ("group of 32, statements shared, 2 lanes", 32, 2, true),
+];
+
+const SCOPE: &str = "bench.group.floor";
+
+/// The report: each variant's median jobs/s over `rounds` runs of `run`, every other round in
+/// reverse order, and its ratio to one job a transaction.
+pub(crate) async fn run(rounds: usize, run: Duration) -> Res<String> {
+    let bin = find_pgbench().ok_or("--group --floor needs pgbench on PATH")?;
+    let pid = std::process::id();
+    let dir = std::env::temp_dir().join(format!("idem-bench-group-floor-{pid}"));
+    std::fs::create_dir_all(&dir)?;
+    let (accounts, markers) = (
+        format!("idem_bench_gf_accounts_p{pid}"),
+        format!("idem_bench_gf_markers_p{pid}"),
+    );
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&config().pg_url)
+        .await?;
+    for sql in [
+        format!("DROP TABLE IF EXISTS {accounts}, {markers}, {markers}_outbox"),
+        format!("CREATE TABLE {accounts} (id BIGINT PRIMARY KEY, credits BIGINT NOT NULL)"),
+        format!("INSERT INTO {accounts} SELECT g, 0 FROM generate_series(1, {ACCOUNTS}) g"),
+    ] {
+        sqlx::query(AssertSqlSafe(sql)).execute(&pool).await?;
+    }
+    Store::new(pool.clone())
+        .with_table(&markers)?
+        .migrate()
+        .await?;
+    let pgbench = Pgbench {
+        bin,
+        dir: dir.clone(),
+        script: dir.join("unused.sql"),
+    };
+    let mut scripts = Vec::new();
+    for (v, &(_, jobs, _, shared)) in VARIANTS.iter().enumerate() {
+        let path = dir.join(format!("group_floor_{v}.sql"));
+        std::fs::write(&path, script(&accounts, &markers, jobs, shared))?;
+        scripts.push(path);
+    }
+    let length = PgbenchLength::Secs(run.as_secs().max(1));
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); VARIANTS.len()];
+    let mut credited = 0_u64;
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..VARIANTS.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for v in order {
+            let (_, jobs, clients, _) = VARIANTS[v];
+            let done = pgbench
+                .run_script(&scripts[v], clients, length, &format!("gf{v}"))
+                .await?;
+            let applied = done.jobs * jobs as u64;
+            credited += applied;
+            check(&pool, &accounts, &markers, applied, credited).await?;
+            rates[v].push(applied as f64 / done.secs);
+        }
+    }
+    let dropped = format!("DROP TABLE IF EXISTS {accounts}, {markers}, {markers}_outbox");
+    sqlx::query(AssertSqlSafe(dropped)).execute(&pool).await?;
+    pool.close().await;
+    std::fs::remove_dir_all(&dir)?;
+
+    let rates: Vec<f64> = rates.iter().map(|r| median(r)).collect();
+    let mut out = format!(
+        "## Group commit's floor: pgbench on each design's statements (PostgreSQL, jobs/s, \
+         {rounds} rounds of {} s, medians)\n\n\
+         | design | jobs/s | vs one job a transaction |\n|---|---|---|\n",
+        run.as_secs().max(1)
+    );
+    for (&(name, ..), rate) in VARIANTS.iter().zip(&rates) {
+        let _ = writeln!(out, "| {name} | {rate:.0} | {:.2} |", rate / rates[0]);
+    }
+    Ok(out)
+}
+
+/// One transaction of `jobs` jobs, all on one account; `shared`: one statement claims every
+/// key and one tops up the account for all of them, else each job has its own savepoint,
+/// claim and effect (a lone job: no savepoint).
+fn script(accounts: &str, markers: &str, jobs: usize, shared: bool) -> String {
+    let mut s = format!("\\set aid random(1, {ACCOUNTS})\n");
+    if shared {
+        let _ = write!(
+            s,
+            "BEGIN;\n\
+             INSERT INTO {markers} (scope, key, completed_at) \
+             SELECT '{SCOPE}', md5(random()::text || clock_timestamp()::text || g), now() \
+             FROM generate_series(1, {jobs}) AS g ORDER BY 2 ON CONFLICT DO NOTHING;\n\
+             UPDATE {accounts} SET credits = credits + {jobs} WHERE id = :aid;\n\
+             COMMIT;\n"
+        );
+        return s;
+    }
+    for j in 0..jobs {
+        let _ = writeln!(s, "\\set k{j} random(1, 9000000000000000000)");
+    }
+    s.push_str("BEGIN;\n");
+    for j in 0..jobs {
+        let claim = format!(
+            "INSERT INTO {markers} (scope, key, completed_at) VALUES ('{SCOPE}', :k{j}, now()) \
+             ON CONFLICT DO NOTHING;\n\
+             UPDATE {accounts} SET credits = credits + 1 WHERE id = :aid;\n"
+        );
+        match jobs {
+            1 => s.push_str(&claim),
+            _ => {
+                let _ = write!(s, "SAVEPOINT job;\n{claim}RELEASE SAVEPOINT job;\n");
+            }
+        }
+    }
+    s.push_str("COMMIT;\n");
+    s
+}
+
+/// Checks that the run left a marker for each of its `applied` jobs and that the accounts hold
+/// the `credited` jobs of every run so far, then empties the markers.
+async fn check(
+    pool: &PgPool,
+    accounts: &str,
+    markers: &str,
+    applied: u64,
+    credited: u64,
+) -> Res<()> {
+    let claimed: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT COUNT(*) FROM {markers}")))
+        .fetch_one(pool)
+        .await?;
+    let sum: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT COALESCE(SUM(credits), 0)::int8 FROM {accounts}"
+    )))
+    .fetch_one(pool)
+    .await?;
+    if claimed as u64 != applied || sum as u64 != credited {
+        return Err(format!(
+            "group floor: {claimed} markers for {applied} jobs, {sum} credits for {credited}"
+        )
+        .into());
+    }
+    sqlx::query(AssertSqlSafe(format!("TRUNCATE {markers}")))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
