@@ -6,6 +6,9 @@
 //! - **A group, savepoint by savepoint** (how `group` runs today), 8 or 32 jobs a transaction
 //!   on each of 2 clients (the default lanes): every job its `SAVEPOINT`, claim, effect and
 //!   `RELEASE`, one statement after another, and one `COMMIT` for the group.
+//! - **A group, one claim**: one statement claims all the group's keys, then each job its
+//!   savepoint and effect: a group whose bodies stay their own; and the same without the
+//!   savepoints' round trips (as if each rode with its job's first statement).
 //! - **A group, statements shared**: the same jobs with one statement claiming all their keys
 //!   and one for all their effects, as a batch does.
 //!
@@ -24,13 +27,71 @@ use crate::pgbench::{Pgbench, PgbenchLength, find_pgbench};
 use crate::report::median;
 use crate::{ACCOUNTS, Res};
 
-/// The variants: a name, jobs a transaction, clients, and whether the jobs share statements.
-const VARIANTS: [(&str, usize, usize, bool); 5] = [
-    ("one job a transaction, 8 clients", 1, 8, false),
-    ("group of 8, savepoint by savepoint, 2 lanes", 8, 2, false),
-    ("group of 32, savepoint by savepoint, 2 lanes", 32, 2, false),
-    ("group of 8, statements shared, 2 lanes", 8, 2, true),
-    ("group of 32, statements shared, 2 lanes", 32, 2, true),
+/// How a transaction's jobs send their statements.
+#[derive(Clone, Copy)]
+enum Design {
+    /// Each job its savepoint, claim and effect (a lone job: no savepoint).
+    Each,
+    /// One statement claims every key, then each job its savepoint and effect.
+    ClaimShared,
+    /// One statement claims every key, then each job its effect: the savepoints' round trips
+    /// gone, as if each rode with its job's first statement.
+    ClaimOnly,
+    /// One statement claims every key, one tops up the account for all of them.
+    Shared,
+}
+
+/// The variants: a name, jobs a transaction, clients, and how the jobs send their statements.
+const VARIANTS: [(&str, usize, usize, Design); 9] = [
+    ("one job a transaction, 8 clients", 1, 8, Design::Each),
+    (
+        "group of 8, savepoint by savepoint, 2 lanes",
+        8,
+        2,
+        Design::Each,
+    ),
+    (
+        "group of 32, savepoint by savepoint, 2 lanes",
+        32,
+        2,
+        Design::Each,
+    ),
+    (
+        "group of 8, one claim, then each job's savepoint and effect, 2 lanes",
+        8,
+        2,
+        Design::ClaimShared,
+    ),
+    (
+        "group of 32, one claim, then each job's savepoint and effect, 2 lanes",
+        32,
+        2,
+        Design::ClaimShared,
+    ),
+    (
+        "group of 8, one claim, then each job's effect, 2 lanes",
+        8,
+        2,
+        Design::ClaimOnly,
+    ),
+    (
+        "group of 32, one claim, then each job's effect, 2 lanes",
+        32,
+        2,
+        Design::ClaimOnly,
+    ),
+    (
+        "group of 8, statements shared, 2 lanes",
+        8,
+        2,
+        Design::Shared,
+    ),
+    (
+        "group of 32, statements shared, 2 lanes",
+        32,
+        2,
+        Design::Shared,
+    ),
 ];
 
 const SCOPE: &str = "bench.group.floor";
@@ -67,9 +128,9 @@ pub(crate) async fn run(rounds: usize, run: Duration) -> Res<String> {
         script: dir.join("unused.sql"),
     };
     let mut scripts = Vec::new();
-    for (v, &(_, jobs, _, shared)) in VARIANTS.iter().enumerate() {
+    for (v, &(_, jobs, _, design)) in VARIANTS.iter().enumerate() {
         let path = dir.join(format!("group_floor_{v}.sql"));
-        std::fs::write(&path, script(&accounts, &markers, jobs, shared))?;
+        std::fs::write(&path, script(&accounts, &markers, jobs, design))?;
         scripts.push(path);
     }
     let length = PgbenchLength::Secs(run.as_secs().max(1));
@@ -109,37 +170,51 @@ pub(crate) async fn run(rounds: usize, run: Duration) -> Res<String> {
     Ok(out)
 }
 
-/// One transaction of `jobs` jobs, all on one account; `shared`: one statement claims every
-/// key and one tops up the account for all of them, else each job has its own savepoint,
-/// claim and effect (a lone job: no savepoint).
-fn script(accounts: &str, markers: &str, jobs: usize, shared: bool) -> String {
+/// One transaction of `jobs` jobs, all on one account, sent as `design` says.
+fn script(accounts: &str, markers: &str, jobs: usize, design: Design) -> String {
     let mut s = format!("\\set aid random(1, {ACCOUNTS})\n");
-    if shared {
-        let _ = write!(
-            s,
-            "BEGIN;\n\
-             INSERT INTO {markers} (scope, key, completed_at) \
-             SELECT '{SCOPE}', md5(random()::text || clock_timestamp()::text || g), now() \
-             FROM generate_series(1, {jobs}) AS g ORDER BY 2 ON CONFLICT DO NOTHING;\n\
-             UPDATE {accounts} SET credits = credits + {jobs} WHERE id = :aid;\n\
-             COMMIT;\n"
-        );
-        return s;
-    }
-    for j in 0..jobs {
-        let _ = writeln!(s, "\\set k{j} random(1, 9000000000000000000)");
-    }
-    s.push_str("BEGIN;\n");
-    for j in 0..jobs {
-        let claim = format!(
-            "INSERT INTO {markers} (scope, key, completed_at) VALUES ('{SCOPE}', :k{j}, now()) \
-             ON CONFLICT DO NOTHING;\n\
-             UPDATE {accounts} SET credits = credits + 1 WHERE id = :aid;\n"
-        );
-        match jobs {
-            1 => s.push_str(&claim),
-            _ => {
-                let _ = write!(s, "SAVEPOINT job;\n{claim}RELEASE SAVEPOINT job;\n");
+    let claim_all = format!(
+        "INSERT INTO {markers} (scope, key, completed_at) \
+         SELECT '{SCOPE}', md5(random()::text || clock_timestamp()::text || g), now() \
+         FROM generate_series(1, {jobs}) AS g ORDER BY 2 ON CONFLICT DO NOTHING;\n"
+    );
+    let effect = format!("UPDATE {accounts} SET credits = credits + 1 WHERE id = :aid;\n");
+    match design {
+        Design::Shared => {
+            let _ = write!(
+                s,
+                "BEGIN;\n{claim_all}\
+                 UPDATE {accounts} SET credits = credits + {jobs} WHERE id = :aid;\n"
+            );
+        }
+        Design::ClaimShared => {
+            let _ = write!(s, "BEGIN;\n{claim_all}");
+            for _ in 0..jobs {
+                let _ = write!(s, "SAVEPOINT job;\n{effect}RELEASE SAVEPOINT job;\n");
+            }
+        }
+        Design::ClaimOnly => {
+            let _ = write!(s, "BEGIN;\n{claim_all}");
+            for _ in 0..jobs {
+                s.push_str(&effect);
+            }
+        }
+        Design::Each => {
+            for j in 0..jobs {
+                let _ = writeln!(s, "\\set k{j} random(1, 9000000000000000000)");
+            }
+            s.push_str("BEGIN;\n");
+            for j in 0..jobs {
+                let claim = format!(
+                    "INSERT INTO {markers} (scope, key, completed_at) \
+                     VALUES ('{SCOPE}', :k{j}, now()) ON CONFLICT DO NOTHING;\n{effect}"
+                );
+                match jobs {
+                    1 => s.push_str(&claim),
+                    _ => {
+                        let _ = write!(s, "SAVEPOINT job;\n{claim}RELEASE SAVEPOINT job;\n");
+                    }
+                }
             }
         }
     }
