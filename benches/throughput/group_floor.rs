@@ -19,11 +19,10 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use idem::Store;
 use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::config::config;
-use crate::pgbench::{Pgbench, PgbenchLength, find_pgbench};
+use crate::pgbench::{PgbenchLength, drop_own_tables, on_own_tables};
 use crate::report::median;
 use crate::{ACCOUNTS, Res};
 
@@ -99,10 +98,7 @@ const SCOPE: &str = "bench.group.floor";
 /// The report: each variant's median jobs/s over `rounds` runs of `run`, every other round in
 /// reverse order, and its ratio to one job a transaction.
 pub(crate) async fn run(rounds: usize, run: Duration) -> Res<String> {
-    let bin = find_pgbench().ok_or("--group --floor needs pgbench on PATH")?;
     let pid = std::process::id();
-    let dir = std::env::temp_dir().join(format!("idem-bench-group-floor-{pid}"));
-    std::fs::create_dir_all(&dir)?;
     let (accounts, markers) = (
         format!("idem_bench_gf_accounts_p{pid}"),
         format!("idem_bench_gf_markers_p{pid}"),
@@ -111,25 +107,11 @@ pub(crate) async fn run(rounds: usize, run: Duration) -> Res<String> {
         .max_connections(2)
         .connect(&config().pg_url)
         .await?;
-    for sql in [
-        format!("DROP TABLE IF EXISTS {accounts}, {markers}, {markers}_outbox"),
-        format!("CREATE TABLE {accounts} (id BIGINT PRIMARY KEY, credits BIGINT NOT NULL)"),
-        format!("INSERT INTO {accounts} SELECT g, 0 FROM generate_series(1, {ACCOUNTS}) g"),
-    ] {
-        sqlx::query(AssertSqlSafe(sql)).execute(&pool).await?;
-    }
-    Store::new(pool.clone())
-        .with_table(&markers)?
-        .migrate()
-        .await?;
-    let pgbench = Pgbench {
-        bin,
-        dir: dir.clone(),
-        script: dir.join("unused.sql"),
-    };
+    let dir = std::env::temp_dir().join(format!("idem-bench-group-floor-{pid}"));
+    let pgbench = on_own_tables(&pool, &accounts, &markers, ACCOUNTS, dir).await?;
     let mut scripts = Vec::new();
     for (v, &(_, jobs, _, design)) in VARIANTS.iter().enumerate() {
-        let path = dir.join(format!("group_floor_{v}.sql"));
+        let path = pgbench.dir.join(format!("group_floor_{v}.sql"));
         std::fs::write(&path, script(&accounts, &markers, jobs, design))?;
         scripts.push(path);
     }
@@ -152,10 +134,9 @@ pub(crate) async fn run(rounds: usize, run: Duration) -> Res<String> {
             rates[v].push(applied as f64 / done.secs);
         }
     }
-    let dropped = format!("DROP TABLE IF EXISTS {accounts}, {markers}, {markers}_outbox");
-    sqlx::query(AssertSqlSafe(dropped)).execute(&pool).await?;
+    drop_own_tables(&pool, &accounts, &markers).await?;
     pool.close().await;
-    std::fs::remove_dir_all(&dir)?;
+    std::fs::remove_dir_all(&pgbench.dir)?;
 
     let rates: Vec<f64> = rates.iter().map(|r| median(r)).collect();
     let mut out = format!(

@@ -58,6 +58,42 @@ pub(crate) fn top_up_script(
     )
 }
 
+/// pgbench on tables of its own, made afresh: `accounts` (`count` of them, no credits yet) and
+/// `markers` with idem's schema and its outbox; scripts and logs in the directory `dir`.
+pub(crate) async fn on_own_tables(
+    pool: &sqlx::PgPool,
+    accounts: &str,
+    markers: &str,
+    count: impl std::fmt::Display,
+    dir: PathBuf,
+) -> Res<Pgbench> {
+    let bin = find_pgbench().ok_or("the floor rows need pgbench on PATH")?;
+    std::fs::create_dir_all(&dir)?;
+    drop_own_tables(pool, accounts, markers).await?;
+    for sql in [
+        format!("CREATE TABLE {accounts} (id BIGINT PRIMARY KEY, credits BIGINT NOT NULL)"),
+        format!("INSERT INTO {accounts} SELECT g, 0 FROM generate_series(1, {count}) g"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await?;
+    }
+    idem::Store::new(pool.clone())
+        .with_table(markers)?
+        .migrate()
+        .await?;
+    Ok(Pgbench {
+        bin,
+        script: dir.join("unused.sql"),
+        dir,
+    })
+}
+
+/// Drops what [`on_own_tables`] made.
+pub(crate) async fn drop_own_tables(pool: &sqlx::PgPool, accounts: &str, markers: &str) -> Res<()> {
+    let sql = format!("DROP TABLE IF EXISTS {accounts}, {markers}, {markers}_outbox");
+    sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await?;
+    Ok(())
+}
+
 impl Pgbench {
     pub(crate) fn new(dir: &Path) -> Option<Pgbench> {
         let bin = find_pgbench()?;

@@ -5,12 +5,11 @@
 
 use std::time::Duration;
 
-use idem::Store;
 use sqlx::{AssertSqlSafe, PgPool};
 
 use super::{ACCOUNTS, Names, WORKERS, median};
 use crate::Res;
-use crate::pgbench::{Pgbench, PgbenchLength, find_pgbench, top_up_script};
+use crate::pgbench::{PgbenchLength, drop_own_tables, on_own_tables, top_up_script};
 
 /// The messages a job writes in each variant, as the handler rows' 0 (no outbox), 1 and 10.
 const MESSAGES: [usize; 3] = [0, 1, 10];
@@ -24,32 +23,15 @@ pub(super) async fn run(
     rounds: usize,
     run: Duration,
 ) -> Res<[f64; 3]> {
-    let bin = find_pgbench().ok_or("the outbox's floor rows need pgbench on PATH")?;
-    let dir = std::env::temp_dir().join(format!("idem-bench-floor-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
     let (accounts, markers) = (
         format!("{}_floor", names.accounts),
         format!("{}_floor", names.markers),
     );
-    for sql in [
-        format!("DROP TABLE IF EXISTS {accounts}, {markers}, {markers}_outbox"),
-        format!("CREATE TABLE {accounts} (id BIGINT PRIMARY KEY, credits BIGINT NOT NULL)"),
-        format!("INSERT INTO {accounts} SELECT g, 0 FROM generate_series(1, {ACCOUNTS}) g"),
-    ] {
-        sqlx::query(AssertSqlSafe(sql)).execute(pool).await?;
-    }
-    Store::new(pool.clone())
-        .with_table(&markers)?
-        .migrate()
-        .await?;
-    let pgbench = Pgbench {
-        bin,
-        dir: dir.clone(),
-        script: dir.join("unused.sql"),
-    };
+    let dir = std::env::temp_dir().join(format!("idem-bench-floor-{}", std::process::id()));
+    let pgbench = on_own_tables(pool, &accounts, &markers, ACCOUNTS, dir).await?;
     let mut scripts = Vec::new();
     for n in MESSAGES {
-        let path = dir.join(format!("floor_{n}.sql"));
+        let path = pgbench.dir.join(format!("floor_{n}.sql"));
         std::fs::write(&path, script(&accounts, &markers, n))?;
         scripts.push(path);
     }
@@ -68,9 +50,8 @@ pub(super) async fn run(
             rates[v].push(done.jobs as f64 / done.secs);
         }
     }
-    let dropped = format!("DROP TABLE IF EXISTS {accounts}, {markers}, {markers}_outbox");
-    sqlx::query(AssertSqlSafe(dropped)).execute(pool).await?;
-    std::fs::remove_dir_all(&dir)?;
+    drop_own_tables(pool, &accounts, &markers).await?;
+    std::fs::remove_dir_all(&pgbench.dir)?;
     Ok(rates.map(median))
 }
 
