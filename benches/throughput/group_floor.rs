@@ -2,7 +2,8 @@
 //! with pgbench on the statements that design sends, against one job a transaction on the
 //! same server in the same run. No idem in it: what any client could reach here.
 //!
-//! - **One job a transaction**, 8 clients: `BEGIN`, the claim, the effect, `COMMIT`.
+//! - **One job a transaction**, 8 clients: `BEGIN`, the claim, the effect, `COMMIT` (the main
+//!   rows' hand-written top-up, `pgbench::top_up_script`).
 //! - **A group, savepoint by savepoint** (how `group` runs today), 8 or 32 jobs a transaction
 //!   on each of 2 clients (the default lanes): every job its `SAVEPOINT`, claim, effect and
 //!   `RELEASE`, one statement after another, and one `COMMIT` for the group.
@@ -22,14 +23,16 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::config::config;
-use crate::pgbench::{PgbenchLength, drop_own_tables, on_own_tables};
+use crate::pgbench::{PgbenchLength, drop_own_tables, on_own_tables, top_up_script};
 use crate::report::median;
 use crate::{ACCOUNTS, Res};
 
 /// How a transaction's jobs send their statements.
 #[derive(Clone, Copy)]
 enum Design {
-    /// Each job its savepoint, claim and effect (a lone job: no savepoint).
+    /// One job a transaction: the main rows' hand-written top-up.
+    Alone,
+    /// Each job its savepoint, claim and effect.
     Each,
     /// One statement claims every key, then each job its savepoint and effect.
     ClaimShared,
@@ -42,7 +45,7 @@ enum Design {
 
 /// The variants: a name, jobs a transaction, clients, and how the jobs send their statements.
 const VARIANTS: [(&str, usize, usize, Design); 9] = [
-    ("one job a transaction, 8 clients", 1, 8, Design::Each),
+    ("one job a transaction, 8 clients", 1, 8, Design::Alone),
     (
         "group of 8, savepoint by savepoint, 2 lanes",
         8,
@@ -108,7 +111,7 @@ pub(crate) async fn run(rounds: usize, run: Duration) -> Res<String> {
         .connect(&config().pg_url)
         .await?;
     let dir = std::env::temp_dir().join(format!("idem-bench-group-floor-{pid}"));
-    let pgbench = on_own_tables(&pool, &accounts, &markers, ACCOUNTS, dir).await?;
+    let pgbench = on_own_tables(&pool, &accounts, &markers, ACCOUNTS, SCOPE, dir).await?;
     let mut scripts = Vec::new();
     for (v, &(_, jobs, _, design)) in VARIANTS.iter().enumerate() {
         let path = pgbench.dir.join(format!("group_floor_{v}.sql"));
@@ -161,6 +164,7 @@ fn script(accounts: &str, markers: &str, jobs: usize, design: Design) -> String 
     );
     let effect = format!("UPDATE {accounts} SET credits = credits + 1 WHERE id = :aid;\n");
     match design {
+        Design::Alone => return top_up_script(accounts, ACCOUNTS, markers, SCOPE, ""),
         Design::Shared => {
             let _ = write!(
                 s,
@@ -190,12 +194,7 @@ fn script(accounts: &str, markers: &str, jobs: usize, design: Design) -> String 
                     "INSERT INTO {markers} (scope, key, completed_at) \
                      VALUES ('{SCOPE}', :k{j}, now()) ON CONFLICT DO NOTHING;\n{effect}"
                 );
-                match jobs {
-                    1 => s.push_str(&claim),
-                    _ => {
-                        let _ = write!(s, "SAVEPOINT job;\n{claim}RELEASE SAVEPOINT job;\n");
-                    }
-                }
+                let _ = write!(s, "SAVEPOINT job;\n{claim}RELEASE SAVEPOINT job;\n");
             }
         }
     }

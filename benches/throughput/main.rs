@@ -216,10 +216,7 @@ fn main() -> Res<()> {
                 let run =
                     Duration::from_millis(args.run_ms.unwrap_or(if quick { 200 } else { 1000 }));
                 if argv.iter().any(|a| a == "--floor") {
-                    print!(
-                        "{}",
-                        group_floor::run(rounds, run.max(Duration::from_secs(2))).await?
-                    );
+                    print!("{}", group_floor::run(rounds, run).await?);
                     return Ok(());
                 }
                 let each_only = argv.iter().any(|a| a == "--each");

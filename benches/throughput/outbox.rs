@@ -440,29 +440,24 @@ impl Before {
         println!("| handler | jobs/s | vs no outbox |");
         println!("|---|---|---|");
         let (handler, batches, samples) = (self.handler, self.batches, self.samples);
-        let base = handler[0];
-        for (name, rate) in [
-            "no outbox",
-            "outbox, 0 messages",
-            "outbox, 1 message",
-            "outbox, 10 messages",
-        ]
-        .iter()
-        .zip(handler)
-        {
-            println!("| {name} | {rate:.0} | {:.2} |", rate / base);
-        }
+        rows(
+            &[
+                "no outbox",
+                "outbox, 0 messages",
+                "outbox, 1 message",
+                "outbox, 10 messages",
+            ],
+            &handler,
+        );
         // The floor: PostgreSQL's own client on the same statements (`outbox/floor.rs`).
-        for (name, rate) in [
-            "pgbench, no outbox",
-            "pgbench, 1 message",
-            "pgbench, 10 messages",
-        ]
-        .iter()
-        .zip(self.floor)
-        {
-            println!("| {name} | {rate:.0} | {:.2} |", rate / self.floor[0]);
-        }
+        rows(
+            &[
+                "pgbench, no outbox",
+                "pgbench, 1 message",
+                "pgbench, 10 messages",
+            ],
+            &self.floor,
+        );
         println!(
             "\n## Outbox: the relay's wake-up, from a job's commit to its message's publish \
              ({samples} jobs one at a time, the relay's poll a minute)\n"
@@ -485,9 +480,14 @@ impl Before {
         );
         println!("| batch handler | jobs/s | vs no outbox |");
         println!("|---|---|---|");
-        for (name, rate) in ["no outbox", "outbox, 1 message a job"].iter().zip(batches) {
-            println!("| {name} | {rate:.0} | {:.2} |", rate / batches[0]);
-        }
+        rows(&["no outbox", "outbox, 1 message a job"], &batches);
+    }
+}
+
+/// A table's rows: each name, its rate, and its ratio to the first rate.
+fn rows(names: &[&str], rates: &[f64]) {
+    for (name, rate) in names.iter().zip(rates) {
+        println!("| {name} | {rate:.0} | {:.2} |", rate / rates[0]);
     }
 }
 

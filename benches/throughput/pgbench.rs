@@ -59,12 +59,14 @@ pub(crate) fn top_up_script(
 }
 
 /// pgbench on tables of its own, made afresh: `accounts` (`count` of them, no credits yet) and
-/// `markers` with idem's schema and its outbox; scripts and logs in the directory `dir`.
+/// `markers` with idem's schema and its outbox; scripts and logs in the directory `dir`, and
+/// [`run`](Pgbench::run) running the top-up of `scope` on them.
 pub(crate) async fn on_own_tables(
     pool: &sqlx::PgPool,
     accounts: &str,
     markers: &str,
-    count: impl std::fmt::Display,
+    count: impl std::fmt::Display + Copy,
+    scope: &str,
     dir: PathBuf,
 ) -> Res<Pgbench> {
     let bin = find_pgbench().ok_or("the floor rows need pgbench on PATH")?;
@@ -80,11 +82,9 @@ pub(crate) async fn on_own_tables(
         .with_table(markers)?
         .migrate()
         .await?;
-    Ok(Pgbench {
-        bin,
-        script: dir.join("unused.sql"),
-        dir,
-    })
+    let script = dir.join("top_up.sql");
+    std::fs::write(&script, top_up_script(accounts, count, markers, scope, ""))?;
+    Ok(Pgbench { bin, dir, script })
 }
 
 /// Drops what [`on_own_tables`] made.

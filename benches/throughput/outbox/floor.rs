@@ -28,7 +28,7 @@ pub(super) async fn run(
         format!("{}_floor", names.markers),
     );
     let dir = std::env::temp_dir().join(format!("idem-bench-floor-{}", std::process::id()));
-    let pgbench = on_own_tables(pool, &accounts, &markers, ACCOUNTS, dir).await?;
+    let pgbench = on_own_tables(pool, &accounts, &markers, ACCOUNTS, "bench.outbox", dir).await?;
     let mut scripts = Vec::new();
     for n in MESSAGES {
         let path = pgbench.dir.join(format!("floor_{n}.sql"));
