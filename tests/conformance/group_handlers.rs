@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use idem::{Claimed, Group, Key, Outbox, Outcome};
 use sqlx::Transaction;
 
-use super::db::TestDb;
+use super::db::{Bind, TestDb};
 use super::handlers::{Hold, Job, TestError, Then, hang_in_body, insert_effect};
 
 /// Counts the calls whose body ended and whose answer is still to come (they wait for their
@@ -78,6 +78,24 @@ pub(crate) async fn apply_grouped_holding<DB: TestDb>(
 ) -> Result<i64, TestError> {
     insert_effect(tx, job, "group").await?;
     hold.park_first().await;
+    Ok(job.amount)
+}
+
+/// `apply_grouped` whose body, for the job of id `swallower`, runs a statement that fails (id
+/// 0 again in `table`, which holds it) and swallows its error, as a careless body does.
+#[idem::idempotent(key = "job.key", scope = "apply", group)]
+pub(crate) async fn apply_grouped_swallowing<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    job: &Job,
+    table: &str,
+    swallower: i64,
+) -> Result<i64, TestError> {
+    insert_effect(tx, job, "group").await?;
+    if job.id == swallower {
+        let sql = format!("INSERT INTO {table} (id) VALUES ($1)");
+        let failed = DB::execute(&mut **tx, &sql, &[Bind::I64(0)]).await;
+        failed.expect_err("id 0 is there already");
+    }
     Ok(job.amount)
 }
 

@@ -345,6 +345,7 @@ macro_rules! every_backend_tests {
             job_messages_exist_exactly_for_the_kept_jobs,
             group_commits_concurrent_deliveries_of_each_key_once,
             group_member_failure_rolls_back_only_its_savepoint,
+            group_member_that_swallows_a_statement_error,
             cancelled_caller_in_a_group_keeps_nothing_and_others_commit,
             group_beside_transaction_and_lease_mode_applies_each_key_once,
             group_keeps_replay_fingerprint_and_outbox,

@@ -117,6 +117,9 @@ pub enum Savepoint {
     RollBack,
 }
 
+/// A group's `BEGIN` with the savepoint of its first call (see `Claims::begin_primed`).
+const BEGIN_PRIMED: &str = "BEGIN; SAVEPOINT idem_job";
+
 impl Savepoint {
     /// The statements, as every backend spells them (SQL's own savepoint statements).
     fn ansi(self) -> &'static str {

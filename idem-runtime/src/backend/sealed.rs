@@ -44,6 +44,20 @@ pub trait Claims: Dialect {
         options: &'p ClaimOptions,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + 'p;
 
+    /// Begins a group's transaction. `true`: an empty savepoint for its first call is open
+    /// already, sent with the `BEGIN` in one message (PostgreSQL, MySQL); SQLite's default
+    /// (`false`) opens none, its statements costing no round trip.
+    fn begin_primed<'p>(
+        pool: &'p Pool<Self>,
+        sql: &'p Self::Sql,
+    ) -> impl Future<Output = Result<(Transaction<'static, Self>, bool), sqlx::Error>> + Send + 'p
+    {
+        async move {
+            let tx = Self::begin(pool, sql, &ClaimOptions::new()).await?;
+            Ok((tx, false))
+        }
+    }
+
     /// Commits `tx`, in one round trip; `Ok(false)` means the database rolled the
     /// transaction back instead (a failed statement aborted it, or a deadlock undid it),
     /// so nothing of it was kept.

@@ -293,8 +293,12 @@ pub(crate) async fn shared_attempt<DB: Backend>(
     conn: &mut DB::Connection,
     sql: &DB::Sql,
     request: &Request,
+    opening: Option<Savepoint>,
 ) -> Result<Result<Attempt<()>, sqlx::Error>, sqlx::Error> {
-    let opened = DB::savepoint(conn, Savepoint::Open(request.options.wait)).await;
+    let opened = match opening {
+        Some(step) => DB::savepoint(conn, step).await,
+        None => Ok(()),
+    };
     let answer = match opened {
         Ok(()) => claim_one::<DB>(conn, sql, request, false).await,
         Err(e) => Err(e),

@@ -74,9 +74,9 @@ impl<DB: Backend> Attempts for InGroup<'_, DB> {
             self.turn.again(self.shared, self.lane).await?;
         }
         let sql = self.shared.store.sql();
-        self.turn.arm();
+        let opening = self.turn.arm(self.request.options.wait);
         let tx = self.turn.tx().expect("readied above");
-        match shared_attempt::<DB>(tx, sql, self.request).await {
+        match shared_attempt::<DB>(tx, sql, self.request, opening).await {
             Ok(Ok(Attempt::Fresh((), took_over))) => Ok(Attempt::Fresh((), took_over)),
             Ok(answer) => {
                 self.turn.disarm();
@@ -202,7 +202,12 @@ impl<DB: Backend> Hold for GroupHold<DB> {
         _: Option<&str>,
         _: Option<&Pending>,
     ) -> Result<(), Error> {
-        let released = DB::savepoint(self.tx(), Savepoint::Release).await;
+        let step = self
+            .turn
+            .as_ref()
+            .expect("held until the end")
+            .release_step(&self.shared);
+        let released = DB::savepoint(self.tx(), step).await;
         if let Err(e) = released {
             // The body's statements failed under it although it returned `Ok` (PostgreSQL
             // aborted its savepoint), or the transaction is gone.
@@ -221,7 +226,10 @@ impl<DB: Backend> Hold for GroupHold<DB> {
                 None => e.into(),
             });
         }
-        let turn = self.turn.take().expect("held until the end");
+        let mut turn = self.turn.take().expect("held until the end");
+        if step != Savepoint::Release {
+            turn.primed();
+        }
         let waiter: Waiter = turn.kept(request, &self.shared, &self.kept, &self.moved, self.wrote);
         match ended(waiter).await {
             Ended::Committed => Ok(()),

@@ -156,9 +156,10 @@ impl<DB: Backend> Attempts for InGroup<'_, DB> {
             self.turn.again(self.shared, self.lane).await?;
         }
         let sql = self.shared.store.sql();
-        self.turn.arm();
+        let opening = self.turn.arm(self.request.options.wait);
         let tx = self.turn.tx().expect("readied above");
-        match in_savepoint::<DB>(tx, sql, self.request, self.group, self.spans).await {
+        let attempt = in_savepoint::<DB>(tx, sql, self.request, opening, self.group, self.spans);
+        match attempt.await {
             Ok(Ok(Attempt::Fresh(from, took_over))) => Ok(Attempt::Fresh(from, took_over)),
             Ok(answer) => {
                 self.turn.disarm();
@@ -181,10 +182,14 @@ async fn in_savepoint<DB: Backend>(
     conn: &mut DB::Connection,
     sql: &DB::Sql,
     request: &Request,
+    opening: Option<Savepoint>,
     group: &str,
     spans: &[Span],
 ) -> Result<Result<Attempt<From>, sqlx::Error>, sqlx::Error> {
-    let opened = DB::savepoint(conn, Savepoint::Open(request.options.wait)).await;
+    let opened = match opening {
+        Some(step) => DB::savepoint(conn, step).await,
+        None => Ok(()),
+    };
     let answer = match opened {
         Ok(()) => moves::<DB>(conn, sql, request, group, spans).await,
         Err(e) => Err(e),

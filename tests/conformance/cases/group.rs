@@ -139,6 +139,62 @@ pub(crate) async fn group_member_failure_rolls_back_only_its_savepoint<S: Suppor
     ctx.cleanup().await;
 }
 
+/// A member whose body swallows a failed statement, with calls queued behind it (so that its
+/// release also opens the next call's savepoint, in one message): on PostgreSQL its savepoint
+/// was aborted, so it alone is rolled back, as `RolledBack`; elsewhere the failed statement
+/// undid only itself, and it is applied. Every other member commits either way.
+pub(crate) async fn group_member_that_swallows_a_statement_error<S: Support>() {
+    let mut ctx = Ctx::<S>::new("groupswallow", 12).await;
+    let table = ctx
+        .create_table("p", "(id BIGINT NOT NULL PRIMARY KEY)")
+        .await;
+    ctx.exec(&format!("INSERT INTO {table} (id) VALUES (0)"))
+        .await;
+    let group = group(&ctx, GroupOptions::new().lanes(1));
+    let hold = Arc::new(Hold::default());
+    let batch = jobs(&ctx, 1..=5);
+    let first = {
+        let (group, hold, job) = (group.clone(), hold.clone(), batch[0].clone());
+        tokio::spawn(async move { apply_grouped_holding(&group, &job, &hold).await })
+    };
+    within(60, "the first call parking in its body", hold.entered()).await;
+    // Queued one at a time, so that the lane takes them in this order: job 3 has two behind it.
+    let mut others = Vec::new();
+    for (queued, job) in (2..).zip(batch[1..].iter().cloned()) {
+        let (member, table) = (group.clone(), table.clone());
+        others.push(tokio::spawn(async move {
+            let done = apply_grouped_swallowing(&member, &job, &table, 3).await;
+            (job.id, done)
+        }));
+        until_queued(&group, queued).await;
+    }
+    hold.release();
+    assert_eq!(
+        applied(within(60, "job 1", first).await.expect("no panic")),
+        10
+    );
+    let aborts = S::FAILED_STATEMENT_ABORTS;
+    for task in others {
+        let (id, done) = within(60, "a grouped delivery", task)
+            .await
+            .expect("no panic");
+        match (id, done) {
+            (3, Err(TestError::Idem(Error::RolledBack { key, .. }))) if aborts => {
+                assert_eq!(key, "job-3");
+            }
+            (id, Ok(Outcome::Applied(v))) if id != 3 || !aborts => assert_eq!(v, 10 * id),
+            (id, other) => panic!("job {id}: {other:?}"),
+        }
+    }
+    let kept = if aborts { 4 } else { 5 };
+    assert_eq!(
+        (ctx.effects_total().await, ctx.markers().await),
+        (kept, kept)
+    );
+    assert_eq!(ctx.effects(3).await, kept - 4);
+    ctx.cleanup().await;
+}
+
 /// A caller dropped while its body holds the group's turn: its savepoint is rolled back
 /// before the next call runs, the others commit, and its redelivery applies it.
 pub(crate) async fn cancelled_caller_in_a_group_keeps_nothing_and_others_commit<S: Support>() {
