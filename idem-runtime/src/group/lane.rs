@@ -33,6 +33,9 @@ pub(crate) struct Shared<DB: Backend> {
 #[derive(Debug, Clone)]
 pub(crate) enum Ended {
     Committed,
+    /// The database had rolled the transaction back (a failed statement aborted it), and its
+    /// one kept call had left its savepoint for the commit to release: that call's rollback.
+    RolledBack,
     /// Nothing of it was kept, or (`may_be_kept`) its commit's answer was lost.
     Failed {
         may_be_kept: bool,
@@ -105,6 +108,9 @@ pub(crate) struct Open<DB: Backend> {
     kept: Option<KeptBy>,
     /// A kept call of this generation wrote outbox messages.
     wrote: bool,
+    /// The one kept call left its savepoint open for the commit (see
+    /// [`release_step`](Turn::release_step)).
+    unreleased: bool,
     ended: Option<watch::Sender<Option<Ended>>>,
     /// A call's savepoint may be open with no call to end it (the call was dropped): it is
     /// rolled back before anything else runs.
@@ -125,6 +131,7 @@ impl<DB: Backend> Default for Open<DB> {
             moved: HashSet::new(),
             kept: None,
             wrote: false,
+            unreleased: false,
             ended: None,
             dirty: false,
             primed: false,
@@ -165,6 +172,7 @@ impl<DB: Backend> Open<DB> {
         self.moved.clear();
         self.kept = None;
         self.wrote = false;
+        self.unreleased = false;
         self.primed = false;
     }
 
@@ -175,13 +183,14 @@ impl<DB: Backend> Open<DB> {
             .ended
             .take()
             .expect("an open generation has its sender");
-        let (kept, wrote) = (self.kept.take(), self.wrote);
+        let (kept, wrote, unreleased) = (self.kept.take(), self.wrote, self.unreleased);
         self.reset();
         Some(Closing {
             tx,
             ended,
             kept,
             wrote,
+            unreleased,
         })
     }
 }
@@ -239,15 +248,27 @@ impl<DB: Backend> Turn<DB> {
         }
     }
 
-    /// How a kept call's savepoint is released: with the next call's opened in the same
-    /// message ([`Savepoint::Next`]) when another call waits for this generation and has room
-    /// in it, then [`primed`](Turn::primed) once that succeeded.
-    pub(crate) fn release_step(&self, shared: &Shared<DB>) -> Savepoint {
+    /// How a kept call's savepoint is released:
+    ///
+    /// - `None`, not at all, when the call is the generation's first kept one and no other
+    ///   waits: the generation then closes with it alone ([`kept`](Turn::kept) is told so),
+    ///   and its commit releases the savepoint, one round trip less. Nothing else can run in
+    ///   the transaction before that commit, so a savepoint its body aborted (PostgreSQL)
+    ///   rolls back only this call's work: the commit answers that, and the call is told
+    ///   ([`Ended::RolledBack`]).
+    /// - with the next call's opened in the same message ([`Savepoint::Next`]) when another
+    ///   call waits for this generation and has room in it; then [`primed`](Turn::primed)
+    ///   once that succeeded.
+    /// - [`Savepoint::Release`] otherwise.
+    pub(crate) fn release_step(&self, shared: &Shared<DB>) -> Option<Savepoint> {
         let waiting = self.queued.0.load(Ordering::SeqCst) > 1;
-        let room = self.guard.members + 1 < shared.options.max_size;
-        match waiting && room {
-            true => Savepoint::Next(None),
-            false => Savepoint::Release,
+        let members = self.guard.members;
+        if members == 0 && !waiting {
+            return None;
+        }
+        match waiting && members + 1 < shared.options.max_size {
+            true => Some(Savepoint::Next(None)),
+            false => Some(Savepoint::Release),
         }
     }
 
@@ -311,7 +332,8 @@ impl<DB: Backend> Turn<DB> {
     /// the turn (see [`leave`](Turn::leave)), closing the generation at once if it is full.
     /// `kept` is what its claim wrote (a marker, or watermarks: `moved`, as (topic,
     /// partition), all of the request's scope, its consumer group); `wrote`, whether it wrote
-    /// outbox messages. Returns the end to wait for.
+    /// outbox messages; `unreleased`, that its savepoint is still open, which closes the
+    /// generation now, with this call alone in it. Returns the end to wait for.
     pub(crate) fn kept(
         mut self,
         request: &Request,
@@ -319,10 +341,12 @@ impl<DB: Backend> Turn<DB> {
         kept: &Kept,
         moved: &[(String, i32)],
         wrote: bool,
+        unreleased: bool,
     ) -> Waiter {
         self.armed = false;
         let open = &mut *self.guard;
         open.wrote |= wrote;
+        open.unreleased = unreleased;
         let waiter = open
             .ended
             .as_ref()
@@ -347,7 +371,7 @@ impl<DB: Backend> Turn<DB> {
             open.fresh.insert((scope, key));
         }
         let full = open.members >= shared.options.max_size;
-        self.leave(shared, full);
+        self.leave(shared, full || unreleased);
         waiter
     }
 
@@ -392,6 +416,7 @@ struct Closing<DB: Backend> {
     ended: watch::Sender<Option<Ended>>,
     kept: Option<KeptBy>,
     wrote: bool,
+    unreleased: bool,
 }
 
 /// A kept call's identity: its scope, key and nonce, and, for an offset claim, the partition
@@ -412,6 +437,7 @@ impl<DB: Backend> Closing<DB> {
             ended,
             kept,
             wrote,
+            unreleased,
         } = self;
         let options = ClaimOptions::new();
         let end = match kept {
@@ -449,6 +475,7 @@ impl<DB: Backend> Closing<DB> {
                         }
                         Ended::Committed
                     }
+                    Ok(false) if unreleased => Ended::RolledBack,
                     Ok(false) => Ended::Failed {
                         may_be_kept: false,
                         reason: "the database rolled the group's transaction back".into(),

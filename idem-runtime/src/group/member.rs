@@ -111,6 +111,11 @@ pub(super) async fn not_fresh<F, G>(
     };
     match ended(waiter).await {
         Ended::Committed => Ok(other),
+        Ended::RolledBack => Err(group_failed(
+            request,
+            false,
+            "the database rolled the group's transaction back",
+        )),
         Ended::Failed {
             may_be_kept,
             reason,
@@ -207,7 +212,10 @@ impl<DB: Backend> Hold for GroupHold<DB> {
             .as_ref()
             .expect("held until the end")
             .release_step(&self.shared);
-        let released = DB::savepoint(self.tx(), step).await;
+        let released = match step {
+            Some(step) => DB::savepoint(self.tx(), step).await,
+            None => Ok(()),
+        };
         if let Err(e) = released {
             // The body's statements failed under it although it returned `Ok` (PostgreSQL
             // aborted its savepoint), or the transaction is gone.
@@ -227,12 +235,14 @@ impl<DB: Backend> Hold for GroupHold<DB> {
             });
         }
         let mut turn = self.turn.take().expect("held until the end");
-        if step != Savepoint::Release {
+        if let Some(Savepoint::Next(_)) = step {
             turn.primed();
         }
-        let waiter: Waiter = turn.kept(request, &self.shared, &self.kept, &self.moved, self.wrote);
+        let (kept, moved, wrote) = (&self.kept, &self.moved, self.wrote);
+        let waiter: Waiter = turn.kept(request, &self.shared, kept, moved, wrote, step.is_none());
         match ended(waiter).await {
             Ended::Committed => Ok(()),
+            Ended::RolledBack => Err(rolled_back(request)),
             Ended::Failed {
                 may_be_kept,
                 reason,

@@ -142,7 +142,8 @@ pub(crate) async fn group_member_failure_rolls_back_only_its_savepoint<S: Suppor
 /// A member whose body swallows a failed statement, with calls queued behind it (so that its
 /// release also opens the next call's savepoint, in one message): on PostgreSQL its savepoint
 /// was aborted, so it alone is rolled back, as `RolledBack`; elsewhere the failed statement
-/// undid only itself, and it is applied. Every other member commits either way.
+/// undid only itself, and it is applied. Every other member commits either way. The same
+/// member alone in its group is answered the same way.
 pub(crate) async fn group_member_that_swallows_a_statement_error<S: Support>() {
     let mut ctx = Ctx::<S>::new("groupswallow", 12).await;
     let table = ctx
@@ -192,6 +193,22 @@ pub(crate) async fn group_member_that_swallows_a_statement_error<S: Support>() {
         (kept, kept)
     );
     assert_eq!(ctx.effects(3).await, kept - 4);
+    // Alone in its group, the member leaves its savepoint for the commit to release; the
+    // commit finds the savepoint aborted, and the member is told as one with company is.
+    let lone = ctx.job("job-6", 6, 60);
+    match apply_grouped_swallowing(&group, &lone, &table, 6).await {
+        Err(TestError::Idem(Error::RolledBack { key, .. })) if aborts => assert_eq!(key, "job-6"),
+        Ok(Outcome::Applied(60)) if !aborts => {}
+        other => panic!("the lone swallowing member: {other:?}"),
+    }
+    assert_eq!(ctx.effects(6).await, kept - 4);
+    let again = apply_grouped_swallowing(&group, &lone, &table, 0).await;
+    match again {
+        Ok(Outcome::Applied(60)) if aborts => {}
+        Ok(Outcome::Duplicate) if !aborts => {}
+        other => panic!("the lone member's redelivery: {other:?}"),
+    }
+    assert_eq!((ctx.effects(6).await, ctx.markers().await), (1, kept + 1));
     ctx.cleanup().await;
 }
 
