@@ -236,7 +236,8 @@ impl<DB: Backend> Turn<DB> {
     }
 
     /// From here on the call's savepoint may be open. Returns the statement that opens it
-    /// (with the claim's `wait`), or `None` when the last call's release opened it already.
+    /// (with the claim's `wait`), or `None` when a message sent before opened it already
+    /// (see [`primed`](Open::primed)).
     pub(crate) fn arm(&mut self, wait: Option<Duration>) -> Option<Savepoint> {
         self.armed = true;
         let primed = std::mem::take(&mut self.guard.primed);
