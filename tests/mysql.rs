@@ -125,6 +125,7 @@ conformance::every_backend_tests!(My);
 conformance::tests!(My;
     job_begun_first_and_committed_last_is_published_second,
     killed_connection_fails_its_group_and_redelivery_applies_once,
+    group_claim_that_stops_waiting_is_in_progress,
     connection_killed_in_a_job_fails_the_batch_and_keeps_nothing,
     connection_killed_before_commit_keeps_nothing,
     unreachable_server_fails_the_test_naming_url_and_variable,

@@ -138,6 +138,7 @@ conformance::every_backend_tests!(Pg);
 conformance::tests!(Pg;
     job_begun_first_and_committed_last_is_published_second,
     killed_connection_fails_its_group_and_redelivery_applies_once,
+    group_claim_that_stops_waiting_is_in_progress,
     connection_killed_in_a_job_fails_the_batch_and_keeps_nothing,
     serialization_failure_in_the_body_is_an_error_not_applied,
     connection_killed_before_commit_keeps_nothing,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Error, Group, GroupOptions, Outcome};
+use idem::{ClaimOptions, Claimed, Error, Group, GroupOptions, Key, Outcome};
 
 use crate::conformance::ctx::Ctx;
 use crate::conformance::group_handlers::*;
@@ -209,6 +209,53 @@ pub(crate) async fn group_member_that_swallows_a_statement_error<S: Support>() {
         other => panic!("the lone member's redelivery: {other:?}"),
     }
     assert_eq!((ctx.effects(6).await, ctx.markers().await), (1, kept + 1));
+    ctx.cleanup().await;
+}
+
+/// A grouped claim with `wait` behind a key another delivery holds gives up within it
+/// (`InProgress`, nothing written), then finds the marker once that delivery committed; a free
+/// key with `wait` is applied. Each is the first call of its group, whose savepoint the
+/// group's `BEGIN` opened without the wait: the claim opens one that has it. The servers only:
+/// on SQLite the group's `BEGIN` itself waits for the one writer.
+pub(crate) async fn group_claim_that_stops_waiting_is_in_progress<S: Server>() {
+    let ctx = Ctx::<S>::new("groupwait", 6).await;
+    let group = group(&ctx, GroupOptions::new().lanes(1));
+    let (held, free) = (ctx.job("job-held", 1, 10), ctx.job("job-free", 2, 20));
+    let hold = Arc::new(Hold::default());
+    let first = tokio::spawn({
+        let (store, job, hold) = (ctx.store.clone(), held.clone(), hold.clone());
+        async move { apply_holding(&store, &job, &hold).await }
+    });
+    within(60, "the first delivery parking in its body", hold.entered()).await;
+    let options = ClaimOptions::new().wait(Duration::from_millis(300));
+    let key = Key::new(&held.key).expect("a valid key");
+    let claim = group.claim_with("apply", &key, options);
+    match within(60, "the grouped claim", claim).await {
+        Err(Error::InProgress { key: k, .. }) => assert_eq!(k, held.key),
+        other => panic!("expected InProgress, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!((ctx.markers().await, ctx.effects_total().await), (0, 0));
+    hold.release();
+    assert_eq!(
+        applied(within(60, "the first", first).await.expect("no panic")),
+        10
+    );
+    let again = group.claim_with("apply", &key, options).await;
+    assert!(
+        matches!(again, Ok(Claimed::Duplicate)),
+        "{:?}",
+        again.map(|_| ())
+    );
+    let key = Key::new(&free.key).expect("a valid key");
+    let Ok(Claimed::Fresh(mut guard)) = group.claim_with("apply", &key, options).await else {
+        panic!("the free key was not claimed fresh");
+    };
+    insert_effect(guard.tx(), &free, "group")
+        .await
+        .expect("the effect");
+    let done: Result<Outcome<i64>, TestError> = guard.finish(Ok(free.amount)).await;
+    assert_eq!(applied(done), 20);
+    assert_eq!((ctx.markers().await, ctx.effects_total().await), (2, 2));
     ctx.cleanup().await;
 }
 
