@@ -118,7 +118,6 @@ pub enum Savepoint {
 }
 
 /// A group's `BEGIN` with the savepoint of its first call (see `Claims::begin_primed`).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 const BEGIN_PRIMED: &str = "BEGIN; SAVEPOINT idem_job";
 
 impl Savepoint {

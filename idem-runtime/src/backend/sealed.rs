@@ -45,16 +45,16 @@ pub trait Claims: Dialect {
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + 'p;
 
     /// Begins a group's transaction. `true`: an empty savepoint for its first call is open
-    /// already, sent with the `BEGIN` in one message (PostgreSQL, MySQL); SQLite's default
-    /// (`false`) opens none, its statements costing no round trip.
+    /// already, sent with the `BEGIN` in one message (the servers); SQLite, whose statements
+    /// cost no round trip, opens none (`false`).
     fn begin_primed<'p>(
         pool: &'p Pool<Self>,
-        sql: &'p Self::Sql,
+        _: &'p Self::Sql,
     ) -> impl Future<Output = Result<(Transaction<'static, Self>, bool), sqlx::Error>> + Send + 'p
     {
         async move {
-            let tx = Self::begin(pool, sql, &ClaimOptions::new()).await?;
-            Ok((tx, false))
+            let tx = pool.begin_with(sqlx::AssertSqlSafe(BEGIN_PRIMED)).await?;
+            Ok((tx, true))
         }
     }
 

@@ -222,14 +222,6 @@ impl Claims for MySql {
             .await
     }
 
-    async fn begin_primed<'p>(
-        pool: &'p Pool<Self>,
-        _: &'p MySqlSql,
-    ) -> Result<(Transaction<'static, Self>, bool), sqlx::Error> {
-        let begin = AssertSqlSafe(crate::backend::BEGIN_PRIMED).into_sql_str();
-        Ok((pool.begin_with(begin).await?, true))
-    }
-
     async fn commit<'a>(
         mut tx: Transaction<'a, Self>,
         check: Check<'a>,

@@ -162,14 +162,6 @@ impl Claims for Postgres {
             .await
     }
 
-    async fn begin_primed<'p>(
-        pool: &'p Pool<Self>,
-        _: &'p PgSql,
-    ) -> Result<(Transaction<'static, Self>, bool), sqlx::Error> {
-        let begin = AssertSqlSafe(crate::backend::BEGIN_PRIMED).into_sql_str();
-        Ok((pool.begin_with(begin).await?, true))
-    }
-
     fn commit<'a>(
         tx: Transaction<'a, Self>,
         _: Check<'a>,

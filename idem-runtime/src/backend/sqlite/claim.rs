@@ -71,6 +71,13 @@ pub(super) fn json(keys: &[&str]) -> String {
 }
 
 impl Claims for Sqlite {
+    async fn begin_primed<'p>(
+        pool: &'p Pool<Self>,
+        _: &'p SqliteSql,
+    ) -> Result<(Transaction<'static, Self>, bool), sqlx::Error> {
+        Ok((begin(pool).await?, false))
+    }
+
     async fn begin<'p>(
         pool: &'p Pool<Self>,
         _: &'p SqliteSql,
