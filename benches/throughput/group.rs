@@ -23,6 +23,7 @@ use sqlx::{AssertSqlSafe, MySql, Postgres, Sqlite, Transaction};
 use crate::config::config;
 use crate::measure::{Agg, Run, connect, sqlite_options};
 use crate::report::{median, percentile_ms};
+use crate::scale::{server_cpu, server_used};
 use crate::setup::{drop_tables, setup_lite, setup_my, setup_pg};
 use crate::variants::{Conn, KINDS, Kind, TopUp, job_id, mix};
 use crate::{ACCOUNTS, BoxError, MAX_JOBS_PER_WORKER, Res, each, variants};
@@ -184,7 +185,20 @@ async fn grouped_job(group: &Grouped, job: &TopUp, end: &BodyEnd) -> Res<bool> {
 /// Salts of the keys, apart from the other rows' and from each other.
 const SALT: u64 = 0x6772_6f75_7000;
 
-/// Runs `v` at `workers` for `dur`: jobs in the window, latencies and waits.
+/// CPU time a job, in µs: this process's (idem and the bench), and the database server's
+/// (`None` for SQLite, which runs in this process).
+type Cpu = (f64, Option<f64>);
+
+/// The server's processes' command, to read their CPU time from /proc.
+fn server_comm(conn: &Conn) -> Option<&'static str> {
+    match conn {
+        Conn::Pg(_) => Some("postgres"),
+        Conn::My(_) => Some("mariadbd"),
+        Conn::Lite(_) => None,
+    }
+}
+
+/// Runs `v` at `workers` for `dur`: jobs in the window, latencies, waits and CPU a job.
 async fn run(
     conn: &Arc<Conn>,
     group: &Arc<Groups>,
@@ -192,7 +206,9 @@ async fn run(
     v: V,
     workers: usize,
     dur: Duration,
-) -> Res<(Run, Vec<u64>, u64)> {
+) -> Res<(Run, Vec<u64>, u64, Cpu)> {
+    let server = server_comm(conn).map(|comm| (comm, server_cpu(comm, None)));
+    let cpu = cpu_time::ProcessTime::now();
     let start = Instant::now();
     let deadline = start + dur;
     let mut tasks = Vec::new();
@@ -234,14 +250,19 @@ async fn run(
         jobs += in_window;
         effects += done;
     }
+    let cpu_ns = cpu.elapsed().as_nanos() as u64;
+    let server_ns = server
+        .map(|(comm, before)| server_used(&before, &server_cpu(comm, None)).as_nanos() as u64);
     let secs = dur.as_secs_f64();
+    let per_job = |ns: u64| ns as f64 / 1e3 / lat_ns.len().max(1) as f64;
+    let cpu = (per_job(cpu_ns), server_ns.map(per_job));
     let run = Run {
         jobs,
         secs,
         lat_ns,
-        cpu_ns: None,
+        cpu_ns: Some(cpu_ns),
     };
-    Ok((run, waits, effects))
+    Ok((run, waits, effects, cpu))
 }
 
 /// The credits the accounts hold, as a signed 64-bit sum.
@@ -384,9 +405,9 @@ async fn group_rows(
         conn.maintain().await?;
         let group = Arc::new(grouped(&conn)?);
         let variants = [V::Hand, V::Macro].into_iter();
-        let mut aggs: Vec<(V, Agg, Vec<u64>)> = variants
+        let mut aggs: Vec<(V, Agg, Vec<u64>, Vec<Cpu>)> = variants
             .chain(lane_counts().into_iter().map(V::Group))
-            .map(|v| (v, Agg::default(), Vec::new()))
+            .map(|v| (v, Agg::default(), Vec::new(), Vec::new()))
             .collect();
         for (v, ..) in &aggs {
             effects += run(&conn, &group, &next, *v, workers, warm).await?.2;
@@ -397,10 +418,11 @@ async fn group_rows(
                 _ => (0..aggs.len()).rev().collect(),
             };
             for i in order {
-                let (v, agg, waits) = &mut aggs[i];
-                let (r, w, e) = run(&conn, &group, &next, *v, workers, dur).await?;
+                let (v, agg, waits, cpus) = &mut aggs[i];
+                let (r, w, e, cpu) = run(&conn, &group, &next, *v, workers, dur).await?;
                 effects += e;
                 waits.extend(w);
+                cpus.push(cpu);
                 agg.add(r);
             }
         }
@@ -410,7 +432,13 @@ async fn group_rows(
                 .map(|a| median(&a.1.rates))
                 .unwrap_or(0.0)
         };
-        for (v, agg, waits) in &aggs {
+        for (v, agg, waits, cpus) in &aggs {
+            let client: Vec<f64> = cpus.iter().map(|c| c.0).collect();
+            let server: Vec<f64> = cpus.iter().filter_map(|c| c.1).collect();
+            let server = match server.is_empty() {
+                true => "–".to_owned(),
+                false => format!("{:.0}", median(&server)),
+            };
             let wait = match waits.is_empty() {
                 true => "–".to_owned(),
                 false => format!(
@@ -421,12 +449,13 @@ async fn group_rows(
             };
             writeln!(
                 rows,
-                "| {} | {workers} | {} | {:.0} | {:.3} | {:.3} | {wait} |",
+                "| {} | {workers} | {} | {:.0} | {:.3} | {:.3} | {wait} | {:.0} | {server} |",
                 kind.name(),
                 v.name(),
                 median(&agg.rates),
                 percentile_ms(&agg.lat_ns, 50.0),
                 percentile_ms(&agg.lat_ns, 99.0),
+                median(&client),
             )?;
         }
         for lanes in lane_counts() {
@@ -443,9 +472,10 @@ async fn group_rows(
     let mut report = String::new();
     writeln!(
         report,
-        "\n| database | workers | variant | jobs/s | p50 ms | p99 ms | wait after the body p50 / p99 ms |"
+        "\n| database | workers | variant | jobs/s | p50 ms | p99 ms | wait after the body p50 / p99 ms \
+         | CPU µs a job: bench | server |"
     )?;
-    writeln!(report, "|---|---:|---|---:|---:|---:|---:|")?;
+    writeln!(report, "|---|---:|---|---:|---:|---:|---:|---:|---:|")?;
     report.push_str(&rows);
     writeln!(
         report,

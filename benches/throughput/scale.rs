@@ -197,7 +197,7 @@ pub(crate) async fn child(argv: &[String]) -> Res<()> {
 /// CPU time used so far by each process whose command is `comm` (the database server's
 /// processes: PostgreSQL's backends, or MariaDB's one), by pid, from /proc; with `pids`, only
 /// those processes (a Galera cluster's nodes, not the local MariaDB).
-fn server_cpu(comm: &str, pids: Option<&[u32]>) -> HashMap<u32, Duration> {
+pub(crate) fn server_cpu(comm: &str, pids: Option<&[u32]>) -> HashMap<u32, Duration> {
     // Clock ticks per second: 100 on every Linux this runs on (`getconf CLK_TCK`).
     const TICK: u64 = 100;
     let mut cpu = HashMap::new();
@@ -233,7 +233,10 @@ fn server_cpu(comm: &str, pids: Option<&[u32]>) -> HashMap<u32, Duration> {
 
 /// The CPU the server's processes used between two readings; a process that started in
 /// between counts whole.
-fn server_used(before: &HashMap<u32, Duration>, after: &HashMap<u32, Duration>) -> Duration {
+pub(crate) fn server_used(
+    before: &HashMap<u32, Duration>,
+    after: &HashMap<u32, Duration>,
+) -> Duration {
     after
         .iter()
         .map(|(pid, t)| t.saturating_sub(before.get(pid).copied().unwrap_or_default()))
