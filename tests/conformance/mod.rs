@@ -347,6 +347,7 @@ macro_rules! every_backend_tests {
             group_member_failure_rolls_back_only_its_savepoint,
             group_member_that_swallows_a_statement_error,
             cancelled_caller_in_a_group_keeps_nothing_and_others_commit,
+            group_left_by_a_cancelled_call_commits_at_its_delay_bound,
             group_beside_transaction_and_lease_mode_applies_each_key_once,
             group_keeps_replay_fingerprint_and_outbox,
             // Retention per scope (schema version 3).

@@ -6,7 +6,8 @@
 //! its savepoint and the lock, then waits for its generation's end; the generation closes
 //! when it is full, when its delay bound runs out, or when no other call is waiting for the
 //! lane, and a task of its own commits it, so that no caller's cancellation can stop the
-//! commit of the others.
+//! commit of the others. A call alone in its generation commits it itself: there are no
+//! others to stop, and a lone call then costs no task and no timer more than the macro's.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 use sqlx::Transaction;
 use tokio::sync::{Mutex, OwnedMutexGuard, watch};
+use tokio::time::Instant;
 
 use super::GroupOptions;
 use crate::backend::{Backend, Check, Claimant, Partition, Savepoint};
@@ -72,8 +74,10 @@ impl<DB: Backend> Lane<DB> {
             guard,
             armed: false,
             queued,
+            shared: shared.clone(),
+            lane: self.open.clone(),
         };
-        turn.ready(shared, &self.open).await?;
+        turn.ready().await?;
         Ok(turn)
     }
 }
@@ -93,6 +97,10 @@ impl Drop for Queued {
 pub(crate) struct Open<DB: Backend> {
     tx: Option<Transaction<'static, DB>>,
     generation: u64,
+    /// When the open generation began: its delay bound runs from here.
+    began: Instant,
+    /// The open generation's delay bound is armed (see [`Turn`]'s `drop`).
+    timed: bool,
     /// Calls whose work is in the transaction.
     members: usize,
     /// The keys claimed fresh in this generation: a later call of the same key reads their
@@ -126,6 +134,8 @@ impl<DB: Backend> Default for Open<DB> {
         Open {
             tx: None,
             generation: 0,
+            began: Instant::now(),
+            timed: false,
             members: 0,
             fresh: HashSet::new(),
             moved: HashSet::new(),
@@ -199,38 +209,60 @@ impl<DB: Backend> Open<DB> {
 /// Dropped while armed (a cancelled call, a panic), it leaves the lane dirty, so that the
 /// next turn rolls that savepoint back first: a call's claim or body is never kept without
 /// the call.
+///
+/// A turn that ends with its generation still open arms the generation's delay bound, once:
+/// a later turn may close it sooner, and if none comes (the calls waiting were cancelled) the
+/// bound does. A generation that closes with its first turn, as a lone call's does, never
+/// needs one.
 #[derive(Debug)]
 pub(crate) struct Turn<DB: Backend> {
     guard: OwnedMutexGuard<Open<DB>>,
     armed: bool,
     queued: Queued,
+    shared: Arc<Shared<DB>>,
+    lane: Arc<Mutex<Open<DB>>>,
 }
 
 impl<DB: Backend> Drop for Turn<DB> {
     fn drop(&mut self) {
+        let open = &mut *self.guard;
         if self.armed {
-            self.guard.dirty = true;
+            open.dirty = true;
+        }
+        if open.tx.is_none() || open.timed {
+            return;
+        }
+        // Without a runtime nothing runs on the lane again either.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            open.timed = true;
+            let (shared, lane) = (self.shared.clone(), self.lane.clone());
+            let deadline = open.began + shared.options.max_delay;
+            runtime.spawn(close_after_delay(shared, lane, open.generation, deadline));
         }
     }
 }
 
+/// How a kept call's turn ended: its generation stays open (or closed with others in it) and
+/// the call waits for its end, or the call was alone in the generation it closed, and commits
+/// it itself.
+pub(crate) enum Left<DB: Backend> {
+    Waiting(Waiter),
+    Alone(Closing<DB>),
+}
+
 impl<DB: Backend> Turn<DB> {
-    async fn ready(
-        &mut self,
-        shared: &Arc<Shared<DB>>,
-        lane: &Arc<Mutex<Open<DB>>>,
-    ) -> Result<(), sqlx::Error> {
+    async fn ready(&mut self) -> Result<(), sqlx::Error> {
         self.guard.clean().await;
         if self.guard.tx.is_none() {
-            let store = &shared.store;
+            let store = &self.shared.store;
             let (tx, primed) = DB::begin_primed(store.pool(), store.sql()).await?;
             let open = &mut *self.guard;
             open.generation += 1;
             open.tx = Some(tx);
+            open.began = Instant::now();
+            open.timed = false;
             open.primed = primed;
             open.ended = Some(watch::channel(None).0);
-            let (shared, lane, generation) = (shared.clone(), lane.clone(), open.generation);
-            tokio::spawn(close_after_delay(shared, lane, generation));
         }
         Ok(())
     }
@@ -289,12 +321,8 @@ impl<DB: Backend> Turn<DB> {
     }
 
     /// Readies a new generation after the last one failed under this turn.
-    pub(crate) async fn again(
-        &mut self,
-        shared: &Arc<Shared<DB>>,
-        lane: &Lane<DB>,
-    ) -> Result<(), sqlx::Error> {
-        self.ready(shared, &lane.open).await
+    pub(crate) async fn again(&mut self) -> Result<(), sqlx::Error> {
+        self.ready().await
     }
 
     pub(crate) fn fail(&mut self, may_be_kept: bool, reason: &str) {
@@ -334,7 +362,8 @@ impl<DB: Backend> Turn<DB> {
     /// `kept` is what its claim wrote (a marker, or watermarks: `moved`, as (topic,
     /// partition), all of the request's scope, its consumer group); `wrote`, whether it wrote
     /// outbox messages; `unreleased`, that its savepoint is still open, which closes the
-    /// generation now, with this call alone in it. Returns the end to wait for.
+    /// generation now, with this call alone in it. Returns the end to wait for, or the
+    /// generation to commit when the call alone is in it.
     pub(crate) fn kept(
         mut self,
         request: &Request,
@@ -343,7 +372,7 @@ impl<DB: Backend> Turn<DB> {
         moved: &[(String, i32)],
         wrote: bool,
         unreleased: bool,
-    ) -> Waiter {
+    ) -> Left<DB> {
         self.armed = false;
         let open = &mut *self.guard;
         open.wrote |= wrote;
@@ -372,33 +401,48 @@ impl<DB: Backend> Turn<DB> {
             open.fresh.insert((scope, key));
         }
         let full = open.members >= shared.options.max_size;
-        self.leave(shared, full || unreleased);
-        waiter
+        let only = open.members == 1;
+        match self.close(full || unreleased) {
+            Some(closing) if only => Left::Alone(closing),
+            Some(closing) => {
+                tokio::spawn(closing.commit(shared.clone()));
+                Left::Waiting(waiter)
+            }
+            None => Left::Waiting(waiter),
+        }
     }
 
     /// Ends the turn; the generation closes (commits what its calls kept, or ends a
     /// transaction that kept nothing) if `close`, or if no other call waits for the lane: a
     /// lone call is never held back, and an idle lane holds no transaction.
     pub(crate) fn leave(mut self, shared: &Arc<Shared<DB>>, close: bool) {
+        if let Some(closing) = self.close(close) {
+            tokio::spawn(closing.commit(shared.clone()));
+        }
+    }
+
+    /// Ends the turn, and takes its generation out of the lane if `close` or if no other
+    /// call waits for the lane.
+    fn close(&mut self, close: bool) -> Option<Closing<DB>> {
         self.armed = false;
         // This call still counts as queued until the turn is dropped.
         let alone = self.queued.0.load(Ordering::SeqCst) <= 1;
-        if (close || alone)
-            && let Some(closing) = self.guard.close()
-        {
-            tokio::spawn(closing.commit(shared.clone()));
+        match close || alone {
+            true => self.guard.close(),
+            false => None,
         }
     }
 }
 
-/// Closes the generation `generation` of `lane` once the group's delay bound ran out, if it is
+/// Closes the generation `generation` of `lane` at `deadline` (its delay bound), if it is
 /// still open then.
 async fn close_after_delay<DB: Backend>(
     shared: Arc<Shared<DB>>,
     lane: Arc<Mutex<Open<DB>>>,
     generation: u64,
+    deadline: Instant,
 ) {
-    tokio::time::sleep(shared.options.max_delay).await;
+    tokio::time::sleep_until(deadline).await;
     let mut open = lane.lock().await;
     if open.generation != generation {
         return;
@@ -412,7 +456,7 @@ async fn close_after_delay<DB: Backend>(
 }
 
 /// A generation taken out of its lane, to be committed.
-struct Closing<DB: Backend> {
+pub(crate) struct Closing<DB: Backend> {
     tx: Transaction<'static, DB>,
     ended: watch::Sender<Option<Ended>>,
     kept: Option<KeptBy>,
@@ -431,8 +475,9 @@ struct KeptBy {
 }
 
 impl<DB: Backend> Closing<DB> {
-    /// Commits the generation (verified, as every claim's commit is) and tells its calls.
-    async fn commit(self, shared: Arc<Shared<DB>>) {
+    /// Commits the generation (verified, as every claim's commit is) and tells its calls; also
+    /// returns the end, to a call that commits it itself.
+    pub(crate) async fn commit(self, shared: Arc<Shared<DB>>) -> Ended {
         let Closing {
             tx,
             ended,
@@ -490,7 +535,8 @@ impl<DB: Backend> Closing<DB> {
                 }
             }
         };
-        ended.send_replace(Some(end));
+        ended.send_replace(Some(end.clone()));
+        end
     }
 }
 

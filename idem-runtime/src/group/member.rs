@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sqlx::Transaction;
 
-use super::lane::{Ended, Lane, Shared, Turn, Waiter, ended};
+use super::lane::{Ended, Lane, Left, Shared, Turn, Waiter, ended};
 use crate::backend::{Backend, Savepoint};
 use crate::claim::nested::Body;
 use crate::claim::run::{Attempt, Attempts, conclude, retrying, shared_attempt, start};
@@ -35,7 +35,6 @@ pub(crate) async fn claim<DB: Backend>(
         let mut attempts = InGroup {
             turn: &mut turn,
             shared,
-            lane,
             request: &request,
         };
         let answer = retrying::<DB, _>(&mut observed, &request, true, &mut attempts).await?;
@@ -62,7 +61,6 @@ pub(crate) async fn claim<DB: Backend>(
 struct InGroup<'a, DB: Backend> {
     turn: &'a mut Turn<DB>,
     shared: &'a Arc<Shared<DB>>,
-    lane: &'a Lane<DB>,
     request: &'a Request,
 }
 
@@ -71,7 +69,7 @@ impl<DB: Backend> Attempts for InGroup<'_, DB> {
 
     async fn attempt(&mut self) -> Result<Attempt<()>, sqlx::Error> {
         if self.turn.tx().is_none() {
-            self.turn.again(self.shared, self.lane).await?;
+            self.turn.again().await?;
         }
         let sql = self.shared.store.sql();
         let opening = self.turn.arm(self.request.options.wait);
@@ -239,8 +237,13 @@ impl<DB: Backend> Hold for GroupHold<DB> {
             turn.primed();
         }
         let (kept, moved, wrote) = (&self.kept, &self.moved, self.wrote);
-        let waiter: Waiter = turn.kept(request, &self.shared, kept, moved, wrote, step.is_none());
-        match ended(waiter).await {
+        let left = turn.kept(request, &self.shared, kept, moved, wrote, step.is_none());
+        let end = match left {
+            Left::Waiting(waiter) => ended(waiter).await,
+            // Alone in its generation: no other call's commit hangs on this one's future.
+            Left::Alone(closing) => closing.commit(self.shared.clone()).await,
+        };
+        match end {
             Ended::Committed => Ok(()),
             Ended::RolledBack => Err(rolled_back(request)),
             Ended::Failed {

@@ -168,7 +168,10 @@ impl GroupOptions {
 /// - **Cancellation**: a call dropped while it holds its group's turn (its claim or its body
 ///   running) leaves its savepoint to be rolled back before the group goes on; sqlx first
 ///   reads the answers of a statement the dropped call had sent. A call dropped while it
-///   waits for the commit changes nothing: the commit runs in a task of its own.
+///   waits for the commit of a group it shares changes nothing: that commit runs in a task
+///   of its own. A call alone in its group commits it in its own future, as a call of the
+///   macro does: dropped during that commit, its work may or may not be kept, and its
+///   redelivery settles it by its marker.
 /// - `wait` bounds each call's claim inside the group (PostgreSQL: `SET LOCAL lock_timeout`
 ///   in the call's savepoint; MariaDB: per statement); `isolation` does not apply (the
 ///   group's transaction begins at the database's default level). On SQLite the group's

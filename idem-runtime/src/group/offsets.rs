@@ -95,7 +95,6 @@ async fn claim<DB: Backend>(
         let mut attempts = InGroup {
             turn: &mut turn,
             shared,
-            lane,
             request: &request,
             group: &group,
             spans,
@@ -142,7 +141,6 @@ async fn claim<DB: Backend>(
 struct InGroup<'a, DB: Backend> {
     turn: &'a mut Turn<DB>,
     shared: &'a Arc<Shared<DB>>,
-    lane: &'a Lane<DB>,
     request: &'a Request,
     group: &'a str,
     spans: &'a [Span],
@@ -153,7 +151,7 @@ impl<DB: Backend> Attempts for InGroup<'_, DB> {
 
     async fn attempt(&mut self) -> Result<Attempt<From>, sqlx::Error> {
         if self.turn.tx().is_none() {
-            self.turn.again(self.shared, self.lane).await?;
+            self.turn.again().await?;
         }
         let sql = self.shared.store.sql();
         let opening = self.turn.arm(self.request.options.wait);

@@ -298,6 +298,40 @@ pub(crate) async fn cancelled_caller_in_a_group_keeps_nothing_and_others_commit<
     ctx.cleanup().await;
 }
 
+/// A kept call leaves its group open for the call waiting behind it, and that call is
+/// cancelled in its body with no other call to come: the group's delay bound alone ends it,
+/// rolling the cancelled call back and committing the first call's work.
+pub(crate) async fn group_left_by_a_cancelled_call_commits_at_its_delay_bound<S: Support>() {
+    let ctx = Ctx::<S>::new("groupbound", 12).await;
+    let options = GroupOptions::new()
+        .lanes(1)
+        .max_delay(Duration::from_millis(100));
+    let group = group(&ctx, options);
+    let (first_hold, second_hold) = (Arc::new(Hold::default()), Arc::new(Hold::default()));
+    let batch = jobs(&ctx, 1..=2);
+    let call = |job: &Job, hold: &Arc<Hold>| {
+        let (group, hold, job) = (group.clone(), hold.clone(), job.clone());
+        tokio::spawn(async move { apply_grouped_holding(&group, &job, &hold).await })
+    };
+    let first = call(&batch[0], &first_hold);
+    within(60, "the first call parking", first_hold.entered()).await;
+    let second = call(&batch[1], &second_hold);
+    until_queued(&group, 2).await;
+    // The first call's turn ends with the second waiting: the group stays open for it.
+    first_hold.release();
+    within(60, "the second call parking", second_hold.entered()).await;
+    second.abort();
+    assert!(within(60, "the cancelled call", second).await.is_err());
+    let done = within(60, "the first call's commit", first).await;
+    assert_eq!(applied(done.expect("no panic")), 10);
+    assert_eq!((ctx.effects(1).await, ctx.effects(2).await), (1, 0));
+    assert_eq!(ctx.markers().await, 1);
+    let again = apply_grouped(&group, &batch[1], Then::Commit).await;
+    assert_eq!(applied(again), 20);
+    assert_eq!(ctx.effects_total().await, 2);
+    ctx.cleanup().await;
+}
+
 /// Group commit beside transaction mode and lease mode on the same scope and keys: every key
 /// applied once, every delivery's outcome right.
 pub(crate) async fn group_beside_transaction_and_lease_mode_applies_each_key_once<S: Support>() {
