@@ -12,7 +12,7 @@
 //!   size, against the same `RabbitMq` publisher publishing them directly (no database) in
 //!   rounds of 100, as the relay does: every message of a round sent, then their publisher
 //!   confirms awaited together. Messages are persistent, to a durable queue purged after
-//!   each run. `Relay::run` at batch 100 with two rounds in flight (its default), three and four,
+//!   each run. `Relay::run` at batch 100 with two rounds in flight, three and four (its default),
 //!   timed until every message is confirmed and marked, and the direct publish with two
 //!   rounds in flight. The rows at batch 100 and the direct ones again through the
 //!   `JetStream` publisher, to a stream of their own (`outbox/jetstream.rs`), in the same

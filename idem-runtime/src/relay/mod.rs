@@ -165,7 +165,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             backoff: Duration::from_secs(1),
             max_attempts: 10,
             listen: true,
-            rounds_in_flight: 2,
+            rounds_in_flight: 4,
         }
     }
 
@@ -207,9 +207,10 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     }
 
     /// How many rounds [`run`](Relay::run) keeps in flight while there is a backlog (at least
-    /// 1; 2 by default): while one round publishes, the next is taken and the one before is
+    /// 1; 4 by default): while one round publishes, the next is taken and the one before is
     /// marked, so that the database's statements and commits overlap the broker's confirms
-    /// instead of adding to them. The rounds take in turn, each after the one before it took,
+    /// instead of adding to them. The default is what ran fastest to RabbitMQ and JetStream
+    /// in the project's benchmark (`docs/outbox.md`), and it is no slower with no broker. The rounds take in turn, each after the one before it took,
     /// and a round takes only keys no other round holds: one key is still published by one
     /// round at a time, in order. Each round in flight uses a connection of the store's pool
     /// for its statements, and calls the publisher while the others may be calling it too:

@@ -383,7 +383,7 @@ pub(crate) async fn two_relays_never_publish_one_key_at_once<S: Support>() {
     ctx.cleanup().await;
 }
 
-/// One relay's `run` over a backlog of 8 keys of 6 messages each, two rounds in flight (the
+/// One relay's `run` over a backlog of 8 keys of 6 messages each, four rounds in flight (the
 /// default): its rounds publish side by side (the broker sees publishes of both under way at
 /// once), yet no key is ever published by two rounds at the same time, and each key's
 /// messages arrive in order, each once.
