@@ -155,6 +155,7 @@ conformance::tests!(Pg;
     relay_of_another_store_wakes_at_its_announcement,
     relay_that_does_not_listen_polls,
     body_statement_waits_longer_than_the_claims_wait,
+    batch_statements_look_up_keys_in_a_scope_the_statistics_miss,
 );
 
 /// The worker process of the multi-process cases (this binary, started again by them).
