@@ -185,10 +185,6 @@ async fn grouped_job(group: &Grouped, job: &TopUp, end: &BodyEnd) -> Res<bool> {
 /// Salts of the keys, apart from the other rows' and from each other.
 const SALT: u64 = 0x6772_6f75_7000;
 
-/// CPU time a job, in µs: this process's (idem and the bench), and the database server's
-/// (`None` for SQLite, which runs in this process).
-type Cpu = (f64, Option<f64>);
-
 /// The server's processes' command, to read their CPU time from /proc.
 fn server_comm(conn: &Conn) -> Option<&'static str> {
     match conn {
@@ -198,7 +194,9 @@ fn server_comm(conn: &Conn) -> Option<&'static str> {
     }
 }
 
-/// Runs `v` at `workers` for `dur`: jobs in the window, latencies, waits and CPU a job.
+/// Runs `v` at `workers` for `dur`: jobs in the window (with this process's CPU time),
+/// latencies, waits, and the database server's CPU µs a job (`None` for SQLite, which runs in
+/// this process).
 async fn run(
     conn: &Arc<Conn>,
     group: &Arc<Groups>,
@@ -206,7 +204,7 @@ async fn run(
     v: V,
     workers: usize,
     dur: Duration,
-) -> Res<(Run, Vec<u64>, u64, Cpu)> {
+) -> Res<(Run, Vec<u64>, u64, Option<f64>)> {
     let server = server_comm(conn).map(|comm| (comm, server_cpu(comm, None)));
     let cpu = cpu_time::ProcessTime::now();
     let start = Instant::now();
@@ -254,15 +252,14 @@ async fn run(
     let server_ns = server
         .map(|(comm, before)| server_used(&before, &server_cpu(comm, None)).as_nanos() as u64);
     let secs = dur.as_secs_f64();
-    let per_job = |ns: u64| ns as f64 / 1e3 / lat_ns.len().max(1) as f64;
-    let cpu = (per_job(cpu_ns), server_ns.map(per_job));
+    let server_per_job = server_ns.map(|ns| ns as f64 / 1e3 / lat_ns.len().max(1) as f64);
     let run = Run {
         jobs,
         secs,
         lat_ns,
         cpu_ns: Some(cpu_ns),
     };
-    Ok((run, waits, effects, cpu))
+    Ok((run, waits, effects, server_per_job))
 }
 
 /// The credits the accounts hold, as a signed 64-bit sum.
@@ -405,7 +402,7 @@ async fn group_rows(
         conn.maintain().await?;
         let group = Arc::new(grouped(&conn)?);
         let variants = [V::Hand, V::Macro].into_iter();
-        let mut aggs: Vec<(V, Agg, Vec<u64>, Vec<Cpu>)> = variants
+        let mut aggs: Vec<(V, Agg, Vec<u64>, Vec<f64>)> = variants
             .chain(lane_counts().into_iter().map(V::Group))
             .map(|v| (v, Agg::default(), Vec::new(), Vec::new()))
             .collect();
@@ -418,11 +415,11 @@ async fn group_rows(
                 _ => (0..aggs.len()).rev().collect(),
             };
             for i in order {
-                let (v, agg, waits, cpus) = &mut aggs[i];
+                let (v, agg, waits, server) = &mut aggs[i];
                 let (r, w, e, cpu) = run(&conn, &group, &next, *v, workers, dur).await?;
                 effects += e;
                 waits.extend(w);
-                cpus.push(cpu);
+                server.extend(cpu);
                 agg.add(r);
             }
         }
@@ -432,12 +429,10 @@ async fn group_rows(
                 .map(|a| median(&a.1.rates))
                 .unwrap_or(0.0)
         };
-        for (v, agg, waits, cpus) in &aggs {
-            let client: Vec<f64> = cpus.iter().map(|c| c.0).collect();
-            let server: Vec<f64> = cpus.iter().filter_map(|c| c.1).collect();
+        for (v, agg, waits, server) in &aggs {
             let server = match server.is_empty() {
                 true => "–".to_owned(),
-                false => format!("{:.0}", median(&server)),
+                false => format!("{:.0}", median(server)),
             };
             let wait = match waits.is_empty() {
                 true => "–".to_owned(),
@@ -455,7 +450,7 @@ async fn group_rows(
                 median(&agg.rates),
                 percentile_ms(&agg.lat_ns, 50.0),
                 percentile_ms(&agg.lat_ns, 99.0),
-                median(&client),
+                median(&agg.cpu_per_job_us),
             )?;
         }
         for lanes in lane_counts() {
