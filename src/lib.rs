@@ -57,6 +57,9 @@
 extern crate self as idem;
 
 #[doc = include_str!("../docs/idempotent.md")]
+#[doc = include_str!("../docs/idempotent-arguments.md")]
+#[doc = include_str!("../docs/idempotent-modes.md")]
+#[doc = include_str!("../docs/idempotent-diagnostics.md")]
 #[doc(inline)]
 pub use idem_macros::idempotent;
 pub use idem_runtime::*;
