@@ -28,12 +28,12 @@ pub use crate::join::{Joined, Target, Via};
 pub use crate::key::{IntoKey, Key, KeyError};
 pub use crate::lease::Lease;
 pub use crate::observe::Site;
-pub use crate::observe::trace_context::{Link, TraceParent};
 pub use crate::options::{ClaimOptions, Isolation, LeaseOptions, Mode};
 pub use crate::outcome::{Batch, Failed, HandlerError, Outcome};
 pub use crate::outgoing::{BatchOutbox, Outbox};
 pub use crate::record::{Fingerprint, Recorded};
 pub use crate::store::Store;
+pub use crate::traceparent::{Link, TraceParent};
 pub use core::time::Duration;
 
 mod claim;

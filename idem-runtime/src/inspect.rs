@@ -129,7 +129,10 @@ impl<DB: Backend> Store<DB> {
     ) -> Result<Vec<RecordedStep>, Error> {
         check_scope(scope)?;
         let key = Key::new(key)?;
-        let rows = DB::steps_read(self.pool(), self.sql(), scope, key.as_str()).await?;
+        let rows = self
+            .sql()
+            .steps_read(self.pool(), scope, key.as_str())
+            .await?;
         Ok(rows.into_iter().map(RecordedStep::from_row).collect())
     }
 
@@ -142,14 +145,14 @@ impl<DB: Backend> Store<DB> {
     ) -> Result<Option<Marker>, Error> {
         check_scope(scope)?;
         let key = Key::new(key)?;
-        let row = DB::inspect(self.pool(), self.sql(), scope, key.as_str()).await?;
+        let row = self.sql().inspect(self.pool(), scope, key.as_str()).await?;
         let Some(mut marker) = row.map(Marker::from_row) else {
             return Ok(None);
         };
         // The stored value on its own read: the claims' statement that reads it, where a
         // stored response of up to a megabyte stays out of the listings that share the row.
         let mut conn = self.pool().acquire().await?;
-        if let Some(found) = DB::marker(&mut conn, self.sql(), scope, key.as_str()).await? {
+        if let Some(found) = self.sql().marker(&mut conn, scope, key.as_str()).await? {
             marker.value = found.recorded.result;
         }
         Ok(Some(marker))
@@ -160,7 +163,10 @@ impl<DB: Backend> Store<DB> {
     pub async fn list_in_progress(&self, scope: &str, limit: u32) -> Result<Vec<Marker>, Error> {
         check_scope(scope)?;
         let limit = i64::from(limit);
-        let rows = DB::in_progress(self.pool(), self.sql(), Some(scope), limit).await?;
+        let rows = self
+            .sql()
+            .in_progress(self.pool(), Some(scope), limit)
+            .await?;
         Ok(rows.into_iter().map(Marker::from_row).collect())
     }
 
@@ -172,7 +178,10 @@ impl<DB: Backend> Store<DB> {
         if let Some(scope) = scope {
             check_scope(scope)?;
         }
-        let rows = DB::failed(self.pool(), self.sql(), scope, i64::from(limit)).await?;
+        let rows = self
+            .sql()
+            .failed(self.pool(), scope, i64::from(limit))
+            .await?;
         Ok(rows.into_iter().map(Marker::from_row).collect())
     }
 
@@ -185,13 +194,16 @@ impl<DB: Backend> Store<DB> {
     pub async fn requeue<K: IntoKey + ?Sized>(&self, scope: &str, key: &K) -> Result<bool, Error> {
         check_scope(scope)?;
         let key = Key::new(key)?;
-        Ok(DB::requeue(self.pool(), self.sql(), scope, key.as_str()).await?)
+        Ok(self.sql().requeue(self.pool(), scope, key.as_str()).await?)
     }
 
     /// [`list_in_progress`](Store::list_in_progress) across every scope: at most `limit`
     /// markers still in progress, those whose lease ran out or was released first.
     pub async fn list_all_in_progress(&self, limit: u32) -> Result<Vec<Marker>, Error> {
-        let rows = DB::in_progress(self.pool(), self.sql(), None, i64::from(limit)).await?;
+        let rows = self
+            .sql()
+            .in_progress(self.pool(), None, i64::from(limit))
+            .await?;
         Ok(rows.into_iter().map(Marker::from_row).collect())
     }
 }

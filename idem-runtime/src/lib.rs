@@ -17,6 +17,7 @@ compile_error!(
 // the re-exports below are for users. `__private`, for generated code, is a leaf that nothing
 // here imports.
 mod error;
+mod future;
 mod job_id;
 mod key;
 mod options;
@@ -24,6 +25,7 @@ mod outcome;
 mod outgoing;
 mod record;
 mod scope;
+mod traceparent;
 
 mod observe;
 #[cfg(feature = "testing")]
@@ -75,15 +77,15 @@ pub use key::{IntoKey, Key, KeyError, KeyWriter, MAX_BATCH, MAX_KEY_LEN};
 #[allow(deprecated)]
 pub use lease::Leased;
 pub use lease::{Lease, MAX_ERROR_LEN, MAX_STEP_NAME, Step, Verified};
-pub use observe::semconv::{MESSAGING_PROCESS_DURATION, Messaging, observe_messaging};
-pub use observe::trace_context::{TRACEPARENT, TraceParent, TraceParentError};
+pub use observe::semconv::{MESSAGING_PROCESS_DURATION, observe_messaging};
 pub use observe::{CLAIM_SECONDS, KeyInSpans, OUTCOMES_TOTAL, describe_metrics, observe_keys};
-pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE};
+pub use options::{ClaimOptions, Isolation, LeaseOptions, MAX_LEASE, MIN_LEASE, Messaging};
 pub use outcome::{Batch, Each, Failure, Outcome};
 pub use outgoing::{BatchOutbox, Message, Outbox};
 pub use record::{Fingerprint, MAX_REPLAY_LEN, Recorded};
 pub use retention::{MIN_RETENTION, Retention};
 pub use store::{DEFAULT_TABLE, MAX_TABLE_LEN, PURGE_BATCH, Store};
+pub use traceparent::{TRACEPARENT, TraceParent, TraceParentError};
 #[allow(deprecated)]
 pub use transaction::Claim;
 pub use transaction::Guard;
@@ -107,10 +109,6 @@ pub mod outbox {
 /// The transaction an `#[idempotent]` handler's body runs on (an alias of
 /// `sqlx::Transaction`, so either spelling works in a handler's signature).
 pub type Tx<'c, DB> = sqlx::Transaction<'c, DB>;
-
-/// A boxed future, for the statements a type-erased store runs.
-pub(crate) type BoxFuture<'a, T> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 #[doc(hidden)]
 pub mod __private;

@@ -4,9 +4,8 @@
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::observe::semconv::Messaging;
-use crate::observe::trace_context::TraceParent;
 use crate::record::Fingerprint;
+use crate::traceparent::TraceParent;
 
 /// The shortest lease: below a second there is no margin left for the completing statement's
 /// round trip on a loaded machine, and every slow call would be taken over.
@@ -346,5 +345,54 @@ mod tests {
                 "{err}"
             );
         }
+    }
+}
+
+/// The broker a job came from, for OpenTelemetry's messaging attributes: the call's span gets
+/// `messaging.system`, `messaging.operation.type = process`, `messaging.destination.name` and
+/// `messaging.message.id` (the job's key, shown as [`observe_keys`](crate::observe_keys)
+/// says), and its kind is `consumer`; and the call records
+/// [`MESSAGING_PROCESS_DURATION`](crate::MESSAGING_PROCESS_DURATION).
+///
+/// Give it to one claim ([`ClaimOptions::messaging`](crate::ClaimOptions::messaging),
+/// [`LeaseOptions::messaging`](crate::LeaseOptions::messaging)), or to every call of a scope,
+/// the attribute's handlers included ([`observe_messaging`](crate::observe_messaging)).
+///
+/// ```
+/// # use idem_runtime as idem;
+/// let orders = idem::Messaging::new("rabbitmq").destination("orders");
+/// idem::observe_messaging("billing.top_up", orders);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Messaging {
+    system: &'static str,
+    destination: Option<&'static str>,
+}
+
+impl Messaging {
+    /// Jobs from `system`, as OpenTelemetry names brokers: `rabbitmq`, `kafka`, `aws_sqs`,
+    /// `nats`, `gcp_pubsub`, `servicebus`, ...
+    pub const fn new(system: &'static str) -> Self {
+        Messaging {
+            system,
+            destination: None,
+        }
+    }
+
+    /// The queue, topic, subject or stream the jobs are taken from. A name read at run time
+    /// becomes `&'static` once per process with `String::leak`.
+    pub const fn destination(mut self, name: &'static str) -> Self {
+        self.destination = Some(name);
+        self
+    }
+
+    /// The broker's name.
+    pub const fn system(&self) -> &'static str {
+        self.system
+    }
+
+    /// The destination's name, if given.
+    pub const fn destination_name(&self) -> Option<&'static str> {
+        self.destination
     }
 }

@@ -38,7 +38,9 @@ impl<DB: Backend> Store<DB> {
             return Err(Error::InvalidRetention { retention: keep });
         }
         let keep_ms = i64::try_from(keep.as_millis()).expect("below MAX_RETENTION");
-        DB::retention_set(self.pool(), self.sql(), scope, keep_ms).await?;
+        self.sql()
+            .retention_set(self.pool(), scope, keep_ms)
+            .await?;
         Ok(())
     }
 
@@ -46,12 +48,12 @@ impl<DB: Backend> Store<DB> {
     /// [`purge`](Store::purge) is given again. Returns whether it had one.
     pub async fn clear_retention(&self, scope: &str) -> Result<bool, Error> {
         check_scope(scope)?;
-        Ok(DB::retention_clear(self.pool(), self.sql(), scope).await?)
+        Ok(self.sql().retention_clear(self.pool(), scope).await?)
     }
 
     /// Every scope's window, by scope.
     pub async fn retentions(&self) -> Result<Vec<Retention>, Error> {
-        let rows = DB::retention_list(self.pool(), self.sql()).await?;
+        let rows = self.sql().retention_list(self.pool()).await?;
         Ok(rows
             .into_iter()
             .map(|(scope, keep_ms)| Retention {
@@ -70,14 +72,10 @@ impl<DB: Backend> Store<DB> {
         for window in self.retentions().await? {
             let age_ms = i64::try_from(window.keep.as_millis()).unwrap_or(i64::MAX);
             loop {
-                let n = DB::purge_scope_batch(
-                    self.pool(),
-                    self.sql(),
-                    &window.scope,
-                    age_ms,
-                    PURGE_BATCH,
-                )
-                .await?;
+                let n = self
+                    .sql()
+                    .purge_scope_batch(self.pool(), &window.scope, age_ms, PURGE_BATCH)
+                    .await?;
                 total += n;
                 if n < PURGE_BATCH as u64 {
                     break;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use crate::backend::{Backend, Status, Table};
+use crate::backend::{Backend, Sql, Status, Table};
 use crate::error::Error;
 use crate::key::{IntoKey, Key};
 use crate::scope::check_scope;
@@ -146,7 +146,7 @@ pub(crate) const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 
 /// same transaction instead of 0.85×) and 2.5× the duplicates.
 pub struct Store<DB: Backend> {
     pool: Pool<DB>,
-    sql: Arc<DB::Sql>,
+    sql: Arc<Sql<DB>>,
 }
 
 impl<DB: Backend> Clone for Store<DB> {
@@ -177,8 +177,8 @@ impl<DB: Backend> Store<DB> {
     /// A store of `table`, whose commits of outbox messages are announced where the database
     /// can (`backend/wake.rs`).
     fn of(pool: Pool<DB>, table: &Table) -> Self {
-        let sql = DB::statements(table);
-        if let Some(announcer) = DB::outbox_announcer(&pool, &sql) {
+        let sql = Sql::new(table);
+        if let Some(announcer) = crate::backend::announcer(&pool, &sql) {
             table.wake().announce_with(announcer);
         }
         Store {
@@ -193,7 +193,7 @@ impl<DB: Backend> Store<DB> {
     /// letters, digits or `_`, at most [`MAX_TABLE_LEN`] characters) is refused with
     /// [`Error::InvalidTable`].
     pub fn with_table(self, table: &str) -> Result<Self, Error> {
-        let unnamed = DB::table(&self.sql).is_unnamed();
+        let unnamed = self.sql.table.is_unnamed();
         let table = Table::new(table)?.unnamed(unnamed);
         Ok(Store::of(self.pool, &table))
     }
@@ -201,14 +201,14 @@ impl<DB: Backend> Store<DB> {
     /// The same store, its statements sent unnamed ([`Table::unnamed`]).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn unnamed(self) -> Self {
-        let table = DB::table(&self.sql).clone().unnamed(true);
+        let table = self.sql.table.clone().unnamed(true);
         Store::of(self.pool, &table)
     }
 
     /// Whether the store was told it runs behind a pooler in transaction mode
     /// ([`behind_transaction_pooler`](Store::behind_transaction_pooler)).
     pub fn is_behind_transaction_pooler(&self) -> bool {
-        DB::table(&self.sql).is_unnamed()
+        self.sql.table.is_unnamed()
     }
 
     /// The connection pool.
@@ -216,27 +216,24 @@ impl<DB: Backend> Store<DB> {
         &self.pool
     }
 
-    pub(crate) fn sql(&self) -> &DB::Sql {
+    pub(crate) fn sql(&self) -> &Sql<DB> {
         &self.sql
     }
 
     /// The statements shared by the store's clones, for a holder that outlives a borrow of
     /// the store.
-    pub(crate) fn shared_sql(&self) -> &Arc<DB::Sql> {
+    pub(crate) fn shared_sql(&self) -> &Arc<Sql<DB>> {
         &self.sql
     }
 
     /// The name of the marker table.
     pub fn table(&self) -> &str {
-        DB::table(&self.sql).as_str()
+        self.sql.table.as_str()
     }
 
     /// The statements [`migrate`](Store::migrate) runs, for migration tools of your own.
     pub fn ddl(&self) -> Vec<String> {
-        DB::ddl(&self.sql)
-            .iter()
-            .map(|s| s.as_str().to_owned())
-            .collect()
+        self.sql.ddl.iter().map(|s| s.as_str().to_owned()).collect()
     }
 
     /// Creates the marker table and its index if they are missing.
@@ -307,16 +304,16 @@ impl<DB: Backend> Store<DB> {
             // them removed). Only a completed marker has messages: a lease writes them as it
             // completes.
             let mut tx = pool.begin().await?;
-            if DB::forget(&mut tx, sql, scope, key.as_str(), force).await? {
-                DB::outbox_forget(&mut tx, sql, scope, key.as_str()).await?;
+            if sql.forget(&mut tx, scope, key.as_str(), force).await? {
+                sql.outbox_forget(&mut tx, scope, key.as_str()).await?;
                 // A lease's recorded steps go with a deleted marker; a marker only let go
                 // keeps them, and its next delivery resumes after them.
-                DB::steps_forget(&mut tx, sql, scope, key.as_str()).await?;
+                sql.steps_forget(&mut tx, scope, key.as_str()).await?;
                 tx.commit().await?;
                 return Ok(true);
             }
             tx.rollback().await?;
-            match DB::status(pool, sql, scope, key.as_str()).await? {
+            match sql.status(pool, scope, key.as_str()).await? {
                 None => return Ok(false),
                 Some(Status::Leased) => break,
                 Some(_) => {}
@@ -350,7 +347,10 @@ impl<DB: Backend> Store<DB> {
         }
         let age_ms = i64::try_from(older_than.as_millis()).expect("below MAX_RETENTION");
         loop {
-            let n = DB::purge_batch(&self.pool, &self.sql, age_ms, PURGE_BATCH).await?;
+            let n = self
+                .sql
+                .purge_batch(&self.pool, age_ms, PURGE_BATCH)
+                .await?;
             total += n;
             if n < PURGE_BATCH as u64 {
                 return Ok(total);
@@ -430,9 +430,50 @@ impl Store<sqlx::Postgres> {
     /// transaction mode ([`behind_transaction_pooler`](Store::behind_transaction_pooler))
     /// nothing is announced: the relays there poll.
     pub fn outbox_notify_interval(self, interval: Duration) -> Self {
-        <sqlx::Postgres as crate::backend::sealed::Dialect>::table(&self.sql)
-            .wake()
-            .set_every(interval);
+        self.sql.table.wake().set_every(interval);
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::Store;
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_schema_refusal_is_not_worth_a_redelivery() {
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        sqlx::query("CREATE TABLE idem_processed (scope TEXT, key TEXT)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let store = Store::new(pool);
+        let key = crate::key::Key::new("job-1").unwrap();
+        let err = store.claim("scope", &key).await.unwrap_err();
+        assert!(!err.is_transient(), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("fails the same way") && msg.contains("idem doctor"),
+            "{msg}"
+        );
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_missing_marker_table_points_at_migrate() {
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        let store = Store::new(pool);
+        let key = crate::key::Key::new("job-1").unwrap();
+        let err = store.claim("scope", &key).await.unwrap_err();
+        let msg = err.to_string();
+        assert_eq!(
+            msg,
+            "the database refused a statement: no such table: idem_processed: the marker \
+             table does not exist: call `Store::migrate()` at start-up, or add the statements \
+             of `Store::ddl()` to your migrations"
+        );
+        assert!(err.source().is_none());
     }
 }

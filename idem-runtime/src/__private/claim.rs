@@ -13,9 +13,9 @@ use crate::claim::{Claimed, TxHeld, run};
 use crate::error::Error;
 use crate::join::{Target, Via};
 use crate::key::Key;
-use crate::observe::trace_context::TraceParent;
 use crate::options::Mode;
 use crate::record::Fingerprint;
+use crate::traceparent::TraceParent;
 
 /// A transaction-mode handler's claim: in a transaction of its own (`&store`, refused inside
 /// another claim's open transaction of this task) or in the caller's (`store.join(tx)`).

@@ -5,10 +5,10 @@ use crate::claim::Claimed;
 use crate::error::Error;
 use crate::group::{Group, GroupHeld};
 use crate::key::Key;
-use crate::observe::trace_context::TraceParent;
 use crate::options::Mode;
 use crate::outcome::{Failed, Outcome};
 use crate::record::Fingerprint;
+use crate::traceparent::TraceParent;
 
 use super::{Codec, Spec, checked};
 

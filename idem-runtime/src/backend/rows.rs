@@ -5,7 +5,7 @@ use crate::record::Recorded;
 
 /// Who holds the key of a marker that a claim found, on the database's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
+pub(crate) enum Status {
     /// The job's effect was committed (or its lease-mode call completed).
     Completed,
     /// Another delivery holds a lease that has not run out.

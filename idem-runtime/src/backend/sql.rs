@@ -1,14 +1,17 @@
-//! How a backend writes its statements: each one's text, `{t}` standing for the table, beside
-//! the binds it takes in the order of its placeholders ([`statements!`]). The order is written
-//! once, where the text is; callers pass the binds by name, and a unit test per backend counts
-//! each statement's placeholders against its binds. The texts are filled once per
-//! [`Store`](crate::store::Store), so every call reuses the same strings and hits sqlx's
-//! prepared-statement cache.
+//! How a backend writes its statements. A statement set (one per concern: claims, leases, the
+//! outbox...) is declared once, generically, with each statement's binds by name and type
+//! ([`statements!`]); each backend writes each statement's text, `{t}` standing for the table
+//! and `:name` for a bind. Filling a text for a table turns the names into the backend's own
+//! placeholders and records the order in which the binds go ([`Template`]): the order is
+//! written once, where the text is, for every backend alike, and a unit test per backend
+//! checks that every name in a text is one of its statement's binds. The texts are filled
+//! once per `Store`, so every call reuses the same strings and hits
+//! sqlx's prepared-statement cache.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use sqlx::error::BoxDynError;
-use sqlx::{Database, SqlSafeStr as _, SqlStr};
+use sqlx::{SqlSafeStr as _, SqlStr};
 
 use super::wake::Wake;
 use crate::error::Error;
@@ -97,170 +100,89 @@ impl Table {
     }
 }
 
-/// A statement with its binds, to run as a query, a query of rows or of one column.
-pub(crate) struct Bound<DB: Database> {
-    sql: SqlStr,
-    args: Result<DB::Arguments, BoxDynError>,
-    /// Kept prepared on the connection (sqlx's default), or sent unnamed ([`Table::unnamed`]).
-    persistent: bool,
-}
-
-impl<DB: Database + sqlx::database::HasStatementCache> Bound<DB>
-where
-    DB::Arguments: sqlx::IntoArguments<DB>,
-{
-    pub(crate) fn new(
-        sql: SqlStr,
-        args: Result<DB::Arguments, BoxDynError>,
-        persistent: bool,
-    ) -> Self {
-        Bound {
-            sql,
-            args,
-            persistent,
-        }
-    }
-
-    pub(crate) fn query(self) -> sqlx::query::Query<'static, DB, DB::Arguments> {
-        sqlx_core::query::query_with_result(self.sql, self.args).persistent(self.persistent)
-    }
-
-    pub(crate) fn rows<O>(self) -> sqlx::query::QueryAs<'static, DB, O, DB::Arguments>
-    where
-        O: for<'r> sqlx::FromRow<'r, DB::Row>,
-    {
-        sqlx_core::query_as::query_as_with_result(self.sql, self.args).persistent(self.persistent)
-    }
-
-    pub(crate) fn scalar<O>(self) -> sqlx::query::QueryScalar<'static, DB, O, DB::Arguments>
-    where
-        (O,): for<'r> sqlx::FromRow<'r, DB::Row>,
-    {
-        sqlx_core::query_scalar::query_scalar_with_result(self.sql, self.args)
-            .persistent(self.persistent)
-    }
-
-    /// The same binds on another text with the same placeholders (MariaDB's statement with
-    /// its lock wait bounded).
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    pub(crate) fn on(mut self, sql: SqlStr) -> Self {
-        self.sql = sql;
-        self
-    }
-
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    pub(crate) fn text(&self) -> &str {
-        self.sql.as_str()
-    }
-}
-
-/// A struct of statements for one table, and one method per statement that binds its
-/// arguments in the order of its placeholders:
-///
-/// ```text
-/// statements! {
-///     pub(super) struct LeaseSql<Postgres> {
-///         /// Binds: scope, key, token.
-///         release(scope: &str, key: &str, token: i64) = "UPDATE {t} SET ... WHERE scope = $1 ...";
-///     }
-/// }
-/// ```
-///
-/// gives `LeaseSql::new(&table)`, `sql.release(scope, key, token) -> Bound<Postgres>`, and, for
-/// the placeholder test, `LeaseSql::templates()`: each statement's name, text and bind count.
-macro_rules! statements {
-    (
-        $(#[$meta:meta])*
-        $vis:vis struct $name:ident<$db:ty> {
-            $(
-                $(#[$fmeta:meta])*
-                $field:ident($($arg:ident: $ty:ty),* $(,)?) = $sql:expr;
-            )*
-        }
-    ) => {
-        $(#[$meta])*
-        #[derive(Debug)]
-        $vis struct $name {
-            $($field: ::sqlx::SqlStr,)*
-            /// Whether the statements are kept prepared on the connection.
-            persistent: bool,
-        }
-
-        impl $name {
-            $vis fn new(table: &$crate::backend::sql::Table) -> Self {
-                $name {
-                    $($field: table.fill(&$sql),)*
-                    persistent: !table.is_unnamed(),
-                }
-            }
-
-            $(
-                $(#[$fmeta])*
-                #[allow(clippy::too_many_arguments, reason = "one statement's binds")]
-                #[allow(unused_labels, reason = "a statement without binds")]
-                $vis fn $field(&self, $($arg: $ty),*) -> $crate::backend::sql::Bound<$db> {
-                    #[allow(unused_mut)]
-                    let mut args = <<$db as ::sqlx::Database>::Arguments as ::core::default::Default>::default();
-                    // Sized once: growing the buffer bind by bind cost a reallocation each.
-                    ::sqlx::Arguments::reserve(
-                        &mut args,
-                        <[&str]>::len(&[$(stringify!($arg)),*]),
-                        0 $(+ ::sqlx::Encode::<'_, $db>::size_hint(&$arg))*,
-                    );
-                    let added: ::core::result::Result<(), ::sqlx::error::BoxDynError> = 'add: {
-                        $(
-                            if let ::core::result::Result::Err(e) = ::sqlx::Arguments::add(&mut args, $arg) {
-                                break 'add ::core::result::Result::Err(e);
-                            }
-                        )*
-                        ::core::result::Result::Ok(())
-                    };
-                    $crate::backend::sql::Bound::new(
-                        self.$field.clone(),
-                        added.map(|()| args),
-                        self.persistent,
-                    )
-                }
-            )*
-
-            /// Each statement's name, text and number of binds.
-            #[cfg(test)]
-            pub(crate) fn templates() -> ::std::vec::Vec<(&'static str, ::std::string::String, usize)> {
-                ::std::vec![$((
-                    stringify!($field),
-                    ::std::string::String::from(&*$sql),
-                    <[&str]>::len(&[$(stringify!($arg)),*]),
-                ),)*]
-            }
-        }
-    };
-}
-pub(crate) use statements;
+/// A statement's text as a backend writes it: `{t}` for the table, `:name` for a bind.
+pub(crate) type Text = Cow<'static, str>;
 
 /// How a backend writes its placeholders.
-#[cfg(test)]
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Placeholders {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placeholders {
     /// PostgreSQL's `$1`, `$2`: each bind once, used as often as the text likes.
     Dollar,
-    /// SQLite's `?1`, `?2`.
+    /// SQLite's `?1`, `?2`, the same way.
     Numbered,
-    /// MySQL's `?`: one bind per mark, in order.
+    /// MySQL's `?`: one bind per mark, in order (a name used twice is bound twice).
     Question,
 }
 
-/// How many binds `sql` takes: the highest number for numbered placeholders (which must then
-/// all appear), the count of marks for `?`. Quoted text and comments are skipped.
-#[cfg(test)]
-pub(crate) fn placeholders(sql: &str, style: Placeholders) -> usize {
-    let bytes = sql.as_bytes();
-    let mut seen = std::collections::BTreeSet::new();
-    let mut marks = 0;
+/// One statement filled for one table: its text with the backend's placeholders, and which of
+/// the statement's binds goes to each placeholder, in order.
+#[derive(Debug, Clone)]
+pub(crate) struct Template {
+    pub(super) sql: SqlStr,
+    pub(super) order: Box<[u8]>,
+    /// Kept prepared on the connection (sqlx's default), or sent unnamed ([`Table::unnamed`]).
+    pub(super) persistent: bool,
+}
+
+impl Template {
+    /// `text` for `table`: `{t}` filled, each `:name` replaced by the backend's placeholder
+    /// for the bind of that name among `binds`.
+    ///
+    /// # Panics
+    ///
+    /// On a name that is not one of `binds`: a mistake in idem's own texts, which every
+    /// backend's unit test fills (`every_text_names_only_its_binds`).
+    pub(crate) fn new(table: &Table, text: &str, binds: &[&str], style: Placeholders) -> Template {
+        let mut sql = String::with_capacity(text.len());
+        let mut order = Vec::new();
+        let mut rest = 0;
+        for (at, name) in named_binds(text) {
+            let Some(index) = binds.iter().position(|b| *b == name) else {
+                panic!("the bind `:{name}` is not one of the statement's ({binds:?}): {text}");
+            };
+            let index = u8::try_from(index).expect("a statement has few binds");
+            sql.push_str(&text[rest..at]);
+            rest = at + 1 + name.len();
+            let number = match style {
+                Placeholders::Question => {
+                    order.push(index);
+                    sql.push('?');
+                    continue;
+                }
+                _ => match order.iter().position(|i| *i == index) {
+                    Some(seen) => seen + 1,
+                    None => {
+                        order.push(index);
+                        order.len()
+                    }
+                },
+            };
+            sql.push(if style == Placeholders::Dollar {
+                '$'
+            } else {
+                '?'
+            });
+            sql.push_str(&number.to_string());
+        }
+        sql.push_str(&text[rest..]);
+        Template {
+            sql: table.fill(&sql),
+            order: order.into(),
+            persistent: !table.is_unnamed(),
+        }
+    }
+}
+
+/// The named binds of `text`, as (the byte offset of their `:`, name), outside quoted text,
+/// quoted identifiers and comments. A `:` next to another (PostgreSQL's `::type` cast) is no
+/// bind.
+pub(crate) fn named_binds(text: &str) -> Vec<(usize, &str)> {
+    let bytes = text.as_bytes();
+    let mut found = Vec::new();
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
-            b'\'' | b'"' | b'`' => {
-                let quote = bytes[i];
+            quote @ (b'\'' | b'"' | b'`') => {
                 i += 1;
                 while i < bytes.len() && bytes[i] != quote {
                     i += 1;
@@ -271,47 +193,37 @@ pub(crate) fn placeholders(sql: &str, style: Placeholders) -> usize {
                     i += 1;
                 }
             }
-            c @ (b'$' | b'?') => {
-                let digits = bytes[i + 1..]
+            b':' if bytes.get(i + 1) == Some(&b':') => i += 1,
+            b':' if bytes
+                .get(i + 1)
+                .is_some_and(|c| c.is_ascii_lowercase() || *c == b'_') =>
+            {
+                let len = bytes[i + 1..]
                     .iter()
-                    .take_while(|b| b.is_ascii_digit())
+                    .take_while(|c| c.is_ascii_alphanumeric() || **c == b'_')
                     .count();
-                match (style, c, digits) {
-                    (Placeholders::Dollar, b'$', 1..) | (Placeholders::Numbered, b'?', 1..) => {
-                        let n: usize = sql[i + 1..i + 1 + digits].parse().expect("digits");
-                        seen.insert(n);
-                    }
-                    (Placeholders::Question, b'?', 0) => marks += 1,
-                    (_, _, _) => panic!("a placeholder of another backend's kind in {sql:?}"),
-                }
-                i += digits;
+                found.push((i, &text[i + 1..i + 1 + len]));
+                i += len;
             }
             _ => {}
         }
         i += 1;
     }
-    match style {
-        Placeholders::Question => marks,
-        _ => {
-            let n = seen.len();
-            assert!(
-                seen.iter().copied().eq(1..=n),
-                "placeholders of {sql:?} skip a number: {seen:?}"
-            );
-            n
-        }
-    }
+    found
 }
 
-/// Checks every statement of `templates` (from [`statements!`]) against its binds.
+/// Checks that every statement of a backend's `texts` names only its own binds. A bind its
+/// text does not name is not sent (SQLite's dead space needs no table name).
 #[cfg(test)]
-pub(crate) fn check_binds(templates: &[(&str, String, usize)], style: Placeholders) {
-    for (name, sql, binds) in templates {
-        assert_eq!(
-            placeholders(sql, style),
-            *binds,
-            "statement `{name}` has another number of placeholders than of binds: {sql}"
-        );
+pub(crate) fn check_texts<T: AsRef<str>>(texts: &[(&str, T, &[&str])]) {
+    for (name, text, binds) in texts {
+        let text = text.as_ref();
+        for (_, n) in named_binds(text) {
+            assert!(
+                binds.contains(&n),
+                "statement `{name}` names `:{n}`, which is not one of its binds {binds:?}: {text}"
+            );
+        }
     }
 }
 
@@ -339,18 +251,42 @@ mod tests {
     }
 
     #[test]
-    fn placeholders_are_counted_outside_quotes_and_comments() {
-        let pg = "SELECT $1, '$9', $2::text FROM t WHERE a = $1 /* $7 */";
-        assert_eq!(placeholders(pg, Placeholders::Dollar), 2);
-        let lite = "SELECT ?1, ?3, ?2, '?4'";
-        assert_eq!(placeholders(lite, Placeholders::Numbered), 3);
-        let my = "/*M! SET STATEMENT x = 1 FOR */ SELECT ?, '?', `a?`, ?";
-        assert_eq!(placeholders(my, Placeholders::Question), 2);
+    fn names_are_found_outside_quotes_comments_and_casts() {
+        let text = "SELECT :a, ':b', :c::text, \"x:d\", `:e` /* :f */ FROM t WHERE x = :a_1";
+        let names: Vec<&str> = named_binds(text).into_iter().map(|(_, n)| n).collect();
+        assert_eq!(names, ["a", "c", "a_1"]);
+        // SQLite's times: the colons are inside quotes.
+        assert!(named_binds("strftime('%Y-%m-%dT%H:%M:%fZ', 'now')").is_empty());
     }
 
     #[test]
-    #[should_panic(expected = "skip a number")]
-    fn a_skipped_placeholder_is_a_mistake() {
-        placeholders("SELECT $1, $3", Placeholders::Dollar);
+    fn each_backend_gets_its_placeholders_and_the_order_of_its_binds() {
+        let table = Table::new("jobs").unwrap();
+        let text = "UPDATE {t} SET v = :value WHERE k = :key AND (:key IS NULL OR s = :scope)";
+        let binds = ["scope", "key", "value"];
+        let pg = Template::new(&table, text, &binds, Placeholders::Dollar);
+        assert_eq!(
+            pg.sql.as_str(),
+            "UPDATE jobs SET v = $1 WHERE k = $2 AND ($2 IS NULL OR s = $3)"
+        );
+        assert_eq!(&*pg.order, [2, 1, 0]);
+        let lite = Template::new(&table, text, &binds, Placeholders::Numbered);
+        assert_eq!(
+            lite.sql.as_str(),
+            "UPDATE jobs SET v = ?1 WHERE k = ?2 AND (?2 IS NULL OR s = ?3)"
+        );
+        let my = Template::new(&table, text, &binds, Placeholders::Question);
+        assert_eq!(
+            my.sql.as_str(),
+            "UPDATE jobs SET v = ? WHERE k = ? AND (? IS NULL OR s = ?)"
+        );
+        assert_eq!(&*my.order, [2, 1, 1, 0]);
+    }
+
+    #[test]
+    #[should_panic(expected = "not one of the statement's")]
+    fn a_name_that_is_no_bind_is_a_mistake() {
+        let table = Table::new("jobs").unwrap();
+        Template::new(&table, "SELECT :nope", &["scope"], Placeholders::Dollar);
     }
 }

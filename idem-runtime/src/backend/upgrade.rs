@@ -17,6 +17,7 @@
 use sqlx::SqlStr;
 
 use super::sql::Table;
+use super::{Backend, Sql};
 
 /// A column or an index that a schema version added to a table an earlier version created.
 /// `{t}` in a table name stands for the marker table's name (`{t}_outbox`).
@@ -51,13 +52,6 @@ pub(crate) enum Kind {
 /// One [`Added`] for one marker table: its table's name and its own, and the statement that
 /// adds it.
 #[derive(Debug)]
-#[cfg_attr(
-    not(any(feature = "sqlite", feature = "mysql")),
-    allow(
-        dead_code,
-        reason = "PostgreSQL's statements ask the catalog themselves"
-    )
-)]
 pub(crate) struct Addition {
     pub(crate) kind: Kind,
     pub(crate) table: String,
@@ -102,16 +96,46 @@ impl Added {
     }
 }
 
-/// A backend's DDL in the order `migrate` runs it around the additions: its `CREATE TABLE`s
-/// first, the rest (its `CREATE INDEX`es) after, since an index of the current version may be
-/// on a column that `migrate` adds to an older table only between the two.
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite")),
-    allow(dead_code, reason = "MySQL's indexes are part of its tables")
-)]
-pub(crate) fn tables_first(ddl: &[SqlStr]) -> (Vec<&SqlStr>, Vec<&SqlStr>) {
-    ddl.iter()
-        .partition(|s| s.as_str().trim_start().starts_with("CREATE TABLE"))
+/// The schema on `conn`, under the lock its backend's `migrate` holds: the `CREATE TABLE`s,
+/// then what later versions added to tables an earlier one made, then the rest of the DDL
+/// (its `CREATE INDEX`es), since an index of the current version may be on a column added
+/// only in between. An addition whose statement cannot skip what exists (SQLite's and MySQL
+/// 8's `ADD COLUMN`) is asked of the catalog first. The statements go unprepared: each runs
+/// once, and a named statement left on a server connection that a pooler in transaction mode
+/// hands to another client would collide with that client's own.
+pub(crate) async fn run<DB: Backend>(
+    conn: &mut DB::Connection,
+    sql: &Sql<DB>,
+) -> Result<(), sqlx::Error> {
+    let (tables, indexes): (Vec<_>, Vec<_>) = sql
+        .ddl
+        .iter()
+        .partition(|s| s.as_str().trim_start().starts_with("CREATE TABLE"));
+    for stmt in tables {
+        sqlx::raw_sql(stmt.clone()).execute(DB::exec(conn)).await?;
+    }
+    for added in &sql.added {
+        let ask = match added.kind {
+            Kind::Column => sql.ops.has_column(&added.table, &added.name),
+            Kind::Index => sql.ops.has_index(&added.table, &added.name),
+        };
+        if let Some(ask) = ask {
+            let (there,): (i64,) = ask
+                .fetch_optional(&mut *conn)
+                .await?
+                .ok_or(sqlx::Error::RowNotFound)?;
+            if there > 0 {
+                continue;
+            }
+        }
+        sqlx::raw_sql(added.statement.clone())
+            .execute(DB::exec(conn))
+            .await?;
+    }
+    for stmt in indexes {
+        sqlx::raw_sql(stmt.clone()).execute(DB::exec(conn)).await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

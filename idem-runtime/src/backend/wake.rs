@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::BoxFuture;
+use crate::future::BoxFuture;
 
 /// Sends an announcement carrying a store's token, on the database's channel of the outbox.
 pub(crate) type Announcer = Arc<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>;

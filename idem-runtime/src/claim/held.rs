@@ -8,7 +8,7 @@ use sqlx::Transaction;
 
 use super::Request;
 use super::nested::Body;
-use crate::backend::{Backend, Check, Partition};
+use crate::backend::{Backend, Check, Fence, Partition, Sql};
 use crate::error::Error;
 use crate::key::Key;
 use crate::observe::Observed;
@@ -189,7 +189,7 @@ pub(crate) async fn end<H: Hold, T, E>(
 #[derive(Debug)]
 pub(crate) struct TxHold<'c, DB: Backend> {
     tx: Transaction<'c, DB>,
-    sql: Arc<DB::Sql>,
+    sql: Arc<Sql<DB>>,
     joined: bool,
     kept: Kept,
     /// Whether it wrote outbox messages: its commit then wakes the store's relays.
@@ -265,14 +265,14 @@ impl<DB: Backend> Hold for TxHold<'_, DB> {
     ) -> Result<(), Error> {
         let (scope, key) = (&request.scope, request.key.as_str());
         if let Some(json) = value {
-            let recorded = DB::record(&mut self.tx, &self.sql, scope, key, json).await;
+            let recorded = self.sql.record(&mut self.tx, scope, key, json).await;
             recorded.map_err(|e| self.failed(e, request))?;
         }
         if let Some(outbox) = outbox {
             let (tx, sql, nonce) = (&mut self.tx, &self.sql, request.nonce);
             let written = match self.kept.partition() {
-                None => DB::outbox_write(tx, sql, outbox, nonce).await,
-                Some(at) => DB::offsets_outbox_write(tx, sql, outbox, at, nonce).await,
+                None => DB::outbox_write(tx, sql, outbox, Fence::Marker(nonce)).await,
+                Some(at) => DB::outbox_write(tx, sql, outbox, Fence::Watermark(at, nonce)).await,
             };
             written.map_err(|e| self.failed(e, request))?;
             self.wrote |= !outbox.is_empty();
@@ -291,12 +291,13 @@ impl<DB: Backend> Hold for TxHold<'_, DB> {
             // caller's transaction, where the database can (PostgreSQL's `NOTIFY`).
             let mut tx = self.tx;
             if self.wrote {
-                DB::outbox_announce(&mut tx, &self.sql).await.map_err(
-                    |e| match DB::is_aborted(&e) {
+                self.sql
+                    .outbox_announce(&mut tx)
+                    .await
+                    .map_err(|e| match DB::is_aborted(&e) {
                         true => rolled_back(request),
                         false => e.into(),
-                    },
-                )?;
+                    })?;
             }
             // `RELEASE SAVEPOINT`: applied in the caller's transaction, which is theirs to
             // commit. A failed release (the body swallowed an error that aborted the
@@ -306,10 +307,10 @@ impl<DB: Backend> Hold for TxHold<'_, DB> {
                 false => e.into(),
             });
         }
-        let table = DB::table(&self.sql);
+        let table = &self.sql.table;
         let check = match self.kept.partition() {
             None => Check::Marker(table, request.claimant()),
-            Some(at) => Check::Offsets(table, at, request.nonce),
+            Some(at) => Check::Watermark(table, at, request.nonce),
         };
         match DB::commit(self.tx, check, &request.options).await {
             Ok(true) => {
@@ -347,7 +348,7 @@ pub struct TxHeld<'c, DB: Backend> {
 impl<'c, DB: Backend> TxHeld<'c, DB> {
     pub(crate) fn new(
         tx: Transaction<'c, DB>,
-        sql: Arc<DB::Sql>,
+        sql: Arc<Sql<DB>>,
         joined: bool,
         ticket: Ticket,
     ) -> Self {
@@ -366,7 +367,7 @@ impl<'c, DB: Backend> TxHeld<'c, DB> {
     /// A fresh offset claim: what it keeps is the watermark it moved, not a marker.
     pub(crate) fn offsets(
         tx: Transaction<'c, DB>,
-        sql: Arc<DB::Sql>,
+        sql: Arc<Sql<DB>>,
         kept: Kept,
         ticket: Ticket,
     ) -> Self {
@@ -408,7 +409,7 @@ impl<'c, DB: Backend> TxHeld<'c, DB> {
     }
 
     /// The transaction and the statements at once.
-    pub(crate) fn tx_sql(&mut self) -> (&mut Transaction<'c, DB>, &DB::Sql) {
+    pub(crate) fn tx_sql(&mut self) -> (&mut Transaction<'c, DB>, &Sql<DB>) {
         (&mut self.hold.tx, &self.hold.sql)
     }
 

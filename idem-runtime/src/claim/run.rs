@@ -9,7 +9,7 @@ use std::future::Future;
 use sqlx::{Connection as _, Transaction};
 
 use super::{CLAIM_ATTEMPTS, Claimed, Decision, RECHECKS, Request, Ticket, TxHeld, decide, nested};
-use crate::backend::{Backend, Savepoint};
+use crate::backend::{Backend, Savepoint, Sql};
 use crate::error::Error;
 use crate::observe::trace_context;
 use crate::observe::{self, Answer, Observed};
@@ -138,7 +138,7 @@ pub(crate) fn conclude<H, F>(
 /// the claim's own ([`Claims::claim_or_read`](crate::backend::sealed::Claims::claim_or_read)).
 async fn claim_one<DB: Backend>(
     conn: &mut DB::Connection,
-    sql: &DB::Sql,
+    sql: &Sql<DB>,
     request: &Request,
     own: bool,
 ) -> Result<Attempt<()>, sqlx::Error> {
@@ -149,7 +149,7 @@ async fn claim_one<DB: Backend>(
             (true, _) => return Ok(Attempt::Fresh((), false)),
             (false, Some(found)) => Some(found),
             // Committed while the insert waited for it: read it now.
-            (false, None) => DB::marker(conn, sql, c.scope, c.key).await?,
+            (false, None) => sql.marker(conn, c.scope, c.key).await?,
         };
         // Gone again (an operator forgot it): insert once more.
         let Some(found) = found else {
@@ -241,7 +241,7 @@ pub(crate) async fn own<DB: Backend>(
 /// A claim in a savepoint of the caller's transaction: one attempt.
 struct InSavepoint<'a, 'r, DB: Backend> {
     conn: Option<&'a mut DB::Connection>,
-    sql: &'r DB::Sql,
+    sql: &'r Sql<DB>,
     request: &'r Request,
 }
 
@@ -260,7 +260,7 @@ impl<'a, DB: Backend> Attempts for InSavepoint<'a, '_, DB> {
 /// that holds nothing is rolled back before the answer.
 async fn savepoint_attempt<'a, DB: Backend>(
     conn: &'a mut DB::Connection,
-    sql: &DB::Sql,
+    sql: &Sql<DB>,
     request: &Request,
 ) -> Result<Attempt<Transaction<'a, DB>>, sqlx::Error> {
     let mut savepoint = conn.begin().await?;
@@ -291,7 +291,7 @@ async fn savepoint_attempt<'a, DB: Backend>(
 /// transaction).
 pub(crate) async fn shared_attempt<DB: Backend>(
     conn: &mut DB::Connection,
-    sql: &DB::Sql,
+    sql: &Sql<DB>,
     request: &Request,
     opening: Option<Savepoint>,
 ) -> Result<Result<Attempt<()>, sqlx::Error>, sqlx::Error> {
@@ -360,7 +360,7 @@ pub(crate) struct Keys {
 /// and every job is redelivered.
 async fn claim_keys<DB: Backend>(
     conn: &mut DB::Connection,
-    sql: &DB::Sql,
+    sql: &Sql<DB>,
     request: &Request,
     keys: &[&str],
     failed: &mut Vec<(String, Failure)>,

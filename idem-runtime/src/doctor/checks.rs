@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::schema::{Expected, expected};
 use super::{Checkup, Diagnosis, Finding, Severity};
 use crate::backend::Backend;
-use crate::backend::health::{Bloat, COUNT_CAP};
+use crate::backend::{Bloat, COUNT_CAP};
 use crate::error::Error;
 use crate::store::Store;
 
@@ -42,7 +42,7 @@ pub(super) async fn run<DB: Backend>(
     let table = store.table().to_owned();
     let mut findings = Vec::new();
 
-    let (tables, indexes, columns) = DB::catalog(pool, sql).await?;
+    let (tables, indexes, columns) = sql.catalog(pool).await?;
     let want = expected(&store.ddl());
     let has_table = |t: &str| tables.iter().any(|x| x.eq_ignore_ascii_case(t));
     findings.push(schema(&want, &has_table, &columns, store));
@@ -59,7 +59,7 @@ pub(super) async fn run<DB: Backend>(
     };
 
     if markers {
-        findings.push(bloat(&table, DB::bloat(pool, sql).await?));
+        findings.push(bloat(&table, sql.bloat(pool).await?));
     } else {
         findings.push(absent("bloat"));
     }
@@ -69,13 +69,13 @@ pub(super) async fn run<DB: Backend>(
         findings.push(absent("retention"));
     }
     if markers {
-        let stuck = DB::count_stuck(pool, sql, ms(checkup.stuck_after)).await?;
+        let stuck = sql.count_stuck(pool, ms(checkup.stuck_after)).await?;
         findings.push(leases(stuck, checkup));
     } else {
         findings.push(absent("leases"));
     }
     if outbox {
-        let (parked, overdue) = DB::count_outbox(pool, sql, ms(checkup.relay_lag)).await?;
+        let (parked, overdue) = sql.count_outbox(pool, ms(checkup.relay_lag)).await?;
         findings.push(outbox_check(parked, overdue, checkup));
     } else {
         findings.push(absent("outbox"));
@@ -83,12 +83,12 @@ pub(super) async fn run<DB: Backend>(
     let pool_size = checkup
         .pool_size
         .unwrap_or_else(|| pool.options().get_max_connections());
-    let server_max = DB::max_connections(pool).await?;
+    let server_max = sql.max_connections(pool).await?;
     findings.push(pool_check(pool_size, checkup.concurrency, server_max));
     findings.push(ack_timeout(checkup));
-    findings.push(pooler(DB::ports(pool).await?, DB::table(sql).is_unnamed()));
+    findings.push(pooler(sql.ports(pool).await?, sql.table.is_unnamed()));
     let before = SystemTime::now();
-    let db_ms = DB::clock_ms(pool).await?;
+    let db_ms = sql.clock_ms(pool).await?;
     let after = SystemTime::now();
     findings.push(clock(db_ms, before, after, checkup.clock_tolerance));
     Ok(Diagnosis { table, findings })
@@ -266,7 +266,9 @@ async fn retention<DB: Backend>(store: &Store<DB>, checkup: &Checkup) -> Result<
     let windows = store.retentions().await?;
     let mut old = Vec::new();
     for window in &windows {
-        let n = DB::count_old(pool, sql, Some(&window.scope), ms(window.keep)).await?;
+        let n = sql
+            .count_old(pool, Some(&window.scope), ms(window.keep))
+            .await?;
         if n > 0 {
             old.push(format!(
                 "{} of {} (window {})",
@@ -277,7 +279,7 @@ async fn retention<DB: Backend>(store: &Store<DB>, checkup: &Checkup) -> Result<
         }
     }
     if let Some(default) = checkup.retention {
-        let n = DB::count_old(pool, sql, None, ms(default)).await?;
+        let n = sql.count_old(pool, None, ms(default)).await?;
         if n > 0 {
             old.push(format!(
                 "{} of other scopes (older than {})",

@@ -234,6 +234,6 @@ impl<DB: Backend> Store<DB> {
     /// table: where a store's markers may be, for an operator who does not know the name a
     /// store was given with [`with_table`](Store::with_table).
     pub async fn marker_tables(&self) -> Result<Vec<String>, Error> {
-        Ok(DB::marker_tables(self.pool()).await?)
+        Ok(self.sql().marker_tables(self.pool()).await?)
     }
 }

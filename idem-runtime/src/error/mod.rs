@@ -356,7 +356,7 @@ pub enum Error {
         reason: String,
     },
 
-    /// A failure that [`idem::testing`](crate::testing) injected on purpose, right before the
+    /// A failure that `idem::testing` injected on purpose, right before the
     /// commit (transaction mode) or the completing statement (lease mode) of a delivery under
     /// test: the transaction was rolled back, or the lease released, instead. Only tests that
     /// use the kit ever see it.

@@ -95,42 +95,6 @@ fn retry_advice_is_for_transient_errors_only() {
     }
 }
 
-#[cfg(feature = "sqlite")]
-#[tokio::test]
-async fn a_schema_refusal_is_not_worth_a_redelivery() {
-    let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
-    sqlx::query("CREATE TABLE idem_processed (scope TEXT, key TEXT)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let store = crate::store::Store::new(pool);
-    let key = crate::key::Key::new("job-1").unwrap();
-    let err = store.claim("scope", &key).await.unwrap_err();
-    assert!(!err.is_transient(), "{err}");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("fails the same way") && msg.contains("idem doctor"),
-        "{msg}"
-    );
-}
-
-#[cfg(feature = "sqlite")]
-#[tokio::test]
-async fn a_missing_marker_table_points_at_migrate() {
-    let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
-    let store = crate::store::Store::new(pool);
-    let key = crate::key::Key::new("job-1").unwrap();
-    let err = store.claim("scope", &key).await.unwrap_err();
-    let msg = err.to_string();
-    assert_eq!(
-        msg,
-        "the database refused a statement: no such table: idem_processed: the marker \
-         table does not exist: call `Store::migrate()` at start-up, or add the statements \
-         of `Store::ddl()` to your migrations"
-    );
-    assert!(err.source().is_none());
-}
-
 /// What the docs say of `sqlx::Error` as a handler's error type ("Why not `sqlx::Error`"):
 /// idem's error rides as a database error, prints as one, and comes back with its kind.
 #[test]

@@ -493,7 +493,7 @@ impl<DB: Backend> Closing<DB> {
                 Ended::Committed
             }
             Some(kept) => {
-                let table = DB::table(shared.store.sql());
+                let table = &shared.store.sql().table;
                 let check = match &kept.partition {
                     None => Check::Marker(
                         table,
@@ -511,7 +511,7 @@ impl<DB: Backend> Closing<DB> {
                             topic,
                             partition: *partition,
                         };
-                        Check::Offsets(table, at, kept.nonce)
+                        Check::Watermark(table, at, kept.nonce)
                     }
                 };
                 match DB::commit(tx, check, &options).await {

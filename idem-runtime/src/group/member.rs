@@ -8,7 +8,7 @@ use std::sync::Arc;
 use sqlx::Transaction;
 
 use super::lane::{Ended, Lane, Left, Shared, Turn, Waiter, ended};
-use crate::backend::{Backend, Savepoint};
+use crate::backend::{Backend, Fence, Savepoint};
 use crate::claim::nested::Body;
 use crate::claim::run::{Attempt, Attempts, conclude, retrying, shared_attempt, start};
 use crate::claim::{Claimed, Hold, Kept, Request, Ticket, finish};
@@ -94,7 +94,7 @@ impl<DB: Backend> Attempts for InGroup<'_, DB> {
 /// `waiter` watches has ended. A duplicate made by an earlier member of the same open group
 /// (its marker, or its watermark) is one only if that group commits; if it fails, so does
 /// this answer, as the group's.
-pub(super) async fn not_fresh<F, G>(
+pub(crate) async fn not_fresh<F, G>(
     other: Attempt<F>,
     waiter: Option<Waiter>,
     request: &Request,
@@ -184,14 +184,16 @@ impl<DB: Backend> Hold for GroupHold<DB> {
         let shared = self.shared.clone();
         let sql = shared.store.sql();
         if let Some(json) = value {
-            let recorded = DB::record(self.tx(), sql, scope, key, json).await;
+            let recorded = sql.record(self.tx(), scope, key, json).await;
             recorded.map_err(|e| Self::failed(e, request))?;
         }
         if let Some(outbox) = outbox {
             let (kept, nonce) = (self.kept.clone(), request.nonce);
             let written = match kept.partition() {
-                None => DB::outbox_write(self.tx(), sql, outbox, nonce).await,
-                Some(at) => DB::offsets_outbox_write(self.tx(), sql, outbox, at, nonce).await,
+                None => DB::outbox_write(self.tx(), sql, outbox, Fence::Marker(nonce)).await,
+                Some(at) => {
+                    DB::outbox_write(self.tx(), sql, outbox, Fence::Watermark(at, nonce)).await
+                }
             };
             written.map_err(|e| Self::failed(e, request))?;
             self.wrote |= !outbox.is_empty();
@@ -277,7 +279,7 @@ pub struct GroupHeld<DB: Backend> {
 }
 
 impl<DB: Backend> GroupHeld<DB> {
-    pub(super) fn new(
+    pub(crate) fn new(
         turn: Turn<DB>,
         shared: Arc<Shared<DB>>,
         kept: Kept,

@@ -5,9 +5,8 @@
 //! the core's one finish, whose keeping step releases the call's savepoint and waits for the
 //! group's commit.
 
-mod lane;
-mod member;
-mod offsets;
+pub(crate) mod lane;
+pub(crate) mod member;
 
 use std::borrow::Cow;
 use std::fmt;
@@ -179,7 +178,7 @@ impl GroupOptions {
 ///
 /// A nested claim is refused as in every mode ([`Error::Nested`]).
 pub struct Group<DB: Backend> {
-    shared: Arc<Shared<DB>>,
+    pub(crate) shared: Arc<Shared<DB>>,
     lanes: Arc<[Lane<DB>]>,
 }
 
@@ -277,7 +276,7 @@ impl<DB: Backend> Group<DB> {
     }
 
     /// The lane of the calls that name `what` (a key, a partition).
-    fn lane(&self, what: impl Hash) -> &Lane<DB> {
+    pub(crate) fn lane(&self, what: impl Hash) -> &Lane<DB> {
         let hasher = BuildHasherDefault::<DefaultHasher>::default();
         let at = hasher.hash_one(what) as usize;
         &self.lanes[at % self.lanes.len()]

@@ -6,8 +6,8 @@ use rdkafka::message::{BorrowedMessage, Headers as _};
 
 use crate::error::Error;
 use crate::key::Key;
-use crate::observe::trace_context::{TRACEPARENT, TraceParent};
 use crate::offsets::{RecordOffset, record_key};
+use crate::traceparent::{TRACEPARENT, TraceParent};
 
 /// One record of a topic, as the broker delivered it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::Lease;
-use crate::BoxFuture;
-use crate::backend::{Backend, Holder, LeaseState, StepRow};
+use crate::backend::{Backend, Fence, Holder, LeaseState, StepRow};
 use crate::claim::run::{self, Attempt};
 use crate::claim::{Claimed, Decision, RECHECKS, Request, decide};
 use crate::error::Error;
+use crate::future::BoxFuture;
 use crate::key::Key;
 use crate::observe;
 use crate::observe::semconv::About;
@@ -235,24 +235,24 @@ impl<DB: Backend> LeaseStore for Store<DB> {
             let sql = self.sql();
             let Some(outbox) = outbox.filter(|o| !o.is_empty()) else {
                 let mut conn = self.pool().acquire().await?;
-                return DB::lease_complete(&mut conn, sql, holder, result).await;
+                return sql.lease_complete(&mut conn, holder, result).await;
             };
             // The messages exist exactly when the marker completed: one transaction, and none
             // if the token no longer matches.
             let mut tx = DB::begin(self.pool(), sql, &ClaimOptions::new()).await?;
-            if !DB::lease_complete(&mut tx, sql, holder, result).await? {
+            if !sql.lease_complete(&mut tx, holder, result).await? {
                 tx.rollback().await?;
                 return Ok(false);
             }
-            DB::outbox_write(&mut tx, sql, outbox, holder.token).await?;
+            DB::outbox_write(&mut tx, sql, outbox, Fence::Marker(holder.token)).await?;
             tx.commit().await?;
-            DB::table(sql).wake().committed();
+            sql.table.wake().committed();
             Ok(true)
         })
     }
 
     fn release<'a>(&'a self, holder: Holder<'a>) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(DB::lease_release(self.pool(), self.sql(), holder))
+        Box::pin(self.sql().lease_release(self.pool(), holder))
     }
 
     fn fail<'a>(
@@ -260,7 +260,7 @@ impl<DB: Backend> LeaseStore for Store<DB> {
         holder: Holder<'a>,
         error: &'a str,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(DB::lease_fail(self.pool(), self.sql(), holder, error))
+        Box::pin(self.sql().lease_fail(self.pool(), holder, error))
     }
 
     fn steps_read<'a>(
@@ -268,7 +268,7 @@ impl<DB: Backend> LeaseStore for Store<DB> {
         scope: &'a str,
         key: &'a str,
     ) -> BoxFuture<'a, Result<Vec<StepRow>, sqlx::Error>> {
-        Box::pin(DB::steps_read(self.pool(), self.sql(), scope, key))
+        Box::pin(self.sql().steps_read(self.pool(), scope, key))
     }
 
     fn step_record<'a>(
@@ -280,7 +280,9 @@ impl<DB: Backend> LeaseStore for Store<DB> {
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async move {
             let mut conn = self.pool().acquire().await?;
-            DB::step_record(&mut conn, self.sql(), holder, name, seq, json).await
+            self.sql()
+                .step_record(&mut conn, holder, name, seq, json)
+                .await
         })
     }
 
@@ -293,6 +295,6 @@ impl<DB: Backend> LeaseStore for Store<DB> {
         holder: Holder<'a>,
         lease_ms: i64,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(DB::lease_renew(self.pool(), self.sql(), holder, lease_ms))
+        Box::pin(self.sql().lease_renew(self.pool(), holder, lease_ms))
     }
 }

@@ -42,7 +42,7 @@ where
         }
     };
     let position = i64::from(step.position());
-    let recorded = DB::step_record(&mut tx, sql, lease.holder(), step.name(), position, &json);
+    let recorded = sql.step_record(&mut tx, lease.holder(), step.name(), position, &json);
     match recorded.await {
         Ok(true) => {}
         Ok(false) => {

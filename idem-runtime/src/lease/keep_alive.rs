@@ -9,8 +9,8 @@ use std::task::Poll;
 use tokio::time::Instant;
 
 use super::Lease;
-use crate::BoxFuture;
 use crate::error::Error;
+use crate::future::BoxFuture;
 
 /// How many renewals a lease gets per length while [`Lease::keep_alive`] runs.
 const RENEWALS_PER_LEASE: u32 = 3;

@@ -415,7 +415,7 @@ impl crate::testing::probe::Held for Lease {
         self.attempt
     }
 
-    fn expire_now(&self) -> crate::BoxFuture<'_, Result<bool, sqlx::Error>> {
+    fn expire_now(&self) -> crate::future::BoxFuture<'_, Result<bool, sqlx::Error>> {
         self.store.release(self.holder())
     }
 

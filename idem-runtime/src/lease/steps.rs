@@ -299,7 +299,7 @@ impl Lease {
                     "the lease was taken on a store of another database than the step's \
                      transaction ({}): name the lease's database in the closure's \
                      `&mut idem::Tx<'_, DB>`",
-                    <DB as crate::backend::sealed::Dialect>::BACKEND
+                    DB::BACKEND
                 ),
             )));
         };

@@ -13,6 +13,7 @@ use std::sync::{OnceLock, RwLock};
 use metrics::{Key, Label};
 
 use super::verdict::{COUNT, Verdict};
+use crate::options::Messaging;
 
 /// The histogram OpenTelemetry's messaging conventions name for the time a consumer spends
 /// on a message: from the claim's start to the call's end, in seconds. Recorded for calls
@@ -21,55 +22,6 @@ use super::verdict::{COUNT, Verdict};
 /// `messaging.destination.name` (when given), `messaging.operation.name` (`process`), and
 /// `error.type` (the outcome) on the calls that did not succeed.
 pub const MESSAGING_PROCESS_DURATION: &str = "messaging.process.duration";
-
-/// The broker a job came from, for OpenTelemetry's messaging attributes: the call's span gets
-/// `messaging.system`, `messaging.operation.type = process`, `messaging.destination.name` and
-/// `messaging.message.id` (the job's key, shown as [`observe_keys`](super::observe_keys)
-/// says), and its kind is `consumer`; and the call records
-/// [`MESSAGING_PROCESS_DURATION`].
-///
-/// Give it to one claim ([`ClaimOptions::messaging`](crate::ClaimOptions::messaging),
-/// [`LeaseOptions::messaging`](crate::LeaseOptions::messaging)), or to every call of a scope,
-/// the attribute's handlers included ([`observe_messaging`]).
-///
-/// ```
-/// # use idem_runtime as idem;
-/// let orders = idem::Messaging::new("rabbitmq").destination("orders");
-/// idem::observe_messaging("billing.top_up", orders);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Messaging {
-    system: &'static str,
-    destination: Option<&'static str>,
-}
-
-impl Messaging {
-    /// Jobs from `system`, as OpenTelemetry names brokers: `rabbitmq`, `kafka`, `aws_sqs`,
-    /// `nats`, `gcp_pubsub`, `servicebus`, ...
-    pub const fn new(system: &'static str) -> Self {
-        Messaging {
-            system,
-            destination: None,
-        }
-    }
-
-    /// The queue, topic, subject or stream the jobs are taken from. A name read at run time
-    /// becomes `&'static` once per process with `String::leak`.
-    pub const fn destination(mut self, name: &'static str) -> Self {
-        self.destination = Some(name);
-        self
-    }
-
-    /// The broker's name.
-    pub const fn system(&self) -> &'static str {
-        self.system
-    }
-
-    /// The destination's name, if given.
-    pub const fn destination_name(&self) -> Option<&'static str> {
-        self.destination
-    }
-}
 
 /// What a call serves, for its span's attributes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,10 +87,10 @@ impl Keys {
         Keys {
             by_verdict: std::array::from_fn(|v| {
                 let mut labels = vec![
-                    Label::from_static_parts("messaging.system", m.system),
+                    Label::from_static_parts("messaging.system", m.system()),
                     Label::from_static_parts("messaging.operation.name", "process"),
                 ];
-                if let Some(destination) = m.destination {
+                if let Some(destination) = m.destination_name() {
                     labels.push(Label::from_static_parts(
                         "messaging.destination.name",
                         destination,

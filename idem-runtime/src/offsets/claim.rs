@@ -7,7 +7,7 @@ use std::future::Future;
 
 use sqlx::Transaction;
 
-use crate::backend::{Backend, Partition};
+use crate::backend::{Backend, Partition, Sql};
 use crate::claim::RECHECKS;
 use crate::claim::run::{Attempt, Attempts};
 use crate::claim::{Claimed, Request};
@@ -40,29 +40,34 @@ pub(crate) type From = Vec<Option<i64>>;
 /// if the watermark is past it already.
 pub(crate) async fn move_one<DB: Backend>(
     conn: &mut DB::Connection,
-    sql: &DB::Sql,
+    sql: &Sql<DB>,
     at: Partition<'_>,
     span: &Span,
     nonce: i64,
 ) -> Result<Result<Option<i64>, ()>, sqlx::Error> {
     let next = span.last + 1;
     // The fresh path: every record of the span is at or above the watermark.
-    if DB::offsets_advance(conn, sql, at, span.first, next, nonce).await? {
+    if sql
+        .offsets_advance(conn, at, span.first, next, nonce)
+        .await?
+    {
         return Ok(Ok(Some(span.first)));
     }
     for _ in 0..RECHECKS {
-        match DB::offsets_lock(conn, sql, at).await? {
+        match sql.offsets_lock(conn, at).await? {
             Some(watermark) if watermark > span.last => return Ok(Ok(None)),
             Some(watermark) => {
                 // Locked: the watermark cannot move under this claim now.
-                let moved = DB::offsets_advance(conn, sql, at, watermark, next, nonce).await?;
+                let moved = sql
+                    .offsets_advance(conn, at, watermark, next, nonce)
+                    .await?;
                 debug_assert!(moved, "a locked watermark at or below the span moves");
                 return Ok(Ok(Some(watermark.max(span.first))));
             }
             // A partition never seen: its first watermark, unless another claim wrote one
             // meanwhile (read it then, locked).
             None => {
-                if DB::offsets_insert(conn, sql, at, next, nonce).await? {
+                if sql.offsets_insert(conn, at, next, nonce).await? {
                     return Ok(Ok(Some(span.first)));
                 }
             }

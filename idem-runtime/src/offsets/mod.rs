@@ -5,6 +5,7 @@
 //! partition it is given at the watermark.
 
 pub(crate) mod claim;
+mod group;
 mod guard;
 
 use std::borrow::Cow;
@@ -223,7 +224,7 @@ impl<DB: Backend> Store<DB> {
     pub async fn watermarks(&self, group: &str, topic: &str) -> Result<Vec<(i32, i64)>, Error> {
         check_name("consumer group", group)?;
         check_name("topic", topic)?;
-        Ok(DB::offsets_read(self.pool(), self.sql(), group, topic).await?)
+        Ok(self.sql().offsets_read(self.pool(), group, topic).await?)
     }
 
     /// Sets the watermark of `group` on `topic`'s `partition` to `next`, whatever it was: for
@@ -249,7 +250,7 @@ impl<DB: Backend> Store<DB> {
             topic,
             partition,
         };
-        Ok(DB::offsets_set(self.pool(), self.sql(), at, next).await?)
+        Ok(self.sql().offsets_set(self.pool(), at, next).await?)
     }
 
     /// Deletes the watermarks of `group` on `topic` (on every topic: `None`), for a consumer
@@ -260,7 +261,7 @@ impl<DB: Backend> Store<DB> {
         if let Some(topic) = topic {
             check_name("topic", topic)?;
         }
-        Ok(DB::offsets_forget(self.pool(), self.sql(), group, topic).await?)
+        Ok(self.sql().offsets_forget(self.pool(), group, topic).await?)
     }
 }
 

@@ -7,7 +7,7 @@ use std::fmt;
 use serde::de::{Deserializer, MapAccess, Visitor};
 
 use crate::error::Error;
-use crate::observe::trace_context::{TRACEPARENT, TraceParent};
+use crate::traceparent::{TRACEPARENT, TraceParent};
 
 /// The most a message's headers hold: the sum, over every header (the content type and the
 /// `traceparent` included), of its name's and its value's bytes and 32 more (HTTP/2's measure

@@ -298,7 +298,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                     let error = e.to_string();
                     let error = bounded(&error);
                     let retry = millis(wait);
-                    let failed = || DB::outbox_failed(pool, st, id, &error, retry, park, &hold);
+                    let failed = || st.outbox_failed(pool, id, &error, retry, park, &hold);
                     again::<DB, _, _>(failed).await?;
                     if park {
                         relayed.parked += 1;
@@ -371,7 +371,10 @@ impl<DB: Backend> Store<DB> {
         let age_ms = millis(older_than);
         let mut total = 0;
         loop {
-            let n = DB::outbox_purge(self.pool(), self.sql(), age_ms, PURGE_BATCH).await?;
+            let n = self
+                .sql()
+                .outbox_purge(self.pool(), age_ms, PURGE_BATCH)
+                .await?;
             total += n;
             if n < PURGE_BATCH as u64 {
                 return Ok(total);

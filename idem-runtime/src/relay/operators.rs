@@ -105,14 +105,17 @@ impl<DB: Backend> Store<DB> {
         pending: bool,
         limit: u32,
     ) -> Result<Vec<OutboxEntry>, Error> {
-        let rows = DB::outbox_list(self.pool(), self.sql(), parked, pending, limit.into()).await?;
+        let rows = self
+            .sql()
+            .outbox_list(self.pool(), parked, pending, limit.into())
+            .await?;
         Ok(rows.into_iter().map(OutboxEntry::from_row).collect())
     }
 
     /// The outbox message `id`, sent or not; `None` if there is none (never written, or
     /// purged after it was sent).
     pub async fn outbox_message(&self, id: &str) -> Result<Option<OutboxEntry>, Error> {
-        let row = DB::outbox_find(self.pool(), self.sql(), id).await?;
+        let row = self.sql().outbox_find(self.pool(), id).await?;
         Ok(row.map(OutboxEntry::from_row))
     }
 
@@ -121,6 +124,6 @@ impl<DB: Backend> Store<DB> {
     /// the next attempt). `Ok(false)` if no unsent message of that id is parked: see
     /// [`outbox_message`](Store::outbox_message) for where it stands.
     pub async fn requeue_outbox(&self, id: &str) -> Result<bool, Error> {
-        Ok(DB::outbox_requeue(self.pool(), self.sql(), id).await?)
+        Ok(self.sql().outbox_requeue(self.pool(), id).await?)
     }
 }

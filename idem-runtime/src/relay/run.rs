@@ -43,18 +43,18 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// [`Store::behind_transaction_pooler`]: crate::Store::behind_transaction_pooler
     pub async fn run(&self, poll: Duration, stop: impl Future<Output = ()>) -> Result<(), Error> {
         let mut stop = std::pin::pin!(stop);
-        let wake = DB::table(self.store.sql()).wake().clone();
+        let wake = self.store.sql().table.wake().clone();
         // Subscribed and listening before the first round: a commit from then on wakes the
         // relay, even one that lands while a round runs (the change waits in the receiver,
         // the notification in the listener).
         let mut commits = self.listen.then(|| wake.subscribe());
         let mut listen = None;
         if self.listen {
-            let listening = DB::outbox_listen(self.store.pool(), self.store.sql());
+            let listening = DB::listen(self.store.pool(), self.store.sql());
             let Some(listening) = unless(stop.as_mut(), listening).await else {
                 return Ok(());
             };
-            listen = listening?;
+            listen = Some(listening?);
         }
         let unmarked = std::sync::Mutex::new(Vec::new());
         loop {

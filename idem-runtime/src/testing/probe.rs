@@ -204,7 +204,7 @@ pub(crate) trait Held: Sync {
     /// Which delivery holds the key (1 for the first).
     fn attempt(&self) -> u32;
     /// Expires the lease in the database now, as if its holder had stalled past it.
-    fn expire_now(&self) -> crate::BoxFuture<'_, Result<bool, sqlx::Error>>;
+    fn expire_now(&self) -> crate::future::BoxFuture<'_, Result<bool, sqlx::Error>>;
     /// Gives the holder's clock a full lease from `now` (not the database's).
     fn reset_deadline(&self, now: Instant);
 }

@@ -8,10 +8,10 @@
 
 use sqlx::{AssertSqlSafe, MySql, Row as _};
 
-use super::{LEASE_OVER, MySqlSql, bounded};
-use crate::backend::{Claimant, Found};
+use super::{LEASE_OVER, bounded};
+use crate::backend::{Claimant, Found, Sql};
 
-type Conn = <MySql as sqlx::Database>::Connection;
+type Conn = sqlx::MySqlConnection;
 
 /// `value` as a MySQL hex literal (`X'6a6f62'`): its bytes, with nothing to escape.
 pub(super) fn hex(value: &str) -> String {
@@ -83,7 +83,7 @@ fn keys_of(rows: &[sqlx::mysql::MySqlRow]) -> Result<Vec<String>, sqlx::Error> {
 /// not downgraded.
 pub(super) async fn claim(
     conn: &mut Conn,
-    sql: &MySqlSql,
+    sql: &Sql<MySql>,
     c: Claimant<'_>,
     keys: &[&str],
 ) -> Result<Vec<String>, sqlx::Error> {
@@ -117,7 +117,7 @@ pub(super) async fn claim(
 /// The status of each marker of `keys` that exists.
 pub(super) async fn markers(
     conn: &mut Conn,
-    sql: &MySqlSql,
+    sql: &Sql<MySql>,
     scope: &str,
     keys: &[&str],
 ) -> Result<Vec<(String, Found)>, sqlx::Error> {
@@ -146,7 +146,7 @@ pub(super) async fn markers(
 /// holding its nonce, which then finds them.
 pub(super) async fn take_over(
     conn: &mut Conn,
-    sql: &MySqlSql,
+    sql: &Sql<MySql>,
     c: Claimant<'_>,
     keys: &[&str],
 ) -> Result<Vec<String>, sqlx::Error> {
@@ -175,7 +175,7 @@ pub(super) async fn take_over(
 /// deleted, the free leases it took over free again (its attempt counted).
 pub(super) async fn unclaim(
     conn: &mut Conn,
-    sql: &MySqlSql,
+    sql: &Sql<MySql>,
     c: Claimant<'_>,
     inserted: &[&str],
     taken: &[&str],

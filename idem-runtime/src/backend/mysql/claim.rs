@@ -5,12 +5,12 @@
 
 use sqlx::{AssertSqlSafe, MySql, Pool, Row as _, SqlSafeStr as _, Transaction};
 
-use super::batch::{self, push_hex};
-use super::{ER_DUP_ENTRY, LEASE_OVER, MySqlSql, bounded, number, seconds};
-use crate::backend::rows::MarkerState;
-use crate::backend::sealed::Claims;
-use crate::backend::sql::{Bound, statements};
-use crate::backend::{Check, Claimant, Found, Savepoint};
+use super::batch::push_hex;
+use super::{ER_DUP_ENTRY, LEASE_OVER, bounded, number, seconds};
+use crate::backend::bind::Bound;
+use crate::backend::bind::statements;
+use crate::backend::claim::ClaimText;
+use crate::backend::{Check, Claimant, Found, Sql};
 use crate::options::ClaimOptions;
 
 /// MySQL 8 only (a no-op on MariaDB, which bounds each claim statement instead): puts the
@@ -18,10 +18,36 @@ use crate::options::ClaimOptions;
 const RESTORE_WAIT: &str = "SET @@SESSION.innodb_lock_wait_timeout = IF(/*M! 1 OR */ 0, \
     @@SESSION.innodb_lock_wait_timeout, @@GLOBAL.innodb_lock_wait_timeout)";
 
+/// The claim statements every backend runs (a batch's are written per batch: `batch.rs`).
+pub(super) fn text() -> ClaimText {
+    ClaimText {
+        marker: format!(
+            "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR), error FROM {{t}} \
+             WHERE scope = :scope AND `key` = :key"
+        )
+        .into(),
+        // A free lease becomes this transaction's completed marker, its token this claim's
+        // nonce, which fences the old holder out and lets the commit find the marker. Another
+        // payload never takes over.
+        take_over: "UPDATE {t} SET state = 'completed', completed_at = UTC_TIMESTAMP(6), \
+                    locked_until = NULL, token = :nonce, attempts = attempts + 1, result = NULL, \
+                    fingerprint = COALESCE(fingerprint, :fingerprint) \
+                    WHERE scope = :scope AND `key` = :key AND state = 'in_progress' \
+                    AND (locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6)) \
+                    AND (fingerprint IS NULL OR fingerprint = COALESCE(:fingerprint, fingerprint))"
+            .into(),
+        record: "UPDATE {t} SET result = :json WHERE scope = :scope AND `key` = :key".into(),
+        claim_batch: None,
+        batch_markers: None,
+        take_over_batch: None,
+        unclaim_inserted: None,
+        unclaim_taken: None,
+    }
+}
+
 statements! {
-    /// The statements of a claim in a transaction (a batch's are written per batch:
-    /// `batch.rs`).
-    pub(super) struct ClaimSql<MySql> {
+    /// The claim: an insert whose answer says whether it met a marker.
+    pub(super) struct Statements {
         // In a transaction that goes on (a caller's, a group's): a plain INSERT, whose
         // duplicate-key error 1062 locks the marker it met for reading only, as long as the
         // transaction lasts. `INSERT IGNORE` would turn every error into a warning. Times are
@@ -29,7 +55,7 @@ statements! {
         // different zones must agree when a lease runs out.
         claim(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64) =
             "INSERT INTO {t} (scope, `key`, fingerprint, token, created_at, completed_at) \
-             VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))";
+             VALUES (:scope, :key, :fingerprint, :nonce, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))";
         // In a transaction of the claim's own: a duplicate answers in the OK packet, not with
         // an error. On an existing marker the no-op `UPDATE` sets `LAST_INSERT_ID(code)`,
         // which the server returns as the packet's insert id (the table has no
@@ -37,28 +63,13 @@ statements! {
         // ([`plain_duplicate`]), so a plain duplicate takes no statement more. It locks the
         // marker for writing, until the rollback that follows at once. The rows it counts
         // would not tell (1 for a duplicate under sqlx's CLIENT_FOUND_ROWS).
-        claim_own(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64, same_fingerprint: Option<&[u8]>) =
+        claim_own(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64) =
             "INSERT INTO {t} (scope, `key`, fingerprint, token, created_at, completed_at) \
-             VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) \
+             VALUES (:scope, :key, :fingerprint, :nonce, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) \
              ON DUPLICATE KEY UPDATE token = IF(LAST_INSERT_ID(1 \
              | (state = 'completed') << 1 | (error IS NOT NULL) << 2 \
-             | (result IS NOT NULL) << 3 | COALESCE(fingerprint <> ?, 0) << 4), token, token)";
-        marker(scope: &str, key: &str) = format!(
-            "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR), error FROM {{t}} \
-             WHERE scope = ? AND `key` = ?"
-        );
-        // A free lease becomes this transaction's completed marker, its token this claim's
-        // nonce, which fences the old holder out and lets the commit find the marker. Another
-        // payload never takes over.
-        take_over(nonce: i64, fingerprint: Option<&[u8]>, scope: &str, key: &str, same_fingerprint: Option<&[u8]>) =
-            "UPDATE {t} SET state = 'completed', completed_at = UTC_TIMESTAMP(6), \
-             locked_until = NULL, token = ?, attempts = attempts + 1, result = NULL, \
-             fingerprint = COALESCE(fingerprint, ?) \
-             WHERE scope = ? AND `key` = ? AND state = 'in_progress' \
-             AND (locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6)) \
-             AND (fingerprint IS NULL OR fingerprint = COALESCE(?, fingerprint))";
-        record(json: &str, scope: &str, key: &str) =
-            "UPDATE {t} SET result = ? WHERE scope = ? AND `key` = ?";
+             | (result IS NOT NULL) << 3 | COALESCE(fingerprint <> :fingerprint, 0) << 4), \
+             token, token)";
     }
 }
 
@@ -68,11 +79,9 @@ const FAILED: u64 = 1 << 2;
 const RESULT: u64 = 1 << 3;
 const OTHER_FINGERPRINT: u64 = 1 << 4;
 
-/// Whether the marker a claim met is, from its code alone, what [`decide`] answers with a
+/// Whether the marker a claim met is, from its code alone, what the claim core's `decide` answers with a
 /// plain duplicate: completed, not failed, holding this payload's fingerprint (or either has
 /// none), and with no value to replay. Anything else is read whole and decided as ever.
-///
-/// [`decide`]: crate::claim::decide
 fn plain_duplicate(code: u64, replay: bool) -> bool {
     code & (COMPLETED | FAILED | OTHER_FINGERPRINT) == COMPLETED && (!replay || code & RESULT == 0)
 }
@@ -149,7 +158,7 @@ fn commit_message(check: &Check<'_>, wait: bool) -> String {
             message.push_str(TOKEN);
             push_int(&mut message, c.nonce);
         }
-        Check::Offsets(table, at, nonce) => {
+        Check::Watermark(table, at, nonce) => {
             const SET: &str = "_offsets SET token = token WHERE consumer_group = ";
             const TOPIC: &str = " AND topic = ";
             const PARTITION: &str = " AND partition_id = ";
@@ -209,211 +218,131 @@ fn push_int(out: &mut String, n: i64) {
     out.push_str(std::str::from_utf8(&digits[at..]).expect("decimal digits are ASCII"));
 }
 
-impl Claims for MySql {
-    async fn begin<'p>(
-        pool: &'p Pool<Self>,
-        _: &'p MySqlSql,
-        options: &'p ClaimOptions,
-    ) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        if options.is_default() {
-            return pool.begin().await;
-        }
-        pool.begin_with(AssertSqlSafe(begin_sql(options)).into_sql_str())
-            .await
+/// `Backend::begin`.
+pub(super) async fn begin(
+    pool: &Pool<MySql>,
+    options: &ClaimOptions,
+) -> Result<Transaction<'static, MySql>, sqlx::Error> {
+    if options.is_default() {
+        return pool.begin().await;
     }
+    pool.begin_with(AssertSqlSafe(begin_sql(options)).into_sql_str())
+        .await
+}
 
-    async fn commit<'a>(
-        mut tx: Transaction<'a, Self>,
-        check: Check<'a>,
-        options: &'a ClaimOptions,
-    ) -> Result<bool, sqlx::Error> {
-        // A deadlock inside the body rolls the whole transaction back, marker included, and
-        // later statements run in autocommit; `COMMIT` then succeeds with nothing to commit.
-        // What the same message finds first tells the two apart: the marker holding this
-        // claim's nonce exists only while its transaction does (or once it committed: an
-        // implicit commit by DDL in the body kept marker and effect together, which is what
-        // `Applied` says). It is looked up by an `UPDATE` that changes nothing, whose count
-        // of matched rows (sqlx asks for found rows) comes back in its OK packet: no result
-        // set to decode. In its own transaction the row is locked by this claim already; a
-        // lock wait there means the transaction is gone and another delivery holds the key,
-        // so MariaDB gives up on it after a second. A transaction of the caller's has no
-        // marker of ours: there MariaDB reads `@@in_transaction` and MySQL 8, which lacks it,
-        // cannot check. sqlx still counts `tx` as open: dropping it queues a `ROLLBACK`, which
-        // the pool's ping on release flushes, and which MySQL runs as a no-op outside a
-        // transaction (PostgreSQL would warn, so there a `BEGIN` ends the message).
-        // An offset claim's probe is the same `UPDATE`, of the watermark holding its nonce.
-        let message = commit_message(&check, options.wait.is_some());
-        let message = sqlx::raw_sql(AssertSqlSafe(message));
-        if matches!(check, Check::Session) {
-            let rows = message.fetch_all(&mut *tx).await?;
-            let open: i64 = match rows.first() {
-                Some(row) => row.try_get(0)?,
-                None => 0,
-            };
-            return Ok(open == 1);
+/// `Backend::take_over`, its lock wait bounded by the claim's `wait` (MariaDB).
+pub(super) async fn take_over(
+    conn: &mut sqlx::MySqlConnection,
+    sql: &Sql<MySql>,
+    c: Claimant<'_>,
+) -> Result<bool, sqlx::Error> {
+    let take = within(
+        sql.claim.take_over(c.scope, c.key, c.fingerprint, c.nonce),
+        &c,
+    );
+    // CLIENT_FOUND_ROWS counts the rows the WHERE matched, each of which this changed.
+    Ok(take.execute(conn).await? == 1)
+}
+
+/// `Backend::commit`.
+pub(super) async fn commit(
+    mut tx: Transaction<'_, MySql>,
+    check: Check<'_>,
+    options: &ClaimOptions,
+) -> Result<bool, sqlx::Error> {
+    // A deadlock inside the body rolls the whole transaction back, marker included, and
+    // later statements run in autocommit; `COMMIT` then succeeds with nothing to commit.
+    // What the same message finds first tells the two apart: the marker holding this
+    // claim's nonce exists only while its transaction does (or once it committed: an
+    // implicit commit by DDL in the body kept marker and effect together, which is what
+    // `Applied` says). It is looked up by an `UPDATE` that changes nothing, whose count
+    // of matched rows (sqlx asks for found rows) comes back in its OK packet: no result
+    // set to decode. In its own transaction the row is locked by this claim already; a
+    // lock wait there means the transaction is gone and another delivery holds the key,
+    // so MariaDB gives up on it after a second. A transaction of the caller's has no
+    // marker of ours: there MariaDB reads `@@in_transaction` and MySQL 8, which lacks it,
+    // cannot check. sqlx still counts `tx` as open: dropping it queues a `ROLLBACK`, which
+    // the pool's ping on release flushes, and which MySQL runs as a no-op outside a
+    // transaction (PostgreSQL would warn, so there a `BEGIN` ends the message).
+    // An offset claim's probe is the same `UPDATE`, of the watermark holding its nonce.
+    let message = commit_message(&check, options.wait.is_some());
+    let message = sqlx::raw_sql(AssertSqlSafe(message));
+    if matches!(check, Check::Session) {
+        let rows = message.fetch_all(&mut *tx).await?;
+        let open: i64 = match rows.first() {
+            Some(row) => row.try_get(0)?,
+            None => 0,
+        };
+        return Ok(open == 1);
+    }
+    match message.execute(&mut *tx).await {
+        Ok(done) => Ok(done.rows_affected() == 1),
+        Err(e) if <MySql as crate::backend::Backend>::is_lock_timeout(&e) => {
+            // The message stopped at the probe: put back what a `wait` changed.
+            if options.wait.is_some() {
+                sqlx::raw_sql(RESTORE_WAIT).execute(&mut *tx).await?;
+            }
+            Ok(false)
         }
-        match message.execute(&mut *tx).await {
-            Ok(done) => Ok(done.rows_affected() == 1),
-            Err(e) if <Self as crate::backend::sealed::Dialect>::is_lock_timeout(&e) => {
-                // The message stopped at the probe: put back what a `wait` changed.
-                if options.wait.is_some() {
-                    sqlx::raw_sql(RESTORE_WAIT).execute(&mut *tx).await?;
-                }
-                Ok(false)
+        Err(e) => Err(e),
+    }
+}
+
+/// `Backend::rollback`: with a `wait`, the session's lock wait put back in the same message.
+pub(super) async fn rollback(
+    mut tx: Transaction<'_, MySql>,
+    options: &ClaimOptions,
+) -> Result<(), sqlx::Error> {
+    if options.wait.is_none() {
+        return tx.rollback().await;
+    }
+    let message = format!("ROLLBACK; {RESTORE_WAIT}; BEGIN");
+    sqlx::raw_sql(AssertSqlSafe(message))
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// `Backend::discard`.
+pub(super) async fn discard(
+    tx: Transaction<'_, MySql>,
+    options: &ClaimOptions,
+) -> Result<(), sqlx::Error> {
+    // MySQL 8: a `wait` changed the session's lock timeout, which only the rollback
+    // message restores.
+    if options.wait.is_some() {
+        return rollback(tx, options).await;
+    }
+    drop(tx);
+    Ok(())
+}
+
+/// `Backend::claim_or_read`: in a transaction of the claim's own, one statement whose insert
+/// id says what it met; in one that goes on, a plain insert and, on 1062, a read.
+pub(super) async fn claim_or_read(
+    conn: &mut sqlx::MySqlConnection,
+    sql: &Sql<MySql>,
+    c: Claimant<'_>,
+    replay: bool,
+    own: bool,
+) -> Result<(bool, Option<Found>), sqlx::Error> {
+    let fp = c.fingerprint;
+    if !own {
+        let claim = within(sql.own.claim.claim(c.scope, c.key, fp, c.nonce), &c);
+        return match claim.execute(&mut *conn).await {
+            Ok(_) => Ok((true, None)),
+            Err(e) if number(&e) == Some(ER_DUP_ENTRY) => {
+                let found = sql.marker(conn, c.scope, c.key).await?;
+                Ok((false, found))
             }
             Err(e) => Err(e),
-        }
+        };
     }
-
-    async fn rollback<'a>(
-        mut tx: Transaction<'a, Self>,
-        options: &'a ClaimOptions,
-    ) -> Result<(), sqlx::Error> {
-        if options.wait.is_none() {
-            return tx.rollback().await;
-        }
-        let message = format!("ROLLBACK; {RESTORE_WAIT}; BEGIN");
-        sqlx::raw_sql(AssertSqlSafe(message))
-            .execute(&mut *tx)
-            .await?;
-        Ok(())
-    }
-
-    async fn discard<'a>(
-        tx: Transaction<'a, Self>,
-        options: &'a ClaimOptions,
-    ) -> Result<(), sqlx::Error> {
-        // MySQL 8: a `wait` changed the session's lock timeout, which only the rollback
-        // message restores.
-        if options.wait.is_some() {
-            return Self::rollback(tx, options).await;
-        }
-        drop(tx);
-        Ok(())
-    }
-
-    async fn claim_or_read<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t MySqlSql,
-        c: Claimant<'t>,
-        replay: bool,
-        own: bool,
-    ) -> Result<(bool, Option<Found>), sqlx::Error> {
-        let fp = c.fingerprint;
-        if !own {
-            let claim = within(sql.claim.claim(c.scope, c.key, fp, c.nonce), &c);
-            return match claim.query().execute(&mut *conn).await {
-                Ok(_) => Ok((true, None)),
-                Err(e) if number(&e) == Some(ER_DUP_ENTRY) => {
-                    let found = Self::marker(conn, sql, c.scope, c.key).await?;
-                    Ok((false, found))
-                }
-                Err(e) => Err(e),
-            };
-        }
-        let claim = within(sql.claim.claim_own(c.scope, c.key, fp, c.nonce, fp), &c);
-        let done = claim.query().execute(&mut *conn).await?;
-        match done.last_insert_id() {
-            0 => Ok((true, None)),
-            code if plain_duplicate(code, replay) => Ok((false, Some(Found::duplicate()))),
-            _ => Ok((false, Self::marker(conn, sql, c.scope, c.key).await?)),
-        }
-    }
-
-    async fn marker<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t MySqlSql,
-        scope: &'t str,
-        key: &'t str,
-    ) -> Result<Option<Found>, sqlx::Error> {
-        let row: Option<MarkerState> = sql
-            .claim
-            .marker(scope, key)
-            .rows()
-            .fetch_optional(&mut *conn)
-            .await?;
-        Ok(row.map(Found::of_row))
-    }
-
-    async fn take_over<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t MySqlSql,
-        c: Claimant<'t>,
-    ) -> Result<bool, sqlx::Error> {
-        let fp = c.fingerprint;
-        let take = within(sql.claim.take_over(c.nonce, fp, c.scope, c.key, fp), &c);
-        // CLIENT_FOUND_ROWS counts the rows the WHERE matched, each of which this changed.
-        let done = take.query().execute(&mut *conn).await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn record<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t MySqlSql,
-        scope: &'t str,
-        key: &'t str,
-        json: &'t str,
-    ) -> Result<(), sqlx::Error> {
-        sql.claim
-            .record(json, scope, key)
-            .query()
-            .execute(&mut *conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn claim_batch<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t MySqlSql,
-        c: Claimant<'t>,
-        keys: &'t [&'t str],
-    ) -> Result<Vec<String>, sqlx::Error> {
-        batch::claim(conn, sql, c, keys).await
-    }
-
-    async fn batch_markers<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t MySqlSql,
-        scope: &'t str,
-        keys: &'t [&'t str],
-    ) -> Result<Vec<(String, Found)>, sqlx::Error> {
-        batch::markers(conn, sql, scope, keys).await
-    }
-
-    async fn take_over_batch<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t MySqlSql,
-        c: Claimant<'t>,
-        keys: &'t [&'t str],
-    ) -> Result<Vec<String>, sqlx::Error> {
-        batch::take_over(conn, sql, c, keys).await
-    }
-
-    async fn savepoint(conn: &mut Self::Connection, step: Savepoint) -> Result<(), sqlx::Error> {
-        // MariaDB bounds each claim statement by itself (`within`); MySQL 8, which sets the
-        // session's wait at the begin, leaves a job's claim under the transaction's.
-        sqlx::raw_sql(step.ansi()).execute(&mut *conn).await?;
-        Ok(())
-    }
-
-    async fn unclaim<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t MySqlSql,
-        c: Claimant<'t>,
-        inserted: &'t [&'t str],
-        taken: &'t [&'t str],
-    ) -> Result<(), sqlx::Error> {
-        batch::unclaim(conn, sql, c, inserted, taken).await
-    }
-
-    async fn batch_claimed<'t>(
-        _: &'t mut Self::Connection,
-        _: &'t MySqlSql,
-        _: &'t ClaimOptions,
-    ) -> Result<(), sqlx::Error> {
-        // MariaDB bounded each statement on its own; MySQL 8 keeps the session's wait set for
-        // the transaction (there is no per-statement form), and its end puts it back.
-        Ok(())
+    let claim = within(sql.own.claim.claim_own(c.scope, c.key, fp, c.nonce), &c);
+    match claim.result(&mut *conn).await?.last_insert_id() {
+        0 => Ok((true, None)),
+        code if plain_duplicate(code, replay) => Ok((false, Some(Found::duplicate()))),
+        _ => Ok((false, sql.marker(conn, c.scope, c.key).await?)),
     }
 }
 

@@ -1,29 +1,26 @@
 //! MySQL and MariaDB: one code path serves both servers. Where they differ, the statement
 //! text carries both, in MariaDB's executable comments (`/*M! .. */`, run by MariaDB only).
-//! The statements, one file per concern: claims in a transaction (and the batches' messages,
-//! written per batch), leases, the outbox, operators.
+//! The statements by concern (claims in a transaction, leases, the outbox, operators), with
+//! the places where the protocol is its own: no array to bind and no `RETURNING` (a batch's
+//! keys are written into one multi-statement message), a claim whose insert id says what it
+//! met, the commit verified by a probe in the same message, a lock wait bounded per statement
+//! (MariaDB) or per transaction (MySQL 8), and migrations whose DDL commits on its own.
 
 mod batch;
 mod claim;
-mod failed;
-mod health;
 mod lease;
-mod offsets;
 mod operators;
 mod outbox;
-mod retention;
-mod steps;
 
 use std::time::Duration;
 
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySql, SqlSafeStr as _, SqlStr};
 
-use super::sealed::Dialect;
-use super::upgrade::{Added, Addition};
-use super::{Backend, Table};
-
-impl Backend for MySql {}
+use super::backend_fns;
+use super::sql::Placeholders;
+use super::upgrade::Added;
+use super::{Backend, Schema, Table, Texts};
 
 const ER_DUP_ENTRY: u16 = 1062;
 const ER_LOCK_DEADLOCK: u16 = 1213;
@@ -40,6 +37,19 @@ const LEASE_OVER: &str = "CAST(locked_until IS NULL OR locked_until <= UTC_TIMES
 /// had, as long as the clock moved on.
 const CLOCK_TOKEN: &str =
     "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) AS SIGNED)";
+
+// Keys and ids are byte strings (`VARBINARY`), which sqlx reads as bytes: text is read as
+// bytes and checked to be UTF-8, as idem wrote it. A list of keys has no array to bind as:
+// the statements that take one are written per call (`batch.rs`), and JSON is what the
+// binding would be.
+super::bind::driver!(
+    MySql,
+    Placeholders::Question,
+    keys: |keys| serde_json::to_string(keys).expect("strings always serialise"),
+    text: |row, i| row
+        .try_get::<Vec<u8>, _>(i)
+        .and_then(|b| String::from_utf8(b).map_err(|e| sqlx::Error::Decode(Box::new(e)))),
+);
 
 // `key` is a reserved word in MySQL. `scope` and `key` are byte strings (the `binary`
 // collation), compared byte for byte: keys that differ in case or in trailing spaces stay
@@ -159,43 +169,45 @@ const ADDED: &[Added] = &[
     },
 ];
 
-/// MySQL's and MariaDB's statements for one marker table.
+/// MySQL's own statements (see each file).
 #[derive(Debug)]
-pub struct MySqlSql {
-    table: Table,
-    claim: claim::ClaimSql,
-    lease: lease::LeaseSql,
-    outbox: outbox::OutboxSql,
-    offsets: offsets::OffsetSql,
-    ops: operators::OperatorSql,
-    steps: steps::StepSql,
-    failed: failed::FailedSql,
-    ddl: Vec<SqlStr>,
-    added: Vec<Addition>,
+pub struct Own {
+    claim: claim::Statements<MySql>,
+    lease: lease::Statements<MySql>,
+    outbox: outbox::Statements<MySql>,
 }
 
-impl Dialect for MySql {
+impl Backend for MySql {
     const BACKEND: &'static str = "mysql";
 
-    type Sql = MySqlSql;
+    type Own = Own;
 
-    fn statements(table: &Table) -> MySqlSql {
-        MySqlSql {
-            table: table.clone(),
-            claim: claim::ClaimSql::new(table),
-            lease: lease::LeaseSql::new(table),
-            outbox: outbox::OutboxSql::new(table),
-            offsets: offsets::OffsetSql::new(table),
-            ops: operators::OperatorSql::new(table),
-            steps: steps::StepSql::new(table),
-            failed: failed::FailedSql::new(table),
-            ddl: DDL.iter().map(|s| table.fill(s)).collect(),
-            added: ADDED.iter().map(|a| a.fill(table, false)).collect(),
+    fn texts() -> Texts {
+        Texts {
+            claim: claim::text(),
+            lease: lease::text(),
+            steps: lease::steps(),
+            outbox: outbox::text(),
+            offsets: operators::offsets(),
+            ops: operators::text(),
+            health: operators::health(),
         }
     }
 
-    fn table(sql: &MySqlSql) -> &Table {
-        &sql.table
+    fn own(table: &Table) -> Own {
+        Own {
+            claim: claim::Statements::new(table),
+            lease: lease::Statements::new(table),
+            outbox: outbox::Statements::new(table),
+        }
+    }
+
+    fn schema() -> Schema {
+        Schema {
+            ddl: DDL,
+            added: ADDED,
+            if_not_exists: false,
+        }
     }
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
@@ -211,6 +223,24 @@ impl Dialect for MySql {
         // A deadlock ends the transaction and later statements run in autocommit; nothing
         // fails for it (the commit's probe tells).
         false
+    }
+
+    backend_fns! {
+        begin(pool, _, options) => claim::begin(pool, options);
+        commit(tx, check, options) => claim::commit(tx, check, options);
+        claim_or_read(conn, sql, c, replay, own) => claim::claim_or_read(conn, sql, c, replay, own);
+        lease_claim(pool, sql, c, lease_ms) => lease::claim(pool, sql, c, lease_ms);
+        outbox_take(pool, sql, limit, lease_ms, sent, sent_hold) => outbox::take(pool, sql, limit, lease_ms, sent, sent_hold);
+        migrate(pool, sql) => operators::migrate(pool, sql);
+        rollback(tx, options) => claim::rollback(tx, options);
+        discard(tx, options) => claim::discard(tx, options);
+        take_over(conn, sql, c) => claim::take_over(conn, sql, c);
+        claim_batch(conn, sql, c, keys) => batch::claim(conn, sql, c, keys);
+        take_over_batch(conn, sql, c, keys) => batch::take_over(conn, sql, c, keys);
+        batch_markers(conn, sql, scope, keys) => batch::markers(conn, sql, scope, keys);
+        unclaim(conn, sql, c, inserted, taken) => batch::unclaim(conn, sql, c, inserted, taken);
+        outbox_sent(pool, sql, ids, hold) => outbox::sent(pool, sql, ids, hold);
+        outbox_release(pool, sql, ids, hold) => outbox::release(pool, sql, ids, hold);
     }
 }
 
@@ -242,20 +272,22 @@ fn seconds(wait: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::sql::{Placeholders, check_binds};
+    use crate::backend::Sql;
+    use crate::backend::sql::check_texts;
 
     #[test]
-    fn every_statement_has_as_many_placeholders_as_binds() {
-        for templates in [
-            claim::ClaimSql::templates(),
-            lease::LeaseSql::templates(),
-            outbox::OutboxSql::templates(),
-            offsets::OffsetSql::templates(),
-            operators::OperatorSql::templates(),
-            steps::StepSql::templates(),
-            failed::FailedSql::templates(),
-        ] {
-            check_binds(&templates, Placeholders::Question);
-        }
+    fn every_text_names_only_its_binds() {
+        let t = MySql::texts();
+        check_texts(&t.claim.each());
+        check_texts(&t.lease.each());
+        check_texts(&t.steps.each());
+        check_texts(&t.outbox.each());
+        check_texts(&t.offsets.each());
+        check_texts(&t.ops.each());
+        check_texts(&t.health.each());
+        check_texts(&claim::Statements::<MySql>::each());
+        check_texts(&lease::Statements::<MySql>::each());
+        check_texts(&outbox::Statements::<MySql>::each());
+        Sql::<MySql>::new(&Table::new("jobs").unwrap());
     }
 }

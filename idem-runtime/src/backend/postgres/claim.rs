@@ -1,15 +1,18 @@
 //! Claims in a transaction on PostgreSQL: `INSERT ... ON CONFLICT DO NOTHING`, the marker it
-//! meets read in the same statement, and the verified commit.
+//! meets read in the same statement, the claim's lock wait bounded by `SET LOCAL` in the
+//! `BEGIN` and put back by the claim itself, and the verified commit.
 
 use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, SqlStr, Transaction};
 
-use super::pinned::on_conn;
-use super::{IN_FAILED_TRANSACTION, LEASE_OVER, PgSql, UNBOUND, database_code};
-use crate::backend::rows::MarkerState;
-use crate::backend::sealed::Claims;
-use crate::backend::sql::statements;
-use crate::backend::{Check, Claimant, Found, Savepoint};
+use super::{IN_FAILED_TRANSACTION, LEASE_OVER, database_code};
+use crate::backend::bind::statements;
+use crate::backend::claim::ClaimText;
+use crate::backend::{Claimant, Found, Savepoint, Sql};
 use crate::options::ClaimOptions;
+
+/// The session's lock wait as it was before a claim with `wait` bounded it
+/// (`idem.lock_timeout`, set by the claim's begin): what the claim's last statement puts back.
+const UNBOUND: &str = "set_config('lock_timeout', current_setting('idem.lock_timeout'), true)";
 
 // The claim and, when it inserts nothing, the marker it met, in one statement. A claim that
 // inserted answers no row at all: the fresh path, every job's, decodes nothing. One that
@@ -23,12 +26,12 @@ use crate::options::ClaimOptions;
 fn claim_or_read(when_inserted: &str) -> String {
     format!(
         "WITH ins AS (INSERT INTO {{t}} (scope, key, fingerprint, token, completed_at) \
-         VALUES ($1, $2, $3, $4, now()) ON CONFLICT DO NOTHING RETURNING 1) \
+         VALUES (:scope, :key, :fingerprint, :nonce, now()) ON CONFLICT DO NOTHING RETURNING 1) \
          SELECT m.state, \
          (m.locked_until IS NULL OR m.locked_until <= statement_timestamp())::int::int8, \
-         m.fingerprint, CASE WHEN $5 THEN m.result::text END, m.error \
+         m.fingerprint, CASE WHEN :replay THEN m.result::text END, m.error \
          FROM (SELECT 1 WHERE CASE WHEN EXISTS (SELECT 1 FROM ins) THEN {when_inserted} \
-         ELSE true END) AS one LEFT JOIN {{t}} AS m ON m.scope = $1 AND m.key = $2"
+         ELSE true END) AS one LEFT JOIN {{t}} AS m ON m.scope = :scope AND m.key = :key"
     )
 }
 
@@ -38,10 +41,11 @@ fn claim_or_read(when_inserted: &str) -> String {
 fn take_over(returning: &str) -> String {
     format!(
         "UPDATE {{t}} SET state = 'completed', completed_at = now(), locked_until = NULL, \
-         token = $4, attempts = attempts + 1, result = NULL, \
-         fingerprint = COALESCE(fingerprint, $3) \
-         WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND {LEASE_OVER} \
-         AND (fingerprint IS NULL OR $3::bytea IS NULL OR fingerprint = $3){returning}"
+         token = :nonce, attempts = attempts + 1, result = NULL, \
+         fingerprint = COALESCE(fingerprint, :fingerprint) \
+         WHERE scope = :scope AND key = :key AND state = 'in_progress' AND {LEASE_OVER} \
+         AND (fingerprint IS NULL OR :fingerprint::bytea IS NULL \
+         OR fingerprint = :fingerprint){returning}"
     )
 }
 
@@ -49,58 +53,138 @@ fn take_over(returning: &str) -> String {
 /// reads the scope's frequency from the table's statistics, which say nothing of a scope that
 /// was new or rare at the last `ANALYZE`: it then expects one row, finds scanning the scope
 /// alone as cheap as looking up each key (PostgreSQL before 17 prices an `= ANY` on the index's
-/// second column by its descents) and filters the keys out of every marker of the scope: 4 to
-/// 7 ms for one key among 8,000 to 20,000 markers of a scope the statistics missed, against
-/// 0.02 to 0.04 ms by the index.
-const SCOPE: &str = "(SELECT $1::text)";
+/// second column by its descents) and filters the keys out of every marker of the scope, a
+/// hundred times slower than the index.
+const SCOPE: &str = "(SELECT :scope::text)";
+
+/// The texts of the claim statements every backend runs.
+pub(super) fn text() -> ClaimText {
+    ClaimText {
+        marker: format!(
+            "SELECT state, {LEASE_OVER}::int::int8, fingerprint, result::text, error FROM {{t}} \
+             WHERE scope = :scope AND key = :key"
+        )
+        .into(),
+        take_over: take_over("").into(),
+        record: "UPDATE {t} SET result = :json::json WHERE scope = :scope AND key = :key".into(),
+        // One statement for the whole batch: the keys travel as one array, so no bind limit
+        // applies, and `ORDER BY k` makes every batch take its row locks in the same order, so
+        // that two overlapping batches queue instead of deadlocking.
+        claim_batch: Some(
+            "INSERT INTO {t} (scope, key, token, completed_at) \
+             SELECT :scope, k, :nonce, now() FROM unnest(:keys::text[]) AS u(k) ORDER BY k \
+             ON CONFLICT DO NOTHING RETURNING key"
+                .into(),
+        ),
+        batch_markers: Some(
+            format!(
+                "SELECT key, state, {LEASE_OVER}::int::int8, error FROM {{t}} \
+                 WHERE scope = {SCOPE} AND key = ANY(:keys::text[])"
+            )
+            .into(),
+        ),
+        take_over_batch: Some(
+            format!(
+                "UPDATE {{t}} SET state = 'completed', completed_at = now(), \
+                 locked_until = NULL, token = :nonce, attempts = attempts + 1, result = NULL \
+                 WHERE scope = {SCOPE} AND key = ANY(:keys::text[]) \
+                 AND state = 'in_progress' AND {LEASE_OVER} RETURNING key"
+            )
+            .into(),
+        ),
+        // A job of a batch that failed alone: the marker the claim inserted goes, a lease it
+        // took over is free again (its attempt counted, its old holder still fenced out).
+        unclaim_inserted: Some(
+            format!(
+                "DELETE FROM {{t}} WHERE scope = {SCOPE} AND key = ANY(:keys::text[]) \
+                 AND token = :nonce"
+            )
+            .into(),
+        ),
+        unclaim_taken: Some(
+            format!(
+                "UPDATE {{t}} SET state = 'in_progress', completed_at = NULL, \
+                 locked_until = NULL, result = NULL \
+                 WHERE scope = {SCOPE} AND key = ANY(:keys::text[]) AND token = :nonce"
+            )
+            .into(),
+        ),
+    }
+}
 
 statements! {
-    /// The statements of a claim in a transaction.
-    pub(super) struct ClaimSql<Postgres> {
+    /// PostgreSQL's own claim statements: the claim that reads the marker it meets, and the
+    /// forms that put a bounded lock wait back.
+    pub(super) struct Statements {
         claim_or_read(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64, replay: bool) =
             claim_or_read("false");
         /// With `wait`: puts the session's lock wait back once it inserted.
         claim_or_read_bounded(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64, replay: bool) =
             claim_or_read(&format!("{UNBOUND} IS NULL"));
-        marker(scope: &str, key: &str) = format!(
-            "SELECT state, {LEASE_OVER}::int::int8, fingerprint, result::text, error FROM {{t}} \
-             WHERE scope = $1 AND key = $2"
-        );
-        take_over(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64) =
-            take_over("");
         /// With `wait`: puts the session's lock wait back once it took the lease.
         take_over_bounded(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64) =
             take_over(&format!(" RETURNING {UNBOUND}"));
-        record(scope: &str, key: &str, json: &str) =
-            "UPDATE {t} SET result = $3::json WHERE scope = $1 AND key = $2";
-        // One statement for the whole batch: the keys travel as one array, so no bind limit
-        // applies, and `ORDER BY k` makes every batch take its row locks in the same order, so
-        // that two overlapping batches queue instead of deadlocking.
-        claim_batch(scope: &str, keys: &[&str], nonce: i64) =
-            "INSERT INTO {t} (scope, key, token, completed_at) \
-             SELECT $1, k, $3, now() FROM unnest($2::text[]) AS u(k) ORDER BY k \
-             ON CONFLICT DO NOTHING RETURNING key";
-        batch_markers(scope: &str, keys: &[&str]) = format!(
-            "SELECT key, state, {LEASE_OVER}::int::int8, error FROM {{t}} \
-             WHERE scope = {SCOPE} AND key = ANY($2::text[])"
-        );
-        take_over_batch(scope: &str, keys: &[&str], nonce: i64) = format!(
-            "UPDATE {{t}} SET state = 'completed', completed_at = now(), locked_until = NULL, \
-             token = $3, attempts = attempts + 1, result = NULL \
-             WHERE scope = {SCOPE} AND key = ANY($2::text[]) AND state = 'in_progress' \
-             AND {LEASE_OVER} RETURNING key"
-        );
         /// The session's lock wait back after a batch claimed with `wait`.
         unbind() = format!("SELECT {UNBOUND}");
-        // A job of a batch that failed alone: the marker the claim inserted goes, a lease it
-        // took over is free again (its attempt counted, its old holder still fenced out).
-        unclaim_inserted(scope: &str, keys: &[&str], nonce: i64) = format!(
-            "DELETE FROM {{t}} WHERE scope = {SCOPE} AND key = ANY($2::text[]) AND token = $3"
+    }
+}
+
+impl Statements<Postgres> {
+    /// `Backend::claim_or_read`: one statement, which answers no row on the fresh path.
+    pub(super) async fn claim_or_read_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        c: Claimant<'_>,
+        replay: bool,
+    ) -> Result<(bool, Option<Found>), sqlx::Error> {
+        type Row = (
+            Option<String>,
+            Option<i64>,
+            Option<Vec<u8>>,
+            Option<String>,
+            Option<String>,
         );
-        unclaim_taken(scope: &str, keys: &[&str], nonce: i64) = format!(
-            "UPDATE {{t}} SET state = 'in_progress', completed_at = NULL, locked_until = NULL, \
-             result = NULL WHERE scope = {SCOPE} AND key = ANY($2::text[]) AND token = $3"
-        );
+        let (scope, key, fp, nonce) = (c.scope, c.key, c.fingerprint, c.nonce);
+        let statement = match c.wait {
+            None => self.claim_or_read(scope, key, fp, nonce, replay),
+            Some(_) => self.claim_or_read_bounded(scope, key, fp, nonce, replay),
+        };
+        let Some((state, over, fingerprint, result, error)) =
+            statement.fetch_optional::<Row>(conn).await?
+        else {
+            return Ok((true, None));
+        };
+        let found = state
+            .map(|state| Found::of_row((state, over.unwrap_or(1), fingerprint, result, error)));
+        Ok((false, found))
+    }
+
+    /// `Backend::take_over`, putting a bounded lock wait back.
+    pub(super) async fn take_over_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        sql: &Sql<Postgres>,
+        c: Claimant<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        if c.wait.is_none() {
+            return sql.claim.take_over_plain(conn, c).await;
+        }
+        let take = self.take_over_bounded(c.scope, c.key, c.fingerprint, c.nonce);
+        Ok(take.execute(conn).await? == 1)
+    }
+
+    /// `Backend::batch_claimed`: a batch's statements leave the wait bounded (which of them is
+    /// the last is known only from their answers): one statement more, for a whole batch, and
+    /// only with `wait`.
+    pub(super) async fn unbound(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        options: &ClaimOptions,
+    ) -> Result<(), sqlx::Error> {
+        if options.wait.is_some() {
+            self.unbind().execute(conn).await?;
+        }
+        Ok(())
     }
 }
 
@@ -141,7 +225,7 @@ fn savepoint_sql(step: Savepoint) -> SqlStr {
 }
 
 /// The verified commit of `tx`, in one round trip: `Ok(false)` if the database rolled it back.
-async fn commit_checked(mut tx: Transaction<'_, Postgres>) -> Result<bool, sqlx::Error> {
+pub(super) async fn commit_checked(mut tx: Transaction<'_, Postgres>) -> Result<bool, sqlx::Error> {
     // PostgreSQL answers `COMMIT` of an aborted transaction with a silent `ROLLBACK`, and
     // sqlx reports that as success. Any other statement fails in an aborted transaction, so
     // a `SAVEPOINT` first tells the two apart in the same message (one round trip): if it
@@ -160,202 +244,23 @@ async fn commit_checked(mut tx: Transaction<'_, Postgres>) -> Result<bool, sqlx:
     }
 }
 
-impl Claims for Postgres {
-    async fn begin<'p>(
-        pool: &'p Pool<Self>,
-        _: &'p PgSql,
-        options: &'p ClaimOptions,
-    ) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        if options.is_default() {
-            return pool.begin().await;
-        }
-        pool.begin_with(AssertSqlSafe(begin_sql(options)).into_sql_str())
-            .await
+/// `Backend::begin`: one simple-query message.
+pub(super) async fn begin(
+    pool: &Pool<Postgres>,
+    options: &ClaimOptions,
+) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    if options.is_default() {
+        return pool.begin().await;
     }
+    pool.begin_with(AssertSqlSafe(begin_sql(options)).into_sql_str())
+        .await
+}
 
-    fn commit<'a>(
-        tx: Transaction<'a, Self>,
-        _: Check<'a>,
-        _: &'a ClaimOptions,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a {
-        // Whoever committed knows whether it wrote outbox messages (a claim's hold, a group's
-        // generation) and wakes the relays itself: the commit reads nothing more. Its future
-        // is the commit's own (a layer awaiting it would copy it once more per call).
-        commit_checked(tx)
-    }
-
-    async fn rollback<'a>(
-        tx: Transaction<'a, Self>,
-        _: &'a ClaimOptions,
-    ) -> Result<(), sqlx::Error> {
-        tx.rollback().await
-    }
-
-    async fn discard<'a>(
-        tx: Transaction<'a, Self>,
-        _: &'a ClaimOptions,
-    ) -> Result<(), sqlx::Error> {
-        // `SET LOCAL` ends with the transaction: nothing to put back.
-        drop(tx);
-        Ok(())
-    }
-
-    async fn claim_or_read<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t PgSql,
-        c: Claimant<'t>,
-        replay: bool,
-        _own: bool,
-    ) -> Result<(bool, Option<Found>), sqlx::Error> {
-        type Row = (
-            Option<String>,
-            Option<i64>,
-            Option<Vec<u8>>,
-            Option<String>,
-            Option<String>,
-        );
-        let statement = match c.wait {
-            None => sql
-                .claim
-                .claim_or_read(c.scope, c.key, c.fingerprint, c.nonce, replay),
-            Some(_) => {
-                let s = &sql.claim;
-                s.claim_or_read_bounded(c.scope, c.key, c.fingerprint, c.nonce, replay)
-            }
-        };
-        let row: Option<Row> = statement.rows().fetch_optional(&mut *conn).await?;
-        let Some((state, over, fingerprint, result, error)) = row else {
-            return Ok((true, None));
-        };
-        let found = state
-            .map(|state| Found::of_row((state, over.unwrap_or(1), fingerprint, result, error)));
-        Ok((false, found))
-    }
-
-    async fn marker<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t PgSql,
-        scope: &'t str,
-        key: &'t str,
-    ) -> Result<Option<Found>, sqlx::Error> {
-        // Also read outside a transaction (a lease's claim, `inspect`).
-        let marker = sql.claim.marker(scope, key);
-        let row: Option<MarkerState> = on_conn(conn, sql, async |conn| {
-            marker.rows().fetch_optional(conn).await
-        })
-        .await?;
-        Ok(row.map(Found::of_row))
-    }
-
-    async fn take_over<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t PgSql,
-        c: Claimant<'t>,
-    ) -> Result<bool, sqlx::Error> {
-        let statement = match c.wait {
-            None => sql.claim.take_over(c.scope, c.key, c.fingerprint, c.nonce),
-            Some(_) => sql
-                .claim
-                .take_over_bounded(c.scope, c.key, c.fingerprint, c.nonce),
-        };
-        let done = statement.query().execute(&mut *conn).await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn record<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t PgSql,
-        scope: &'t str,
-        key: &'t str,
-        json: &'t str,
-    ) -> Result<(), sqlx::Error> {
-        sql.claim
-            .record(scope, key, json)
-            .query()
-            .execute(&mut *conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn claim_batch<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t PgSql,
-        c: Claimant<'t>,
-        keys: &'t [&'t str],
-    ) -> Result<Vec<String>, sqlx::Error> {
-        sql.claim
-            .claim_batch(c.scope, keys, c.nonce)
-            .scalar()
-            .fetch_all(&mut *conn)
-            .await
-    }
-
-    async fn batch_markers<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t PgSql,
-        scope: &'t str,
-        keys: &'t [&'t str],
-    ) -> Result<Vec<(String, Found)>, sqlx::Error> {
-        let rows: Vec<(String, String, i64, Option<String>)> = sql
-            .claim
-            .batch_markers(scope, keys)
-            .rows()
-            .fetch_all(&mut *conn)
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(key, state, over, error)| (key, Found::of_status(&state, over, error)))
-            .collect())
-    }
-
-    async fn take_over_batch<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t PgSql,
-        c: Claimant<'t>,
-        keys: &'t [&'t str],
-    ) -> Result<Vec<String>, sqlx::Error> {
-        sql.claim
-            .take_over_batch(c.scope, keys, c.nonce)
-            .scalar()
-            .fetch_all(&mut *conn)
-            .await
-    }
-
-    async fn savepoint(conn: &mut Self::Connection, step: Savepoint) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(savepoint_sql(step))
-            .execute(&mut *conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn unclaim<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t PgSql,
-        c: Claimant<'t>,
-        inserted: &'t [&'t str],
-        taken: &'t [&'t str],
-    ) -> Result<(), sqlx::Error> {
-        if !inserted.is_empty() {
-            let gone = sql.claim.unclaim_inserted(c.scope, inserted, c.nonce);
-            gone.query().execute(&mut *conn).await?;
-        }
-        if !taken.is_empty() {
-            let freed = sql.claim.unclaim_taken(c.scope, taken, c.nonce);
-            freed.query().execute(&mut *conn).await?;
-        }
-        Ok(())
-    }
-
-    async fn batch_claimed<'t>(
-        conn: &'t mut Self::Connection,
-        sql: &'t PgSql,
-        options: &'t ClaimOptions,
-    ) -> Result<(), sqlx::Error> {
-        // A batch's statements leave the wait bounded (which of them is the last is known only
-        // from their answers): one statement more, for a whole batch, and only with `wait`.
-        if options.wait.is_some() {
-            sql.claim.unbind().query().execute(&mut *conn).await?;
-        }
-        Ok(())
-    }
+/// `Backend::savepoint`.
+pub(super) async fn savepoint(
+    conn: &mut sqlx::PgConnection,
+    step: Savepoint,
+) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(savepoint_sql(step)).execute(conn).await?;
+    Ok(())
 }

@@ -1,23 +1,21 @@
-//! PostgreSQL: the marker table's DDL, how its errors read, and its statements, one file per
-//! concern (claims in a transaction, leases, the outbox, operators).
+//! PostgreSQL: the marker table's DDL, how its errors read, and its statements by concern
+//! (claims in a transaction, leases, the outbox, operators), with the places where its
+//! protocol is its own: a `BEGIN` that bounds the claim's lock wait, the claim that reads the
+//! marker it meets in the same statement, the commit verified in the same round trip, the
+//! relay's take in one statement, and `LISTEN`/`NOTIFY`.
 
 mod claim;
-mod failed;
-mod health;
 mod lease;
-mod offsets;
 mod operators;
 mod outbox;
 pub(crate) mod partitions;
-mod pinned;
-mod retention;
-mod steps;
 
-use sqlx::{Postgres, SqlStr};
+use sqlx::{Pool, Postgres};
 
-use super::sealed::Dialect;
-use super::upgrade::{Added, Addition};
-use super::{Backend, Table};
+use super::backend_fns;
+use super::sql::Placeholders;
+use super::upgrade::Added;
+use super::{Backend, Schema, Table, Texts};
 
 /// `in_failed_sql_transaction`: a statement after one that failed.
 const IN_FAILED_TRANSACTION: &str = "25P02";
@@ -32,15 +30,19 @@ const LEASE_OVER: &str = "(locked_until IS NULL OR locked_until <= statement_tim
 /// and claimed again gets a token larger than any it had, as long as the clock moved on.
 const CLOCK_TOKEN: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::int8";
 
-/// The session's lock wait as it was before a claim with `wait` bounded it
-/// (`idem.lock_timeout`, set by the claim's begin): what the claim's last statement puts back.
-const UNBOUND: &str = "set_config('lock_timeout', current_setting('idem.lock_timeout'), true)";
+/// A time as ISO-8601 UTC text, as every backend reports times to operators.
+const ISO: &str = "'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'";
 
-impl Backend for Postgres {}
+super::bind::driver!(
+    Postgres,
+    Placeholders::Dollar,
+    keys: |keys| keys,
+    text: |row, i| row.try_get::<String, _>(i),
+);
 
 // `key` and `scope` are not reserved words in PostgreSQL. The partial index serves purges of
 // completed markers by age without touching in-flight ones.
-const DDL: &[&str] = &[
+pub(super) const DDL: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS {t} (
         scope text NOT NULL,
         key text NOT NULL,
@@ -140,43 +142,48 @@ const ADDED: &[Added] = &[
     },
 ];
 
-/// PostgreSQL's statements for one marker table.
+/// PostgreSQL's own statements (see each file).
 #[derive(Debug)]
-pub struct PgSql {
-    table: Table,
-    claim: claim::ClaimSql,
-    lease: lease::LeaseSql,
-    outbox: outbox::OutboxSql,
-    offsets: offsets::OffsetSql,
-    ops: operators::OperatorSql,
-    steps: steps::StepSql,
-    failed: failed::FailedSql,
-    ddl: Vec<SqlStr>,
-    added: Vec<Addition>,
+pub struct Own {
+    claim: claim::Statements<Postgres>,
+    lease: lease::Statements<Postgres>,
+    outbox: outbox::Statements<Postgres>,
+    /// All of a claim's outbox messages in one statement (`outbox::write`).
+    write: crate::backend::sql::Template,
 }
 
-impl Dialect for Postgres {
+impl Backend for Postgres {
     const BACKEND: &'static str = "postgres";
 
-    type Sql = PgSql;
+    type Own = Own;
 
-    fn statements(table: &Table) -> PgSql {
-        PgSql {
-            table: table.clone(),
-            claim: claim::ClaimSql::new(table),
-            lease: lease::LeaseSql::new(table),
-            outbox: outbox::OutboxSql::new(table),
-            offsets: offsets::OffsetSql::new(table),
-            ops: operators::OperatorSql::new(table),
-            steps: steps::StepSql::new(table),
-            failed: failed::FailedSql::new(table),
-            ddl: DDL.iter().map(|s| table.fill(s)).collect(),
-            added: ADDED.iter().map(|a| a.fill(table, true)).collect(),
+    fn texts() -> Texts {
+        Texts {
+            claim: claim::text(),
+            lease: lease::text(),
+            steps: lease::steps(),
+            outbox: outbox::text(),
+            offsets: operators::offsets(),
+            ops: operators::text(),
+            health: operators::health(),
         }
     }
 
-    fn table(sql: &PgSql) -> &Table {
-        &sql.table
+    fn own(table: &Table) -> Own {
+        Own {
+            claim: claim::Statements::new(table),
+            lease: lease::Statements::new(table),
+            outbox: outbox::Statements::new(table),
+            write: outbox::write_template(table),
+        }
+    }
+
+    fn schema() -> Schema {
+        Schema {
+            ddl: DDL,
+            added: ADDED,
+            if_not_exists: true,
+        }
     }
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
@@ -191,6 +198,29 @@ impl Dialect for Postgres {
     fn is_aborted(err: &sqlx::Error) -> bool {
         database_code(err).as_deref() == Some(IN_FAILED_TRANSACTION)
     }
+
+    fn port(pool: &Pool<Self>) -> Option<u16> {
+        Some(pool.connect_options().get_port())
+    }
+
+    backend_fns! {
+        begin(pool, _, options) => claim::begin(pool, options);
+        // Whoever committed knows whether it wrote outbox messages (a claim's hold, a group's
+        // generation) and wakes the relays itself: the commit reads nothing more. Its future
+        // is the commit's own (a layer awaiting it would copy it once more per call).
+        commit(tx, _, _) => claim::commit_checked(tx);
+        claim_or_read(conn, sql, c, replay, _) => sql.own.claim.claim_or_read_in(conn, c, replay);
+        lease_claim(pool, sql, c, lease_ms) => lease::claim(pool, sql, c, lease_ms);
+        outbox_take(pool, sql, limit, lease_ms, sent, sent_hold) => outbox::take(pool, sql, limit, lease_ms, sent, sent_hold);
+        migrate(pool, sql) => operators::migrate(pool, sql);
+        savepoint(conn, step) => claim::savepoint(conn, step);
+        take_over(conn, sql, c) => sql.own.claim.take_over_in(conn, sql, c);
+        batch_claimed(conn, sql, options) => sql.own.claim.unbound(conn, options);
+        // No statement runs after a failed one in a PostgreSQL transaction: the write needs no
+        // fence.
+        outbox_write(conn, sql, outbox, _) => outbox::write(conn, sql, outbox);
+        listen(pool, sql) => outbox::listen(pool, sql);
+    }
 }
 
 fn database_code(err: &sqlx::Error) -> Option<String> {
@@ -202,20 +232,26 @@ fn database_code(err: &sqlx::Error) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::sql::{Placeholders, check_binds};
+    use crate::backend::Sql;
+    use crate::backend::sql::check_texts;
 
     #[test]
-    fn every_statement_has_as_many_placeholders_as_binds() {
-        for templates in [
-            claim::ClaimSql::templates(),
-            lease::LeaseSql::templates(),
-            outbox::OutboxSql::templates(),
-            offsets::OffsetSql::templates(),
-            operators::OperatorSql::templates(),
-            steps::StepSql::templates(),
-            failed::FailedSql::templates(),
-        ] {
-            check_binds(&templates, Placeholders::Dollar);
-        }
+    fn every_text_names_only_its_binds() {
+        // The outbox's write binds its arrays by hand, in the order its text numbers them.
+        let write = outbox::write_template(&Table::new("jobs").unwrap());
+        assert!(write.order.iter().copied().eq(0..8));
+        let t = Postgres::texts();
+        check_texts(&t.claim.each());
+        check_texts(&t.lease.each());
+        check_texts(&t.steps.each());
+        check_texts(&t.outbox.each());
+        check_texts(&t.offsets.each());
+        check_texts(&t.ops.each());
+        check_texts(&t.health.each());
+        check_texts(&claim::Statements::<Postgres>::each());
+        check_texts(&lease::Statements::<Postgres>::each());
+        check_texts(&outbox::Statements::<Postgres>::each());
+        // Filling them for a table panics on a name that is no bind.
+        Sql::<Postgres>::new(&Table::new("jobs").unwrap());
     }
 }

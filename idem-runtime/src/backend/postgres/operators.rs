@@ -1,195 +1,197 @@
-//! What operators do with the markers on PostgreSQL: migrate, forget, inspect, purge.
+//! What operators do with the markers on PostgreSQL (migrate, forget, inspect, purge, each
+//! scope's retention), the offset watermarks' statements, and what the doctor reads.
 
-use sqlx::{Pool, Postgres, SqlStr};
+use sqlx::{Pool, Postgres};
 
-use super::pinned::on_pool;
-use super::{LEASE_OVER, PgSql};
-use crate::backend::sealed::Operators;
-use crate::backend::sql::statements;
-use crate::backend::{MarkerRow, Status};
+use super::LEASE_OVER;
+use crate::backend::Sql;
+use crate::backend::health::HealthText;
+use crate::backend::offsets::OffsetText;
+use crate::backend::operators::OperatorText;
 
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text, and the lease's time left on the
 /// database's clock.
-pub(super) const MARKER_COLUMNS: &str = "scope, key, state, attempts::bigint, token, \
+const MARKER_COLUMNS: &str = "scope, key, state, attempts::bigint, token, \
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
     to_char(completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
     to_char(locked_until AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
     (EXTRACT(EPOCH FROM (locked_until - now())) * 1000)::bigint, error";
 
-statements! {
-    /// The operators' statements.
-    pub(super) struct OperatorSql<Postgres> {
-        /// A completed marker is deleted: the next delivery runs the job again.
-        forget(scope: &str, key: &str) =
-            "DELETE FROM {t} WHERE scope = $1 AND key = $2 AND state = 'completed'";
-        /// A marker in progress is let go, not deleted: its token goes up, so that its holder
-        /// is fenced out and the next holder's token is larger still.
-        release(scope: &str, key: &str) = format!(
-            "UPDATE {{t}} SET locked_until = NULL, fingerprint = NULL, \
-             token = COALESCE(token, 0) + 1 \
-             WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND {LEASE_OVER}"
-        );
-        release_forced(scope: &str, key: &str) =
-            "UPDATE {t} SET locked_until = NULL, fingerprint = NULL, \
-             token = COALESCE(token, 0) + 1 \
-             WHERE scope = $1 AND key = $2 AND state = 'in_progress'";
-        /// Whether the marker is there, and held: `(state, lease over)`.
-        status(scope: &str, key: &str) = format!(
-            "SELECT state, {LEASE_OVER}::int::int8 FROM {{t}} WHERE scope = $1 AND key = $2"
-        );
-        inspect(scope: &str, key: &str) =
-            format!("SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = $1 AND key = $2");
-        // Every scope when `$1` is NULL.
-        in_progress(scope: Option<&str>, limit: i64) = format!(
-            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE ($1::text IS NULL OR scope = $1) \
-             AND state = 'in_progress' ORDER BY locked_until NULLS FIRST, scope LIMIT $2"
-        );
-        // Selecting the batch by ctid makes each batch a TID scan; an `IN (SELECT scope, key
-        // ...)` ran as a hash join over the whole table, every batch. A ctid names a row only
-        // within its partition (a partitioned table, `Store::partitions`), so the batch's
-        // `tableoid` must match too. The batch's steps go in the same statement (a
-        // data-modifying `WITH` runs whatever reads it).
-        purge(age_ms: i64, limit: i64) =
-            "WITH batch AS MATERIALIZED (SELECT tableoid, ctid, scope, key FROM {t} \
-             WHERE state = 'completed' \
-             AND completed_at < now() - $1 * interval '1 millisecond' \
-             AND scope NOT IN (SELECT scope FROM {t}_retention) LIMIT $2), \
-             steps AS (DELETE FROM {t}_steps AS s USING batch AS b \
-             WHERE s.scope = b.scope AND s.key = b.key) \
-             DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT ctid FROM batch)) \
-             AND (tableoid, ctid) IN (SELECT tableoid, ctid FROM batch)";
+/// A purge batch of completed markers (`{where}`: which), and their steps in the same
+/// statement (a data-modifying `WITH` runs whatever reads it). Selecting the batch by ctid
+/// makes each batch a TID scan; an `IN (SELECT scope, key ...)` ran as a hash join over the
+/// whole table, every batch. A ctid names a row only within its partition (a partitioned
+/// table, `Store::partitions`), so the batch's `tableoid` must match too.
+fn purge(which: &str) -> String {
+    format!(
+        "WITH batch AS MATERIALIZED (SELECT tableoid, ctid, scope, key FROM {{t}} \
+         WHERE {which} AND state = 'completed' \
+         AND completed_at < now() - :age_ms * interval '1 millisecond' LIMIT :limit), \
+         steps AS (DELETE FROM {{t}}_steps AS s USING batch AS b \
+         WHERE s.scope = b.scope AND s.key = b.key) \
+         DELETE FROM {{t}} WHERE ctid = ANY (ARRAY(SELECT ctid FROM batch)) \
+         AND (tableoid, ctid) IN (SELECT tableoid, ctid FROM batch)"
+    )
+}
+
+/// The operators' statements.
+pub(super) fn text() -> OperatorText {
+    let release = "UPDATE {t} SET locked_until = NULL, fingerprint = NULL, \
+                   token = COALESCE(token, 0) + 1 \
+                   WHERE scope = :scope AND key = :key AND state = 'in_progress'";
+    OperatorText {
+        forget: "DELETE FROM {t} WHERE scope = :scope AND key = :key AND state = 'completed'"
+            .into(),
+        release: format!("{release} AND {LEASE_OVER}").into(),
+        release_forced: release.into(),
+        status: format!(
+            "SELECT state, {LEASE_OVER}::int::int8 FROM {{t}} WHERE scope = :scope AND key = :key"
+        )
+        .into(),
+        inspect: format!("SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = :scope AND key = :key")
+            .into(),
+        in_progress: format!(
+            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE (:scope::text IS NULL OR scope = :scope) \
+             AND state = 'in_progress' ORDER BY locked_until NULLS FIRST, scope LIMIT :limit"
+        )
+        .into(),
+        // The newest failures first; a scan of the completed markers (failures are few).
+        failed: format!(
+            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE (:scope::text IS NULL OR scope = :scope) \
+             AND state = 'completed' AND error IS NOT NULL \
+             ORDER BY completed_at DESC, scope LIMIT :limit"
+        )
+        .into(),
+        requeue: "UPDATE {t} SET state = 'in_progress', completed_at = NULL, locked_until = NULL, \
+                  error = NULL, token = COALESCE(token, 0) + 1 WHERE scope = :scope \
+                  AND key = :key AND state = 'completed' AND error IS NOT NULL"
+            .into(),
+        retention_set: "INSERT INTO {t}_retention (scope, keep_ms) VALUES (:scope, :keep_ms) \
+                        ON CONFLICT (scope) DO UPDATE SET keep_ms = EXCLUDED.keep_ms, \
+                        updated_at = now()"
+            .into(),
+        retention_clear: "DELETE FROM {t}_retention WHERE scope = :scope".into(),
+        retention_list: "SELECT scope, keep_ms FROM {t}_retention ORDER BY scope".into(),
+        // `ADD COLUMN IF NOT EXISTS` skips what exists: no catalog to ask.
+        has_column: None,
+        has_index: None,
+        // Scopes with a retention window of their own are purged by it.
+        purge: Some(purge("scope NOT IN (SELECT scope FROM {t}_retention)").into()),
+        purge_scope: Some(purge("scope = :scope").into()),
+        cutoff: None,
+        purge_steps: None,
+        purge_cut: None,
+        purge_scope_steps: None,
+        purge_scope_cut: None,
     }
 }
 
-impl Operators for Postgres {
-    fn ddl(sql: &PgSql) -> &[SqlStr] {
-        &sql.ddl
+/// The watermarks' statements: moved by one `UPDATE` on the fresh path, read `FOR UPDATE` only
+/// when a claim meets offsets processed already.
+pub(super) fn offsets() -> OffsetText {
+    let partition = "consumer_group = :group AND topic = :topic AND partition_id = :partition";
+    OffsetText {
+        advance: format!(
+            "UPDATE {{t}}_offsets SET next_offset = :next, token = :nonce, updated_at = now() \
+             WHERE {partition} AND next_offset <= :first"
+        )
+        .into(),
+        lock: format!("SELECT next_offset FROM {{t}}_offsets WHERE {partition} FOR UPDATE").into(),
+        insert: "INSERT INTO {t}_offsets (consumer_group, topic, partition_id, next_offset, \
+                 token) VALUES (:group, :topic, :partition, :next, :nonce) \
+                 ON CONFLICT DO NOTHING"
+            .into(),
+        read: "SELECT partition_id, next_offset FROM {t}_offsets \
+               WHERE consumer_group = :group AND topic = :topic ORDER BY partition_id"
+            .into(),
+        set: "INSERT INTO {t}_offsets (consumer_group, topic, partition_id, next_offset) \
+              VALUES (:group, :topic, :partition, :next) \
+              ON CONFLICT (consumer_group, topic, partition_id) \
+              DO UPDATE SET next_offset = EXCLUDED.next_offset, token = NULL, updated_at = now()"
+            .into(),
+        forget: "DELETE FROM {t}_offsets WHERE consumer_group = :group \
+                 AND (:topic::text IS NULL OR topic = :topic)"
+            .into(),
     }
+}
 
-    async fn migrate<'p>(pool: &'p Pool<Self>, sql: &'p PgSql) -> Result<(), sqlx::Error> {
-        // Concurrent `CREATE TABLE IF NOT EXISTS` can still fail on the catalog's unique
-        // index; a transaction-scoped advisory lock makes the workers take turns.
-        // Statements run once per process are not kept prepared (`persistent(false)`): the
-        // cache would hold them for nothing, and a named statement left on a server connection
-        // that a pooler in transaction mode hands to another client collides with that
-        // client's own.
-        let mut tx = pool.begin().await?;
-        // `IF NOT EXISTS` answers an existing table with a NOTICE, which sqlx logs at INFO:
-        // every worker's start-up would say "relation already exists, skipping".
-        sqlx::query("SET LOCAL client_min_messages = warning")
-            .persistent(false)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idem.migrate.' || $1))")
-            .bind(sql.table.as_str())
-            .persistent(false)
-            .execute(&mut *tx)
-            .await?;
-        // The tables, then what later versions added to them, then the indexes, some of
-        // which are on added columns.
-        let (tables, indexes) = super::super::upgrade::tables_first(&sql.ddl);
-        for stmt in tables {
-            sqlx::query(stmt.clone())
-                .persistent(false)
-                .execute(&mut *tx)
-                .await?;
-        }
-        // `IF NOT EXISTS`: a table that has the addition already is left as it is.
-        for added in &sql.added {
-            sqlx::query(added.statement.clone())
-                .persistent(false)
-                .execute(&mut *tx)
-                .await?;
-        }
-        for stmt in indexes {
-            sqlx::query(stmt.clone())
-                .persistent(false)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await
+/// The doctor's reads.
+pub(super) fn health() -> HealthText {
+    // Named like the marker table, or with its name and `_` as prefix.
+    let ours = |column: &str| {
+        format!(
+            "({column} = lower(:name) OR left({column}, length(:name) + 1) = lower(:name) || '_')"
+        )
+    };
+    let ago = "now() - :age_ms * interval '1 millisecond'";
+    HealthText {
+        tables: format!(
+            "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema() AND {}",
+            ours("tablename")
+        )
+        .into(),
+        indexes: format!(
+            "SELECT tablename::text, indexname::text FROM pg_indexes \
+             WHERE schemaname = current_schema() AND {}",
+            ours("tablename")
+        )
+        .into(),
+        columns: format!(
+            "SELECT table_name::text, column_name::text FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND {}",
+            ours("table_name")
+        )
+        .into(),
+        marker_tables: "SELECT table_name::text FROM information_schema.columns \
+                        WHERE table_schema = current_schema() AND column_name IN ('scope', \
+                        'key', 'state', 'token', 'locked_until', 'attempts', 'completed_at') \
+                        GROUP BY table_name HAVING COUNT(*) = 7 ORDER BY table_name"
+            .into(),
+        old_in_scope: format!(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM {{t}} WHERE scope = :scope \
+             AND state = 'completed' AND completed_at < {ago} LIMIT :cap) s"
+        )
+        .into(),
+        old: format!(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM {{t}} WHERE state = 'completed' \
+             AND completed_at < {ago} AND scope NOT IN (SELECT scope FROM {{t}}_retention) \
+             LIMIT :cap) s"
+        )
+        .into(),
+        stuck: format!(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM {{t}} WHERE state = 'in_progress' \
+             AND COALESCE(locked_until, created_at) < {ago} LIMIT :cap) s"
+        )
+        .into(),
+        outbox: format!(
+            "SELECT COUNT(*) FILTER (WHERE parked), COUNT(*) FILTER (WHERE NOT parked \
+             AND next_attempt_at < {ago}) FROM {{t}}_outbox WHERE sent_at IS NULL"
+        )
+        .into(),
+        bloat: "SELECT n_dead_tup, n_live_tup, 'rows' FROM pg_stat_user_tables \
+                WHERE schemaname = current_schema() AND relname = lower(:name)"
+            .into(),
+        clock: Some("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8".into()),
+        max_connections: Some("SELECT current_setting('max_connections')::int8".into()),
+        server_port: Some("SELECT inet_server_port()::int8".into()),
     }
+}
 
-    async fn forget<'p>(
-        conn: &'p mut Self::Connection,
-        sql: &'p PgSql,
-        scope: &'p str,
-        key: &'p str,
-        force: bool,
-    ) -> Result<bool, sqlx::Error> {
-        if sql
-            .ops
-            .forget(scope, key)
-            .query()
-            .execute(&mut *conn)
-            .await?
-            .rows_affected()
-            > 0
-        {
-            return Ok(true);
-        }
-        let release = match force {
-            true => sql.ops.release_forced(scope, key),
-            false => sql.ops.release(scope, key),
-        };
-        Ok(release.query().execute(&mut *conn).await?.rows_affected() > 0)
-    }
-
-    async fn status<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p PgSql,
-        scope: &'p str,
-        key: &'p str,
-    ) -> Result<Option<Status>, sqlx::Error> {
-        let status: Option<(String, i64)> = on_pool(pool, sql, async |conn| {
-            sql.ops.status(scope, key).rows().fetch_optional(conn).await
-        })
+/// `Backend::migrate`: in one transaction, under a transaction-scoped advisory lock that makes
+/// concurrent workers take turns (concurrent `CREATE TABLE IF NOT EXISTS` can still fail on
+/// the catalog's unique index).
+pub(super) async fn migrate(pool: &Pool<Postgres>, sql: &Sql<Postgres>) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    // `IF NOT EXISTS` answers an existing table with a NOTICE, which sqlx logs at INFO: every
+    // worker's start-up would say "relation already exists, skipping".
+    sqlx::raw_sql("SET LOCAL client_min_messages = warning")
+        .execute(&mut *tx)
         .await?;
-        Ok(status.map(|(state, over)| Status::of(&state, over != 0)))
-    }
-
-    async fn inspect<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p PgSql,
-        scope: &'p str,
-        key: &'p str,
-    ) -> Result<Option<MarkerRow>, sqlx::Error> {
-        on_pool(pool, sql, async |conn| {
-            sql.ops
-                .inspect(scope, key)
-                .rows()
-                .fetch_optional(conn)
-                .await
-        })
-        .await
-    }
-
-    async fn in_progress<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p PgSql,
-        scope: Option<&'p str>,
-        limit: i64,
-    ) -> Result<Vec<MarkerRow>, sqlx::Error> {
-        on_pool(pool, sql, async |conn| {
-            sql.ops
-                .in_progress(scope, limit)
-                .rows()
-                .fetch_all(conn)
-                .await
-        })
-        .await
-    }
-
-    async fn purge_batch<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p PgSql,
-        age_ms: i64,
-        limit: i64,
-    ) -> Result<u64, sqlx::Error> {
-        let done = on_pool(pool, sql, async |conn| {
-            sql.ops.purge(age_ms, limit).query().execute(conn).await
-        })
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idem.migrate.' || $1))")
+        .bind(sql.table.as_str())
+        .persistent(false)
+        .execute(&mut *tx)
         .await?;
-        Ok(done.rows_affected())
-    }
+    crate::backend::upgrade::run(&mut *tx, sql).await?;
+    tx.commit().await
 }

@@ -1,5 +1,5 @@
 //! A marker table partitioned by the time its keys carry, on PostgreSQL: its DDL, its
-//! partitions' creation, listing and removal ([`crate::partitions`] says why it is sound).
+//! partitions' creation, listing and removal (the `partitions` module says why it is sound).
 //!
 //! The marker table and the lease steps' table are partitioned by range of `key`, with the
 //! same bounds: a key that carries its time (a UUIDv7, a ULID) sorts among the keys of its
@@ -9,9 +9,9 @@
 
 use sqlx::{Pool, Postgres, Row as _, Transaction};
 
-use super::{DDL, PgSql, database_code};
+use super::{DDL, database_code};
+use crate::backend::Sql;
 use crate::backend::Table;
-use crate::backend::sealed::Dialect as _;
 
 /// `check_violation`: a new partition's range holds rows of the default partition.
 const CHECK_VIOLATION: &str = "23514";
@@ -80,8 +80,11 @@ async fn locked(
 /// Creates the marker and steps tables partitioned, each with a default partition for keys
 /// that carry no time, unless the marker table is partitioned already; refuses a marker table
 /// that exists and is not.
-pub(crate) async fn create_parents(pool: &Pool<Postgres>, sql: &PgSql) -> Result<(), Refused> {
-    let table = Postgres::table(sql);
+pub(crate) async fn create_parents(
+    pool: &Pool<Postgres>,
+    sql: &Sql<Postgres>,
+) -> Result<(), Refused> {
+    let table = &sql.table;
     let mut tx = locked(pool, table).await?;
     for parent in PARENTS {
         let name = parent.replace("{t}", table.as_str());
@@ -117,10 +120,10 @@ pub(crate) async fn create_parents(pool: &Pool<Postgres>, sql: &PgSql) -> Result
 /// (keys written while the day had no partition of its own).
 pub(crate) async fn create(
     pool: &Pool<Postgres>,
-    sql: &PgSql,
+    sql: &Sql<Postgres>,
     days: &[Range],
 ) -> Result<(Vec<String>, Vec<String>), sqlx::Error> {
-    let table = Postgres::table(sql);
+    let table = &sql.table;
     let mut tx = locked(pool, table).await?;
     sqlx::query("SET LOCAL client_min_messages = warning")
         .persistent(false)
@@ -169,13 +172,19 @@ pub(crate) async fn create(
 }
 
 /// The suffixes of the marker table's day partitions (not its default one), in order.
-pub(crate) async fn list(pool: &Pool<Postgres>, sql: &PgSql) -> Result<Vec<String>, sqlx::Error> {
+pub(crate) async fn list(
+    pool: &Pool<Postgres>,
+    sql: &Sql<Postgres>,
+) -> Result<Vec<String>, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     list_in(&mut conn, sql).await
 }
 
-async fn list_in(conn: &mut sqlx::PgConnection, sql: &PgSql) -> Result<Vec<String>, sqlx::Error> {
-    let table = Postgres::table(sql).as_str();
+async fn list_in(
+    conn: &mut sqlx::PgConnection,
+    sql: &Sql<Postgres>,
+) -> Result<Vec<String>, sqlx::Error> {
+    let table = sql.table.as_str();
     let rows = sqlx::query(
         "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
          WHERE i.inhparent = to_regclass($1) \
@@ -199,14 +208,14 @@ async fn list_in(conn: &mut sqlx::PgConnection, sql: &PgSql) -> Result<Vec<Strin
 /// `lock_ms` for the tables' lock (a drop waiting longer would queue every claim behind it).
 pub(crate) async fn drop(
     pool: &Pool<Postgres>,
-    sql: &PgSql,
+    sql: &Sql<Postgres>,
     suffixes: &[String],
     lock_ms: u64,
 ) -> Result<(), sqlx::Error> {
     if suffixes.is_empty() {
         return Ok(());
     }
-    let table = Postgres::table(sql);
+    let table = &sql.table;
     let mut tx = locked(pool, table).await?;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "SET LOCAL lock_timeout = {lock_ms}"

@@ -1,24 +1,24 @@
-//! SQLite: the marker table's DDL, how its errors read, and its statements, one file per
-//! concern (claims in a transaction, leases, the outbox, operators). Writers take turns on the
-//! database's one write lock, which every claim takes up front (`BEGIN IMMEDIATE`).
+//! SQLite: the marker table's DDL, how its errors read, and its statements by concern (claims
+//! in a transaction, leases, the outbox, operators), with the places where its protocol is its
+//! own. Writers take turns on the database's one write lock, which every claim takes up front
+//! (`BEGIN IMMEDIATE`), waiting for it up to the connection's busy timeout; a statement that
+//! rolls the whole transaction back ends it, and sqlx's count of open transactions must be
+//! brought back in step.
 
 mod claim;
-mod failed;
-mod health;
 mod lease;
-mod offsets;
 mod operators;
 mod outbox;
-mod retention;
-mod steps;
 
 use sqlx::pool::PoolConnection;
-use sqlx::{Pool, SqlSafeStr as _, SqlStr, Sqlite, Transaction};
+use sqlx::{Pool, SqlSafeStr as _, Sqlite, Transaction};
 use sqlx_core::transaction::TransactionManager as _;
 
-use super::sealed::Dialect;
-use super::upgrade::{Added, Addition};
-use super::{Backend, Table};
+use super::Texts;
+use super::backend_fns;
+use super::sql::Placeholders;
+use super::upgrade::Added;
+use super::{Backend, Schema, Table};
 
 /// `SQLITE_BUSY`: the busy timeout ran out waiting for the write lock.
 const SQLITE_BUSY: &str = "5";
@@ -26,6 +26,9 @@ const SQLITE_BUSY: &str = "5";
 /// Whether a lease is over: ISO-8601 text compares in time order.
 const LEASE_OVER: &str =
     "(locked_until IS NULL OR locked_until <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))";
+
+/// The time a statement writes, as ISO-8601 UTC text (the markers' format).
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 /// A fencing token from the database's clock: its microseconds since 1970. SQLite reads its
 /// clock to the millisecond, so the last three digits are random: two fresh claims in one
@@ -39,7 +42,12 @@ const CLOCK_TOKEN: &str = "(CAST(ROUND((julianday('now') - 2440587.5) * 86400000
 /// the connection's busy timeout decides how long a second writer waits.
 const BEGIN: &str = "BEGIN IMMEDIATE";
 
-impl Backend for Sqlite {}
+super::bind::driver!(
+    Sqlite,
+    Placeholders::Numbered,
+    keys: |keys| serde_json::to_string(keys).expect("strings always serialise"),
+    text: |row, i| row.try_get::<String, _>(i),
+);
 
 // Text compares with the BINARY collation, so keys differing in case or trailing spaces stay
 // distinct. Times are ISO-8601 UTC text, SQLite's own convention.
@@ -143,43 +151,45 @@ const ADDED: &[Added] = &[
     },
 ];
 
-/// SQLite's statements for one marker table.
+/// SQLite's own statements (see each file).
 #[derive(Debug)]
-pub struct SqliteSql {
-    table: Table,
-    claim: claim::ClaimSql,
-    lease: lease::LeaseSql,
-    outbox: outbox::OutboxSql,
-    offsets: offsets::OffsetSql,
-    ops: operators::OperatorSql,
-    steps: steps::StepSql,
-    failed: failed::FailedSql,
-    ddl: Vec<SqlStr>,
-    added: Vec<Addition>,
+pub struct Own {
+    claim: claim::Statements<Sqlite>,
+    lease: lease::Statements<Sqlite>,
+    outbox: outbox::Statements<Sqlite>,
 }
 
-impl Dialect for Sqlite {
+impl Backend for Sqlite {
     const BACKEND: &'static str = "sqlite";
 
-    type Sql = SqliteSql;
+    type Own = Own;
 
-    fn statements(table: &Table) -> SqliteSql {
-        SqliteSql {
-            table: table.clone(),
-            claim: claim::ClaimSql::new(table),
-            lease: lease::LeaseSql::new(table),
-            outbox: outbox::OutboxSql::new(table),
-            offsets: offsets::OffsetSql::new(table),
-            ops: operators::OperatorSql::new(table),
-            steps: steps::StepSql::new(table),
-            failed: failed::FailedSql::new(table),
-            ddl: DDL.iter().map(|s| table.fill(s)).collect(),
-            added: ADDED.iter().map(|a| a.fill(table, false)).collect(),
+    fn texts() -> Texts {
+        Texts {
+            claim: claim::text(),
+            lease: lease::text(),
+            steps: lease::steps(),
+            outbox: outbox::text(),
+            offsets: operators::offsets(),
+            ops: operators::text(),
+            health: operators::health(),
         }
     }
 
-    fn table(sql: &SqliteSql) -> &Table {
-        &sql.table
+    fn own(table: &Table) -> Own {
+        Own {
+            claim: claim::Statements::new(table),
+            lease: lease::Statements::new(table),
+            outbox: outbox::Statements::new(table),
+        }
+    }
+
+    fn schema() -> Schema {
+        Schema {
+            ddl: DDL,
+            added: ADDED,
+            if_not_exists: false,
+        }
     }
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
@@ -198,6 +208,28 @@ impl Dialect for Sqlite {
         // A statement that rolls the transaction back ends it: later ones run in autocommit
         // (the commit tells, and the outbox's write checks the marker).
         false
+    }
+
+    backend_fns! {
+        begin(pool, _, options) => claim::begin_bounded(pool, options);
+        commit(tx, _, _) => claim::commit(tx);
+        claim_or_read(conn, sql, c, _, _) => claim::claim_or_read(conn, sql, c);
+        lease_claim(pool, sql, c, lease_ms) => lease::claim(pool, sql, c, lease_ms);
+        outbox_take(pool, sql, limit, lease_ms, sent, sent_hold) => outbox::take(pool, sql, limit, lease_ms, sent, sent_hold);
+        // `BEGIN IMMEDIATE`: the migrations of concurrent workers take turns.
+        migrate(pool, sql) => {
+            async move {
+                let mut tx = begin(pool).await?;
+                super::upgrade::run(&mut *tx, sql).await?;
+                tx.commit().await
+            }
+        };
+        // Statements cost no round trip here: no savepoint rides with the begin.
+        begin_primed(pool, _) => async move { Ok((begin(pool).await?, false)) };
+        rollback(tx, _) => claim::end(tx);
+        // The busy timeout was put back at the begin: nothing to restore.
+        discard(tx, _) => claim::end(tx);
+        savepoint(conn, step) => claim::savepoint(conn, step);
     }
 }
 
@@ -259,20 +291,22 @@ async fn busy_timeout(conn: &mut sqlx::SqliteConnection) -> Result<i64, sqlx::Er
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::sql::{Placeholders, check_binds};
+    use crate::backend::Sql;
+    use crate::backend::sql::check_texts;
 
     #[test]
-    fn every_statement_has_as_many_placeholders_as_binds() {
-        for templates in [
-            claim::ClaimSql::templates(),
-            lease::LeaseSql::templates(),
-            outbox::OutboxSql::templates(),
-            offsets::OffsetSql::templates(),
-            operators::OperatorSql::templates(),
-            steps::StepSql::templates(),
-            failed::FailedSql::templates(),
-        ] {
-            check_binds(&templates, Placeholders::Numbered);
-        }
+    fn every_text_names_only_its_binds() {
+        let t = Sqlite::texts();
+        check_texts(&t.claim.each());
+        check_texts(&t.lease.each());
+        check_texts(&t.steps.each());
+        check_texts(&t.outbox.each());
+        check_texts(&t.offsets.each());
+        check_texts(&t.ops.each());
+        check_texts(&t.health.each());
+        check_texts(&claim::Statements::<Sqlite>::each());
+        check_texts(&lease::Statements::<Sqlite>::each());
+        check_texts(&outbox::Statements::<Sqlite>::each());
+        Sql::<Sqlite>::new(&Table::new("jobs").unwrap());
     }
 }

@@ -1,185 +1,177 @@
-//! What operators do with the markers on SQLite: migrate, forget, inspect, purge.
+//! What operators do with the markers on SQLite (forget, inspect, purge, each scope's
+//! retention), the offset watermarks' statements, and what the doctor reads.
 
-use sqlx::{Pool, SqlStr, Sqlite};
-
-use super::{LEASE_OVER, SqliteSql, begin};
-use crate::backend::sealed::Operators;
-use crate::backend::sql::statements;
-use crate::backend::upgrade::Kind;
-use crate::backend::{MarkerRow, Status};
+use super::{LEASE_OVER, NOW};
+use crate::backend::health::HealthText;
+use crate::backend::offsets::OffsetText;
+use crate::backend::operators::OperatorText;
 
 /// The columns of `Store::inspect`: times are already ISO-8601 UTC text here; the lease's time
 /// left on the database's clock.
-pub(super) const MARKER_COLUMNS: &str = "scope, key, state, attempts, token, created_at, completed_at, \
+const MARKER_COLUMNS: &str = "scope, key, state, attempts, token, created_at, completed_at, \
     locked_until, CAST((julianday(locked_until) - julianday('now')) * 86400000.0 AS INTEGER), \
     error";
 
-/// One purge batch: the oldest completed markers before `?1`, at most `?2`, in one order.
-const PURGE_BATCH: &str = "SELECT scope, key FROM {t} WHERE state = 'completed' \
-    AND completed_at < ?1 AND scope NOT IN (SELECT scope FROM {t}_retention) \
-    ORDER BY completed_at, scope, key LIMIT ?2";
+/// `:age_ms` milliseconds ago, as the markers' times are written.
+const AGO: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (:age_ms / 1000.0) || ' seconds')";
 
-statements! {
-    /// The operators' statements.
-    pub(super) struct OperatorSql<Sqlite> {
-        /// A completed marker is deleted: the next delivery runs the job again.
-        forget(scope: &str, key: &str) =
-            "DELETE FROM {t} WHERE scope = ?1 AND key = ?2 AND state = 'completed'";
-        /// A marker in progress is let go, not deleted: its token goes up, so that its holder
-        /// is fenced out and the next holder's token is larger still.
-        release(scope: &str, key: &str) = format!(
-            "UPDATE {{t}} SET locked_until = NULL, fingerprint = NULL, \
-             token = COALESCE(token, 0) + 1 \
-             WHERE scope = ?1 AND key = ?2 AND state = 'in_progress' AND {LEASE_OVER}"
-        );
-        release_forced(scope: &str, key: &str) =
-            "UPDATE {t} SET locked_until = NULL, fingerprint = NULL, \
-             token = COALESCE(token, 0) + 1 \
-             WHERE scope = ?1 AND key = ?2 AND state = 'in_progress'";
-        /// Whether the marker is there, and held: `(state, lease over)`.
-        status(scope: &str, key: &str) =
-            format!("SELECT state, {LEASE_OVER} FROM {{t}} WHERE scope = ?1 AND key = ?2");
-        inspect(scope: &str, key: &str) =
-            format!("SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = ?1 AND key = ?2");
-        // Every scope when `?1` is NULL.
-        in_progress(scope: Option<&str>, limit: i64) = format!(
-            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE (?1 IS NULL OR scope = ?1) \
+/// One purge batch: the oldest completed markers before `:cutoff` (`{which}`: of which
+/// scopes), at most `:limit`, in one order.
+fn batch(which: &str) -> String {
+    format!(
+        "SELECT scope, key FROM {{t}} WHERE {which} AND state = 'completed' \
+         AND completed_at < :cutoff ORDER BY completed_at, scope, key LIMIT :limit"
+    )
+}
+
+/// The operators' statements.
+pub(super) fn text() -> OperatorText {
+    let release = "UPDATE {t} SET locked_until = NULL, fingerprint = NULL, \
+                   token = COALESCE(token, 0) + 1 \
+                   WHERE scope = :scope AND key = :key AND state = 'in_progress'";
+    let unwindowed = batch("scope NOT IN (SELECT scope FROM {t}_retention)");
+    let scoped = batch("scope = :scope");
+    OperatorText {
+        forget: "DELETE FROM {t} WHERE scope = :scope AND key = :key AND state = 'completed'"
+            .into(),
+        release: format!("{release} AND {LEASE_OVER}").into(),
+        release_forced: release.into(),
+        status: format!(
+            "SELECT state, {LEASE_OVER} FROM {{t}} WHERE scope = :scope AND key = :key"
+        )
+        .into(),
+        inspect: format!("SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = :scope AND key = :key")
+            .into(),
+        in_progress: format!(
+            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE (:scope IS NULL OR scope = :scope) \
              AND state = 'in_progress' \
-             ORDER BY locked_until IS NOT NULL, locked_until, scope LIMIT ?2"
-        );
-        /// The instant before which completed markers are purged, read once so that a batch's
-        /// steps and markers are the same rows.
-        cutoff(age_ms: i64) =
-            "SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (?1 / 1000.0) || ' seconds')";
-        purge_steps(cutoff: &str, limit: i64) = format!(
-            "DELETE FROM {{t}}_steps WHERE (scope, key) IN ({PURGE_BATCH})"
-        );
-        purge(cutoff: &str, limit: i64) =
-            format!("DELETE FROM {{t}} WHERE (scope, key) IN ({PURGE_BATCH})");
+             ORDER BY locked_until IS NOT NULL, locked_until, scope LIMIT :limit"
+        )
+        .into(),
+        // The newest failures first; a scan of the completed markers (failures are few).
+        failed: format!(
+            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE (:scope IS NULL OR scope = :scope) \
+             AND state = 'completed' AND error IS NOT NULL \
+             ORDER BY completed_at DESC, scope LIMIT :limit"
+        )
+        .into(),
+        requeue: "UPDATE {t} SET state = 'in_progress', completed_at = NULL, locked_until = NULL, \
+                  error = NULL, token = COALESCE(token, 0) + 1 WHERE scope = :scope \
+                  AND key = :key AND state = 'completed' AND error IS NOT NULL"
+            .into(),
+        retention_set: format!(
+            "INSERT INTO {{t}}_retention (scope, keep_ms) VALUES (:scope, :keep_ms) \
+             ON CONFLICT (scope) DO UPDATE SET keep_ms = excluded.keep_ms, updated_at = {NOW}"
+        )
+        .into(),
+        retention_clear: "DELETE FROM {t}_retention WHERE scope = :scope".into(),
+        retention_list: "SELECT scope, keep_ms FROM {t}_retention ORDER BY scope".into(),
+        // SQLite's `ADD COLUMN` cannot skip a column that exists: the catalog is asked first.
+        has_column: Some(
+            "SELECT COUNT(*) FROM pragma_table_info(:table) WHERE name = :name".into(),
+        ),
+        has_index: Some("SELECT COUNT(*) FROM pragma_index_list(:table) WHERE name = :name".into()),
+        purge: None,
+        purge_scope: None,
+        cutoff: Some(format!("SELECT {}", AGO).into()),
+        purge_steps: Some(
+            format!("DELETE FROM {{t}}_steps WHERE (scope, key) IN ({unwindowed})").into(),
+        ),
+        purge_cut: Some(format!("DELETE FROM {{t}} WHERE (scope, key) IN ({unwindowed})").into()),
+        purge_scope_steps: Some(
+            format!("DELETE FROM {{t}}_steps WHERE (scope, key) IN ({scoped})").into(),
+        ),
+        purge_scope_cut: Some(format!("DELETE FROM {{t}} WHERE (scope, key) IN ({scoped})").into()),
     }
 }
 
-impl Operators for Sqlite {
-    fn ddl(sql: &SqliteSql) -> &[SqlStr] {
-        &sql.ddl
+/// The watermarks' statements: writers take turns on the database's write lock, which a claim
+/// holds from its `BEGIN IMMEDIATE`, so a read needs no row lock.
+pub(super) fn offsets() -> OffsetText {
+    let partition = "consumer_group = :group AND topic = :topic AND partition_id = :partition";
+    OffsetText {
+        advance: format!(
+            "UPDATE {{t}}_offsets SET next_offset = :next, token = :nonce, updated_at = {NOW} \
+             WHERE {partition} AND next_offset <= :first"
+        )
+        .into(),
+        lock: format!("SELECT next_offset FROM {{t}}_offsets WHERE {partition}").into(),
+        insert: "INSERT INTO {t}_offsets (consumer_group, topic, partition_id, next_offset, \
+                 token) VALUES (:group, :topic, :partition, :next, :nonce) \
+                 ON CONFLICT DO NOTHING"
+            .into(),
+        read: "SELECT partition_id, next_offset FROM {t}_offsets \
+               WHERE consumer_group = :group AND topic = :topic ORDER BY partition_id"
+            .into(),
+        set: format!(
+            "INSERT INTO {{t}}_offsets (consumer_group, topic, partition_id, next_offset) \
+             VALUES (:group, :topic, :partition, :next) \
+             ON CONFLICT (consumer_group, topic, partition_id) \
+             DO UPDATE SET next_offset = excluded.next_offset, token = NULL, updated_at = {NOW}"
+        )
+        .into(),
+        forget: "DELETE FROM {t}_offsets WHERE consumer_group = :group \
+                 AND (:topic IS NULL OR topic = :topic)"
+            .into(),
     }
+}
 
-    async fn migrate<'p>(pool: &'p Pool<Self>, sql: &'p SqliteSql) -> Result<(), sqlx::Error> {
-        let mut tx = begin(pool).await?;
-        // The tables, then what later versions added to them, then the indexes, some of
-        // which are on added columns.
-        let (tables, indexes) = super::super::upgrade::tables_first(&sql.ddl);
-        for stmt in tables {
-            sqlx::query(stmt.clone()).execute(&mut *tx).await?;
-        }
-        // SQLite's `ADD COLUMN` cannot skip a column that exists: the catalog is asked first.
-        for added in &sql.added {
-            let catalog = match added.kind {
-                Kind::Column => "SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = ?2",
-                Kind::Index => "SELECT COUNT(*) FROM pragma_index_list(?1) WHERE name = ?2",
-            };
-            let there: i64 = sqlx::query_scalar(catalog)
-                .bind(&added.table)
-                .bind(&added.name)
-                .fetch_one(&mut *tx)
-                .await?;
-            if there == 0 {
-                sqlx::query(added.statement.clone())
-                    .execute(&mut *tx)
-                    .await?;
-            }
-        }
-        for stmt in indexes {
-            sqlx::query(stmt.clone()).execute(&mut *tx).await?;
-        }
-        tx.commit().await
-    }
-
-    async fn forget<'p>(
-        conn: &'p mut Self::Connection,
-        sql: &'p SqliteSql,
-        scope: &'p str,
-        key: &'p str,
-        force: bool,
-    ) -> Result<bool, sqlx::Error> {
-        if sql
-            .ops
-            .forget(scope, key)
-            .query()
-            .execute(&mut *conn)
-            .await?
-            .rows_affected()
-            > 0
-        {
-            return Ok(true);
-        }
-        let release = match force {
-            true => sql.ops.release_forced(scope, key),
-            false => sql.ops.release(scope, key),
-        };
-        Ok(release.query().execute(&mut *conn).await?.rows_affected() > 0)
-    }
-
-    async fn status<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p SqliteSql,
-        scope: &'p str,
-        key: &'p str,
-    ) -> Result<Option<Status>, sqlx::Error> {
-        let status: Option<(String, i64)> = sql
-            .ops
-            .status(scope, key)
-            .rows()
-            .fetch_optional(pool)
-            .await?;
-        Ok(status.map(|(state, over)| Status::of(&state, over != 0)))
-    }
-
-    async fn inspect<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p SqliteSql,
-        scope: &'p str,
-        key: &'p str,
-    ) -> Result<Option<MarkerRow>, sqlx::Error> {
-        sql.ops
-            .inspect(scope, key)
-            .rows()
-            .fetch_optional(pool)
-            .await
-    }
-
-    async fn in_progress<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p SqliteSql,
-        scope: Option<&'p str>,
-        limit: i64,
-    ) -> Result<Vec<MarkerRow>, sqlx::Error> {
-        sql.ops
-            .in_progress(scope, limit)
-            .rows()
-            .fetch_all(pool)
-            .await
-    }
-
-    async fn purge_batch<'p>(
-        pool: &'p Pool<Self>,
-        sql: &'p SqliteSql,
-        age_ms: i64,
-        limit: i64,
-    ) -> Result<u64, sqlx::Error> {
-        // Steps first, then their markers, in one transaction: a purge never leaves the steps
-        // of a deleted marker behind.
-        let mut tx = begin(pool).await?;
-        let cutoff: String = sql.ops.cutoff(age_ms).scalar().fetch_one(&mut *tx).await?;
-        let steps = sql.ops.purge_steps(&cutoff, limit);
-        steps.query().execute(&mut *tx).await?;
-        let done = sql
-            .ops
-            .purge(&cutoff, limit)
-            .query()
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected())
+/// The doctor's reads. SQLite runs in this process: it has no clock, connection limit or port
+/// of a server's.
+pub(super) fn health() -> HealthText {
+    // Named like the marker table, or with its name and `_` as prefix.
+    let ours = |column: &str| {
+        format!("({column} = :name OR substr({column}, 1, length(:name) + 1) = :name || '_')")
+    };
+    HealthText {
+        tables: format!(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND {}",
+            ours("name")
+        )
+        .into(),
+        indexes: format!(
+            "SELECT tbl_name, name FROM sqlite_master WHERE type = 'index' AND {}",
+            ours("tbl_name")
+        )
+        .into(),
+        columns: format!(
+            "SELECT m.name, c.name FROM sqlite_master m, pragma_table_info(m.name) c \
+             WHERE m.type = 'table' AND {}",
+            ours("m.name")
+        )
+        .into(),
+        marker_tables: "SELECT m.name FROM sqlite_master m, pragma_table_info(m.name) c \
+                        WHERE m.type = 'table' AND c.name IN ('scope', 'key', 'state', 'token', \
+                        'locked_until', 'attempts', 'completed_at') \
+                        GROUP BY m.name HAVING COUNT(*) = 7 ORDER BY m.name"
+            .into(),
+        old_in_scope: format!(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM {{t}} WHERE scope = :scope \
+             AND state = 'completed' AND completed_at < {AGO} LIMIT :cap)"
+        )
+        .into(),
+        old: format!(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM {{t}} WHERE state = 'completed' \
+             AND completed_at < {AGO} AND scope NOT IN (SELECT scope FROM {{t}}_retention) \
+             LIMIT :cap)"
+        )
+        .into(),
+        stuck: format!(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM {{t}} WHERE state = 'in_progress' \
+             AND COALESCE(locked_until, created_at) < {AGO} LIMIT :cap)"
+        )
+        .into(),
+        outbox: format!(
+            "SELECT COALESCE(SUM(parked <> 0), 0), \
+             COALESCE(SUM(parked = 0 AND next_attempt_at < {AGO}), 0) \
+             FROM {{t}}_outbox WHERE sent_at IS NULL"
+        )
+        .into(),
+        bloat: "SELECT (SELECT freelist_count FROM pragma_freelist_count), \
+                (SELECT page_count FROM pragma_page_count), 'pages'"
+            .into(),
+        clock: None,
+        max_connections: None,
+        server_port: None,
     }
 }

@@ -6,17 +6,17 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::Group;
-use super::lane::{Lane, Shared, Turn};
-use super::member::{GroupHeld, not_fresh};
-use crate::backend::{Backend, Savepoint};
+use super::claim::{From, Span, move_one};
+use super::{OffsetGuard, RecordOffset, check_name, kept, spans};
+use crate::backend::{Backend, Savepoint, Sql};
 use crate::claim::nested;
 use crate::claim::run::{Attempt, Attempts, conclude, retrying};
 use crate::claim::{Claimed, Request};
 use crate::error::Error;
+use crate::group::Group;
+use crate::group::lane::{Lane, Shared, Turn};
+use crate::group::member::{GroupHeld, not_fresh};
 use crate::observe::{self, Answer, Observed};
-use crate::offsets::claim::{From, Span, move_one};
-use crate::offsets::{OffsetGuard, RecordOffset, check_name, kept, spans};
 use crate::options::{ClaimOptions, Mode};
 use crate::outcome::Batch;
 
@@ -178,7 +178,7 @@ impl<DB: Backend> Attempts for InGroup<'_, DB> {
 /// The outer `Err` says the transaction itself is gone.
 async fn in_savepoint<DB: Backend>(
     conn: &mut DB::Connection,
-    sql: &DB::Sql,
+    sql: &Sql<DB>,
     request: &Request,
     opening: Option<Savepoint>,
     group: &str,
@@ -203,7 +203,7 @@ async fn in_savepoint<DB: Backend>(
 
 async fn moves<DB: Backend>(
     conn: &mut DB::Connection,
-    sql: &DB::Sql,
+    sql: &Sql<DB>,
     request: &Request,
     group: &str,
     spans: &[Span],

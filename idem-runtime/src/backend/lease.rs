@@ -1,0 +1,119 @@
+//! Lease mode's statements after the claim (which is each backend's own): the holder's, each
+//! fenced by its token, and its recorded steps.
+
+use sqlx::Pool;
+
+use super::bind::statements;
+use super::{Backend, Holder, Sql, StepRow};
+
+statements! {
+    /// The statements of a lease's holder.
+    pub(crate) struct LeaseSql, LeaseText {
+        /// Completes the holder's lease, storing `result` (if any).
+        complete(scope: &str, key: &str, token: i64, result: Option<&str>);
+        /// A permanent failure: completed, with its error and no value.
+        fail(scope: &str, key: &str, token: i64, error: &str);
+        /// Lets the lease go now: the marker stays, free for the next delivery.
+        release(scope: &str, key: &str, token: i64);
+        /// Extends the lease by `lease_ms` from the database's now.
+        renew(scope: &str, key: &str, token: i64, lease_ms: i64);
+    }
+}
+
+statements! {
+    /// The statements of the steps table (`{t}_steps`).
+    pub(crate) struct StepSql, StepText {
+        /// `(name, seq, token, value, recorded at)` of each recorded step, in order.
+        read(scope: &str, key: &str);
+        /// Records a step's value, only while the holder's token is the marker's; a row left
+        /// by an earlier life of the key (its marker deleted without its steps) holds a
+        /// smaller token and is replaced.
+        record(scope: &str, key: &str, token: i64, name: &str, seq: i64, result: &str);
+        /// With `forget`, once its marker is deleted (not when a marker in progress is only let
+        /// go: the next delivery resumes after its recorded steps).
+        forget(scope: &str, key: &str);
+    }
+}
+
+impl<DB: Backend> Sql<DB> {
+    /// Completes the lease of `h`, storing `result` (if any), on `conn` (a transaction when
+    /// messages are written with it); `Ok(false)` if that holder no longer had the key.
+    pub(crate) async fn lease_complete(
+        &self,
+        conn: &mut DB::Connection,
+        h: Holder<'_>,
+        result: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
+        let complete = self.lease.complete(h.scope, h.key, h.token, result);
+        Ok(complete.execute(conn).await? == 1)
+    }
+
+    /// Completes the lease of `h` as failed for good, with `error` and no value; `Ok(false)`
+    /// if that holder no longer had the key.
+    pub(crate) async fn lease_fail(
+        &self,
+        pool: &Pool<DB>,
+        h: Holder<'_>,
+        error: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let fail = self.lease.fail(h.scope, h.key, h.token, error);
+        Ok(fail.execute(pool).await? == 1)
+    }
+
+    /// Releases the lease of `h` now; `Ok(false)` if that holder no longer had the key.
+    pub(crate) async fn lease_release(
+        &self,
+        pool: &Pool<DB>,
+        h: Holder<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let release = self.lease.release(h.scope, h.key, h.token);
+        Ok(release.execute(pool).await? == 1)
+    }
+
+    /// Extends the lease of `h` by `lease_ms`; `Ok(false)` if that holder no longer had it.
+    pub(crate) async fn lease_renew(
+        &self,
+        pool: &Pool<DB>,
+        h: Holder<'_>,
+        lease_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let renew = self.lease.renew(h.scope, h.key, h.token, lease_ms);
+        Ok(renew.execute(pool).await? == 1)
+    }
+
+    /// The recorded steps of `(scope, key)`, in the order they were recorded.
+    pub(crate) async fn steps_read(
+        &self,
+        pool: &Pool<DB>,
+        scope: &str,
+        key: &str,
+    ) -> Result<Vec<StepRow>, sqlx::Error> {
+        self.steps.read(scope, key).fetch_all(pool).await
+    }
+
+    /// Records the step `name` (the `seq`-th of its body) with its value `json`, on `conn`
+    /// (a transaction for a database step), if `h` still holds the key; `Ok(false)` if not,
+    /// and nothing was written.
+    pub(crate) async fn step_record(
+        &self,
+        conn: &mut DB::Connection,
+        h: Holder<'_>,
+        name: &str,
+        seq: i64,
+        json: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let record = self.steps.record(h.scope, h.key, h.token, name, seq, json);
+        // MySQL counts a replaced row twice (sqlx asks for found rows).
+        Ok(record.execute(conn).await? > 0)
+    }
+
+    /// Deletes the steps of `(scope, key)` if its marker is gone, in `forget`'s transaction.
+    pub(crate) async fn steps_forget(
+        &self,
+        conn: &mut DB::Connection,
+        scope: &str,
+        key: &str,
+    ) -> Result<u64, sqlx::Error> {
+        self.steps.forget(scope, key).execute(conn).await
+    }
+}

@@ -1,0 +1,234 @@
+//! What operators do with the markers: forget, inspect, list, requeue, purge (by the default
+//! window or each scope's own), and each scope's retention window (`{t}_retention`).
+
+use sqlx::Pool;
+
+use super::bind::statements;
+use super::{Backend, MarkerRow, Sql, Status};
+use crate::options::ClaimOptions;
+
+statements! {
+    /// The operators' statements.
+    pub(crate) struct OperatorSql, OperatorText {
+        /// A completed marker is deleted: the next delivery runs the job again.
+        forget(scope: &str, key: &str);
+        /// A marker in progress whose lease is over is let go, not deleted: its token goes up,
+        /// so that its holder is fenced out and the next holder's token is larger still.
+        release(scope: &str, key: &str);
+        /// The same, whatever its lease.
+        release_forced(scope: &str, key: &str);
+        /// Whether the marker is there, and held: `(state, lease over)`.
+        status(scope: &str, key: &str);
+        /// One marker (`MarkerRow`).
+        inspect(scope: &str, key: &str);
+        /// Markers in progress of a scope (every scope: NULL), released or expired first.
+        in_progress(scope: Option<&str>, limit: i64);
+        /// Markers that failed for good of a scope (every scope: NULL), newest first.
+        failed(scope: Option<&str>, limit: i64);
+        /// A failed marker back to a released lease, its steps and fingerprint kept, its token
+        /// up: the next delivery takes it over and resumes after its recorded steps.
+        requeue(scope: &str, key: &str);
+        /// Sets a scope's retention window (a new one, or a change).
+        retention_set(scope: &str, keep_ms: i64);
+        /// Removes a scope's window.
+        retention_clear(scope: &str);
+        /// `(scope, keep_ms)` of every window, by scope.
+        retention_list();
+    } optional {
+        // Whether a table has the column or index a later version added, where the statement
+        // that adds it cannot skip it (SQLite, MySQL 8): how many there are.
+        /// Counts the columns of `table` named `name`.
+        has_column(table: &str, name: &str);
+        /// Counts the indexes of `table` named `name`.
+        has_index(table: &str, name: &str);
+        // A purge batch is one statement that deletes completed markers and their steps
+        // (PostgreSQL), or a cutoff read first, then the batch's steps and its markers
+        // chosen again from that cutoff in one order, in one transaction.
+        /// Deletes at most `limit` completed markers older than `age_ms` of the scopes without
+        /// a window of their own, and their steps.
+        purge(age_ms: i64, limit: i64);
+        /// The same for one scope, by its window.
+        purge_scope(scope: &str, age_ms: i64, limit: i64);
+        /// The instant `age_ms` ago, as the purge's statements compare it.
+        cutoff(age_ms: i64);
+        /// The steps of the batch [`purge_cut`](Self::purge_cut) deletes.
+        purge_steps(cutoff: &str, limit: i64);
+        /// At most `limit` completed markers before `cutoff`, of the scopes without a window.
+        purge_cut(cutoff: &str, limit: i64);
+        /// The steps of the batch [`purge_scope_cut`](Self::purge_scope_cut) deletes.
+        purge_scope_steps(scope: &str, cutoff: &str, limit: i64);
+        /// At most `limit` completed markers of `scope` before `cutoff`.
+        purge_scope_cut(scope: &str, cutoff: &str, limit: i64);
+    }
+}
+
+impl<DB: Backend> Sql<DB> {
+    /// Lets the next delivery of `(scope, key)` run: deletes a completed marker, or lets go
+    /// of one in progress unless a delivery holds a live lease on it and `force` is not set.
+    /// `Ok(true)` if it did either. Runs in the caller's transaction, beside
+    /// [`outbox_forget`](Sql::outbox_forget).
+    pub(crate) async fn forget(
+        &self,
+        conn: &mut DB::Connection,
+        scope: &str,
+        key: &str,
+        force: bool,
+    ) -> Result<bool, sqlx::Error> {
+        if self.ops.forget(scope, key).execute(&mut *conn).await? > 0 {
+            return Ok(true);
+        }
+        let release = match force {
+            true => self.ops.release_forced(scope, key),
+            false => self.ops.release(scope, key),
+        };
+        Ok(release.execute(conn).await? > 0)
+    }
+
+    /// Who holds the marker of `(scope, key)`, if there is one.
+    pub(crate) async fn status(
+        &self,
+        pool: &Pool<DB>,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<Status>, sqlx::Error> {
+        let row: Option<(String, i64)> = self.ops.status(scope, key).fetch_optional(pool).await?;
+        Ok(row.map(|(state, over)| Status::of(&state, over != 0)))
+    }
+
+    /// One marker, for operators.
+    pub(crate) async fn inspect(
+        &self,
+        pool: &Pool<DB>,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<MarkerRow>, sqlx::Error> {
+        self.ops.inspect(scope, key).fetch_optional(pool).await
+    }
+
+    /// At most `limit` in-progress markers of `scope` (every scope: `None`).
+    pub(crate) async fn in_progress(
+        &self,
+        pool: &Pool<DB>,
+        scope: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<MarkerRow>, sqlx::Error> {
+        self.ops.in_progress(scope, limit).fetch_all(pool).await
+    }
+
+    /// At most `limit` failed markers of `scope` (every scope: `None`), newest first.
+    pub(crate) async fn failed(
+        &self,
+        pool: &Pool<DB>,
+        scope: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<MarkerRow>, sqlx::Error> {
+        self.ops.failed(scope, limit).fetch_all(pool).await
+    }
+
+    /// Makes the failed marker of `(scope, key)` a released lease; `Ok(false)` if it is not a
+    /// failed marker.
+    pub(crate) async fn requeue(
+        &self,
+        pool: &Pool<DB>,
+        scope: &str,
+        key: &str,
+    ) -> Result<bool, sqlx::Error> {
+        Ok(self.ops.requeue(scope, key).execute(pool).await? == 1)
+    }
+
+    /// Sets the window of `scope` to `keep_ms`.
+    pub(crate) async fn retention_set(
+        &self,
+        pool: &Pool<DB>,
+        scope: &str,
+        keep_ms: i64,
+    ) -> Result<(), sqlx::Error> {
+        self.ops.retention_set(scope, keep_ms).execute(pool).await?;
+        Ok(())
+    }
+
+    /// Removes the window of `scope`; `Ok(true)` if it had one.
+    pub(crate) async fn retention_clear(
+        &self,
+        pool: &Pool<DB>,
+        scope: &str,
+    ) -> Result<bool, sqlx::Error> {
+        Ok(self.ops.retention_clear(scope).execute(pool).await? > 0)
+    }
+
+    /// Every scope's window, `(scope, keep_ms)`, by scope.
+    pub(crate) async fn retention_list(
+        &self,
+        pool: &Pool<DB>,
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        self.ops.retention_list().fetch_all(pool).await
+    }
+
+    /// Deletes at most `limit` completed markers older than `age_ms` of the scopes without a
+    /// window of their own, and their steps with them; returns how many markers.
+    pub(crate) async fn purge_batch(
+        &self,
+        pool: &Pool<DB>,
+        age_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        if let Some(purge) = self.ops.purge(age_ms, limit) {
+            return purge.execute(pool).await;
+        }
+        self.purge_from_cutoff(pool, age_ms, |ops, cutoff| {
+            (ops.purge_steps(cutoff, limit), ops.purge_cut(cutoff, limit))
+        })
+        .await
+    }
+
+    /// Deletes at most `limit` completed markers of `scope` older than `age_ms`, and their
+    /// steps; returns how many markers.
+    pub(crate) async fn purge_scope_batch(
+        &self,
+        pool: &Pool<DB>,
+        scope: &str,
+        age_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        if let Some(purge) = self.ops.purge_scope(scope, age_ms, limit) {
+            return purge.execute(pool).await;
+        }
+        self.purge_from_cutoff(pool, age_ms, |ops, cutoff| {
+            let steps = ops.purge_scope_steps(scope, cutoff, limit);
+            (steps, ops.purge_scope_cut(scope, cutoff, limit))
+        })
+        .await
+    }
+
+    /// A purge batch where one statement cannot delete markers and steps together: the
+    /// cutoff read once, then the batch's steps and its markers, chosen again from it in one
+    /// order, in one writer's transaction: a purge never leaves the steps of a deleted marker.
+    async fn purge_from_cutoff(
+        &self,
+        pool: &Pool<DB>,
+        age_ms: i64,
+        batch: impl FnOnce(
+            &OperatorSql<DB>,
+            &str,
+        ) -> (
+            Option<super::bind::Bound<DB>>,
+            Option<super::bind::Bound<DB>>,
+        ),
+    ) -> Result<u64, sqlx::Error> {
+        let cutoff = self.ops.cutoff(age_ms);
+        let cutoff = cutoff.expect("a backend purges with one statement or from a cutoff");
+        let mut tx = DB::begin(pool, self, &ClaimOptions::default()).await?;
+        let (cutoff,): (String,) = cutoff
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)?;
+        let (steps, markers) = batch(&self.ops, &cutoff);
+        let (Some(steps), Some(markers)) = (steps, markers) else {
+            unreachable!("a backend that purges from a cutoff writes both of its statements");
+        };
+        steps.execute(&mut *tx).await?;
+        let gone = markers.execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(gone)
+    }
+}

@@ -1,0 +1,224 @@
+//! The outbox's statements (`{t}_outbox`): the claim's writes, the relay's marks, what
+//! operators read and change, and the announcement of commits where the database makes one.
+//! The relay's take is each backend's own (`Backend::outbox_take`).
+
+use std::sync::Arc;
+
+use sqlx::Pool;
+
+use super::bind::statements;
+use super::bind::{Bound, Keys};
+use super::wake::Announcer;
+use super::{Backend, Fence, OutboxRow, Sql};
+use crate::outgoing::Pending;
+
+statements! {
+    /// The outbox table's statements.
+    pub(crate) struct OutboxSql, OutboxText {
+        /// Publishing failed: try again in `retry_ms`, or never (`park`); only if the message
+        /// is unsent and still under the round's `hold`.
+        failed(id: &str, error: &str, retry_ms: i64, park: bool, hold: &str);
+        /// Deletes the unsent messages (pending or parked) of one job.
+        forget(scope: &str, key: &str);
+        /// Deletes at most `limit` messages sent more than `age_ms` ago.
+        purge(age_ms: i64, limit: i64);
+        /// Unsent messages for operators (`OutboxRow`): parked ones if `parked`, pending ones
+        /// if `pending`, parked first, then oldest first.
+        list(parked: bool, pending: bool, limit: i64);
+        /// One message by id, sent or not (`OutboxRow`).
+        find(id: &str);
+        /// Makes a parked message due again with no failed attempts.
+        requeue(id: &str);
+    } optional {
+        /// One message, written only while the claim's marker holding `token` is there (a
+        /// backend whose statements run in autocommit once the database rolled the transaction
+        /// back: MySQL, SQLite).
+        write(id: &str, destination: &str, payload: &[u8], seq: i64, ordering_key: &str, headers: Option<&str>, scope: &str, key: &str, token: i64);
+        /// One message, written only while the watermark of the offset claim holds `nonce`.
+        write_watermark(id: &str, destination: &str, payload: &[u8], seq: i64, ordering_key: &str, headers: Option<&str>, scope: &str, key: &str, group: &str, topic: &str, partition: i32, nonce: i64);
+        /// Marks `ids` sent, if unsent and still under the round's `hold` (a backend that
+        /// binds a list).
+        sent(ids: Keys<'_>, hold: &str);
+        /// Lets go of `ids` (due again at once), if unsent and still under `hold`.
+        release(ids: Keys<'_>, hold: &str);
+        /// Announces the commit of messages to the relays of other processes: the payload is
+        /// the announcing store's token (PostgreSQL's `NOTIFY`).
+        #[allow(dead_code, reason = "the announcer binds it itself: it outlives the statements")]
+        notify(token: &str);
+        /// Announces, in the transaction that wrote messages, that it did: for a claim joined
+        /// to a caller's transaction, whose commit is the caller's.
+        announce();
+    }
+}
+
+impl<DB: Backend> OutboxSql<DB> {
+    /// `Backend::outbox_write`: one statement a message, fenced by `fence`.
+    pub(super) async fn write_each(
+        &self,
+        conn: &mut DB::Connection,
+        outbox: &Pending,
+        fence: Fence<'_>,
+    ) -> Result<(), sqlx::Error> {
+        for (key, m) in outbox.rows() {
+            let (seq, headers) = (i64::from(m.seq), m.headers.to_json());
+            let (id, to, payload) = (m.id.as_str(), m.destination.as_str(), &m.payload[..]);
+            let (ordering, headers, scope) = (&*m.ordering_key, headers.as_deref(), outbox.scope());
+            let write = match fence {
+                Fence::Marker(token) => {
+                    self.write(id, to, payload, seq, ordering, headers, scope, key, token)
+                }
+                Fence::Watermark(at, nonce) => self.write_watermark(
+                    id,
+                    to,
+                    payload,
+                    seq,
+                    ordering,
+                    headers,
+                    scope,
+                    key,
+                    at.group,
+                    at.topic,
+                    at.partition,
+                    nonce,
+                ),
+            };
+            let write = write.unwrap_or_else(|| {
+                unreachable!("a backend without the outbox's `write` writes its own messages")
+            });
+            write.execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+
+    /// `Backend::outbox_sent`: one statement with the ids as a list.
+    pub(super) async fn sent_listed(
+        &self,
+        pool: &Pool<DB>,
+        ids: &[&str],
+        hold: &str,
+    ) -> Result<u64, sqlx::Error> {
+        let sent = self.sent(Keys(ids), hold);
+        let sent = sent.unwrap_or_else(|| unreachable!("a backend without `sent` marks its own"));
+        sent.execute(pool).await
+    }
+
+    /// `Backend::outbox_release`: one statement with the ids as a list.
+    pub(super) async fn release_listed(
+        &self,
+        pool: &Pool<DB>,
+        ids: &[&str],
+        hold: &str,
+    ) -> Result<(), sqlx::Error> {
+        let release = self.release(Keys(ids), hold);
+        let release =
+            release.unwrap_or_else(|| unreachable!("a backend without `release` writes its own"));
+        release.execute(pool).await?;
+        Ok(())
+    }
+}
+
+impl<DB: Backend> Sql<DB> {
+    /// Publishing `id` failed: try again in `retry_ms`, or never (`park`).
+    pub(crate) async fn outbox_failed(
+        &self,
+        pool: &Pool<DB>,
+        id: &str,
+        error: &str,
+        retry_ms: i64,
+        park: bool,
+        hold: &str,
+    ) -> Result<(), sqlx::Error> {
+        let failed = self.outbox.failed(id, error, retry_ms, park, hold);
+        failed.execute(pool).await?;
+        Ok(())
+    }
+
+    /// Deletes the unsent messages of one job, in the transaction that forgets its marker, so
+    /// that a re-run's messages, which get the same ids, are written.
+    pub(crate) async fn outbox_forget(
+        &self,
+        conn: &mut DB::Connection,
+        scope: &str,
+        key: &str,
+    ) -> Result<u64, sqlx::Error> {
+        self.outbox.forget(scope, key).execute(conn).await
+    }
+
+    /// Deletes at most `limit` messages sent more than `age_ms` ago; returns how many.
+    pub(crate) async fn outbox_purge(
+        &self,
+        pool: &Pool<DB>,
+        age_ms: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        self.outbox.purge(age_ms, limit).execute(pool).await
+    }
+
+    /// Unsent messages for operators, parked first, then oldest first.
+    pub(crate) async fn outbox_list(
+        &self,
+        pool: &Pool<DB>,
+        parked: bool,
+        pending: bool,
+        limit: i64,
+    ) -> Result<Vec<OutboxRow>, sqlx::Error> {
+        self.outbox
+            .list(parked, pending, limit)
+            .fetch_all(pool)
+            .await
+    }
+
+    /// One message by id, sent or not.
+    pub(crate) async fn outbox_find(
+        &self,
+        pool: &Pool<DB>,
+        id: &str,
+    ) -> Result<Option<OutboxRow>, sqlx::Error> {
+        self.outbox.find(id).fetch_optional(pool).await
+    }
+
+    /// Makes a parked message due again; `Ok(false)` if no unsent message of that id is
+    /// parked.
+    pub(crate) async fn outbox_requeue(
+        &self,
+        pool: &Pool<DB>,
+        id: &str,
+    ) -> Result<bool, sqlx::Error> {
+        Ok(self.outbox.requeue(id).execute(pool).await? == 1)
+    }
+
+    /// Announces, in `conn`'s transaction, that it wrote messages, where the database
+    /// announces commits (a joined claim's: the commit is the caller's).
+    pub(crate) async fn outbox_announce(
+        &self,
+        conn: &mut DB::Connection,
+    ) -> Result<(), sqlx::Error> {
+        if let Some(announce) = self.outbox.announce() {
+            announce.execute(conn).await?;
+        }
+        Ok(())
+    }
+}
+
+/// How a store tells the relays of other processes that it committed messages: the outbox's
+/// `notify`, on a connection of `pool` outside any job's transaction. Where the database has
+/// no such statement, or where nobody could listen (behind a pooler in transaction mode), the
+/// relays poll. It holds the statement, not the store's statements, which hold the announcer.
+pub(crate) fn announcer<DB: Backend>(pool: &Pool<DB>, sql: &Sql<DB>) -> Option<Announcer> {
+    let notify = sql
+        .outbox
+        .notify
+        .clone()
+        .filter(|_| !sql.table.is_unnamed())?;
+    let pool = pool.clone();
+    Some(Arc::new(move |token: String| {
+        let (pool, notify) = (pool.clone(), notify.clone());
+        Box::pin(async move {
+            let notify = Bound::<DB>::new(&notify, &[&token.as_str()]);
+            // A lost announcement costs latency only: the relays' polls find the messages.
+            if let Err(e) = notify.execute(&pool).await {
+                tracing::debug!(error = %e, "idem: the outbox's notification failed");
+            }
+        })
+    }))
+}
