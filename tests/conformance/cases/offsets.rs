@@ -354,16 +354,31 @@ pub(crate) async fn offset_claim_outbox_commits_with_its_watermark<S: Support>()
         claim.outbox().send("orders/3/6", "receipts", &6),
         Err(Error::InvalidMessage { .. })
     ));
+    // A message's ordering key and headers are kept with the watermark as with a marker.
+    claim
+        .outbox()
+        .message("orders/3/7", "receipts")
+        .json(&7)
+        .key("customer-9")
+        .header("tenant", "acme")
+        .send()
+        .unwrap();
     apply_fresh(&mut claim, &batch, &ctx.effects).await.unwrap();
     assert_eq!(claim.finish(Ok::<_, Error>(())).await.unwrap().applied(), 2);
     let outbox = format!("SELECT COUNT(*) FROM {}_outbox", ctx.store.table());
-    assert_eq!(ctx.scalar(&outbox).await, 1);
+    assert_eq!(ctx.scalar(&outbox).await, 2);
+    let entries = ctx.store.list_outbox(true, true, 10).await.unwrap();
+    let keyed = entries
+        .iter()
+        .find(|e| e.ordering_key == "customer-9")
+        .expect("the message keeps its ordering key");
+    assert_eq!(keyed.headers.get("tenant"), Some("acme"));
     // A redelivery is a duplicate and sends nothing more.
     let mut again = ctx.store.claim_offsets(GROUP, &at(&batch)).await.unwrap();
     assert!(!again.any_fresh());
     assert!(again.outbox().send("orders/3/8", "receipts", &8).is_err());
     assert_eq!(again.finish(Ok::<_, Error>(())).await.unwrap().applied(), 0);
-    assert_eq!(ctx.scalar(&outbox).await, 1);
+    assert_eq!(ctx.scalar(&outbox).await, 2);
     ctx.cleanup().await;
 }
 
