@@ -268,6 +268,7 @@ runs! {
     /// Runs it; returns the rows it changed.
     execute -> u64 = |q, e| q.execute(e).await.map(|done| DB::affected(&done));
     /// Runs it; returns what the database answered (MySQL's insert id).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     result -> DB::QueryResult = |q, e| q.execute(e).await;
     /// Runs it; returns every row it answered.
     fetch_all<R> -> Vec<R> =
@@ -436,12 +437,14 @@ macro_rules! statements {
 
             $(
                 $(#[$fmeta])*
+                #[allow(clippy::too_many_arguments, reason = "one argument per bind of the statement")]
                 $vis fn $field(&self, $($arg: $ty),*) -> $crate::backend::bind::Bound<DB> {
                     $crate::backend::bind::Bound::new(&self.$field, &[$(&$arg),*])
                 }
             )*
             $($(
                 $(#[$ometa])*
+                #[allow(clippy::too_many_arguments, reason = "one argument per bind of the statement")]
                 $vis fn $ofield(
                     &self,
                     $($oarg: $oty),*
@@ -484,6 +487,7 @@ macro_rules! statements {
 
             $(
                 $(#[$fmeta])*
+                #[allow(clippy::too_many_arguments, reason = "one argument per bind of the statement")]
                 $vis fn $field(&self, $($arg: $ty),*) -> $crate::backend::bind::Bound<DB> {
                     $crate::backend::bind::Bound::new(&self.$field, &[$(&$arg),*])
                 }

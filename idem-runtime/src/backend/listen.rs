@@ -15,6 +15,7 @@ impl Listen {
     /// relays in the process already. An error means the listener's connection failed; it
     /// reconnects at the next call, and a notification missed meanwhile leaves its messages
     /// to the next round all the same. [`Listen::Polled`] never returns.
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
     pub(crate) async fn next(&mut self, own: &str) -> Result<(), sqlx::Error> {
         match self {
             Listen::Polled => std::future::pending().await,

@@ -147,8 +147,8 @@ pub trait Backend: Driver + Sized {
     /// backing off or parked; a key whose earliest message another take is taking is skipped
     /// (never taken by two at once). A key's messages are taken from its earliest on, every
     /// key's first before any key's second. Held for `lease_ms`, until the one instant the
-    /// [`Taken`] names. First, in the same transaction, marks `sent` as
-    /// [`Sql::outbox_sent`] would under `sent_hold` (the round before's confirmed messages);
+    /// `Taken` names. First, in the same transaction, marks `sent` as
+    /// [`Backend::outbox_sent`] would under `sent_hold` (the round before's confirmed messages);
     /// the take takes none of them.
     fn outbox_take<'p>(
         pool: &'p Pool<Self>,
