@@ -10,7 +10,7 @@ pub(crate) mod member;
 
 use std::borrow::Cow;
 use std::fmt;
-use std::hash::{BuildHasher as _, BuildHasherDefault, DefaultHasher, Hash};
+use std::hash::{BuildHasher as _, Hash, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -180,6 +180,9 @@ impl GroupOptions {
 pub struct Group<DB: Backend> {
     pub(crate) shared: Arc<Shared<DB>>,
     lanes: Arc<[Lane<DB>]>,
+    /// Keyed per group, so that a sender who picks the keys cannot pick the lanes (putting
+    /// every call in one) by knowing the hash.
+    hasher: RandomState,
 }
 
 impl<DB: Backend> Clone for Group<DB> {
@@ -187,6 +190,7 @@ impl<DB: Backend> Clone for Group<DB> {
         Group {
             shared: self.shared.clone(),
             lanes: self.lanes.clone(),
+            hasher: self.hasher.clone(),
         }
     }
 }
@@ -215,6 +219,7 @@ impl<DB: Backend> Store<DB> {
                 options,
             }),
             lanes: lanes.into(),
+            hasher: RandomState::new(),
         })
     }
 }
@@ -277,8 +282,7 @@ impl<DB: Backend> Group<DB> {
 
     /// The lane of the calls that name `what` (a key, a partition).
     pub(crate) fn lane(&self, what: impl Hash) -> &Lane<DB> {
-        let hasher = BuildHasherDefault::<DefaultHasher>::default();
-        let at = hasher.hash_one(what) as usize;
+        let at = self.hasher.hash_one(what) as usize;
         &self.lanes[at % self.lanes.len()]
     }
 }
