@@ -51,7 +51,7 @@ impl V {
 /// The lanes of the group rows: `IDEM_BENCH_GROUP_LANES` (a comma list), else the default
 /// options' and twice as many.
 fn lane_counts() -> Vec<usize> {
-    let default = GroupOptions::new().lane_count();
+    let default = GroupOptions::new().get_lanes();
     std::env::var("IDEM_BENCH_GROUP_LANES")
         .ok()
         .map(|v| {

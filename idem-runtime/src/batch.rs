@@ -199,10 +199,6 @@ pub struct BatchGuard<DB: Backend> {
     outbox: Option<BatchOutbox>,
 }
 
-/// The answer to [`Store::claim_batch`].
-#[deprecated(since = "0.2.0", note = "renamed `BatchGuard`")]
-pub type BatchClaim<DB> = BatchGuard<DB>;
-
 impl<DB: Backend> BatchGuard<DB> {
     /// How many jobs the batch holds (fresh and duplicate).
     pub fn len(&self) -> usize {

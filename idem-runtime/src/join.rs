@@ -106,10 +106,6 @@ impl<'a, DB: Backend> Joined<'a, DB> {
     }
 }
 
-/// The answer to [`Joined::claim`].
-#[deprecated(since = "0.2.0", note = "use `Claimed<JoinedGuard<'a, DB>>`")]
-pub type JoinedClaim<'a, DB> = Claimed<JoinedGuard<'a, DB>>;
-
 /// A fresh claim in a savepoint of the caller's transaction.
 ///
 /// [`finish`](JoinedGuard::finish) releases the savepoint on `Ok` (marker, effect and

@@ -59,8 +59,6 @@ pub mod http;
 pub mod kafka;
 
 pub use backend::Backend;
-#[allow(deprecated)]
-pub use batch::BatchClaim;
 pub use batch::BatchGuard;
 pub use claim::Claimed;
 pub use claim::nested::Body;
@@ -70,12 +68,8 @@ pub use error::Error;
 pub use group::{Group, GroupGuard, GroupOptions, MAX_GROUP, MAX_GROUP_DELAY, MAX_LANES};
 pub use inspect::{Marker, MarkerState, RecordedStep};
 pub use job_id::{JobId, job_id};
-#[allow(deprecated)]
-pub use join::JoinedClaim;
 pub use join::{Joined, JoinedGuard, Target, commit};
 pub use key::{IntoKey, Key, KeyError, KeyWriter, MAX_BATCH, MAX_KEY_LEN};
-#[allow(deprecated)]
-pub use lease::Leased;
 pub use lease::{Lease, MAX_ERROR_LEN, MAX_STEP_NAME, Step, Verified};
 pub use observe::semconv::{MESSAGING_PROCESS_DURATION, observe_messaging};
 pub use observe::{CLAIM_SECONDS, KeyInSpans, OUTCOMES_TOTAL, describe_metrics, observe_keys};
@@ -86,8 +80,6 @@ pub use record::{Fingerprint, MAX_REPLAY_LEN, Recorded};
 pub use retention::{MIN_RETENTION, Retention};
 pub use store::{DEFAULT_TABLE, MAX_TABLE_LEN, PURGE_BATCH, Store};
 pub use traceparent::{TRACEPARENT, TraceParent, TraceParentError};
-#[allow(deprecated)]
-pub use transaction::Claim;
 pub use transaction::Guard;
 
 /// The transactional outbox: the messages a handler sends with its effect

@@ -14,13 +14,9 @@ use crate::key::Key;
 use crate::options::ClaimOptions;
 use crate::outcome::{Failed, Outcome};
 use crate::outgoing::Outbox;
-use crate::record::{self, Fingerprint};
+use crate::record;
 use crate::scope::check_scope;
 use crate::store::Store;
-
-/// The answer to [`Store::claim`].
-#[deprecated(since = "0.2.0", note = "use `Claimed<Guard<DB>>`")]
-pub type Claim<DB> = Claimed<Guard<DB>>;
 
 impl<DB: Backend> Store<DB> {
     /// Begins a transaction and claims `(scope, key)` in it, with the database's defaults.
@@ -80,25 +76,6 @@ impl<DB: Backend> Store<DB> {
         let scope = Cow::Owned(scope.to_owned());
         let request = Request::new(scope, key.clone(), options, "Store::claim");
         Ok(run::own(self, request).await?.map(|held| Guard { held }))
-    }
-
-    /// [`claim_with`](Store::claim_with) with the fingerprint given apart.
-    #[deprecated(
-        since = "0.2.0",
-        note = "use `claim_with(scope, key, options.fingerprint(fingerprint))`"
-    )]
-    pub async fn claim_checked(
-        &self,
-        scope: &str,
-        key: &Key,
-        options: ClaimOptions,
-        fingerprint: Option<&Fingerprint>,
-    ) -> Result<Claimed<Guard<DB>>, Error> {
-        let options = match fingerprint {
-            Some(fingerprint) => options.fingerprint(*fingerprint),
-            None => options,
-        };
-        self.claim_with(scope, key, options).await
     }
 }
 

@@ -399,7 +399,11 @@ pub enum Error {
     /// data). Records now in the log below the watermark would be taken for duplicates, so the
     /// Kafka consumer does not consume the partition; nothing was written.
     #[error(
-        "the watermark of {group:?} on {topic:?} partition {partition} is {watermark}, past          the end of the partition's log ({log_end}): the topic was made again or its log lost          records, and its new records would be taken for duplicates; the partition is not          consumed. If the log was made anew, set the watermark to where its records start          (`Store::set_watermark`); nothing was written"
+        "the watermark of {group:?} on {topic:?} partition {partition} is {watermark}, past \
+         the end of the partition's log ({log_end}): the topic was made again or its log lost \
+         records, and its new records would be taken for duplicates; the partition is not \
+         consumed. If the log was made anew, set the watermark to where its records start \
+         (`Store::set_watermark`); nothing was written"
     )]
     WatermarkAhead {
         /// The consumer group.

@@ -50,10 +50,22 @@ fn every_variant_says_what_to_do() {
             Error::from(sqlx::Error::RowNotFound),
             "kept or lost together",
         ),
+        (
+            Error::WatermarkAhead {
+                group: "g".into(),
+                topic: "t".into(),
+                partition: 0,
+                watermark: 9,
+                log_end: 4,
+            },
+            "set the watermark to where its records start",
+        ),
     ];
     for (err, advice) in cases {
         let msg = err.to_string();
         assert!(msg.contains(advice), "{msg:?} lacks {advice:?}");
+        // A line continuation lost in the source leaves a run of spaces in the message.
+        assert!(!msg.contains("  "), "{msg:?} has a run of spaces");
         // Each message is whole: nothing to print again from a source.
         assert!(err.source().is_none(), "{msg}");
     }

@@ -106,18 +106,18 @@ impl GroupOptions {
         self
     }
 
-    /// The most calls one group keeps.
-    pub const fn size_limit(&self) -> usize {
+    /// The most calls one group keeps (set with [`max_size`](GroupOptions::max_size)).
+    pub const fn get_max_size(&self) -> usize {
         self.max_size
     }
 
-    /// The longest a group stays open.
-    pub const fn delay_limit(&self) -> Duration {
+    /// The longest a group stays open (set with [`max_delay`](GroupOptions::max_delay)).
+    pub const fn get_max_delay(&self) -> Duration {
         self.max_delay
     }
 
-    /// How many groups are open at once.
-    pub const fn lane_count(&self) -> usize {
+    /// How many groups are open at once (set with [`lanes`](GroupOptions::lanes)).
+    pub const fn get_lanes(&self) -> usize {
         self.lanes
     }
 

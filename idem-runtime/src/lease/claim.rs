@@ -17,7 +17,6 @@ use crate::observe;
 use crate::observe::semconv::About;
 use crate::options::{ClaimOptions, LeaseOptions, Mode};
 use crate::outgoing::Pending;
-use crate::record::Fingerprint;
 use crate::scope::check_scope;
 use crate::store::Store;
 
@@ -64,25 +63,6 @@ impl<DB: Backend> Store<DB> {
         let scope = Cow::Owned(scope.to_owned());
         let request = Request::new(scope, key.clone(), claim_options(&options), "Store::lease");
         claim_lease(self, request, options).await
-    }
-
-    /// [`lease`](Store::lease) with the fingerprint given apart.
-    #[deprecated(
-        since = "0.2.0",
-        note = "use `lease(scope, key, options.fingerprint(fingerprint))`"
-    )]
-    pub async fn lease_checked(
-        &self,
-        scope: &str,
-        key: &Key,
-        options: LeaseOptions,
-        fingerprint: Option<&Fingerprint>,
-    ) -> Result<Claimed<Lease>, Error> {
-        let options = match fingerprint {
-            Some(fingerprint) => options.fingerprint(*fingerprint),
-            None => options,
-        };
-        self.lease(scope, key, options).await
     }
 }
 

@@ -27,17 +27,13 @@ pub(crate) use clock::Clock;
 pub use steps::{MAX_STEP_NAME, Step, Verified};
 
 use crate::backend::Holder;
-use crate::claim::{Claimed, Hold, Request, Ticket, finish, finish_failed};
+use crate::claim::{Hold, Request, Ticket, finish, finish_failed};
 use crate::error::Error;
 use crate::key::Key;
 use crate::options::LeaseOptions;
 use crate::outcome::{Failed, Failure, Outcome};
 use crate::outgoing::{Outbox, Pending};
 use crate::record::{self, NotStorable};
-
-/// The answer to [`Store::lease`](crate::Store::lease).
-#[deprecated(since = "0.2.0", note = "use `Claimed<Lease>`")]
-pub type Leased = Claimed<Lease>;
 
 /// A lease-mode delivery's hold on its key: what the body gets as `lease: &idem::Lease`.
 ///
