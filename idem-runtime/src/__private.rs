@@ -39,13 +39,12 @@ pub use core::time::Duration;
 mod claim;
 mod each;
 mod group;
+pub use crate::each::{EachGuard, JobGuard};
 pub use crate::group::{Group, GroupHeld};
 pub use crate::outcome::Each;
-pub use claim::{claim, claim_linked};
-pub use each::{
-    claim_each, each_body, each_job, finish_each, finish_job, job_parts, job_tx, settle_each,
-};
-pub use group::{claim_group, claim_group_linked, finish_group, finish_group_replay};
+pub use claim::claim;
+pub use each::{claim_each, finish_each};
+pub use group::{claim_group, finish_group};
 
 pub mod db;
 
@@ -238,19 +237,9 @@ pub fn link<L: Link + ?Sized>(value: &L) -> Option<TraceParent> {
     value.link()
 }
 
-/// A lease-mode handler's claim.
-#[inline]
+/// A lease-mode handler's claim; its span links to the producer's when the handler was given
+/// `link = ".."`.
 pub async fn lease<DB: Backend>(
-    store: &Store<DB>,
-    spec: &'static LeaseSpec,
-    key: Result<Key, Error>,
-    print: Option<Result<Fingerprint, Error>>,
-) -> Result<Claimed<Lease>, Error> {
-    lease_linked(store, spec, key, print, None).await
-}
-
-/// [`lease`] of a handler given `link = ".."`.
-pub async fn lease_linked<DB: Backend>(
     store: &Store<DB>,
     spec: &'static LeaseSpec,
     key: Result<Key, Error>,
@@ -264,13 +253,6 @@ pub async fn lease_linked<DB: Backend>(
         None => spec.lease,
     };
     claim_lease(store, request, lease.link(link)).await
-}
-
-/// Runs a handler's body as its claim's body (in its span, marked as inside its open
-/// transaction).
-#[inline]
-pub fn in_body<F: Future>(body: Body, future: F) -> impl Future<Output = F::Output> {
-    body.run(future)
 }
 
 /// The fingerprint of the `fingerprint` expression.
@@ -367,24 +349,24 @@ pub fn replayed<T, E>(codec: Codec<T>, recorded: &Recorded) -> Result<Outcome<T>
     }
 }
 
-/// Ends a transaction-mode call with the body's `result`, without converting idem's errors
-/// yet (that is [`settle`]'s, once). The finish's own future, as `claim` returns the claim's.
+/// Ends a transaction-mode call with the body's `result` (its value stored for later
+/// deliveries with `replay`'s codec), without converting idem's errors yet (that is
+/// [`settle`]'s, once). The finish's own future, as `claim` returns the claim's.
 #[inline]
 pub fn finish<DB: Backend, T, E>(
+    codec: Option<Codec<T>>,
     held: TxHeld<'_, DB>,
     result: Result<T, E>,
 ) -> impl Future<Output = Result<Outcome<T>, Failed<E>>> {
-    held.finish(result, |_| Ok(None))
+    held.finish(result, encoder(codec))
 }
 
-/// [`finish`] storing the value for later deliveries (`replay`).
-#[inline]
-pub fn finish_replay<DB: Backend, T, E>(
-    codec: Codec<T>,
-    held: TxHeld<'_, DB>,
-    result: Result<T, E>,
-) -> impl Future<Output = Result<Outcome<T>, Failed<E>>> {
-    held.finish(result, move |value| (codec.encode)(value).map(Some))
+/// What a finish stores of the value: its JSON with `replay`'s codec, nothing without one.
+fn encoder<T>(codec: Option<Codec<T>>) -> impl FnOnce(&T) -> Result<Option<String>, NotStorable> {
+    move |value| match codec {
+        Some(codec) => (codec.encode)(value).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// The outbox a lease handler's body sends on (the body borrows the lease meanwhile).
@@ -397,42 +379,26 @@ fn key_of(lease: &Lease) -> Key {
     Key::new(lease.key()).expect("a lease's key was checked at its claim")
 }
 
-/// Runs a lease handler's body under the lease's time limit.
-#[inline]
-pub async fn lease_run<F: Future>(lease: &Lease, body: F) -> Result<F::Output, Error> {
-    lease.run(body).await
-}
-
-/// Lease mode's end: `result` is the body's result, or the timeout that cut it short; the
-/// body's messages, if it took an outbox.
+/// Lease mode's end: `result` is the body's result, or the timeout that cut it short (its
+/// value stored for later deliveries with `replay`'s codec); the body's messages, if it took
+/// an outbox.
 #[inline]
 pub async fn lease_finish<T, E>(
+    codec: Option<Codec<T>>,
     lease: Lease,
     result: Result<Result<T, E>, Error>,
     outbox: Option<Outbox>,
 ) -> Result<Outcome<T>, Failed<E>> {
     let pending = outbox.map(Outbox::into_pending);
     lease
-        .finish_with(result, |_| Ok(None), pending.as_ref())
+        .finish_with(result, encoder(codec), pending.as_ref())
         .await
 }
 
-/// [`lease_finish`] storing the value for later deliveries (`replay`).
+/// The one place where an [`Error`] becomes the handler's error type, whatever the mode
+/// answered (an [`Outcome`], a [`Batch`], an [`Each`]).
 #[inline]
-pub async fn lease_finish_replay<T, E>(
-    codec: Codec<T>,
-    lease: Lease,
-    result: Result<Result<T, E>, Error>,
-    outbox: Option<Outbox>,
-) -> Result<Outcome<T>, Failed<E>> {
-    let pending = outbox.map(Outbox::into_pending);
-    let encode = |value: &T| (codec.encode)(value).map(Some);
-    lease.finish_with(result, encode, pending.as_ref()).await
-}
-
-/// The one place where an [`Error`] becomes the handler's error type.
-#[inline]
-pub fn settle<T, E: HandlerError>(result: Result<Outcome<T>, Failed<E>>) -> Result<Outcome<T>, E> {
+pub fn settle<R, E: HandlerError>(result: Result<R, Failed<E>>) -> Result<R, E> {
     result.map_err(Failed::into_handler_error)
 }
 
@@ -556,12 +522,4 @@ pub async fn finish_batch<DB: Backend, T, E>(
     result: Result<T, E>,
 ) -> Result<Batch<T>, Failed<E>> {
     claim.finish_failed(result.map_err(Failed::Handler)).await
-}
-
-/// The one place where an [`Error`] of a batch becomes the handler's error type.
-#[inline]
-pub fn settle_batch<T, E: HandlerError>(
-    result: Result<Batch<T>, Failed<E>>,
-) -> Result<Batch<T>, E> {
-    result.map_err(Failed::into_handler_error)
 }

@@ -117,7 +117,7 @@ pub(super) fn expand(
         &item.block.stmts,
         Some((&private, &span)),
     );
-    let settle = located_at(quote!(#private::settle_batch(#outcome)), ret.span());
+    let settle = located_at(quote!(#private::settle(#outcome)), ret.span());
     let spec = super::spec::claim(&private, &scope, &name, options);
     let count = local("__idem_jobs");
 

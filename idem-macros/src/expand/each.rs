@@ -105,12 +105,12 @@ pub(super) fn expand(
         Some(o) => {
             let (pat, ty) = (&o.pat, &o.ty);
             (
-                quote!(let (#tx_var, #outbox_ref) = #private::job_parts(&mut #guard);),
+                quote!(let (#tx_var, #outbox_ref) = #private::JobGuard::parts(&mut #guard);),
                 quote!(let #pat: #ty = #outbox_ref;),
             )
         }
         None => (
-            quote!(let #tx_var = #private::job_tx(&mut #guard);),
+            quote!(let #tx_var = #private::JobGuard::tx(&mut #guard);),
             TokenStream::new(),
         ),
     };
@@ -125,7 +125,7 @@ pub(super) fn expand(
         &item.block.stmts,
         (&private, &body_of),
     );
-    let settle = located_at(quote!(#private::settle_each(#outcome)), ret.span());
+    let settle = located_at(quote!(#private::settle(#outcome)), ret.span());
     let spec = super::spec::claim(&private, &scope, &name, options);
 
     let (attrs, inner): (Vec<_>, Vec<_>) = item
@@ -158,11 +158,11 @@ pub(super) fn expand(
                         return ::core::result::Result::Err(#private::Failed::Idem(#err));
                     }
                 };
-                if let ::core::option::Option::Some(#span) = #private::each_body(&#claim) {
+                if let ::core::option::Option::Some(#span) = #private::EachGuard::body(&#claim) {
                     for (#at, #job) in ::core::iter::Iterator::enumerate(
                         ::core::iter::IntoIterator::into_iter(#job),
                     ) {
-                        let mut #guard = match #private::each_job(&mut #claim, #at).await {
+                        let mut #guard = match #private::EachGuard::job(&mut #claim, #at).await {
                             ::core::result::Result::Ok(::core::option::Option::Some(#guard)) => #guard,
                             ::core::result::Result::Ok(::core::option::Option::None) => continue,
                             ::core::result::Result::Err(#err) => {
@@ -172,7 +172,7 @@ pub(super) fn expand(
                         let #body_of = ::core::clone::Clone::clone(&#span);
                         #borrow
                         #body
-                        if let ::core::result::Result::Err(#err) = #private::finish_job(#guard, #result).await {
+                        if let ::core::result::Result::Err(#err) = #private::JobGuard::finish(#guard, #result).await {
                             return ::core::result::Result::Err(#private::Failed::Handler(#err));
                         }
                     }

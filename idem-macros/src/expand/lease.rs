@@ -7,7 +7,7 @@ use syn::Stmt;
 use syn::ext::IdentExt as _;
 use syn::spanned::Spanned;
 
-use super::{Shared, local, located_at, pinned_body};
+use super::{Shared, codec_arg, link_arg, local, located_at, pinned_body};
 use crate::args::{Args, Length};
 use crate::duration;
 use crate::signature::Kind;
@@ -80,20 +80,14 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         Some(codec) => quote!(return #private::replayed(#codec, &#recorded)),
         None => quote!(return ::core::result::Result::Ok(#private::Outcome::Duplicate)),
     };
-    let finish = match codec_var {
-        Some(codec) => quote!(#private::lease_finish_replay(#codec, #lease, #result, #sent)),
-        None => quote!(#private::lease_finish(#lease, #result, #sent)),
-    };
-    // A handler given `link` claims through the linked entry, with the traceparent.
-    let (claim, link) = match link_var {
-        Some(link) => (quote!(lease_linked), quote!(, #link)),
-        None => (quote!(lease), TokenStream::new()),
-    };
+    let codec = codec_arg(codec_var.as_ref());
+    let finish = quote!(#private::lease_finish(#codec, #lease, #result, #sent));
+    let link = link_arg(link_var.as_ref());
     let spec = super::spec::lease(private, scope, &name, options);
     quote! {
         #spec
         let #outcome_var = async move {
-            let #lease = match #private::#claim(#store, &__IDEM_SPEC, #key_var, #print #link).await {
+            let #lease = match #private::lease(#store, &__IDEM_SPEC, #key_var, #print, #link).await {
                 ::core::result::Result::Ok(#private::Claimed::Fresh(#lease)) => #lease,
                 ::core::result::Result::Ok(#private::Claimed::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);
@@ -111,7 +105,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
             #open_outbox
             // The body borrows the lease while `run` holds it too; both only read it.
             let #lease_ref = &#lease;
-            let #result = #private::lease_run(&#lease, async move {
+            let #result = #private::Lease::run(&#lease, async move {
                 #body
                 #body_var
             })

@@ -190,6 +190,22 @@ fn without_outbox(sig: &mut syn::Signature, outbox: Option<&crate::outbox::Outbo
     }
 }
 
+/// The codec argument of a finish: `Some(codec)` with `replay`, else `None`.
+fn codec_arg(codec_var: Option<&Ident>) -> TokenStream {
+    match codec_var {
+        Some(codec) => quote!(::core::option::Option::Some(#codec)),
+        None => quote!(::core::option::Option::None),
+    }
+}
+
+/// The link argument of a claim: the bound `Option<TraceParent>` with `link`, else `None`.
+fn link_arg(link_var: Option<&Ident>) -> TokenStream {
+    match link_var {
+        Some(link) => quote!(#link),
+        None => quote!(::core::option::Option::None),
+    }
+}
+
 /// A local of the generated code: invisible to the body's names, and they to it.
 fn local(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
@@ -463,7 +479,7 @@ fn pinned(
             let mut args = Group::new(Delimiter::Parenthesis, quote!(#span, #head #block));
             args.set_span(args.span().located_at(last));
             (
-                located_at(quote!(#private::in_body), first),
+                located_at(quote!(#private::Body::run), first),
                 args.into_token_stream(),
             )
         }

@@ -4,11 +4,11 @@
 //! so the body is compiled (and its mistakes reported) once.
 
 use proc_macro2::{Ident, Literal, TokenStream};
-use quote::{format_ident, quote};
+use quote::quote;
 use syn::Stmt;
 use syn::ext::IdentExt as _;
 
-use super::{Shared, local, pinned_body};
+use super::{Shared, codec_arg, link_arg, local, pinned_body};
 use crate::args::{Args, Isolation};
 use crate::signature::Kind;
 
@@ -69,35 +69,20 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         None => quote!(return ::core::result::Result::Ok(#private::Outcome::Duplicate)),
     };
     // Group commit claims and ends through the group's adapters.
-    let (claim, finish, finish_replay) = match args.group {
-        true => (
-            format_ident!("claim_group"),
-            quote!(finish_group),
-            quote!(finish_group_replay),
-        ),
-        false => (
-            format_ident!("claim"),
-            quote!(finish),
-            quote!(finish_replay),
-        ),
+    let (claim, finish) = match args.group {
+        true => (quote!(claim_group), quote!(finish_group)),
+        false => (quote!(claim), quote!(finish)),
     };
-    let finish = match codec_var {
-        Some(codec) => quote!(#private::#finish_replay(#codec, #held, #result)),
-        None => quote!(#private::#finish(#held, #result)),
-    };
-    // A handler given `link` claims through the linked entry, with the traceparent; one
-    // without it calls what it always did.
-    let (claim, link) = match link_var {
-        Some(link) => (format_ident!("{claim}_linked"), quote!(, #link)),
-        None => (claim, TokenStream::new()),
-    };
+    let codec = codec_arg(codec_var.as_ref());
+    let finish = quote!(#private::#finish(#codec, #held, #result));
+    let link = link_arg(link_var.as_ref());
     let spec = super::spec::claim(private, scope, &name, options);
     // A store inside another claim's body is refused by the claim, before any I/O; this
     // claim's body runs marked as inside its transaction in turn.
     quote! {
         #spec
         let #outcome_var = async move {
-            let mut #held = match #private::#claim(#store, &__IDEM_SPEC, #key_var, #print #link).await {
+            let mut #held = match #private::#claim(#store, &__IDEM_SPEC, #key_var, #print, #link).await {
                 ::core::result::Result::Ok(#private::Claimed::Fresh(#held)) => #held,
                 ::core::result::Result::Ok(#private::Claimed::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);

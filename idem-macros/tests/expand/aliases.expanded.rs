@@ -18,6 +18,7 @@ pub async fn refund(
                 &__IDEM_SPEC,
                 __idem_key,
                 ::core::option::Option::None,
+                ::core::option::Option::None,
             )
             .await
         {
@@ -47,7 +48,7 @@ pub async fn refund(
         };
         let __idem_body_of = __idem_held.body();
         let __idem_tx = __idem_held.tx();
-        let __idem_result: Fallible<u64> = ::idem::__private::in_body(
+        let __idem_result: Fallible<u64> = ::idem::__private::Body::run(
                 __idem_body_of,
                 async move {
                     let tx: &mut sqlx::postgres::PgTransaction<'_> = __idem_tx;
@@ -66,7 +67,12 @@ pub async fn refund(
             use ::idem::__private::{IntoResult as _, NotAResult as _};
             ::idem::__private::Returned(__idem_result).into_result()
         };
-        ::idem::__private::finish(__idem_held, __idem_result).await
+        ::idem::__private::finish(
+                ::core::option::Option::None,
+                __idem_held,
+                __idem_result,
+            )
+            .await
     }
         .await;
     ::idem::__private::settle(__idem_outcome)

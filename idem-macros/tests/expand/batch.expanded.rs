@@ -39,7 +39,7 @@ pub async fn apply_top_ups(
         let __idem_fresh = ::idem::__private::fresh_jobs(jobs, &__idem_claim);
         let __idem_body_of = ::idem::__private::batch_body(&__idem_claim);
         let __idem_tx = ::idem::__private::batch_tx(&mut __idem_claim);
-        let __idem_result: Result<usize, AppError> = ::idem::__private::in_body(
+        let __idem_result: Result<usize, AppError> = ::idem::__private::Body::run(
                 __idem_body_of,
                 async move {
                     let tx: &mut sqlx::Transaction<'_, Postgres> = __idem_tx;
@@ -60,7 +60,7 @@ pub async fn apply_top_ups(
         ::idem::__private::finish_batch(__idem_claim, __idem_result).await
     }
         .await;
-    ::idem::__private::settle_batch(__idem_outcome)
+    ::idem::__private::settle(__idem_outcome)
 }
 
 // if_postgres: the stand-in when it is off

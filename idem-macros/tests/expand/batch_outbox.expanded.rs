@@ -41,7 +41,7 @@ pub async fn place_all(
         let (__idem_tx, __idem_outbox_ref) = ::idem::__private::batch_parts(
             &mut __idem_claim,
         );
-        let __idem_result: Result<(), AppError> = ::idem::__private::in_body(
+        let __idem_result: Result<(), AppError> = ::idem::__private::Body::run(
                 __idem_body_of,
                 async move {
                     let tx: &mut sqlx::Transaction<'_, Postgres> = __idem_tx;
@@ -61,7 +61,7 @@ pub async fn place_all(
         ::idem::__private::finish_batch(__idem_claim, __idem_result).await
     }
         .await;
-    ::idem::__private::settle_batch(__idem_outcome)
+    ::idem::__private::settle(__idem_outcome)
 }
 
 // if_postgres: the stand-in when it is off

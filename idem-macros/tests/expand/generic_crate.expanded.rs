@@ -18,6 +18,7 @@ where
                 &__IDEM_SPEC,
                 __idem_key,
                 ::core::option::Option::None,
+                ::core::option::Option::None,
             )
             .await
         {
@@ -53,7 +54,7 @@ where
         };
         let __idem_body_of = __idem_held.body();
         let __idem_tx = __idem_held.tx();
-        let __idem_result: Result<J::Output, sqlx::Error> = ::my_app::idem::__private::in_body(
+        let __idem_result: Result<J::Output, sqlx::Error> = ::my_app::idem::__private::Body::run(
                 __idem_body_of,
                 async move {
                     let mut tx: &mut sqlx::Transaction<'_, MySql> = __idem_tx;
@@ -61,7 +62,12 @@ where
                 },
             )
             .await;
-        ::my_app::idem::__private::finish(__idem_held, __idem_result).await
+        ::my_app::idem::__private::finish(
+                ::core::option::Option::None,
+                __idem_held,
+                __idem_result,
+            )
+            .await
     }
         .await;
     ::my_app::idem::__private::settle(__idem_outcome)

@@ -17,6 +17,7 @@ async fn apply(
                 &__IDEM_SPEC,
                 __idem_key,
                 ::core::option::Option::None,
+                ::core::option::Option::None,
             )
             .await
         {
@@ -46,7 +47,7 @@ async fn apply(
         };
         let __idem_body_of = __idem_held.body();
         let __idem_tx = __idem_held.tx();
-        let __idem_result: Result<(), sqlx::Error> = ::idem::__private::in_body(
+        let __idem_result: Result<(), sqlx::Error> = ::idem::__private::Body::run(
                 __idem_body_of,
                 async move {
                     let tx: &mut sqlx::Transaction<'_, Sqlite> = __idem_tx;
@@ -55,7 +56,12 @@ async fn apply(
                 },
             )
             .await;
-        ::idem::__private::finish(__idem_held, __idem_result).await
+        ::idem::__private::finish(
+                ::core::option::Option::None,
+                __idem_held,
+                __idem_result,
+            )
+            .await
     }
         .await;
     ::idem::__private::settle(__idem_outcome)

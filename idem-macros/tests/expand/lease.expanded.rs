@@ -18,6 +18,7 @@ async fn charge_once<'a, __IdemDb: ::idem::__private::Backend>(
                 &__IDEM_SPEC,
                 __idem_key,
                 ::core::option::Option::None,
+                ::core::option::Option::None,
             )
             .await
         {
@@ -46,7 +47,7 @@ async fn charge_once<'a, __IdemDb: ::idem::__private::Backend>(
             }
         };
         let __idem_lease_ref = &__idem_lease;
-        let __idem_result = ::idem::__private::lease_run(
+        let __idem_result = ::idem::__private::Lease::run(
                 &__idem_lease,
                 async move {
                     let __idem_body: Result<Receipt, AppError> = async move {
@@ -65,6 +66,7 @@ async fn charge_once<'a, __IdemDb: ::idem::__private::Backend>(
             )
             .await;
         ::idem::__private::lease_finish(
+                ::core::option::Option::None,
                 __idem_lease,
                 __idem_result,
                 ::core::option::Option::None,

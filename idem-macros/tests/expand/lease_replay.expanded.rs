@@ -25,6 +25,7 @@ async fn send_mail<__IdemDb: ::idem::__private::Backend>(
                 &__IDEM_SPEC,
                 __idem_key,
                 __idem_print,
+                ::core::option::Option::None,
             )
             .await
         {
@@ -53,7 +54,7 @@ async fn send_mail<__IdemDb: ::idem::__private::Backend>(
             }
         };
         let __idem_lease_ref = &__idem_lease;
-        let __idem_result = ::idem::__private::lease_run(
+        let __idem_result = ::idem::__private::Lease::run(
                 &__idem_lease,
                 async move {
                     let __idem_body: Result<MessageId, AppError> = async move {
@@ -65,8 +66,8 @@ async fn send_mail<__IdemDb: ::idem::__private::Backend>(
                 },
             )
             .await;
-        ::idem::__private::lease_finish_replay(
-                __idem_codec,
+        ::idem::__private::lease_finish(
+                ::core::option::Option::Some(__idem_codec),
                 __idem_lease,
                 __idem_result,
                 ::core::option::Option::None,

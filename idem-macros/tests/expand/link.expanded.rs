@@ -11,7 +11,7 @@ async fn ship(
         ::idem::__private::ClaimOptions::new(),
     );
     let __idem_outcome = async move {
-        let mut __idem_held = match ::idem::__private::claim_linked(
+        let mut __idem_held = match ::idem::__private::claim(
                 store,
                 &__IDEM_SPEC,
                 __idem_key,
@@ -46,7 +46,7 @@ async fn ship(
         };
         let __idem_body_of = __idem_held.body();
         let __idem_tx = __idem_held.tx();
-        let __idem_result: Result<(), sqlx::Error> = ::idem::__private::in_body(
+        let __idem_result: Result<(), sqlx::Error> = ::idem::__private::Body::run(
                 __idem_body_of,
                 async move {
                     let tx: &mut Transaction<'_, Sqlite> = __idem_tx;
@@ -58,7 +58,12 @@ async fn ship(
                 },
             )
             .await;
-        ::idem::__private::finish(__idem_held, __idem_result).await
+        ::idem::__private::finish(
+                ::core::option::Option::None,
+                __idem_held,
+                __idem_result,
+            )
+            .await
     }
         .await;
     ::idem::__private::settle(__idem_outcome)

@@ -20,6 +20,7 @@ async fn send_receipt(
                 &__IDEM_SPEC,
                 __idem_key,
                 ::core::option::Option::None,
+                ::core::option::Option::None,
             )
             .await
         {
@@ -49,7 +50,7 @@ async fn send_receipt(
         };
         let __idem_body_of = __idem_held.body();
         let __idem_tx = __idem_held.tx();
-        let __idem_result: anyhow::Result<u64> = ::idem::__private::in_body(
+        let __idem_result: anyhow::Result<u64> = ::idem::__private::Body::run(
                 __idem_body_of,
                 async move {
                     let tx: &mut idem::Tx<'_, Sqlite> = __idem_tx;
@@ -60,7 +61,12 @@ async fn send_receipt(
                 },
             )
             .await;
-        ::idem::__private::finish(__idem_held, __idem_result).await
+        ::idem::__private::finish(
+                ::core::option::Option::None,
+                __idem_held,
+                __idem_result,
+            )
+            .await
     }
         .await;
     ::idem::__private::settle(__idem_outcome)

@@ -22,6 +22,7 @@ async fn record_payment(
                 &__IDEM_SPEC,
                 __idem_key,
                 __idem_print,
+                ::core::option::Option::None,
             )
             .await
         {
@@ -51,7 +52,7 @@ async fn record_payment(
         };
         let __idem_body_of = __idem_held.body();
         let __idem_tx = __idem_held.tx();
-        let __idem_result: Result<Receipt, AppError> = ::idem::__private::in_body(
+        let __idem_result: Result<Receipt, AppError> = ::idem::__private::Body::run(
                 __idem_body_of,
                 async move {
                     let tx: &mut Transaction<'_, Sqlite> = __idem_tx;
@@ -64,7 +65,12 @@ async fn record_payment(
                 },
             )
             .await;
-        ::idem::__private::finish_replay(__idem_codec, __idem_held, __idem_result).await
+        ::idem::__private::finish(
+                ::core::option::Option::Some(__idem_codec),
+                __idem_held,
+                __idem_result,
+            )
+            .await
     }
         .await;
     ::idem::__private::settle(__idem_outcome)

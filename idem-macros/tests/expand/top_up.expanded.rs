@@ -15,6 +15,7 @@ pub async fn apply_top_up(
                 &__IDEM_SPEC,
                 __idem_key,
                 ::core::option::Option::None,
+                ::core::option::Option::None,
             )
             .await
         {
@@ -44,7 +45,7 @@ pub async fn apply_top_up(
         };
         let __idem_body_of = __idem_held.body();
         let __idem_tx = __idem_held.tx();
-        let __idem_result: Result<(), AppError> = ::idem::__private::in_body(
+        let __idem_result: Result<(), AppError> = ::idem::__private::Body::run(
                 __idem_body_of,
                 async move {
                     let tx: &mut sqlx::Transaction<'_, Postgres> = __idem_tx;
@@ -59,7 +60,12 @@ pub async fn apply_top_up(
                 },
             )
             .await;
-        ::idem::__private::finish(__idem_held, __idem_result).await
+        ::idem::__private::finish(
+                ::core::option::Option::None,
+                __idem_held,
+                __idem_result,
+            )
+            .await
     }
         .await;
     ::idem::__private::settle(__idem_outcome)

@@ -18,22 +18,12 @@ use crate::record::Fingerprint;
 use crate::traceparent::TraceParent;
 
 /// A transaction-mode handler's claim: in a transaction of its own (`&store`, refused inside
-/// another claim's open transaction of this task) or in the caller's (`store.join(tx)`).
-#[inline]
-pub fn claim<'a, DB: Backend, S: Target<DB> + 'a>(
-    store: S,
-    spec: &'static Spec,
-    key: Result<Key, Error>,
-    print: Option<Result<Fingerprint, Error>>,
-) -> impl Future<Output = Result<Claimed<TxHeld<'a, DB>>, Error>> {
-    claim_linked(store, spec, key, print, None)
-}
-
-/// [`claim`] of a handler given `link = ".."`: its span links to the producer's.
+/// another claim's open transaction of this task) or in the caller's (`store.join(tx)`); its
+/// span links to the producer's when the handler was given `link = ".."`.
 ///
 /// The key and the fingerprint are checked (a refusal observed) when it is called, which the
 /// expansion does where it awaits it: the claim's future is then the entry's own.
-pub fn claim_linked<'a, DB: Backend, S: Target<DB> + 'a>(
+pub fn claim<'a, DB: Backend, S: Target<DB> + 'a>(
     store: S,
     spec: &'static Spec,
     key: Result<Key, Error>,
