@@ -37,13 +37,11 @@ pub use crate::traceparent::{Link, TraceParent};
 pub use core::time::Duration;
 
 mod claim;
-mod each;
 mod group;
 pub use crate::each::{EachGuard, JobGuard};
 pub use crate::group::{Group, GroupHeld};
 pub use crate::outcome::Each;
 pub use claim::claim;
-pub use each::{claim_each, finish_each};
 pub use group::{claim_group, finish_group};
 
 pub mod db;
@@ -410,13 +408,8 @@ pub fn claim_retries() -> u64 {
 
 // Batch handlers.
 
-/// The key of one job, encoded and checked (the position is added by [`batch_keys`]).
-#[inline]
-pub fn batch_key<K: IntoKey + ?Sized>(value: &K) -> Result<Key, KeyError> {
-    Key::new(value)
-}
-
-/// Every key of a batch, checked before any I/O.
+/// Every key of a batch (each from `Key::new`), checked before any I/O; a refused key is
+/// named by its position.
 pub fn batch_keys(keys: impl Iterator<Item = Result<Key, KeyError>>) -> Result<Vec<Key>, Error> {
     Ok(collect_keys(keys)?)
 }
@@ -488,27 +481,14 @@ pub fn fresh_jobs<'a, T: BatchJob, DB: Backend>(
     )
 }
 
-/// The transaction of a claim with a fresh job.
-pub fn batch_tx<DB: Backend>(claim: &mut BatchGuard<DB>) -> &mut sqlx::Transaction<'static, DB> {
-    claim
-        .tx()
-        .expect("the expansion runs the body only with a fresh job")
-}
-
-/// The transaction and the outbox of a claim with a fresh job.
-pub fn batch_parts<DB: Backend>(
+/// The body, the transaction and the outbox of a claim with a fresh job.
+pub fn batch_open<DB: Backend>(
     claim: &mut BatchGuard<DB>,
-) -> (&mut sqlx::Transaction<'static, DB>, &mut BatchOutbox) {
-    claim
-        .parts()
-        .expect("the expansion runs the body only with a fresh job")
-}
-
-/// The body of a claim with a fresh job.
-pub fn batch_body<DB: Backend>(claim: &BatchGuard<DB>) -> Body {
-    claim
-        .body()
-        .expect("the expansion runs the body only with a fresh job")
+) -> (Body, &mut sqlx::Transaction<'static, DB>, &mut BatchOutbox) {
+    const FRESH: &str = "the expansion runs the body only with a fresh job";
+    let body = claim.body().expect(FRESH);
+    let (tx, outbox) = claim.parts().expect(FRESH);
+    (body, tx, outbox)
 }
 
 /// The answer of a batch whose every job is a duplicate; the body did not run.
@@ -522,4 +502,12 @@ pub async fn finish_batch<DB: Backend, T, E>(
     result: Result<T, E>,
 ) -> Result<Batch<T>, Failed<E>> {
     claim.finish_failed(result.map_err(Failed::Handler)).await
+}
+
+/// [`EachGuard::finish`] without converting idem's errors yet.
+#[inline]
+pub async fn finish_each<DB: Backend, T, E: From<Error>>(
+    claim: EachGuard<DB, T, E>,
+) -> Result<Each<T, E>, Failed<E>> {
+    claim.finish_failed().await
 }

@@ -83,7 +83,7 @@ pub(super) fn expand(
         let #keys = #private::batch_keys(
             ::core::iter::Iterator::map(
                 ::core::iter::IntoIterator::into_iter(#jobs),
-                |#element| #private::batch_key(&#key),
+                |#element| #private::Key::new(&#key),
             ),
         );
     };
@@ -97,12 +97,12 @@ pub(super) fn expand(
         Some(o) => {
             let (pat, ty) = (&o.pat, &o.ty);
             (
-                quote!(let (#tx_var, #outbox_ref) = #private::batch_parts(&mut #claim);),
+                quote!(let (#span, #tx_var, #outbox_ref) = #private::batch_open(&mut #claim);),
                 quote!(let #pat: #ty = #outbox_ref;),
             )
         }
         None => (
-            quote!(let #tx_var = #private::batch_tx(&mut #claim);),
+            quote!(let (#span, #tx_var, _) = #private::batch_open(&mut #claim);),
             TokenStream::new(),
         ),
     };
@@ -154,7 +154,6 @@ pub(super) fn expand(
                     return ::core::result::Result::Ok(#private::all_duplicates(&#claim));
                 }
                 let #fresh = #fresh_jobs;
-                let #span = #private::batch_body(&#claim);
                 #borrow
                 #body
                 #private::finish_batch(#claim, #result).await

@@ -92,7 +92,7 @@ pub(super) fn expand(
         let #keys = #private::batch_keys(
             ::core::iter::Iterator::map(
                 ::core::iter::IntoIterator::into_iter(#job),
-                |#job| #private::batch_key(&#key),
+                |#job| #private::Key::new(&#key),
             ),
         );
     };
@@ -152,8 +152,8 @@ pub(super) fn expand(
             #key_eval
             let #count = <[_]>::len(#job);
             let #outcome = async move {
-                let mut #claim = match #private::claim_each(#store, &__IDEM_SPEC, #keys, #count).await {
-                    ::core::result::Result::Ok(#claim) => #claim,
+                let mut #claim = match #private::claim_batch(#store, &__IDEM_SPEC, #keys, #count).await {
+                    ::core::result::Result::Ok(#claim) => #private::BatchGuard::each(#claim),
                     ::core::result::Result::Err(#err) => {
                         return ::core::result::Result::Err(#private::Failed::Idem(#err));
                     }

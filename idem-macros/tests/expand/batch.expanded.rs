@@ -11,7 +11,7 @@ pub async fn apply_top_ups(
     let __idem_keys = ::idem::__private::batch_keys(
         ::core::iter::Iterator::map(
             ::core::iter::IntoIterator::into_iter(jobs),
-            |job| ::idem::__private::batch_key(&(job.id)),
+            |job| ::idem::__private::Key::new(&(job.id)),
         ),
     );
     let __idem_jobs = <[_]>::len(jobs);
@@ -37,8 +37,9 @@ pub async fn apply_top_ups(
             );
         }
         let __idem_fresh = ::idem::__private::fresh_jobs(jobs, &__idem_claim);
-        let __idem_body_of = ::idem::__private::batch_body(&__idem_claim);
-        let __idem_tx = ::idem::__private::batch_tx(&mut __idem_claim);
+        let (__idem_body_of, __idem_tx, _) = ::idem::__private::batch_open(
+            &mut __idem_claim,
+        );
         let __idem_result: Result<usize, AppError> = ::idem::__private::Body::run(
                 __idem_body_of,
                 async move {

@@ -11,7 +11,7 @@ pub async fn place_all(
     let __idem_keys = ::idem::__private::batch_keys(
         ::core::iter::Iterator::map(
             ::core::iter::IntoIterator::into_iter(orders),
-            |order| ::idem::__private::batch_key(&(order.id)),
+            |order| ::idem::__private::Key::new(&(order.id)),
         ),
     );
     let __idem_jobs = <[_]>::len(orders);
@@ -37,8 +37,7 @@ pub async fn place_all(
             );
         }
         let __idem_fresh = ::idem::__private::fresh_jobs(orders, &__idem_claim);
-        let __idem_body_of = ::idem::__private::batch_body(&__idem_claim);
-        let (__idem_tx, __idem_outbox_ref) = ::idem::__private::batch_parts(
+        let (__idem_body_of, __idem_tx, __idem_outbox_ref) = ::idem::__private::batch_open(
             &mut __idem_claim,
         );
         let __idem_result: Result<(), AppError> = ::idem::__private::Body::run(
