@@ -32,8 +32,6 @@ pub(crate) struct Args {
     /// The literal (for spans) and the parameter it names, which holds one job of a batch
     /// run job by job.
     pub(crate) each: Option<(LitStr, syn::Ident)>,
-    /// `group` was written: concurrent calls share one transaction and one commit.
-    pub(crate) group: bool,
     /// Arguments written, even with a refused value: a refused `key` has had its error, so
     /// "missing key" would be a second one for the same mistake. With the span of the name, for
     /// errors about the argument as a whole (`wait` in lease mode).
@@ -235,9 +233,9 @@ fn flag(
     }
     args.given
         .push((name, syn::spanned::Spanned::span(&meta.path)));
-    match name {
-        "replay" => args.replay = true,
-        _ => args.group = true,
+    // `group` is read from `given`: it selects a mode (`validate::mode`).
+    if name == "replay" {
+        args.replay = true;
     }
     Ok(())
 }

@@ -51,7 +51,8 @@ pub(crate) fn find(sig: &Signature, mode: Mode, diag: &mut Diag) -> Option<Outbo
             FnArg::Receiver(_) => None,
         })?;
     let refused = match (mode, kind) {
-        (Mode::Transaction | Mode::Lease, Kind::Job) | (Mode::Batch, Kind::Batch) => None,
+        (Mode::Transaction | Mode::Group | Mode::Each | Mode::Lease, Kind::Job)
+        | (Mode::Batch, Kind::Batch) => None,
         (Mode::Lease, Kind::Batch) => Some(
             "`BatchOutbox` is a batch handler's outbox: a lease handler takes `outbox: &mut \
              idem::Outbox`, whose messages are written as its lease completes",
@@ -60,7 +61,7 @@ pub(crate) fn find(sig: &Signature, mode: Mode, diag: &mut Diag) -> Option<Outbo
             "a batch handler's outbox names the job of each message: take `outbox: &mut \
              idem::BatchOutbox` and send with `outbox.send(&job_key, destination, &payload)`",
         ),
-        (Mode::Transaction, Kind::Batch) => Some(
+        (Mode::Transaction | Mode::Group | Mode::Each, Kind::Batch) => Some(
             "`BatchOutbox` is a batch handler's outbox: a handler of one job takes `outbox: \
              &mut idem::Outbox`",
         ),

@@ -182,7 +182,7 @@ pub(crate) fn analyse(
     }
     if special.is_none() && ok && !misplaced {
         let message = match mode {
-            Mode::Transaction | Mode::Batch => format!(
+            Mode::Transaction | Mode::Group | Mode::Batch | Mode::Each => format!(
                 "`#[idempotent]` needs a transaction parameter to run the effect on, so the \
                  marker and the effect commit together: add {TX_HINT}"
             ),
@@ -199,7 +199,9 @@ pub(crate) fn analyse(
             None => {
                 // Anything else is not a `Result`: `Option<T>`, `()`, `impl Future`.
                 let why = match mode {
-                    Mode::Transaction | Mode::Batch => "an `Err` rolls the effect back",
+                    Mode::Transaction | Mode::Group | Mode::Batch | Mode::Each => {
+                        "an `Err` rolls the effect back"
+                    }
                     Mode::Lease => "an `Err` releases the key",
                 };
                 diag.error(

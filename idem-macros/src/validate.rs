@@ -18,7 +18,8 @@ pub(crate) use batch::{BatchParam, batch};
 pub(crate) use each::{EachParam, each};
 pub(crate) use steps::steps;
 
-/// `lease` selects lease mode. Reports the arguments that do not fit the mode.
+/// The mode the arguments select (`each`, `group`, `batch`, `lease`, else transaction mode).
+/// Reports the arguments that do not fit it.
 pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
     // An unknown argument next to a `&Lease` parameter is most likely a misspelt `lease`:
     // assume lease mode, so that the misspelling is the only error.
@@ -72,7 +73,7 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
                 );
             }
         }
-        return Mode::Transaction;
+        return Mode::Each;
     }
     if let Some(span) = args.span_of("group") {
         // A group shares one transaction among its members: each member's claim, body and
@@ -112,7 +113,7 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
                  `group`",
             );
         }
-        return Mode::Transaction;
+        return Mode::Group;
     }
     if args.gave("batch") {
         // One batch commits once: a lease per job, or one value replayed to each of them,

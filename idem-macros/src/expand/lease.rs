@@ -25,6 +25,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         link_var,
         outcome_var,
         outbox,
+        ..
     } = shared;
     let lease = local("__idem_lease");
     let recorded = local("__idem_recorded");

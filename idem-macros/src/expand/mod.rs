@@ -51,7 +51,7 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     } else if let (Some(handler), Some((_, expr))) = (&handler, &args.key) {
         validate::key(expr, handler, &mut diag);
     }
-    if let (Mode::Transaction, Some(handler), Some((lit, name))) = (mode, &handler, &args.each) {
+    if let (Mode::Each, Some(handler), Some((lit, name))) = (mode, &handler, &args.each) {
         each = validate::each(&item, lit, name, handler, &mut diag);
     }
     if let (Some(handler), Mode::Lease) = (&handler, mode) {
@@ -67,16 +67,18 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         validate::link(expr, handler, &mut diag);
     }
     match (diag.finish(), handler) {
-        (Ok(()), Some(handler)) if each.is_some() => {
+        (Ok(()), Some(handler)) if mode == Mode::Each && each.is_some() => {
             let each = each.as_ref().expect("checked");
             let expanded = each::expand(&args, &item, &handler, each, outbox.as_ref());
             gate::by_feature(&item, &handler, expanded, &private_path(&args))
         }
-        (Ok(()), Some(handler)) if mode != Mode::Batch && !args.gave("each") => {
-            let expanded = expand(&args, &item, &handler, outbox.as_ref());
+        (Ok(()), Some(handler))
+            if matches!(mode, Mode::Transaction | Mode::Group | Mode::Lease) =>
+        {
+            let expanded = expand(&args, mode, &item, &handler, outbox.as_ref());
             gate::by_feature(&item, &handler, expanded, &private_path(&args))
         }
-        (Ok(()), Some(handler)) if batch.is_some() => {
+        (Ok(()), Some(handler)) if mode == Mode::Batch && batch.is_some() => {
             let batch = batch.as_ref().expect("checked");
             let expanded = batch::expand(&args, &item, &handler, batch, outbox.as_ref());
             gate::by_feature(&item, &handler, expanded, &private_path(&args))
@@ -175,6 +177,8 @@ struct Shared<'a> {
     outcome_var: Ident,
     /// The outbox parameter, if the handler takes one.
     outbox: Option<&'a crate::outbox::OutboxParam>,
+    /// Transaction, group or lease mode.
+    mode: Mode,
 }
 
 /// The signature without the outbox parameter: the outbox is the claim's, the caller passes
@@ -213,6 +217,7 @@ fn local(name: &str) -> Ident {
 
 fn expand(
     args: &Args,
+    mode: Mode,
     item: &ItemFn,
     handler: &Handler,
     outbox: Option<&crate::outbox::OutboxParam>,
@@ -243,6 +248,7 @@ fn expand(
         link_var: args.link.as_ref().map(|_| local("__idem_link")),
         outcome_var: local("__idem_outcome"),
         outbox,
+        mode,
     };
     let Shared {
         private,
@@ -268,7 +274,9 @@ fn expand(
     };
     let store_arg: FnArg = match &handler.kind {
         // Group commit: the calls share the group's transactions.
-        Kind::Transaction { .. } if args.group => syn::parse_quote!(#store: &#private::Group<#db>),
+        Kind::Transaction { .. } if mode == Mode::Group => {
+            syn::parse_quote!(#store: &#private::Group<#db>)
+        }
         // `&Store<DB>`, or `store.join(tx)` to run inside the caller's transaction.
         Kind::Transaction { .. } => syn::parse_quote!(#store: impl #private::Target<#db>),
         Kind::Lease { .. } => syn::parse_quote!(#store: &#private::Store<#db>),
@@ -340,7 +348,7 @@ fn expand(
     let has_docs = attrs.iter().any(|a| a.path().is_ident("doc"));
     let note = has_docs.then(|| {
         let effect = match handler.kind {
-            Kind::Transaction { .. } if args.group => {
+            Kind::Transaction { .. } if mode == Mode::Group => {
                 "the effect commits once per key, in a group commit shared with concurrent calls"
             }
             Kind::Transaction { .. } => "the effect commits once per key",

@@ -10,6 +10,7 @@ use syn::ext::IdentExt as _;
 
 use super::{Shared, codec_arg, link_arg, local, pinned_body};
 use crate::args::{Args, Isolation};
+use crate::mode::Mode;
 use crate::signature::Kind;
 
 /// Binds `outcome_var` to the call's `Result<Outcome<T>, Failed<E>>`.
@@ -25,6 +26,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         link_var,
         outcome_var,
         outbox,
+        mode,
     } = shared;
     let held = local("__idem_held");
     let recorded = local("__idem_recorded");
@@ -69,9 +71,9 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         None => quote!(return ::core::result::Result::Ok(#private::Outcome::Duplicate)),
     };
     // Group commit claims and ends through the group's adapters.
-    let (claim, finish) = match args.group {
-        true => (quote!(claim_group), quote!(finish_group)),
-        false => (quote!(claim), quote!(finish)),
+    let (claim, finish) = match *mode {
+        Mode::Group => (quote!(claim_group), quote!(finish_group)),
+        _ => (quote!(claim), quote!(finish)),
     };
     let codec = codec_arg(codec_var.as_ref());
     let finish = quote!(#private::#finish(#codec, #held, #result));
