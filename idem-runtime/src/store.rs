@@ -435,13 +435,13 @@ impl Store<sqlx::Postgres> {
     }
 }
 
-#[cfg(test)]
+// On SQLite, whose in-memory database needs no server.
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use std::error::Error as _;
 
     use super::Store;
 
-    #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn a_schema_refusal_is_not_worth_a_redelivery() {
         let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
@@ -460,7 +460,6 @@ mod tests {
         );
     }
 
-    #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn a_missing_marker_table_points_at_migrate() {
         let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();

@@ -61,7 +61,6 @@ impl Ticket {
 /// test kit's fault, if any) `commit`, or `release` instead.
 pub(crate) trait Hold: Send + Sized {
     /// Where the test kit injects a failure "right before" this hold keeps the work.
-    #[cfg(feature = "testing")]
     fn end(&self) -> &'static str;
 
     /// Whether an outside effect happened before the end (lease mode): a value that cannot be
@@ -162,13 +161,10 @@ pub(crate) async fn end<H: Hold, T, E>(
         hold.release(request).await;
         return Err(Failed::Idem(e));
     }
-    #[cfg(feature = "testing")]
-    {
-        let (scope, key) = (&request.scope, request.key.as_str());
-        if let Some(e) = crate::testing::probe::before_commit(scope, key, hold.end()).await {
-            hold.release(request).await;
-            return Err(Failed::Idem(e));
-        }
+    let (scope, key) = (&request.scope, request.key.as_str());
+    if let Some(e) = crate::testing::probe::before_commit(scope, key, hold.end()).await {
+        hold.release(request).await;
+        return Err(Failed::Idem(e));
     }
     hold.commit(request, json.as_deref(), outbox)
         .await
@@ -249,7 +245,6 @@ fn rolled_back(request: &Request) -> Error {
 impl<DB: Backend> Hold for TxHold<'_, DB> {
     const OUTSIDE: bool = false;
 
-    #[cfg(feature = "testing")]
     fn end(&self) -> &'static str {
         match self.joined {
             true => "savepoint release",

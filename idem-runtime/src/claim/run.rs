@@ -40,7 +40,6 @@ pub(crate) fn start(request: &Request, mode: Mode, nested_check: bool) -> Result
     if let Some(producer) = &request.options.link {
         trace_context::link(observed.span(), std::slice::from_ref(producer));
     }
-    #[cfg(feature = "testing")]
     crate::testing::probe::claiming(mode);
     if nested_check && let Err(e) = nested::refuse_nested(&request.caller) {
         observed.refused(&e);
@@ -472,7 +471,6 @@ pub(crate) async fn batch<DB: Backend>(
     if let Some(producer) = &request.options.link {
         trace_context::link(observed.span(), std::slice::from_ref(producer));
     }
-    #[cfg(feature = "testing")]
     crate::testing::probe::claiming(Mode::Batch);
     if let Err(e) = nested::refuse_nested(&request.caller) {
         observed.refused(&e);

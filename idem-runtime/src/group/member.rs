@@ -169,7 +169,6 @@ impl<DB: Backend> GroupHold<DB> {
 impl<DB: Backend> Hold for GroupHold<DB> {
     const OUTSIDE: bool = false;
 
-    #[cfg(feature = "testing")]
     fn end(&self) -> &'static str {
         "group savepoint release"
     }

@@ -109,7 +109,6 @@ pub(crate) async fn claim_lease<DB: Backend>(
     {
         span.in_scope(|| observe::took_over(lease.token(), lease.attempt()));
     }
-    #[cfg(feature = "testing")]
     if let Claimed::Fresh(lease) = &claimed {
         crate::testing::probe::lease_taken(lease).await?;
     }
@@ -144,7 +143,6 @@ async fn lease_attempt<DB: Backend>(
     for _ in 0..RECHECKS {
         let sent = Instant::now();
         let state = DB::lease_claim(pool, sql, request.claimant(), lease_ms).await?;
-        #[cfg(feature = "testing")]
         crate::testing::probe::lease_answered();
         match state {
             LeaseState::Taken { token, attempts } => {

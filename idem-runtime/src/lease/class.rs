@@ -23,7 +23,6 @@ pub(crate) enum Class {
     /// The outside effect may have happened: the lease is kept until it runs out.
     Unknown,
     /// The test kit crashed the delivery after a step: nothing after it is kept.
-    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     Crashed,
 }
 

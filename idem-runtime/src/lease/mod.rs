@@ -275,7 +275,6 @@ impl Lease {
             Ok(result) => result.map_err(Failed::Handler),
             Err(e) => Err(Failed::Idem(e)),
         };
-        #[cfg(feature = "testing")]
         let result = match class {
             // The kit crashed the delivery after a step: nothing after it is kept.
             Class::Crashed => Err(Failed::Idem(crate::testing::probe::crashed(
@@ -343,7 +342,6 @@ impl Ends {
 impl Hold for Ends {
     const OUTSIDE: bool = true;
 
-    #[cfg(feature = "testing")]
     fn end(&self) -> &'static str {
         "completing statement"
     }
@@ -405,7 +403,6 @@ fn timed_out(request: &Request, after: Duration) -> Error {
     }
 }
 
-#[cfg(feature = "testing")]
 impl crate::testing::probe::Held for Lease {
     fn attempt(&self) -> u32 {
         self.attempt

@@ -326,7 +326,6 @@ impl Lease {
         if let Some(reason) = reason {
             return Err(self.invalid_step(name, reason));
         }
-        #[cfg(feature = "testing")]
         if self.class() == super::Class::Crashed {
             // The kit crashed this delivery after a step: nothing after it runs.
             return Err(crate::testing::probe::crashed(self.scope(), self.key()));
@@ -432,9 +431,7 @@ impl Lease {
 
     /// A step ended with its value (run now, or read back): the test kit's point after each
     /// step.
-    #[cfg_attr(not(feature = "testing"), allow(clippy::unused_async))]
     async fn step_done(&self, step: &Step, ran: bool) -> Result<(), Error> {
-        #[cfg(feature = "testing")]
         if let Some(e) =
             crate::testing::probe::step_done(self.scope(), self.key(), &step.name, ran).await
         {

@@ -282,7 +282,6 @@ impl Observed {
 
     /// The call ended with `result`.
     pub(crate) fn ended<T, E>(mut self, result: &Result<Outcome<T>, Failed<E>>) {
-        #[cfg(feature = "testing")]
         crate::testing::probe::settled(result);
         let verdict = Verdict::of(result);
         let ended = match result {
@@ -297,7 +296,6 @@ impl Observed {
 
     /// The call ended before it held anything, with idem's `error` (its claim failed).
     pub(crate) fn refused(mut self, error: &Error) {
-        #[cfg(feature = "testing")]
         crate::testing::probe::refused(error);
         let verdict = Verdict::of_error(error);
         let jobs = self.jobs.unwrap_or(1);

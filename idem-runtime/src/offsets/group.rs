@@ -83,7 +83,6 @@ async fn claim<DB: Backend>(
     let group = request.scope.to_string();
     let mut observed =
         Observed::counted(request.site, &group, Mode::Offsets, records, request.about);
-    #[cfg(feature = "testing")]
     crate::testing::probe::claiming(Mode::Offsets);
     if let Err(e) = nested::refuse_nested(&request.caller) {
         observed.refused(&e);

@@ -278,7 +278,6 @@ async fn claim<DB: Backend>(
 ) -> Result<(claim::From, Option<TxHeld<'static, DB>>), Error> {
     let site = Site::of(group);
     let mut observed = Observed::counted(site, group, Mode::Offsets, records, request.about);
-    #[cfg(feature = "testing")]
     crate::testing::probe::claiming(Mode::Offsets);
     if let Err(e) = nested::refuse_nested(&request.caller) {
         observed.refused(&e);
