@@ -330,6 +330,71 @@ pub trait Backend: Driver + Sized {
     }
 }
 
+/// Declares a backend's `Own`: the statement sets of its `claim`, `lease` and `outbox`
+/// modules, and the extra fields its protocol needs (`field: Type = made_from(table)`),
+/// made for a table by `Own::new`. Every backend's folder has those modules, so only the
+/// extras differ.
+macro_rules! own {
+    ($db:ty $(, $(#[$meta:meta])* $field:ident: $ty:ty = $make:expr)* $(,)?) => {
+        /// The backend's own statements (see each file).
+        #[derive(Debug)]
+        pub struct Own {
+            claim: claim::Statements<$db>,
+            lease: lease::Statements<$db>,
+            outbox: outbox::Statements<$db>,
+            $($(#[$meta])* $field: $ty,)*
+        }
+
+        impl Own {
+            fn new(table: &$crate::backend::Table) -> Self {
+                Own {
+                    claim: claim::Statements::new(table),
+                    lease: lease::Statements::new(table),
+                    outbox: outbox::Statements::new(table),
+                    $($field: $make(table),)*
+                }
+            }
+        }
+    };
+}
+pub(crate) use own;
+
+/// The items of a backend's [`Backend`] impl that read its folder: its name, its `Own`
+/// (from [`own!`]), the texts of its `claim`, `lease`, `outbox` and `operators` modules, and
+/// its schema (`DDL`, `ADDED`; whether its DDL says `IF NOT EXISTS` for indexes).
+macro_rules! wiring {
+    (name: $name:literal, if_not_exists: $if_not_exists:literal $(,)?) => {
+        const BACKEND: &'static str = $name;
+
+        type Own = Own;
+
+        fn texts() -> $crate::backend::Texts {
+            $crate::backend::Texts {
+                claim: claim::text(),
+                lease: lease::text(),
+                steps: lease::steps(),
+                outbox: outbox::text(),
+                offsets: operators::offsets(),
+                ops: operators::text(),
+                health: operators::health(),
+            }
+        }
+
+        fn own(table: &$crate::backend::Table) -> Own {
+            Own::new(table)
+        }
+
+        fn schema() -> $crate::backend::Schema {
+            $crate::backend::Schema {
+                ddl: DDL,
+                added: ADDED,
+                if_not_exists: $if_not_exists,
+            }
+        }
+    };
+}
+pub(crate) use wiring;
+
 /// Writes a backend's [`Backend`] methods from their arguments' patterns and a body: each
 /// signature is written here once rather than once per backend. A backend lists the methods
 /// whose work sits in its concern files, `name(patterns..) => body;`.

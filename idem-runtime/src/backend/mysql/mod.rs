@@ -17,10 +17,10 @@ use std::time::Duration;
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySql, SqlSafeStr as _, SqlStr};
 
+use super::Backend;
 use super::backend_fns;
 use super::sql::Placeholders;
 use super::upgrade::Added;
-use super::{Backend, Schema, Table, Texts};
 
 const ER_DUP_ENTRY: u16 = 1062;
 const ER_LOCK_DEADLOCK: u16 = 1213;
@@ -169,46 +169,10 @@ const ADDED: &[Added] = &[
     },
 ];
 
-/// MySQL's own statements (see each file).
-#[derive(Debug)]
-pub struct Own {
-    claim: claim::Statements<MySql>,
-    lease: lease::Statements<MySql>,
-    outbox: outbox::Statements<MySql>,
-}
+super::own!(MySql);
 
 impl Backend for MySql {
-    const BACKEND: &'static str = "mysql";
-
-    type Own = Own;
-
-    fn texts() -> Texts {
-        Texts {
-            claim: claim::text(),
-            lease: lease::text(),
-            steps: lease::steps(),
-            outbox: outbox::text(),
-            offsets: operators::offsets(),
-            ops: operators::text(),
-            health: operators::health(),
-        }
-    }
-
-    fn own(table: &Table) -> Own {
-        Own {
-            claim: claim::Statements::new(table),
-            lease: lease::Statements::new(table),
-            outbox: outbox::Statements::new(table),
-        }
-    }
-
-    fn schema() -> Schema {
-        Schema {
-            ddl: DDL,
-            added: ADDED,
-            if_not_exists: false,
-        }
-    }
+    super::wiring!(name: "mysql", if_not_exists: false);
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
         number(err) == Some(ER_LOCK_WAIT_TIMEOUT)
@@ -272,8 +236,8 @@ fn seconds(wait: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Sql;
     use crate::backend::sql::check_texts;
+    use crate::backend::{Sql, Table};
 
     #[test]
     fn every_text_names_only_its_binds() {

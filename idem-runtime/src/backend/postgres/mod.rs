@@ -12,10 +12,10 @@ pub(crate) mod partitions;
 
 use sqlx::{Pool, Postgres};
 
+use super::Backend;
 use super::backend_fns;
 use super::sql::Placeholders;
 use super::upgrade::Added;
-use super::{Backend, Schema, Table, Texts};
 
 /// `in_failed_sql_transaction`: a statement after one that failed.
 const IN_FAILED_TRANSACTION: &str = "25P02";
@@ -142,49 +142,14 @@ const ADDED: &[Added] = &[
     },
 ];
 
-/// PostgreSQL's own statements (see each file).
-#[derive(Debug)]
-pub struct Own {
-    claim: claim::Statements<Postgres>,
-    lease: lease::Statements<Postgres>,
-    outbox: outbox::Statements<Postgres>,
+super::own!(
+    Postgres,
     /// All of a claim's outbox messages in one statement (`outbox::write`).
-    write: crate::backend::sql::Template,
-}
+    write: crate::backend::sql::Template = outbox::write_template,
+);
 
 impl Backend for Postgres {
-    const BACKEND: &'static str = "postgres";
-
-    type Own = Own;
-
-    fn texts() -> Texts {
-        Texts {
-            claim: claim::text(),
-            lease: lease::text(),
-            steps: lease::steps(),
-            outbox: outbox::text(),
-            offsets: operators::offsets(),
-            ops: operators::text(),
-            health: operators::health(),
-        }
-    }
-
-    fn own(table: &Table) -> Own {
-        Own {
-            claim: claim::Statements::new(table),
-            lease: lease::Statements::new(table),
-            outbox: outbox::Statements::new(table),
-            write: outbox::write_template(table),
-        }
-    }
-
-    fn schema() -> Schema {
-        Schema {
-            ddl: DDL,
-            added: ADDED,
-            if_not_exists: true,
-        }
-    }
+    super::wiring!(name: "postgres", if_not_exists: true);
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
         database_code(err).as_deref() == Some(LOCK_NOT_AVAILABLE)
@@ -232,8 +197,8 @@ fn database_code(err: &sqlx::Error) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Sql;
     use crate::backend::sql::check_texts;
+    use crate::backend::{Sql, Table};
 
     #[test]
     fn every_text_names_only_its_binds() {

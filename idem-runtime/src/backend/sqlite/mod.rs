@@ -14,11 +14,10 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Pool, SqlSafeStr as _, Sqlite, Transaction};
 use sqlx_core::transaction::TransactionManager as _;
 
-use super::Texts;
+use super::Backend;
 use super::backend_fns;
 use super::sql::Placeholders;
 use super::upgrade::Added;
-use super::{Backend, Schema, Table};
 
 /// `SQLITE_BUSY`: the busy timeout ran out waiting for the write lock.
 const SQLITE_BUSY: &str = "5";
@@ -151,46 +150,10 @@ const ADDED: &[Added] = &[
     },
 ];
 
-/// SQLite's own statements (see each file).
-#[derive(Debug)]
-pub struct Own {
-    claim: claim::Statements<Sqlite>,
-    lease: lease::Statements<Sqlite>,
-    outbox: outbox::Statements<Sqlite>,
-}
+super::own!(Sqlite);
 
 impl Backend for Sqlite {
-    const BACKEND: &'static str = "sqlite";
-
-    type Own = Own;
-
-    fn texts() -> Texts {
-        Texts {
-            claim: claim::text(),
-            lease: lease::text(),
-            steps: lease::steps(),
-            outbox: outbox::text(),
-            offsets: operators::offsets(),
-            ops: operators::text(),
-            health: operators::health(),
-        }
-    }
-
-    fn own(table: &Table) -> Own {
-        Own {
-            claim: claim::Statements::new(table),
-            lease: lease::Statements::new(table),
-            outbox: outbox::Statements::new(table),
-        }
-    }
-
-    fn schema() -> Schema {
-        Schema {
-            ddl: DDL,
-            added: ADDED,
-            if_not_exists: false,
-        }
-    }
+    super::wiring!(name: "sqlite", if_not_exists: false);
 
     fn is_lock_timeout(err: &sqlx::Error) -> bool {
         err.as_database_error()
@@ -291,8 +254,8 @@ async fn busy_timeout(conn: &mut sqlx::SqliteConnection) -> Result<i64, sqlx::Er
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Sql;
     use crate::backend::sql::check_texts;
+    use crate::backend::{Sql, Table};
 
     #[test]
     fn every_text_names_only_its_binds() {
