@@ -354,6 +354,16 @@ macro_rules! own {
                     $($field: $make(table),)*
                 }
             }
+
+            /// The texts of the statement sets, for `sql::check_backend`.
+            #[cfg(test)]
+            fn texts() -> ::std::vec::Vec<::std::vec::Vec<(&'static str, String, &'static [&'static str])>> {
+                ::std::vec![
+                    claim::Statements::<$db>::each(),
+                    lease::Statements::<$db>::each(),
+                    outbox::Statements::<$db>::each(),
+                ]
+            }
         }
     };
 }

@@ -227,6 +227,25 @@ pub(crate) fn check_texts<T: AsRef<str>>(texts: &[(&str, T, &[&str])]) {
     }
 }
 
+/// Checks a whole backend: every shared text names only its binds, its own statement sets do
+/// (`own`, from `Own::texts` of [`own!`](crate::backend::own)), and filling them all for a
+/// table panics on no name that is not a bind.
+#[cfg(test)]
+pub(crate) fn check_backend<DB: super::Backend>(own: &[Vec<(&str, String, &[&str])>]) {
+    let t = DB::texts();
+    check_texts(&t.claim.each());
+    check_texts(&t.lease.each());
+    check_texts(&t.steps.each());
+    check_texts(&t.outbox.each());
+    check_texts(&t.offsets.each());
+    check_texts(&t.ops.each());
+    check_texts(&t.health.each());
+    for texts in own {
+        check_texts(texts);
+    }
+    super::Sql::<DB>::new(&Table::new("jobs").unwrap());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

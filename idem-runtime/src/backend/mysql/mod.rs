@@ -236,22 +236,10 @@ fn seconds(wait: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::sql::check_texts;
-    use crate::backend::{Sql, Table};
+    use crate::backend::sql::check_backend;
 
     #[test]
     fn every_text_names_only_its_binds() {
-        let t = MySql::texts();
-        check_texts(&t.claim.each());
-        check_texts(&t.lease.each());
-        check_texts(&t.steps.each());
-        check_texts(&t.outbox.each());
-        check_texts(&t.offsets.each());
-        check_texts(&t.ops.each());
-        check_texts(&t.health.each());
-        check_texts(&claim::Statements::<MySql>::each());
-        check_texts(&lease::Statements::<MySql>::each());
-        check_texts(&outbox::Statements::<MySql>::each());
-        Sql::<MySql>::new(&Table::new("jobs").unwrap());
+        check_backend::<MySql>(&Own::texts());
     }
 }

@@ -197,26 +197,14 @@ fn database_code(err: &sqlx::Error) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::sql::check_texts;
-    use crate::backend::{Sql, Table};
+    use crate::backend::Table;
+    use crate::backend::sql::check_backend;
 
     #[test]
     fn every_text_names_only_its_binds() {
         // The outbox's write binds its arrays by hand, in the order its text numbers them.
         let write = outbox::write_template(&Table::new("jobs").unwrap());
         assert!(write.order.iter().copied().eq(0..8));
-        let t = Postgres::texts();
-        check_texts(&t.claim.each());
-        check_texts(&t.lease.each());
-        check_texts(&t.steps.each());
-        check_texts(&t.outbox.each());
-        check_texts(&t.offsets.each());
-        check_texts(&t.ops.each());
-        check_texts(&t.health.each());
-        check_texts(&claim::Statements::<Postgres>::each());
-        check_texts(&lease::Statements::<Postgres>::each());
-        check_texts(&outbox::Statements::<Postgres>::each());
-        // Filling them for a table panics on a name that is no bind.
-        Sql::<Postgres>::new(&Table::new("jobs").unwrap());
+        check_backend::<Postgres>(&Own::texts());
     }
 }

@@ -254,22 +254,10 @@ async fn busy_timeout(conn: &mut sqlx::SqliteConnection) -> Result<i64, sqlx::Er
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::sql::check_texts;
-    use crate::backend::{Sql, Table};
+    use crate::backend::sql::check_backend;
 
     #[test]
     fn every_text_names_only_its_binds() {
-        let t = Sqlite::texts();
-        check_texts(&t.claim.each());
-        check_texts(&t.lease.each());
-        check_texts(&t.steps.each());
-        check_texts(&t.outbox.each());
-        check_texts(&t.offsets.each());
-        check_texts(&t.ops.each());
-        check_texts(&t.health.each());
-        check_texts(&claim::Statements::<Sqlite>::each());
-        check_texts(&lease::Statements::<Sqlite>::each());
-        check_texts(&outbox::Statements::<Sqlite>::each());
-        Sql::<Sqlite>::new(&Table::new("jobs").unwrap());
+        check_backend::<Sqlite>(&Own::texts());
     }
 }
