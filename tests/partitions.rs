@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::partitions::{KeyTime, MAX_PARTITION_DAYS};
-use idem::{Claimed, Error, Key, LeaseOptions, Outcome, Store};
+use idem::{Claimed, Error, Key, LeaseOptions, Outcome, Refusal, Store};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row as _};
 
@@ -290,7 +290,10 @@ async fn a_table_that_is_not_partitioned_is_refused_and_kept() {
         .migrate(1)
         .await
         .expect_err("a plain table cannot be partitioned in place");
-    assert!(matches!(err, Error::Partitioning { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Refused(Refusal::Partitions { .. })),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("is not partitioned"), "{err}");
     let kind: String =
         sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
@@ -324,13 +327,19 @@ async fn bad_days_are_refused_before_any_io() {
             .await
             .expect_err("before 1970"),
     ] {
-        assert!(matches!(err, Error::Partitioning { .. }), "{err:?}");
+        assert!(
+            matches!(err, Error::Refused(Refusal::Partitions { .. })),
+            "{err:?}"
+        );
     }
     let err = days
         .drop_older_than(Duration::ZERO)
         .await
         .expect_err("no retention");
-    assert!(matches!(err, Error::InvalidRetention { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Refused(Refusal::Retention { .. })),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use sqlx::Transaction;
 use crate::backend::Backend;
 use crate::claim::nested::Body;
 use crate::claim::{Request, TxHeld, end, run};
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::key::{Key, MAX_BATCH};
 use crate::options::ClaimOptions;
 use crate::outcome::{Batch, Failed, Failure};
@@ -36,8 +36,8 @@ impl<DB: Backend> Store<DB> {
     /// job's); and a batch stores no fingerprints: a batch's jobs are checked against reused
     /// keys by their single-job handlers.
     ///
-    /// Refused before any I/O: a bad scope ([`Error::InvalidScope`]), more than
-    /// [`MAX_BATCH`] keys ([`Error::BatchTooLarge`]; build the keys with [`Key::batch`] to
+    /// Refused before any I/O: a bad scope ([`Refusal::Scope`]), more than
+    /// [`MAX_BATCH`] keys ([`Refusal::Batch`]; build the keys with [`Key::batch`] to
     /// learn which job's key is bad), and a claim inside the open
     /// transaction of another claim of this task ([`Error::Nested`]). An empty batch does no
     /// I/O.
@@ -90,7 +90,7 @@ impl<DB: Backend> Store<DB> {
     ) -> Result<BatchGuard<DB>, Error> {
         check_scope(scope)?;
         if keys.len() > MAX_BATCH {
-            return Err(Error::BatchTooLarge { len: keys.len() });
+            return Err(Error::Refused(Refusal::Batch { len: keys.len() }));
         }
         let scope = Cow::Owned(scope.to_owned());
         claim_batch(self, scope, keys, options, None).await

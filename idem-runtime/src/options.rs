@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::record::Fingerprint;
 use crate::traceparent::TraceParent;
 
@@ -212,7 +212,7 @@ impl LeaseOptions {
     /// A lease of `lease`, with the body's timeout [`default_timeout`](Self::default_timeout).
     ///
     /// The lease must lie within [`MIN_LEASE`] and [`MAX_LEASE`]: a claim with another one is
-    /// refused with [`Error::InvalidLease`] before any I/O (the attribute refuses it at compile
+    /// refused with [`Refusal::Lease`] before any I/O (the attribute refuses it at compile
     /// time).
     pub const fn new(lease: Duration) -> Self {
         LeaseOptions {
@@ -293,10 +293,10 @@ impl LeaseOptions {
         self.timeout
     }
 
-    /// [`Error::InvalidLease`] for a lease outside [`MIN_LEASE`]..=[`MAX_LEASE`].
+    /// [`Refusal::Lease`] for a lease outside [`MIN_LEASE`]..=[`MAX_LEASE`].
     pub(crate) fn check(&self) -> Result<(), Error> {
         if self.lease < MIN_LEASE || self.lease > MAX_LEASE {
-            return Err(Error::InvalidLease { lease: self.lease });
+            return Err(Error::Refused(Refusal::Lease { lease: self.lease }));
         }
         Ok(())
     }

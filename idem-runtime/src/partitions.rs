@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sqlx::Postgres;
 
 use crate::backend::postgres::partitions::{self as pg, Range, Refused};
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::retention::MIN_RETENTION;
 use crate::store::{MAX_RETENTION, Store};
 
@@ -120,7 +120,7 @@ impl Partitions<'_> {
     /// worker at once, and again: what exists is kept.
     ///
     /// A marker table that exists and is not partitioned is refused with
-    /// [`Error::Partitioning`]: PostgreSQL cannot partition a table in place. Migrate a table
+    /// [`Refusal::Partitions`]: PostgreSQL cannot partition a table in place. Migrate a table
     /// of a new name ([`Store::with_table`]) and move the workers to it once the old one's
     /// markers have outlived their retention.
     pub async fn migrate(&self, days_ahead: u32) -> Result<Vec<Partition>, Error> {
@@ -201,10 +201,10 @@ impl Partitions<'_> {
     /// A drop takes the tables' exclusive lock for a moment; it waits at most 2 s for it
     /// (then fails, and the next call drops them), so that no claim queues behind it for
     /// longer. `keep` under [`MIN_RETENTION`] or of a century or more is refused with
-    /// [`Error::InvalidRetention`] before any I/O.
+    /// [`Refusal::Retention`] before any I/O.
     pub async fn drop_older_than(&self, keep: Duration) -> Result<Vec<Partition>, Error> {
         if keep < MIN_RETENTION || keep >= MAX_RETENTION {
-            return Err(Error::InvalidRetention { retention: keep });
+            return Err(Error::Refused(Refusal::Retention { retention: keep }));
         }
         let longest = self
             .store
@@ -248,10 +248,10 @@ fn suffix_of(name: &str) -> String {
 }
 
 fn refused(store: &Store<Postgres>, problem: String) -> Error {
-    Error::Partitioning {
+    Error::Refused(Refusal::Partitions {
         table: store.table().to_owned(),
         problem,
-    }
+    })
 }
 
 fn check_days(store: &Store<Postgres>, days_ahead: u32) -> Result<(), Error> {

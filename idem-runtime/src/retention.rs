@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::backend::Backend;
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::scope::check_scope;
 use crate::store::{MAX_RETENTION, PURGE_BATCH, Store};
 
@@ -31,11 +31,11 @@ impl<DB: Backend> Store<DB> {
     /// `purge` honours it as the workers' own purges do; setting it again changes it. Choose
     /// it longer than the time the scope's broker may still redeliver a job
     /// (`docs/brokers.md` relates it to each broker). A window under [`MIN_RETENTION`], or of
-    /// a century or more, is refused with [`Error::InvalidRetention`] before any I/O.
+    /// a century or more, is refused with [`Refusal::Retention`] before any I/O.
     pub async fn set_retention(&self, scope: &str, keep: Duration) -> Result<(), Error> {
         check_scope(scope)?;
         if keep < MIN_RETENTION || keep >= MAX_RETENTION {
-            return Err(Error::InvalidRetention { retention: keep });
+            return Err(Error::Refused(Refusal::Retention { retention: keep }));
         }
         let keep_ms = i64::try_from(keep.as_millis()).expect("below MAX_RETENTION");
         self.sql()

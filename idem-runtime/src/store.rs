@@ -191,7 +191,7 @@ impl<DB: Backend> Store<DB> {
     ///
     /// The name is written into SQL, so anything but a plain identifier (a letter or `_`, then
     /// letters, digits or `_`, at most [`MAX_TABLE_LEN`] characters) is refused with
-    /// [`Error::InvalidTable`].
+    /// [`Refusal::Table`](crate::Refusal::Table).
     pub fn with_table(self, table: &str) -> Result<Self, Error> {
         let unnamed = self.sql.table.is_unnamed();
         let table = Table::new(table)?.unnamed(unnamed);

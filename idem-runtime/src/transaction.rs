@@ -24,7 +24,7 @@ impl<DB: Backend> Store<DB> {
     /// This is what `#[idempotent]` expands to; call it by hand only where the attribute does
     /// not fit. On [`Claimed::Fresh`] run the effect on [`Guard::tx`] and end with
     /// [`Guard::finish`]; dropping the guard rolls everything back. The scope is checked like
-    /// the attribute's (1 to 255 bytes, no NUL: else [`Error::InvalidScope`], before any I/O).
+    /// the attribute's (1 to 255 bytes, no NUL: else [`Refusal::Scope`](crate::Refusal::Scope), before any I/O).
     /// A duplicate's transaction, which wrote nothing, is over: its `ROLLBACK` goes out with
     /// the connection's return to the pool (a connection whose rollback fails is closed, not
     /// reused), so a duplicate does not wait for it.

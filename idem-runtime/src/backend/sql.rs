@@ -14,7 +14,7 @@ use std::sync::Arc;
 use sqlx::{SqlSafeStr as _, SqlStr};
 
 use super::wake::Wake;
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 
 /// The longest table name a store accepts: the names derived from it (the index
 /// `{table}_completed_at`) must fit PostgreSQL's 63-byte identifiers, which it would otherwise
@@ -46,16 +46,16 @@ impl Eq for Table {}
 
 impl Table {
     /// A letter or `_`, then letters, digits or `_`, at most [`MAX_TABLE_LEN`] characters;
-    /// anything else is [`Error::InvalidTable`].
+    /// anything else is [`Refusal::Table`].
     pub(crate) fn new(name: &str) -> Result<Table, Error> {
         let mut chars = name.chars();
         let plain = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
             && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
             && name.len() <= MAX_TABLE_LEN;
         if !plain {
-            return Err(Error::InvalidTable {
+            return Err(Error::Refused(Refusal::Table {
                 name: name.to_owned(),
-            });
+            }));
         }
         Ok(Table {
             name: name.to_owned(),

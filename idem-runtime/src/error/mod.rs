@@ -3,10 +3,12 @@ use std::fmt;
 use crate::key::KeyError;
 
 mod database;
+mod refusal;
 #[cfg(test)]
 mod tests;
 
 use database::{DatabaseMessage, is_read_only, transient};
+pub use refusal::Refusal;
 
 /// Everything that can go wrong around an idempotent call.
 ///
@@ -36,46 +38,11 @@ pub enum Error {
     #[error("{}", DatabaseMessage(.0))]
     ReadOnly(sqlx::Error),
 
-    /// The key was refused before any I/O: nothing was written.
-    #[error("invalid idempotency key: {0}")]
-    InvalidKey(KeyError),
-
-    /// A batch of more jobs than one claim takes ([`MAX_BATCH`](crate::MAX_BATCH)), refused
-    /// before any I/O: nothing was claimed. [`KeyError::BatchTooLarge`] (from
-    /// [`Key::batch`](crate::Key::batch)) converts into this variant.
-    #[error(
-        "a batch of {len} jobs is more than the {max} one claim takes: nothing was claimed; \
-         split it into batches of at most {max} (do not redeliver it unchanged: it would be \
-         refused again)",
-        max = crate::key::MAX_BATCH
-    )]
-    BatchTooLarge {
-        /// How many jobs the batch held.
-        len: usize,
-    },
-
-    /// The table name given to [`Store::with_table`](crate::Store::with_table) is not a plain
-    /// SQL identifier.
-    #[error(
-        "invalid table name {name:?}: use a plain SQL identifier of at most 47 characters \
-         (a letter or `_`, then letters, digits or `_`)"
-    )]
-    InvalidTable {
-        /// The name that was refused.
-        name: String,
-    },
-
-    /// The scope given to [`Store::claim`](crate::Store::claim) or
-    /// [`Store::forget`](crate::Store::forget) is empty, longer than 255 bytes or holds a NUL
-    /// byte. Nothing was written.
-    #[error(
-        "invalid scope {scope:?}: a scope is 1 to 255 bytes with no NUL byte, \
-         like \"billing.top_up\""
-    )]
-    InvalidScope {
-        /// The scope that was refused.
-        scope: String,
-    },
+    /// Bad input, refused before any I/O: nothing was written. The [`Refusal`] says which
+    /// input (a key, a batch's size, a scope, a table name, an outbox message, a lease, ...),
+    /// and its message why and what to do. Never transient: the same input is refused again.
+    #[error("{0}")]
+    Refused(Refusal),
 
     /// The body returned `Ok`, but the database did not commit: a statement in the body failed
     /// and the body carried on (PostgreSQL then aborts the transaction and answers `COMMIT`
@@ -148,53 +115,6 @@ pub enum Error {
         reason: String,
     },
 
-    /// [`Outbox::send`](crate::Outbox::send) refused a message it can know the broker would
-    /// refuse (an empty destination, a payload over
-    /// [`MAX_PAYLOAD`](crate::outbox::MAX_PAYLOAD)), before anything was written. The body
-    /// decides: return it (the job fails and nothing is kept) or send something else.
-    #[error("the outbox refused a message: {reason}; nothing was written")]
-    InvalidMessage {
-        /// What is wrong with it.
-        reason: String,
-    },
-
-    /// A lease length outside [`MIN_LEASE`](crate::MIN_LEASE) and
-    /// [`MAX_LEASE`](crate::MAX_LEASE), refused before any I/O: nothing was written.
-    #[error(
-        "a lease of {lease:?} is out of bounds: a lease must be at least 1s and at most 24h \
-         (a job that runs longer renews its lease with `Lease::renew`); nothing was written"
-    )]
-    InvalidLease {
-        /// The lease that was refused.
-        lease: std::time::Duration,
-    },
-
-    /// A retention window outside [`MIN_RETENTION`](crate::MIN_RETENTION) and a century,
-    /// given to [`Store::set_retention`](crate::Store::set_retention): refused before any
-    /// I/O, nothing was written.
-    #[error(
-        "a retention of {retention:?} is out of bounds: a scope keeps its markers at least 1s \
-         and less than a century (choose a window longer than the time its broker may still \
-         redeliver a job); nothing was written"
-    )]
-    InvalidRetention {
-        /// The window that was refused.
-        retention: std::time::Duration,
-    },
-
-    /// A marker table cannot be partitioned as asked (`Store::partitions`, on PostgreSQL): it
-    /// exists and is not partitioned, or the days asked for are out of range. Nothing was
-    /// written.
-    #[error(
-        "the marker table {table:?} cannot be partitioned as asked: {problem}; nothing was written"
-    )]
-    Partitioning {
-        /// The table.
-        table: String,
-        /// What stands in the way, and what to do instead.
-        problem: String,
-    },
-
     /// [`commit`](crate::commit) of a transaction the database had already rolled back (a
     /// statement in it failed and its error was ignored): nothing of it was kept.
     #[error(
@@ -255,22 +175,6 @@ pub enum Error {
         key: String,
     },
 
-    /// A step of a lease's body ([`Lease::step`](crate::Lease::step)) was refused before it
-    /// ran: its name is empty, too long or holds a NUL byte, the body already ran a step of
-    /// that name, another step of the body was still running, or a database step named
-    /// another database than the lease's. Nothing of the step ran or was recorded.
-    #[error("the step {step:?} of {scope:?} / {key:?} was refused: {reason}; nothing of it ran")]
-    InvalidStep {
-        /// The scope of the call.
-        scope: String,
-        /// The encoded key of the call.
-        key: String,
-        /// The step's name.
-        step: String,
-        /// What is wrong, and what to do.
-        reason: String,
-    },
-
     /// A step's verify ([`Lease::step_verified`](crate::Lease::step_verified)) could not tell
     /// whether an earlier delivery's run of the step had its effect. Nothing ran; the lease is
     /// kept until it runs out, and the next delivery asks again: nack the job.
@@ -322,14 +226,6 @@ pub enum Error {
         key: String,
     },
 
-    /// [`GroupOptions`](crate::GroupOptions) out of their bounds, refused by
-    /// [`Store::group`](crate::Store::group) before any I/O.
-    #[error("invalid group options: {reason}")]
-    InvalidGroup {
-        /// What is out of bounds, and the bounds.
-        reason: String,
-    },
-
     /// Group commit: this call's work was done in a group's shared transaction, and the group
     /// failed as a whole (its connection was lost, the database rolled it back, its commit
     /// failed or lost its answer). `may_be_kept` says whether the commit may have landed
@@ -374,24 +270,6 @@ pub enum Error {
         /// Where: `"commit"`, `"savepoint release"` (a joined call) or `"completing
         /// statement"` (lease mode).
         at: &'static str,
-    },
-
-    /// An offset claim or a watermark call was refused before any I/O (an empty or over-long
-    /// consumer group or topic, a negative partition or offset, a partition's offsets out of
-    /// order): nothing was written.
-    #[error("idem refused the offsets: {reason}; nothing was written")]
-    InvalidOffsets {
-        /// What is wrong with them.
-        reason: String,
-    },
-
-    /// A Kafka record the per-message marker mode cannot key (feature `kafka`): it lacks the
-    /// id header the consumer was told to key by, or its value is no key. Refused before any
-    /// I/O: nothing was written.
-    #[error("idem refused a record: {reason}")]
-    InvalidRecord {
-        /// Which record, and what is wrong with it.
-        reason: String,
     },
 
     /// The database's watermark of a partition is past the end of the partition's log: the
@@ -460,13 +338,19 @@ impl fmt::Display for NestedMessage<'_> {
 }
 
 impl From<KeyError> for Error {
-    /// A refused key is [`Error::InvalidKey`]; a batch over [`MAX_BATCH`](crate::MAX_BATCH)
-    /// is [`Error::BatchTooLarge`], the refusal it names.
+    /// A refused key is [`Refusal::Key`]; a batch over [`MAX_BATCH`](crate::MAX_BATCH)
+    /// is [`Refusal::Batch`], the refusal it names.
     fn from(err: KeyError) -> Self {
-        match err {
-            KeyError::BatchTooLarge { len } => Error::BatchTooLarge { len },
-            other => Error::InvalidKey(other),
-        }
+        Error::Refused(match err {
+            KeyError::BatchTooLarge { len } => Refusal::Batch { len },
+            other => Refusal::Key(other),
+        })
+    }
+}
+
+impl From<Refusal> for Error {
+    fn from(refusal: Refusal) -> Self {
+        Error::Refused(refusal)
     }
 }
 
@@ -511,7 +395,7 @@ impl Error {
     /// # use idem_runtime as idem;
     /// let busy = idem::Error::InProgress { scope: "s".into(), key: "k".into() };
     /// assert!(busy.is_transient());
-    /// assert!(!idem::Error::BatchTooLarge { len: 1001 }.is_transient());
+    /// assert!(!idem::Error::Refused(idem::Refusal::Batch { len: 1001 }).is_transient());
     /// ```
     pub fn is_transient(&self) -> bool {
         match self {
@@ -529,21 +413,10 @@ impl Error {
             Error::ReadOnly(_) => true,
             #[cfg(feature = "testing")]
             Error::Injected { .. } => true,
-            Error::InvalidKey(_)
-            | Error::BatchTooLarge { .. }
-            | Error::InvalidTable { .. }
-            | Error::InvalidScope { .. }
+            Error::Refused(_)
             | Error::KeyReused { .. }
             | Error::Serialize(_)
             | Error::ValueNotStored { .. }
-            | Error::InvalidMessage { .. }
-            | Error::InvalidLease { .. }
-            | Error::InvalidRetention { .. }
-            | Error::Partitioning { .. }
-            | Error::InvalidStep { .. }
-            | Error::InvalidGroup { .. }
-            | Error::InvalidOffsets { .. }
-            | Error::InvalidRecord { .. }
             | Error::WatermarkAhead { .. }
             | Error::Nested { .. }
             | Error::LeaseHeld { .. } => false,

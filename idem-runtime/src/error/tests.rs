@@ -19,13 +19,13 @@ fn every_variant_says_what_to_do() {
     let cases = [
         (Error::from(KeyError::Empty), "non-empty id"),
         (
-            Error::InvalidTable { name: "a b".into() },
+            Error::Refused(Refusal::Table { name: "a b".into() }),
             "plain SQL identifier",
         ),
         (
-            Error::InvalidScope {
+            Error::Refused(Refusal::Scope {
                 scope: String::new(),
-            },
+            }),
             "1 to 255 bytes",
         ),
         (
@@ -86,10 +86,10 @@ fn retry_advice_is_for_transient_errors_only() {
     }
     let lasting = [
         Error::from(KeyError::Empty),
-        Error::BatchTooLarge { len: 1001 },
-        Error::InvalidScope {
+        Error::Refused(Refusal::Batch { len: 1001 }),
+        Error::Refused(Refusal::Scope {
             scope: String::new(),
-        },
+        }),
         Error::KeyReused {
             scope: "s".into(),
             key: "k".into(),
@@ -105,6 +105,66 @@ fn retry_advice_is_for_transient_errors_only() {
         );
         assert!(!msg.contains("let the broker redeliver"), "{msg}");
     }
+}
+
+/// Every refusal, as an error, lasts (a redelivery is refused again) and says what the refusal
+/// says, nothing more.
+#[test]
+fn every_refusal_is_a_lasting_error_with_its_own_message() {
+    let second = std::time::Duration::from_secs(1);
+    let refusals = [
+        Refusal::Key(KeyError::Empty),
+        Refusal::Batch { len: 1001 },
+        Refusal::Table { name: "a b".into() },
+        Refusal::Scope {
+            scope: String::new(),
+        },
+        Refusal::Message { reason: "r".into() },
+        Refusal::Lease { lease: second },
+        Refusal::Retention { retention: second },
+        Refusal::Partitions {
+            table: "t".into(),
+            problem: "p".into(),
+        },
+        Refusal::Step {
+            scope: "s".into(),
+            key: "k".into(),
+            step: "x".into(),
+            reason: "r".into(),
+        },
+        Refusal::Group { reason: "r".into() },
+        Refusal::Offsets { reason: "r".into() },
+        Refusal::Record { reason: "r".into() },
+    ];
+    for refusal in refusals {
+        // A variant added to `Refusal` fails to compile here until it is in the list above.
+        match refusal {
+            Refusal::Key(_)
+            | Refusal::Batch { .. }
+            | Refusal::Table { .. }
+            | Refusal::Scope { .. }
+            | Refusal::Message { .. }
+            | Refusal::Lease { .. }
+            | Refusal::Retention { .. }
+            | Refusal::Partitions { .. }
+            | Refusal::Step { .. }
+            | Refusal::Group { .. }
+            | Refusal::Offsets { .. }
+            | Refusal::Record { .. } => {}
+        }
+        let err = Error::from(refusal.clone());
+        assert!(
+            matches!(&err, Error::Refused(r) if *r == refusal),
+            "{err:?}"
+        );
+        assert!(!err.is_transient(), "{err}");
+        assert_eq!(err.to_string(), refusal.to_string());
+        assert!(err.source().is_none(), "{err}");
+    }
+    assert_eq!(
+        Error::from(KeyError::BatchTooLarge { len: 1001 }).to_string(),
+        Refusal::Batch { len: 1001 }.to_string()
+    );
 }
 
 /// What the docs say of `sqlx::Error` as a handler's error type ("Why not `sqlx::Error`"):

@@ -21,7 +21,7 @@ use sqlx::Transaction;
 use crate::backend::Backend;
 use crate::claim::nested::Body;
 use crate::claim::{Claimed, Request};
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::key::Key;
 use crate::options::ClaimOptions;
 use crate::outcome::{Failed, Outcome};
@@ -138,7 +138,7 @@ impl GroupOptions {
         } else {
             return Ok(());
         };
-        Err(Error::InvalidGroup { reason: problem })
+        Err(Error::Refused(Refusal::Group { reason: problem }))
     }
 }
 
@@ -206,7 +206,7 @@ impl<DB: Backend> fmt::Debug for Group<DB> {
 
 impl<DB: Backend> Store<DB> {
     /// Group commit on this store's pool and markers (see [`Group`]). Options out of their
-    /// bounds are refused with [`Error::InvalidGroup`].
+    /// bounds are refused with [`Refusal::Group`].
     ///
     /// Each lane holds one connection of the pool while its group is open (and another while
     /// the last group commits): size the pool for the lanes, twice over, besides the rest.

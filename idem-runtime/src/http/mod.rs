@@ -268,7 +268,7 @@ impl<DB: Backend> IdempotencyLayer<DB> {
         }
     }
 
-    /// [`new`](Self::new), returning [`Error::InvalidScope`] for an invalid scope instead of
+    /// [`new`](Self::new), returning [`Refusal::Scope`](crate::Refusal::Scope) for an invalid scope instead of
     /// panicking.
     pub fn try_new(store: Store<DB>, scope: impl Into<String>) -> Result<Self, Error> {
         let scope = scope.into();
@@ -471,6 +471,7 @@ mod tests {
     use tower_service::Service as _;
 
     use super::*;
+    use crate::error::Refusal;
 
     fn store() -> Store<sqlx::Sqlite> {
         let pool = sqlx::sqlite::SqlitePoolOptions::new()
@@ -492,7 +493,7 @@ mod tests {
     async fn try_new_says_what_is_wrong_with_the_scope() {
         for bad in [String::new(), "a\0b".to_owned(), "s".repeat(256)] {
             match IdempotencyLayer::try_new(store(), bad.clone()) {
-                Err(Error::InvalidScope { scope }) => assert_eq!(scope, bad),
+                Err(Error::Refused(Refusal::Scope { scope })) => assert_eq!(scope, bad),
                 other => panic!("{bad:?}: {other:?}"),
             }
         }

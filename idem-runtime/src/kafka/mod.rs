@@ -40,7 +40,7 @@ use self::context::{Context, Positions, Shared, kafka};
 use self::poller::Command;
 pub use self::record::Record;
 use crate::backend::Backend;
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::group::Group;
 use crate::observe::trace_context;
 use crate::offsets::{OffsetGuard, RecordOffset, check_name};
@@ -87,7 +87,7 @@ impl<DB: Backend> Consumer<DB> {
     ///
     /// Call it inside a tokio runtime (the rebalance callback runs the database's queries on
     /// it). Refused before any I/O: a configuration without `group.id`, or with one that is
-    /// not a name of 1 to 255 bytes ([`Error::InvalidOffsets`]), or that rdkafka refuses
+    /// not a name of 1 to 255 bytes ([`Refusal::Offsets`]), or that rdkafka refuses
     /// ([`Error::Kafka`]).
     pub fn watermarks(store: Store<DB>, config: &ClientConfig) -> Result<Self, Error> {
         Consumer::new(store, config, Positions::Watermarks)
@@ -103,9 +103,12 @@ impl<DB: Backend> Consumer<DB> {
     fn new(store: Store<DB>, config: &ClientConfig, positions: Positions) -> Result<Self, Error> {
         let group = config
             .get("group.id")
-            .ok_or_else(|| Error::InvalidOffsets {
-                reason: "the consumer's configuration has no `group.id`: name its consumer group"
-                    .to_owned(),
+            .ok_or_else(|| {
+                Error::Refused(Refusal::Offsets {
+                    reason:
+                        "the consumer's configuration has no `group.id`: name its consumer group"
+                            .to_owned(),
+                })
             })?
             .to_owned();
         check_name("consumer group", &group)?;

@@ -4,7 +4,7 @@
 use rdkafka::Message as _;
 use rdkafka::message::{BorrowedMessage, Headers as _};
 
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::key::Key;
 use crate::offsets::{RecordOffset, record_key};
 use crate::traceparent::{TRACEPARENT, TraceParent};
@@ -118,16 +118,18 @@ impl Record {
     ///
     /// A record without that header, or whose value is not a valid key (empty, longer than
     /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, not UTF-8, with a NUL), is refused with
-    /// [`Error::InvalidRecord`] naming the record, before any I/O: nothing can tell whether it
+    /// [`Refusal::Record`] naming the record, before any I/O: nothing can tell whether it
     /// is a retry of another record. Handle it as a poison record (a dead-letter topic), or
     /// fall back to [`offset_key`](Record::offset_key) knowingly.
     pub fn id_key(&self, name: &str) -> Result<Key, Error> {
-        let refuse = |why: &str| Error::InvalidRecord {
-            reason: format!(
-                "the record at {:?} partition {} offset {} {why}: it cannot be told apart from \
+        let refuse = |why: &str| {
+            Error::Refused(Refusal::Record {
+                reason: format!(
+                    "the record at {:?} partition {} offset {} {why}: it cannot be told apart from \
                  a retry of another record; dead-letter it, or key it by its offset",
-                self.topic, self.partition, self.offset
-            ),
+                    self.topic, self.partition, self.offset
+                ),
+            })
         };
         let value = match self.headers.iter().find(|(n, _)| n == name) {
             Some((_, Some(value))) => value,

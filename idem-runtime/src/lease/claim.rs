@@ -30,7 +30,7 @@ impl<DB: Backend> Store<DB> {
     /// options' `wait`; a released or expired one is taken over by exactly one delivery (token
     /// up, attempts + 1); another payload under the key is [`Error::KeyReused`] (with a
     /// fingerprint). A lease outside [`MIN_LEASE`](crate::MIN_LEASE)..=
-    /// [`MAX_LEASE`](crate::MAX_LEASE) is [`Error::InvalidLease`], before any I/O, and so is
+    /// [`MAX_LEASE`](crate::MAX_LEASE) is [`Refusal::Lease`](crate::Refusal::Lease), before any I/O, and so is
     /// a claim inside the open transaction of another claim of this task
     /// ([`Error::Nested`]). This is what `#[idempotent(lease = "...")]` expands to.
     ///

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Clock, Lease};
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::key::MAX_KEY_LEN;
 use crate::record::{self, NotStorable};
 
@@ -145,7 +145,7 @@ impl Lease {
     /// - Steps run one at a time in the body's order, so the recorded steps are always the
     ///   first ones it reached. A name used twice in one body, a step started while another
     ///   runs, and a name that is empty, longer than [`MAX_STEP_NAME`] bytes or holds a NUL
-    ///   byte are [`Error::InvalidStep`], before anything runs.
+    ///   byte are [`Refusal::Step`], before anything runs.
     /// - The record is fenced: a holder whose lease was taken over gets
     ///   [`Error::LeaseLost`] and records nothing (its step ran: the outside system got the
     ///   step's idempotency key, which the new holder sends too).
@@ -257,7 +257,7 @@ impl Lease {
     /// the key; a later delivery gets the recorded value back without running it.
     ///
     /// `DB` must be the database of the store the lease was taken on (else
-    /// [`Error::InvalidStep`], before anything runs). The transaction begins as a claim's does
+    /// [`Refusal::Step`], before anything runs). The transaction begins as a claim's does
     /// (SQLite: `BEGIN IMMEDIATE`) and its commit is verified (a transaction the database
     /// rolled back is [`Error::RolledBack`], nothing of it kept). `run`'s `Err` rolls it back.
     /// A claim with a store inside `run` is refused as [`Error::Nested`]. Names and order as
@@ -443,12 +443,12 @@ impl Lease {
     }
 
     fn invalid_step(&self, name: &str, reason: String) -> Error {
-        Error::InvalidStep {
+        Error::Refused(Refusal::Step {
             scope: self.scope().to_owned(),
             key: self.key().to_owned(),
             step: name.to_owned(),
             reason,
-        }
+        })
     }
 
     fn unverified(&self, step: &Step) -> Error {

@@ -73,20 +73,9 @@ impl Verdict {
             Error::ValueNotStored { .. } => Verdict::ValueNotStored,
             // Refused as given: a redelivery fails the same way until the job or the code
             // changes.
-            Error::InvalidKey(_)
-            | Error::BatchTooLarge { .. }
-            | Error::InvalidTable { .. }
-            | Error::InvalidScope { .. }
-            | Error::InvalidLease { .. }
-            | Error::InvalidRetention { .. }
-            | Error::Partitioning { .. }
-            | Error::InvalidMessage { .. }
-            | Error::InvalidOffsets { .. }
-            | Error::InvalidRecord { .. }
+            Error::Refused(_)
             | Error::WatermarkAhead { .. }
-            | Error::InvalidGroup { .. }
             | Error::Nested { .. }
-            | Error::InvalidStep { .. }
             | Error::Serialize(_) => Verdict::Invalid,
             // An operator's refusal: it ends no call.
             Error::LeaseHeld { .. } => Verdict::Invalid,
@@ -166,6 +155,7 @@ pub(super) fn finished(span: &Span, verdict: Verdict, ended: Ended<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Refusal;
 
     fn idem(error: Error) -> Verdict {
         Verdict::of_failed::<()>(&Failed::Idem(error))
@@ -225,7 +215,7 @@ mod tests {
                 "value_not_stored",
             ),
             (Error::from(crate::key::KeyError::Empty), "invalid"),
-            (Error::InvalidScope { scope }, "invalid"),
+            (Error::Refused(Refusal::Scope { scope }), "invalid"),
             (Error::Serialize("s".into()), "invalid"),
             (Error::from(sqlx::Error::PoolTimedOut), "error"),
         ];

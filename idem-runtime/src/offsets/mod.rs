@@ -19,7 +19,7 @@ use crate::backend::{Backend, Partition};
 use crate::claim::nested;
 use crate::claim::run::{Attempt, conclude, retrying};
 use crate::claim::{Claimed, Kept, Request, TxHeld};
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::key::{Key, MAX_BATCH, MAX_KEY_LEN};
 use crate::observe::{self, Answer, Observed, Site};
 use crate::options::{ClaimOptions, Mode};
@@ -74,7 +74,7 @@ pub fn record_key(topic: &str, partition: i32, offset: i64) -> Key {
 }
 
 fn refused(reason: String) -> Error {
-    Error::InvalidOffsets { reason }
+    Error::Refused(Refusal::Offsets { reason })
 }
 
 /// A consumer group or topic name: 1 to [`MAX_NAME_LEN`] bytes, no NUL.
@@ -164,7 +164,7 @@ impl<DB: Backend> Store<DB> {
     ///
     /// Records may come from several partitions (a poll's batch); a partition's records must
     /// come in the order of their offsets. Refused before any I/O
-    /// ([`Error::InvalidOffsets`]): an empty or over-long group or topic
+    /// ([`Refusal::Offsets`]): an empty or over-long group or topic
     /// ([`MAX_NAME_LEN`]), a negative partition or offset, a partition's offsets out of
     /// order, more than [`MAX_BATCH`] records; and a claim inside the open transaction of
     /// another claim of this task ([`Error::Nested`]). An empty batch does no I/O.
@@ -372,11 +372,14 @@ mod tests {
             vec![at("t\0", 0, 5)],
         ] {
             assert!(
-                matches!(spans(&bad), Err(Error::InvalidOffsets { .. })),
+                matches!(spans(&bad), Err(Error::Refused(Refusal::Offsets { .. }))),
                 "{bad:?}"
             );
         }
         let many: Vec<_> = (0..=MAX_BATCH as i64).map(|o| at("t", 0, o)).collect();
-        assert!(matches!(spans(&many), Err(Error::InvalidOffsets { .. })));
+        assert!(matches!(
+            spans(&many),
+            Err(Error::Refused(Refusal::Offsets { .. }))
+        ));
     }
 }

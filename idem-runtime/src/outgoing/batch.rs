@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use serde::Serialize;
 
 use super::{Headers, Message, MessageBuilder, Pending, json};
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::key::{IntoKey, Key};
 
 /// The messages a batch handler sends with its jobs' effects: what the body gets as
@@ -21,7 +21,7 @@ use crate::key::{IntoKey, Key};
 /// so they exist exactly when the fresh jobs' effects do.
 ///
 /// Only the fresh jobs (those the body sees) can send: a key that is not one of them is
-/// refused with [`Error::InvalidMessage`], since a duplicate job's messages were sent by the
+/// refused with [`Refusal::Message`], since a duplicate job's messages were sent by the
 /// delivery that committed it.
 #[derive(Debug)]
 pub struct BatchOutbox {
@@ -44,7 +44,7 @@ impl BatchOutbox {
     /// `job` (the value the attribute's `key` reads, such as `&job.id`); returns the message's
     /// id.
     ///
-    /// Refused at once, before anything is written ([`Error::InvalidMessage`]): a key that is
+    /// Refused at once, before anything is written ([`Refusal::Message`]): a key that is
     /// no fresh job of this batch, and everything [`Outbox::send`](crate::Outbox::send)
     /// refuses (an empty destination, one longer than
     /// [`MAX_DESTINATION_LEN`](crate::outbox::MAX_DESTINATION_LEN) or with a NUL, a payload
@@ -145,13 +145,15 @@ impl BatchOutbox {
         self.by_key
             .binary_search_by(|i| jobs[*i].0.as_str().cmp(key.as_str()))
             .map(|found| self.by_key[found])
-            .map_err(|_| Error::InvalidMessage {
-                reason: format!(
-                    "its job's key {:?} is not one of this batch's fresh jobs: name the job by \
+            .map_err(|_| {
+                Error::Refused(Refusal::Message {
+                    reason: format!(
+                        "its job's key {:?} is not one of this batch's fresh jobs: name the job by \
                      the key the attribute's `key` reads from it (a duplicate job's messages \
                      were sent by the delivery that committed it)",
-                    key.as_str()
-                ),
+                        key.as_str()
+                    ),
+                })
             })
     }
 }
@@ -185,7 +187,10 @@ mod tests {
             batch.send_bytes("a", "", vec![]).unwrap_err(),
         ] {
             assert!(
-                matches!(err, Error::InvalidMessage { .. } | Error::InvalidKey(_)),
+                matches!(
+                    err,
+                    Error::Refused(Refusal::Message { .. }) | Error::Refused(Refusal::Key(_))
+                ),
                 "{err}"
             );
         }

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::headers::{BYTES, Headers, JSON};
 use super::{Pending, json};
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::key::{IntoKey, Key};
 
 /// A message being put together: what [`Outbox::message`](crate::Outbox::message) and
@@ -112,18 +112,18 @@ impl<'a> MessageBuilder<'a> {
 
     /// Sends the message with the job's effect; returns its id. Refused at once, before
     /// anything is written, with the first problem found: whatever the outbox's `send`
-    /// refuses, a bad ordering key ([`Error::InvalidKey`]), a message with no payload, and bad
-    /// headers ([`Error::InvalidMessage`]).
+    /// refuses, a bad ordering key ([`Refusal::Key`]), a message with no payload, and bad
+    /// headers ([`Refusal::Message`]).
     pub fn send(self) -> Result<&'a str, Error> {
         let job = self.job?;
         if let Some(problem) = self.problem {
             return Err(problem);
         }
         let Some(payload) = self.payload else {
-            return Err(Error::InvalidMessage {
+            return Err(Error::Refused(Refusal::Message {
                 reason: "it has no payload: give it one with `json` or `bytes` before `send`"
                     .to_owned(),
-            });
+            }));
         };
         self.pending.push(
             job,

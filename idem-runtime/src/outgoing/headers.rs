@@ -6,7 +6,7 @@ use std::fmt;
 
 use serde::de::{Deserializer, MapAccess, Visitor};
 
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::traceparent::{TRACEPARENT, TraceParent};
 
 /// The most a message's headers hold: the sum, over every header (the content type and the
@@ -48,7 +48,7 @@ pub(crate) const BYTES: &str = "application/octet-stream";
 ///
 /// # What a header may be
 ///
-/// Checked before anything is written ([`Error::InvalidMessage`]):
+/// Checked before anything is written ([`Refusal::Message`]):
 /// - a name is 1 to 255 of the characters HTTP allows in a token (RFC 9110: letters, digits
 ///   and ``!#$%&'*+-.^_`|~``), set once (names compare without case), and none of the names
 ///   idem or a broker gives a meaning to: `content-type` and `traceparent` (set them with their
@@ -156,7 +156,7 @@ impl Headers {
 
     /// Refuses what no broker should get (see [`Headers`]), naming the header and the fix.
     pub(crate) fn check(&self) -> Result<(), Error> {
-        let refuse = |reason: String| Err(Error::InvalidMessage { reason });
+        let refuse = |reason: String| Err(Error::Refused(Refusal::Message { reason }));
         if let Some(content_type) = &self.content_type
             && let Err(problem) = check_content_type(content_type)
         {
@@ -346,7 +346,7 @@ mod tests {
 
     fn refused(headers: Headers) -> String {
         match headers.check() {
-            Err(Error::InvalidMessage { reason }) => reason,
+            Err(Error::Refused(Refusal::Message { reason })) => reason,
             other => panic!("expected a refusal, got {other:?}"),
         }
     }

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use serde::Serialize;
 
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::job_id::job_id;
 use crate::key::{IntoKey, Key};
 
@@ -100,7 +100,7 @@ impl Outbox {
     /// Sends `payload` (as JSON) to `destination` with the job's effect; returns the message's
     /// id. Refused at once, before anything is written, when the destination is empty, longer
     /// than [`MAX_DESTINATION_LEN`] or holds a NUL, or the payload does not serialise or is
-    /// over [`MAX_PAYLOAD`]: [`Error::InvalidMessage`].
+    /// over [`MAX_PAYLOAD`]: [`Refusal::Message`].
     pub fn send<T: Serialize + ?Sized>(
         &mut self,
         destination: &str,
@@ -138,7 +138,7 @@ impl Outbox {
     /// publishes the messages of one ordering key in the order they were written, whichever
     /// jobs wrote them (`&customer_id`, so that one customer's events leave in order). The
     /// key is encoded and checked as a job's key is ([`Key`](crate::Key)); a bad one is
-    /// refused at once with [`Error::InvalidKey`].
+    /// refused at once with [`Refusal::Key`].
     pub fn send_keyed<K, T>(
         &mut self,
         ordering_key: &K,
@@ -212,18 +212,20 @@ impl Pending {
         headers.set_traceparent_if_none(crate::observe::ambient_traceparent());
         headers.check()?;
         if payload.len() > MAX_PAYLOAD {
-            return Err(Error::InvalidMessage {
+            return Err(Error::Refused(Refusal::Message {
                 reason: format!(
                     "its payload is {} bytes, more than the {MAX_PAYLOAD} a message carries: \
                      send an id of the document, not the document",
                     payload.len()
                 ),
-            });
+            }));
         }
         let (key, sent) = &mut self.jobs[job];
         let seq = *sent;
-        let next = seq.checked_add(1).ok_or_else(|| Error::InvalidMessage {
-            reason: "a job sends at most 4294967295 messages".to_owned(),
+        let next = seq.checked_add(1).ok_or_else(|| {
+            Error::Refused(Refusal::Message {
+                reason: "a job sends at most 4294967295 messages".to_owned(),
+            })
         })?;
         // The same formula in every mode: a job's messages have the same ids whether it ran
         // alone or in a batch.
@@ -298,8 +300,10 @@ impl Pending {
 }
 
 fn json<T: Serialize + ?Sized>(payload: &T) -> Result<Vec<u8>, Error> {
-    serde_json::to_vec(payload).map_err(|e| Error::InvalidMessage {
-        reason: format!("its payload cannot be serialised as JSON: {e}"),
+    serde_json::to_vec(payload).map_err(|e| {
+        Error::Refused(Refusal::Message {
+            reason: format!("its payload cannot be serialised as JSON: {e}"),
+        })
     })
 }
 
@@ -313,9 +317,9 @@ fn check_destination(destination: &str) -> Result<(), Error> {
     } else {
         return Ok(());
     };
-    Err(Error::InvalidMessage {
+    Err(Error::Refused(Refusal::Message {
         reason: problem.to_owned(),
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -356,7 +360,10 @@ mod tests {
             ("q", vec![0; MAX_PAYLOAD + 1]),
         ] {
             let err = outbox.send_bytes(destination, payload).unwrap_err();
-            assert!(matches!(err, Error::InvalidMessage { .. }), "{err}");
+            assert!(
+                matches!(err, Error::Refused(Refusal::Message { .. })),
+                "{err}"
+            );
         }
         assert!(outbox.messages().is_empty());
         assert!(outbox.send_bytes("q", vec![0; MAX_PAYLOAD]).is_ok());
@@ -381,7 +388,7 @@ mod tests {
         assert_eq!(seqs, [0, 1, 2]);
         // A bad ordering key is refused as a bad job key is, and nothing is kept.
         let err = outbox.send_keyed("", "billing", &3).unwrap_err();
-        assert!(matches!(err, Error::InvalidKey(_)), "{err}");
+        assert!(matches!(err, Error::Refused(Refusal::Key(_))), "{err}");
         assert_eq!(outbox.messages().len(), 3);
     }
 
@@ -458,12 +465,15 @@ mod tests {
             refusals[0]
         );
         assert!(
-            matches!(refusals[1], Error::InvalidKey(_)),
+            matches!(refusals[1], Error::Refused(Refusal::Key(_))),
             "{}",
             refusals[1]
         );
         for err in &refusals[2..] {
-            assert!(matches!(err, Error::InvalidMessage { .. }), "{err}");
+            assert!(
+                matches!(err, Error::Refused(Refusal::Message { .. })),
+                "{err}"
+            );
         }
         assert!(outbox.messages().is_empty());
         let id = outbox.message("q").json(&1).send().unwrap().to_owned();

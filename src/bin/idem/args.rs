@@ -300,9 +300,9 @@ fn parse_message_id(id: &str) -> Result<String, String> {
 /// The runtime's rule for scopes, checked here so that a bad one never reaches a connection.
 fn parse_scope(scope: &str) -> Result<String, String> {
     if scope.is_empty() || scope.len() > idem::MAX_KEY_LEN || scope.contains('\0') {
-        return Err(idem::Error::InvalidScope {
+        return Err(idem::Error::Refused(idem::Refusal::Scope {
             scope: scope.to_owned(),
-        }
+        })
         .to_string());
     }
     Ok(scope.to_owned())

@@ -90,10 +90,10 @@ pub(crate) async fn invalid_keys_are_refused_and_write_nothing<S: Support>() {
     for (key, want) in cases {
         let job = ctx.job(&key, 6, 60);
         match apply(&ctx.store, &job, Then::Commit).await {
-            Err(TestError::Idem(::idem::Error::InvalidKey(got))) => {
+            Err(TestError::Idem(::idem::Error::Refused(::idem::Refusal::Key(got)))) => {
                 assert_eq!(got, want, "key {key:?}")
             }
-            other => panic!("key {key:?}: expected InvalidKey, got {other:?}"),
+            other => panic!("key {key:?}: expected Refusal::Key, got {other:?}"),
         }
     }
     assert_eq!(ctx.markers().await, 0);
@@ -112,8 +112,9 @@ pub(crate) async fn longest_multibyte_key_round_trips<S: Support>() {
     assert_eq!(ctx.effects(12).await, 1);
     let longer = ctx.job(&format!("{key}x"), 13, 130);
     match apply(&ctx.store, &longer, Then::Commit).await {
-        Err(TestError::Idem(::idem::Error::InvalidKey(::idem::KeyError::TooLong { len: 256 }))) => {
-        }
+        Err(TestError::Idem(::idem::Error::Refused(::idem::Refusal::Key(
+            ::idem::KeyError::TooLong { len: 256 },
+        )))) => {}
         other => panic!("expected a 256-byte key to be refused, got {other:?}"),
     }
     assert_eq!(ctx.markers().await, 1);

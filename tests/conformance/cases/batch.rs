@@ -149,7 +149,7 @@ pub(crate) async fn batch_keys_are_checked_before_any_io<S: Support>() {
         .collect();
     // The refusal is the kind it names, by hand and through `?` from `Key::batch`.
     match ctx.store.claim_batch("apply", &keys).await {
-        Err(e @ idem::Error::BatchTooLarge { len }) => {
+        Err(e @ idem::Error::Refused(idem::Refusal::Batch { len })) => {
             assert_eq!(len, MAX_BATCH + 1);
             let msg = e.to_string();
             assert!(
@@ -157,12 +157,12 @@ pub(crate) async fn batch_keys_are_checked_before_any_io<S: Support>() {
                 "{msg}"
             );
         }
-        other => panic!("expected BatchTooLarge, got {other:?}"),
+        other => panic!("expected Refusal::Batch, got {other:?}"),
     }
     let via_question_mark = || -> Result<Vec<Key>, idem::Error> { Ok(Key::batch(&too_many)?) };
     assert!(matches!(
         via_question_mark(),
-        Err(idem::Error::BatchTooLarge { len }) if len == MAX_BATCH + 1
+        Err(idem::Error::Refused(idem::Refusal::Batch { len })) if len == MAX_BATCH + 1
     ));
     let via_sqlx = || -> Result<Key, sqlx::Error> { Ok(Key::new("")?) };
     let carried = via_sqlx().unwrap_err();
@@ -170,17 +170,20 @@ pub(crate) async fn batch_keys_are_checked_before_any_io<S: Support>() {
         carried
             .as_database_error()
             .and_then(|e| e.try_downcast_ref::<idem::Error>()),
-        Some(idem::Error::InvalidKey(KeyError::Empty))
+        Some(idem::Error::Refused(idem::Refusal::Key(KeyError::Empty)))
     ));
     match ctx.store.claim_batch("", &keys[..1]).await {
-        Err(idem::Error::InvalidScope { .. }) => {}
-        other => panic!("expected InvalidScope, got {other:?}"),
+        Err(idem::Error::Refused(idem::Refusal::Scope { .. })) => {}
+        other => panic!("expected Refusal::Scope, got {other:?}"),
     }
     // Through the attribute: the batch is refused whole, and nothing is written.
     let mut bad = jobs(&ctx, 1..=3);
     bad[1].key = "k".repeat(256);
     match apply_batch(&ctx.store, &bad, BatchThen::Commit, None).await {
-        Err(TestError::Idem(idem::Error::InvalidKey(KeyError::InBatch { position, error }))) => {
+        Err(TestError::Idem(idem::Error::Refused(idem::Refusal::Key(KeyError::InBatch {
+            position,
+            error,
+        })))) => {
             assert_eq!((position, *error), (1, KeyError::TooLong { len: 256 }));
         }
         other => panic!("expected the key at position 1 refused, got {other:?}"),

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
-use idem::{Claimed, Error, Guard, JoinedGuard, Key, Lease, LeaseOptions, Outbox, Outcome, Store};
+use idem::{
+    Claimed, Error, Guard, JoinedGuard, Key, Lease, LeaseOptions, Outbox, Outcome, Refusal, Store,
+};
 use sqlx::Transaction;
 
 use super::lease::{db_now_plus, poll_db};
@@ -401,7 +403,7 @@ pub(crate) async fn outbox_of_a_batch_guard_by_hand_is_written_only_by_finish_ok
             .send(&jobs[1].key, "receipts", &0)
             .map(str::to_owned);
         assert!(
-            matches!(duplicate, Err(Error::InvalidMessage { .. })),
+            matches!(duplicate, Err(Error::Refused(Refusal::Message { .. }))),
             "a duplicate job's message: {duplicate:?}"
         );
         let before = rows().await;

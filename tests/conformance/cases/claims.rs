@@ -4,14 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Error, LeaseOptions};
+use idem::{Error, LeaseOptions, Refusal};
 
 use crate::conformance::Support;
 use crate::conformance::ctx::Ctx;
 use crate::conformance::handlers::*;
 use crate::conformance::util::within;
 
-/// A lease outside 1 s ..= 24 h is `InvalidLease`, in the words of the attribute's compile
+/// A lease outside 1 s ..= 24 h is `Refusal::Lease`, in the words of the attribute's compile
 /// error, and nothing is written.
 pub(crate) async fn lease_outside_its_bounds_is_refused_before_any_io<S: Support>() {
     let ctx = Ctx::<S>::new("leasebounds", 1).await;
@@ -27,8 +27,8 @@ pub(crate) async fn lease_outside_its_bounds_is_refused_before_any_io<S: Support
             .lease("apply", &key, LeaseOptions::new(lease))
             .await
         {
-            Err(Error::InvalidLease { lease: refused }) => assert_eq!(refused, lease),
-            other => panic!("expected InvalidLease for {lease:?}, got {other:?}"),
+            Err(Error::Refused(Refusal::Lease { lease: refused })) => assert_eq!(refused, lease),
+            other => panic!("expected Refusal::Lease for {lease:?}, got {other:?}"),
         }
     }
     assert_eq!(ctx.markers().await, 0);

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem::{Claimed, Error, Key, LeaseOptions, MarkerState};
+use idem::{Claimed, Error, Key, LeaseOptions, MarkerState, Refusal};
 
 use crate::conformance::Support;
 use crate::conformance::ctx::Ctx;
@@ -142,11 +142,11 @@ pub(crate) async fn inspect_shows_each_marker_and_the_leases_in_progress<S: Supp
     );
     assert!(matches!(
         ctx.store.inspect("", "job-inspect").await,
-        Err(Error::InvalidScope { .. })
+        Err(Error::Refused(Refusal::Scope { .. }))
     ));
     assert!(matches!(
         ctx.store.list_in_progress(&"s".repeat(256), 1).await,
-        Err(Error::InvalidScope { .. })
+        Err(Error::Refused(Refusal::Scope { .. }))
     ));
     ctx.cleanup().await;
 }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Claimed, Error, Key, Lease, LeaseOptions};
+use idem::{Claimed, Error, Key, Lease, LeaseOptions, Refusal};
 
 use crate::conformance::Support;
 use crate::conformance::ctx::Ctx;
@@ -559,8 +559,10 @@ pub(crate) async fn lease_invalid_key_is_refused_before_any_io<S: Support>() {
         let job = ctx.job(&k, 10, 1000);
         for store in [&ctx.store, &offline] {
             match charge(store, &job, &provider, How::Pay).await {
-                Err(TestError::Idem(Error::InvalidKey(got))) => assert_eq!(got, want, "{k:?}"),
-                other => panic!("key {k:?}: expected InvalidKey, got {other:?}"),
+                Err(TestError::Idem(Error::Refused(Refusal::Key(got)))) => {
+                    assert_eq!(got, want, "{k:?}")
+                }
+                other => panic!("key {k:?}: expected Refusal::Key, got {other:?}"),
             }
         }
     }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use idem::offsets::{OffsetGuard, RecordOffset};
-use idem::{Error, Outcome, Store};
+use idem::{Error, Outcome, Refusal, Store};
 
 use crate::conformance::ctx::Ctx;
 use crate::conformance::db::Bind;
@@ -137,9 +137,9 @@ pub(crate) async fn failed_offset_claim_keeps_nothing_and_redelivery_applies<S: 
     let batch = records("orders", 2, 0..5);
     let mut claim = ctx.store.claim_offsets(GROUP, &at(&batch)).await.unwrap();
     apply_fresh(&mut claim, &batch, &ctx.effects).await.unwrap();
-    let failed: Result<(), Error> = Err(Error::InvalidOffsets {
+    let failed: Result<(), Error> = Err(Error::Refused(Refusal::Offsets {
         reason: "the body failed".into(),
-    });
+    }));
     assert!(claim.finish(failed).await.is_err());
     assert_eq!(ctx.effects_total().await, 0, "the effects were rolled back");
     assert_eq!(
@@ -352,7 +352,7 @@ pub(crate) async fn offset_claim_outbox_commits_with_its_watermark<S: Support>()
     // A record that is not fresh in this claim cannot send.
     assert!(matches!(
         claim.outbox().send("orders/3/6", "receipts", &6),
-        Err(Error::InvalidMessage { .. })
+        Err(Error::Refused(Refusal::Message { .. }))
     ));
     // A message's ordering key and headers are kept with the watermark as with a marker.
     claim
@@ -401,17 +401,17 @@ pub(crate) async fn offsets_refuse_bad_input_before_any_io<S: Support>() {
     ] {
         let got = store.claim_offsets(group, &records).await;
         assert!(
-            matches!(got, Err(Error::InvalidOffsets { .. })),
+            matches!(got, Err(Error::Refused(Refusal::Offsets { .. }))),
             "{records:?}: {got:?}"
         );
     }
     assert!(matches!(
         store.set_watermark(GROUP, "t", 0, -1).await,
-        Err(Error::InvalidOffsets { .. })
+        Err(Error::Refused(Refusal::Offsets { .. }))
     ));
     assert!(matches!(
         store.watermarks("", "t").await,
-        Err(Error::InvalidOffsets { .. })
+        Err(Error::Refused(Refusal::Offsets { .. }))
     ));
     let empty = store.claim_offsets(GROUP, &[]).await.unwrap();
     assert!(empty.is_empty() && !empty.any_fresh());

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem::{Error, Group, GroupOptions, Outcome};
+use idem::{Error, Group, GroupOptions, Outcome, Refusal};
 
 use super::ambiguous::{through_proxy, until_session_gone};
 use super::offsets::{A, D, GROUP, apply_fresh, at, deliver, effect_id, records, watermark};
@@ -59,9 +59,9 @@ async fn deliver_grouped<S: Support>(
     }
     let ran = match (ran, then, claim.tx()) {
         (Err(e), ..) => Err(e),
-        (Ok(_), Then::Fail, _) => Err(Error::InvalidOffsets {
+        (Ok(_), Then::Fail, _) => Err(Error::Refused(Refusal::Offsets {
             reason: "the body failed".into(),
-        }),
+        })),
         (Ok(_), Then::Park(hold), _) => {
             hold.park_first().await;
             Ok(())
@@ -208,7 +208,7 @@ pub(crate) async fn failing_grouped_offset_member_keeps_only_its_watermark_back<
     for (p, call) in calls.into_iter().enumerate() {
         match (p, answer(call).await) {
             (1, Ok(dropped)) => assert_eq!(dropped, []),
-            (2, Err(Error::InvalidOffsets { .. })) => {}
+            (2, Err(Error::Refused(Refusal::Offsets { .. }))) => {}
             (0 | 3, Ok(outcomes)) => assert_eq!(outcomes, [A; 4], "partition {p}"),
             (p, other) => panic!("partition {p}: {other:?}"),
         }

@@ -265,10 +265,10 @@ pub(crate) async fn outbox_refuses_a_bad_message_and_nothing_is_kept<S: Support>
     let ctx = Ctx::<S>::new("outboxbad", 2).await;
     let job = ctx.job("order-1", 1, 1);
     match ship_nowhere(&ctx.store, &job).await {
-        Err(TestError::Idem(idem::Error::InvalidMessage { reason })) => {
+        Err(TestError::Idem(idem::Error::Refused(idem::Refusal::Message { reason }))) => {
             assert!(reason.contains("destination is empty"), "{reason}");
         }
-        other => panic!("expected InvalidMessage, got {other:?}"),
+        other => panic!("expected Refusal::Message, got {other:?}"),
     }
     let outbox = outbox_table(&ctx);
     assert_eq!(

@@ -131,14 +131,14 @@ pub(crate) async fn batch_outbox_refuses_a_job_that_is_not_fresh<S: Support>() {
     applied(ship(&ctx.store, &jobs[0], 1, Then::Commit).await);
     for also in ["order-1", "order-9"] {
         match ship_batch(&ctx.store, &jobs, Some(also), Then::Commit).await {
-            Err(TestError::Idem(idem::Error::InvalidMessage { reason })) => {
+            Err(TestError::Idem(idem::Error::Refused(idem::Refusal::Message { reason }))) => {
                 assert!(
                     reason.contains("not one of this batch's fresh jobs"),
                     "{reason}"
                 );
                 assert!(reason.contains(also), "{reason}");
             }
-            other => panic!("expected InvalidMessage for {also}, got {other:?}"),
+            other => panic!("expected Refusal::Message for {also}, got {other:?}"),
         }
     }
     assert_eq!(ctx.scalar(&count).await, 1);

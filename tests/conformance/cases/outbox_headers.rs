@@ -201,10 +201,10 @@ pub(crate) async fn outbox_refuses_bad_headers_before_any_io<S: Support>() {
     for (id, (bad, says)) in (1..).zip(cases) {
         let job = ctx.job(&format!("order-{id}"), id, 1);
         match ship_bad_headers(&ctx.store, &job, bad).await {
-            Err(TestError::Idem(idem::Error::InvalidMessage { reason })) => {
+            Err(TestError::Idem(idem::Error::Refused(idem::Refusal::Message { reason }))) => {
                 assert!(reason.contains(says), "{bad:?}: {reason}");
             }
-            other => panic!("{bad:?}: expected InvalidMessage, got {other:?}"),
+            other => panic!("{bad:?}: expected Refusal::Message, got {other:?}"),
         }
     }
     let outbox = outbox_table(&ctx);

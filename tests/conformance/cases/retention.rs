@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem::{Claimed, Error, Key, Outcome, Retention};
+use idem::{Claimed, Error, Key, Outcome, Refusal, Retention};
 
 use crate::conformance::Support;
 use crate::conformance::ctx::Ctx;
@@ -92,7 +92,7 @@ pub(crate) async fn retention_refuses_bad_windows_before_any_io<S: Support>() {
         Duration::MAX,
     ] {
         match store.set_retention("payments", bad).await {
-            Err(e @ Error::InvalidRetention { .. }) => {
+            Err(e @ Error::Refused(Refusal::Retention { .. })) => {
                 assert!(e.to_string().contains("nothing was written"), "{e}");
                 assert!(!e.is_transient(), "{e}");
             }
@@ -101,11 +101,11 @@ pub(crate) async fn retention_refuses_bad_windows_before_any_io<S: Support>() {
     }
     assert!(matches!(
         store.set_retention("", HOUR).await,
-        Err(Error::InvalidScope { .. })
+        Err(Error::Refused(Refusal::Scope { .. }))
     ));
     assert!(matches!(
         store.clear_retention("a\0b").await,
-        Err(Error::InvalidScope { .. })
+        Err(Error::Refused(Refusal::Scope { .. }))
     ));
     assert_eq!(windows(&ctx).await, []);
     ctx.cleanup().await;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem::{Claimed, Error, Key, Lease, LeaseOptions, Outcome};
+use idem::{Claimed, Error, Key, Lease, LeaseOptions, Outcome, Refusal};
 use sqlx::Transaction;
 
 use super::lease::{CHARGES_COLUMNS, db_now_plus};
@@ -153,10 +153,10 @@ pub(crate) async fn steps_out_of_order_or_repeated_are_refused_before_they_run<S
     let ctx = Ctx::<S>::new("steps_refused", 2).await;
     let lease = lease_by_hand(&ctx, "order-s3").await;
     let refused = |r: Result<u32, TestError>, why: &str| match r {
-        Err(TestError::Idem(Error::InvalidStep { step, reason, .. })) => {
+        Err(TestError::Idem(Error::Refused(Refusal::Step { step, reason, .. }))) => {
             assert!(reason.contains(why), "{step:?}: {reason}");
         }
-        other => panic!("expected InvalidStep ({why}), got {other:?}"),
+        other => panic!("expected Refusal::Step ({why}), got {other:?}"),
     };
     let ran = std::sync::atomic::AtomicUsize::new(0);
     let step = |name: &'static str| {

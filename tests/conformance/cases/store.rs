@@ -50,8 +50,8 @@ pub(crate) async fn table_names_that_are_not_identifiers_are_refused<S: Support>
     let ctx = Ctx::<S>::new("badtable", 1).await;
     for bad in ["bad; name", "x\"; DROP TABLE y; --", "", "a.b"] {
         match Store::new(ctx.pool.clone()).with_table(bad) {
-            Err(::idem::Error::InvalidTable { name }) => assert_eq!(name, bad),
-            Err(e) => panic!("{bad:?}: expected InvalidTable, got {e:?}"),
+            Err(::idem::Error::Refused(::idem::Refusal::Table { name })) => assert_eq!(name, bad),
+            Err(e) => panic!("{bad:?}: expected Refusal::Table, got {e:?}"),
             Ok(_) => panic!("{bad:?} was accepted as a table name"),
         }
     }
@@ -84,13 +84,13 @@ pub(crate) async fn store_refuses_bad_scopes_and_writes_nothing<S: Support>() {
     let key = idem::Key::new("job-scope").expect("a valid key");
     for bad in [String::new(), "s".repeat(256), "a\0b".to_owned()] {
         match ctx.store.claim(&bad, &key).await {
-            Err(idem::Error::InvalidScope { scope }) => assert_eq!(scope, bad),
-            Err(e) => panic!("claim in {bad:?}: expected InvalidScope, got {e:?}"),
+            Err(idem::Error::Refused(idem::Refusal::Scope { scope })) => assert_eq!(scope, bad),
+            Err(e) => panic!("claim in {bad:?}: expected Refusal::Scope, got {e:?}"),
             Ok(_) => panic!("claim in {bad:?} was accepted"),
         }
         match ctx.store.forget(&bad, "job-scope").await {
-            Err(idem::Error::InvalidScope { scope }) => assert_eq!(scope, bad),
-            other => panic!("forget in {bad:?}: expected InvalidScope, got {other:?}"),
+            Err(idem::Error::Refused(idem::Refusal::Scope { scope })) => assert_eq!(scope, bad),
+            other => panic!("forget in {bad:?}: expected Refusal::Scope, got {other:?}"),
         }
     }
     assert_eq!(ctx.markers().await, 0);
