@@ -38,7 +38,7 @@ pub enum Error {
     #[error("{}", DatabaseMessage(.0))]
     ReadOnly(sqlx::Error),
 
-    /// Bad input, refused before any I/O: nothing was written. The [`Refusal`] says which
+    /// Bad input, refused before anything was written. The [`Refusal`] says which
     /// input (a key, a batch's size, a scope, a table name, an outbox message, a lease, ...),
     /// and its message why and what to do. Never transient: the same input is refused again.
     #[error("{0}")]
@@ -255,8 +255,8 @@ pub enum Error {
     /// A failure that `idem::testing` injected on purpose, right before the
     /// commit (transaction mode) or the completing statement (lease mode) of a delivery under
     /// test: the transaction was rolled back, or the lease released, instead. Only tests that
-    /// use the kit ever see it.
-    #[cfg(feature = "testing")]
+    /// use the kit ever see it; the variant is there in every build so that the enum's shape
+    /// does not depend on a feature another crate of the build may turn on.
     #[error(
         "idem::testing injected a failure into {scope:?} / {key:?} right before its {at}, as \
          the test asked: nothing was committed by idem (a redelivery must now apply the job \
@@ -384,6 +384,16 @@ impl From<sqlx::Error> for Error {
 }
 
 impl Error {
+    /// What a delivery the test kit crashed after a step ends with (`Class::Crashed`, which
+    /// only the kit sets).
+    pub(crate) fn crashed(scope: &str, key: &str) -> Self {
+        Error::Injected {
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            at: "end of a step",
+        }
+    }
+
     /// Whether a redelivery of the same job may succeed where this call failed: nack it (or
     /// retry the request with the same key). `false` means it fails the same way until the
     /// job, the code or the database changes (a refused key or scope, a reused key, a value
@@ -411,7 +421,6 @@ impl Error {
             Error::Database(e) => transient(e),
             // A standby is promoted, a pool reconnects to the primary: a redelivery may land.
             Error::ReadOnly(_) => true,
-            #[cfg(feature = "testing")]
             Error::Injected { .. } => true,
             Error::Refused(_)
             | Error::KeyReused { .. }

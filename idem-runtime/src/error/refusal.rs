@@ -1,7 +1,8 @@
 use crate::key::KeyError;
 
-/// Bad input, refused before any I/O: nothing was written. The message names what was
-/// refused, why, and what to do; the variant says which input.
+/// Bad input, refused before anything was written (before any I/O, but for
+/// [`Partitions`](Refusal::Partitions), which reads the table first). The message names what
+/// was refused, why, and what to do; the variant says which input.
 ///
 /// A refusal is never transient: the same input is refused again, so a redelivery of the
 /// same job fails the same way until the job or the code changes. It reaches callers as

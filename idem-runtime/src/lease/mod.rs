@@ -277,7 +277,7 @@ impl Lease {
         };
         let result = match class {
             // The kit crashed the delivery after a step: nothing after it is kept.
-            Class::Crashed => Err(Failed::Idem(crate::testing::probe::crashed(
+            Class::Crashed => Err(Failed::Idem(Error::crashed(
                 &ticket.request.scope,
                 ticket.request.key.as_str(),
             ))),

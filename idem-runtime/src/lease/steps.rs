@@ -328,7 +328,7 @@ impl Lease {
         }
         if self.class() == super::Class::Crashed {
             // The kit crashed this delivery after a step: nothing after it runs.
-            return Err(crate::testing::probe::crashed(self.scope(), self.key()));
+            return Err(Error::crashed(self.scope(), self.key()));
         }
         let mut book = self.steps.book();
         if let Some(other) = &book.running {

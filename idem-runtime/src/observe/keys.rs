@@ -72,9 +72,8 @@ fn key_of(error: &Error) -> Option<&str> {
         | Error::KeyReused { key, .. }
         | Error::ValueNotStored { key, .. }
         | Error::LeaseLost { key, .. }
-        | Error::Timeout { key, .. } => Some(key),
-        #[cfg(feature = "testing")]
-        Error::Injected { key, .. } => Some(key),
+        | Error::Timeout { key, .. }
+        | Error::Injected { key, .. } => Some(key),
         _ => None,
     }
 }

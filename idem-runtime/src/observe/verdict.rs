@@ -84,9 +84,8 @@ impl Verdict {
             | Error::Kafka { .. }
             | Error::JobNotFinished { .. }
             | Error::GroupFailed { .. }
-            | Error::Unverified { .. } => Verdict::Error,
-            #[cfg(feature = "testing")]
-            Error::Injected { .. } => Verdict::Error,
+            | Error::Unverified { .. }
+            | Error::Injected { .. } => Verdict::Error,
         }
     }
 

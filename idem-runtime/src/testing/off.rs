@@ -39,11 +39,6 @@ pub(crate) async fn step_done(_scope: &str, _key: &str, _name: &str, _ran: bool)
     None
 }
 
-/// Never called: only the kit crashes a delivery (`Class::Crashed`).
-pub(crate) fn crashed(_scope: &str, _key: &str) -> Error {
-    unreachable!("only the test kit crashes a delivery after a step")
-}
-
 #[inline(always)]
 pub(crate) fn settled<T, E>(_result: &Result<Outcome<T>, Failed<E>>) {}
 

@@ -244,16 +244,7 @@ pub(crate) async fn step_done(scope: &str, key: &str, name: &str, ran: bool) -> 
         return None;
     }
     probe.note(|s| s.crashed = true);
-    Some(crashed(scope, key))
-}
-
-/// What a delivery the kit crashed after a step ends with.
-pub(crate) fn crashed(scope: &str, key: &str) -> Error {
-    Error::Injected {
-        scope: scope.to_owned(),
-        key: key.to_owned(),
-        at: "end of a step",
-    }
+    Some(Error::crashed(scope, key))
 }
 
 /// The end of a call (every path's: the attribute's, a guard's, the HTTP layer's), before
