@@ -14,16 +14,18 @@
 //!
 //! 1. [`Driver`](bind::Driver), with the `driver!` macro: its placeholders, and how it binds a
 //!    list of keys and reads text.
-//! 2. [`Backend`]'s required items (the list below): its name, the texts of every set
-//!    ([`Texts`]), the statements of its own protocol ([`Backend::Own`]), its DDL and later
-//!    additions ([`Schema`]), how its errors read, its transaction's begin and verified
-//!    commit, the claim in a transaction, the lease claim, the relay's take and `migrate`.
+//! 2. [`Backend`]'s required items (the list below). Its folder's modules (`claim`, `lease`,
+//!    `outbox`, `operators`) and constants (`DDL`, `ADDED`) give its name, the texts of every
+//!    set ([`Texts`]), the statements of its own protocol ([`Backend::Own`]) and its schema
+//!    ([`Schema`]) through `own!` and `wiring!`; by hand it writes how its errors read, its
+//!    transaction's begin and verified commit, the claim in a transaction, the lease claim,
+//!    the relay's take and `migrate` (`backend_fns!` writes their signatures).
 //! 3. Where its protocol differs from the defaults, the provided hooks: the savepoint
 //!    statements, batches of keys (a database that binds no list writes them as one message),
 //!    the outbox's write and the round's marks, and [`Backend::listen`] where it announces
 //!    commits (the optional `notify` and `announce` statements).
-//! 4. A unit test that fills every text (`sql::check_texts`) and the conformance suite
-//!    (`tests/conformance`) instantiated for it.
+//! 4. A unit test that checks and fills every text (`sql::check_backend`) and the
+//!    conformance suite (`tests/conformance`) instantiated for it.
 
 use std::fmt::Debug;
 use std::future::Future;
