@@ -23,7 +23,7 @@ use crate::claim::{Hold as _, TxHeld, end};
 use crate::error::Error;
 use crate::key::Key;
 use crate::outcome::{Each, Failed, Failure, Outcome};
-use crate::outgoing::{Outbox, Pending};
+use crate::outgoing::{Outbox, Unsent};
 
 /// One position of the batch.
 enum Slot<T, E> {
@@ -98,7 +98,7 @@ impl<DB: Backend> BatchGuard<DB> {
             .map_or(Cow::Borrowed(""), |held| held.request().scope.clone());
         let pending = match outbox {
             Some(outbox) => outbox.into_pending(),
-            None => Pending::new(scope, keys),
+            None => Unsent::new(scope, keys),
         };
         let mut next = 0;
         let slots = fresh
@@ -139,7 +139,7 @@ pub struct EachGuard<DB: Backend, T, E> {
     slots: Vec<Slot<T, E>>,
     taken: HashSet<String>,
     /// The messages of the jobs that ended `Ok`, by their index among the fresh jobs.
-    pending: Pending,
+    pending: Unsent,
     open: Option<Open>,
     /// A failure took the transaction with it: nothing can be kept.
     lost: bool,

@@ -288,7 +288,7 @@ pub trait Backend: Driver + Sized {
     fn outbox_write<'t>(
         conn: &'t mut Self::Connection,
         sql: &'t Sql<Self>,
-        outbox: &'t crate::outgoing::Pending,
+        outbox: &'t crate::outgoing::Unsent,
         fence: Fence<'t>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't {
         sql.outbox.write_each(conn, outbox, fence)
@@ -481,7 +481,7 @@ macro_rules! backend_fns {
     };
     (@ outbox_write ($conn:pat, $sql:pat, $outbox:pat, $fence:pat) $body:expr) => {
         backend_fns!(@fn outbox_write<'t>([$conn] &'t mut Self::Connection, [$sql] &'t $crate::backend::Sql<Self>,
-            [$outbox] &'t $crate::outgoing::Pending, [$fence] $crate::backend::Fence<'t>) -> (), $body);
+            [$outbox] &'t $crate::outgoing::Unsent, [$fence] $crate::backend::Fence<'t>) -> (), $body);
     };
     (@ outbox_sent ($pool:pat, $sql:pat, $ids:pat, $hold:pat) $body:expr) => {
         backend_fns!(@fn outbox_sent<'p>([$pool] &'p ::sqlx::Pool<Self>, [$sql] &'p $crate::backend::Sql<Self>,

@@ -10,7 +10,7 @@ use super::bind::statements;
 use super::bind::{Bound, Keys};
 use super::wake::Announcer;
 use super::{Backend, Fence, OutboxRow, Sql};
-use crate::outgoing::Pending;
+use crate::outgoing::Unsent;
 
 statements! {
     /// The outbox table's statements.
@@ -56,7 +56,7 @@ impl<DB: Backend> OutboxSql<DB> {
     pub(super) async fn write_each(
         &self,
         conn: &mut DB::Connection,
-        outbox: &Pending,
+        outbox: &Unsent,
         fence: Fence<'_>,
     ) -> Result<(), sqlx::Error> {
         for (key, m) in outbox.rows() {

@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::key::Key;
 use crate::observe::Observed;
 use crate::outcome::{Failed, Failure, Outcome};
-use crate::outgoing::{Outbox, Pending};
+use crate::outgoing::{Outbox, Unsent};
 use crate::record::NotStorable;
 
 /// What every fresh claim carries, whatever holds it: the request, the call's observation,
@@ -49,7 +49,7 @@ impl Ticket {
             .get_or_insert_with(|| Box::new(Outbox::new(scope.clone(), key.clone())))
     }
 
-    fn pending(&self) -> Option<&Pending> {
+    fn pending(&self) -> Option<&Unsent> {
         self.outbox
             .as_deref()
             .map(Outbox::pending)
@@ -74,7 +74,7 @@ pub(crate) trait Hold: Send + Sized {
         &mut self,
         request: &Request,
         value: Option<&str>,
-        outbox: Option<&Pending>,
+        outbox: Option<&Unsent>,
     ) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Keeps the work: commits (verified), releases the savepoint, or completes the lease if
@@ -83,7 +83,7 @@ pub(crate) trait Hold: Send + Sized {
         self,
         request: &Request,
         value: Option<&str>,
-        outbox: Option<&Pending>,
+        outbox: Option<&Unsent>,
     ) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Keeps nothing: rolls back, or releases the lease for the next delivery.
@@ -98,7 +98,7 @@ pub(crate) trait Hold: Send + Sized {
 pub(crate) async fn finish<H: Hold, T, E>(
     hold: H,
     ticket: Ticket,
-    outbox: Option<&Pending>,
+    outbox: Option<&Unsent>,
     result: Result<T, Failed<E>>,
     encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
 ) -> Result<Outcome<T>, Failed<E>> {
@@ -127,7 +127,7 @@ pub(crate) async fn finish_failed<H: Hold, T, E>(
 pub(crate) async fn end<H: Hold, T, E>(
     mut hold: H,
     ticket: &Ticket,
-    outbox: Option<&Pending>,
+    outbox: Option<&Unsent>,
     result: Result<T, Failed<E>>,
     encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
 ) -> Result<Outcome<T>, Failed<E>> {
@@ -200,7 +200,7 @@ pub(crate) enum Kept {
     Marker,
     /// The offset watermark of this partition, which the claim moved and which holds its
     /// nonce (an offset claim of several partitions names its first).
-    Offsets {
+    Watermark {
         group: String,
         topic: String,
         partition: i32,
@@ -211,7 +211,7 @@ impl Kept {
     pub(crate) fn partition(&self) -> Option<Partition<'_>> {
         match self {
             Kept::Marker => None,
-            Kept::Offsets {
+            Kept::Watermark {
                 group,
                 topic,
                 partition,
@@ -256,7 +256,7 @@ impl<DB: Backend> Hold for TxHold<'_, DB> {
         &mut self,
         request: &Request,
         value: Option<&str>,
-        outbox: Option<&Pending>,
+        outbox: Option<&Unsent>,
     ) -> Result<(), Error> {
         let (scope, key) = (&request.scope, request.key.as_str());
         if let Some(json) = value {
@@ -279,7 +279,7 @@ impl<DB: Backend> Hold for TxHold<'_, DB> {
         self,
         request: &Request,
         _: Option<&str>,
-        _: Option<&Pending>,
+        _: Option<&Unsent>,
     ) -> Result<(), Error> {
         if self.joined {
             // The caller's commit is not ours to see: the messages are announced in the

@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::observe;
 use crate::options::Mode;
 use crate::outcome::{Failed, Outcome};
-use crate::outgoing::{Outbox, Pending};
+use crate::outgoing::{Outbox, Unsent};
 use crate::record::NotStorable;
 
 /// The claim of one call in its lane: a turn, a savepoint, the claim. A fresh claim keeps the
@@ -177,7 +177,7 @@ impl<DB: Backend> Hold for GroupHold<DB> {
         &mut self,
         request: &Request,
         value: Option<&str>,
-        outbox: Option<&Pending>,
+        outbox: Option<&Unsent>,
     ) -> Result<(), Error> {
         let (scope, key) = (&request.scope, request.key.as_str());
         let shared = self.shared.clone();
@@ -204,7 +204,7 @@ impl<DB: Backend> Hold for GroupHold<DB> {
         mut self,
         request: &Request,
         _: Option<&str>,
-        _: Option<&Pending>,
+        _: Option<&Unsent>,
     ) -> Result<(), Error> {
         let step = self
             .turn

@@ -16,7 +16,7 @@ use crate::key::Key;
 use crate::observe;
 use crate::observe::semconv::About;
 use crate::options::{ClaimOptions, LeaseOptions, Mode};
-use crate::outgoing::Pending;
+use crate::outgoing::Unsent;
 use crate::scope::check_scope;
 use crate::store::Store;
 
@@ -169,7 +169,7 @@ pub(crate) trait LeaseStore: Send + Sync + 'static {
         &'a self,
         holder: Holder<'a>,
         result: Option<&'a str>,
-        outbox: Option<&'a Pending>,
+        outbox: Option<&'a Unsent>,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
     fn release<'a>(&'a self, holder: Holder<'a>) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
     /// Completes the lease as failed for good, with `error`; `Ok(false)` if the holder no
@@ -207,7 +207,7 @@ impl<DB: Backend> LeaseStore for Store<DB> {
         &'a self,
         holder: Holder<'a>,
         result: Option<&'a str>,
-        outbox: Option<&'a Pending>,
+        outbox: Option<&'a Unsent>,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async move {
             let sql = self.sql();

@@ -32,7 +32,7 @@ use crate::error::Error;
 use crate::key::Key;
 use crate::options::LeaseOptions;
 use crate::outcome::{Failed, Failure, Outcome};
-use crate::outgoing::{Outbox, Pending};
+use crate::outgoing::{Outbox, Unsent};
 use crate::record::{self, NotStorable};
 
 /// A lease-mode delivery's hold on its key: what the body gets as `lease: &idem::Lease`.
@@ -255,7 +255,7 @@ impl Lease {
         mut self,
         result: Result<Result<T, E>, Error>,
         encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
-        outbox: Option<&Pending>,
+        outbox: Option<&Unsent>,
     ) -> Result<Outcome<T>, Failed<E>> {
         let ticket = self.ticket.take().expect("a lease finishes once");
         let class = self.class();
@@ -350,7 +350,7 @@ impl Hold for Ends {
         &mut self,
         _: &Request,
         _: Option<&str>,
-        _: Option<&Pending>,
+        _: Option<&Unsent>,
     ) -> Result<(), Error> {
         // The value and the messages go with the completing statement.
         Ok(())
@@ -360,7 +360,7 @@ impl Hold for Ends {
         self,
         request: &Request,
         value: Option<&str>,
-        outbox: Option<&Pending>,
+        outbox: Option<&Unsent>,
     ) -> Result<(), Error> {
         let holder = self.holder(request);
         let kept = match &self.failing {

@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::group::GroupHeld;
 use crate::key::Key;
 use crate::outcome::{Batch, Failed};
-use crate::outgoing::{BatchOutbox, Pending};
+use crate::outgoing::{BatchOutbox, Unsent};
 
 /// The answer to [`Store::claim_offsets`](crate::Store::claim_offsets) and [`Group::claim_offsets`](crate::Group::claim_offsets):
 /// which records this delivery holds, and the open transaction holding them (in a group, its
@@ -77,7 +77,7 @@ impl<DB: Backend> Held<DB> {
     async fn end<T, E>(
         self,
         fresh: &[bool],
-        outbox: Option<&Pending>,
+        outbox: Option<&Unsent>,
         result: Result<T, Failed<E>>,
     ) -> Result<Batch<T>, Failed<E>> {
         let (ended, ticket) = match self {

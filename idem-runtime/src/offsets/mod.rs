@@ -322,7 +322,7 @@ pub(crate) fn kept(group: &str, spans: &[Span], from: &claim::From) -> Kept {
         .zip(from)
         .find_map(|(span, from)| from.map(|_| span))
         .expect("a fresh claim has a fresh partition");
-    Kept::Offsets {
+    Kept::Watermark {
         group: group.to_owned(),
         topic: span.topic.clone(),
         partition: span.partition,

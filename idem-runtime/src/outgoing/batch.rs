@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use serde::Serialize;
 
-use super::{Headers, Message, MessageBuilder, Pending, json};
+use super::{Headers, Message, MessageBuilder, Unsent, json};
 use crate::error::{Error, Refusal};
 use crate::key::{IntoKey, Key};
 
@@ -25,7 +25,7 @@ use crate::key::{IntoKey, Key};
 /// delivery that committed it.
 #[derive(Debug)]
 pub struct BatchOutbox {
-    pending: Pending,
+    pending: Unsent,
     /// Indices into the pending jobs, sorted by key, to find a job by its key without a copy
     /// of every key.
     by_key: Vec<usize>,
@@ -34,7 +34,7 @@ pub struct BatchOutbox {
 impl BatchOutbox {
     /// The outbox of a batch's fresh jobs (their keys, in the batch's order).
     pub(crate) fn new(scope: Cow<'static, str>, fresh: Vec<Key>) -> BatchOutbox {
-        let pending = Pending::new(scope, fresh);
+        let pending = Unsent::new(scope, fresh);
         let mut by_key: Vec<usize> = (0..pending.jobs.len()).collect();
         by_key.sort_unstable_by_key(|i| pending.jobs[*i].0.as_str());
         BatchOutbox { pending, by_key }
@@ -134,7 +134,7 @@ impl BatchOutbox {
         &self.pending.messages
     }
 
-    pub(crate) fn into_pending(self) -> Pending {
+    pub(crate) fn into_pending(self) -> Unsent {
         self.pending
     }
 

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::headers::{BYTES, Headers, JSON};
-use super::{Pending, json};
+use super::{Unsent, json};
 use crate::error::{Error, Refusal};
 use crate::key::{IntoKey, Key};
 
@@ -31,7 +31,7 @@ use crate::key::{IntoKey, Key};
 #[must_use = "a message is kept only by `send`"]
 #[derive(Debug)]
 pub struct MessageBuilder<'a> {
-    pending: &'a mut Pending,
+    pending: &'a mut Unsent,
     /// The job the message is of (an index into the pending jobs), or why there is none.
     job: Result<usize, Error>,
     destination: &'a str,
@@ -44,7 +44,7 @@ pub struct MessageBuilder<'a> {
 
 impl<'a> MessageBuilder<'a> {
     pub(super) fn new(
-        pending: &'a mut Pending,
+        pending: &'a mut Unsent,
         job: Result<usize, Error>,
         destination: &'a str,
     ) -> MessageBuilder<'a> {

@@ -50,17 +50,18 @@ pub const MAX_DESTINATION_LEN: usize = 255;
 /// to a message put together with [`message`](Outbox::message).
 #[derive(Debug)]
 pub struct Outbox {
-    pending: Pending,
+    pending: Unsent,
 }
 
-/// What both outboxes collect: the messages of one scope's jobs, each with the job it is of,
-/// written by the backend's `outbox_write` in the claim's transaction.
+/// What both outboxes collect: the messages of one scope's jobs not written yet, each with the
+/// job it is of, written by the backend's `outbox_write` in the claim's transaction (a stored
+/// message the relay has yet to send is `OutboxState::Pending`).
 ///
 /// Public only in name, for the sealed `Dialect` trait's signature: no path outside the crate
 /// reaches it.
 #[doc(hidden)]
 #[derive(Debug)]
-pub struct Pending {
+pub struct Unsent {
     scope: Cow<'static, str>,
     /// The jobs' keys, and how many messages each has sent (the next one's position).
     jobs: Vec<(Key, u32)>,
@@ -93,7 +94,7 @@ pub struct Message {
 impl Outbox {
     pub(crate) fn new(scope: Cow<'static, str>, key: Key) -> Outbox {
         Outbox {
-            pending: Pending::new(scope, vec![key]),
+            pending: Unsent::new(scope, vec![key]),
         }
     }
 
@@ -177,18 +178,18 @@ impl Outbox {
         &self.pending.messages
     }
 
-    pub(crate) fn into_pending(self) -> Pending {
+    pub(crate) fn into_pending(self) -> Unsent {
         self.pending
     }
 
-    pub(crate) fn pending(&self) -> &Pending {
+    pub(crate) fn pending(&self) -> &Unsent {
         &self.pending
     }
 }
 
-impl Pending {
-    pub(crate) fn new(scope: Cow<'static, str>, keys: Vec<Key>) -> Pending {
-        Pending {
+impl Unsent {
+    pub(crate) fn new(scope: Cow<'static, str>, keys: Vec<Key>) -> Unsent {
+        Unsent {
             scope,
             jobs: keys.into_iter().map(|key| (key, 0)).collect(),
             messages: Vec::new(),
@@ -260,15 +261,15 @@ impl Pending {
     /// The outbox of the job at `job` alone, numbering on from the messages it sent here.
     pub(crate) fn job_outbox(&self, job: usize) -> Outbox {
         let (key, sent) = &self.jobs[job];
-        let mut pending = Pending::new(self.scope.clone(), vec![key.clone()]);
+        let mut pending = Unsent::new(self.scope.clone(), vec![key.clone()]);
         pending.jobs[0].1 = *sent;
         Outbox { pending }
     }
 
-    /// Takes the messages of `outbox` (made by [`job_outbox`](Pending::job_outbox) for `job`)
+    /// Takes the messages of `outbox` (made by [`job_outbox`](Unsent::job_outbox) for `job`)
     /// back as that job's.
     pub(crate) fn absorb(&mut self, job: usize, outbox: Outbox) {
-        let Pending { jobs, messages, .. } = outbox.pending;
+        let Unsent { jobs, messages, .. } = outbox.pending;
         self.jobs[job].1 = jobs[0].1;
         self.owners.extend(std::iter::repeat_n(job, messages.len()));
         self.messages.extend(messages);

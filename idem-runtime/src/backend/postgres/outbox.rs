@@ -10,7 +10,7 @@ use crate::backend::bind::statements;
 use crate::backend::outbox::OutboxText;
 use crate::backend::sql::{Placeholders, Template};
 use crate::backend::{Listen, Sql, Table, Taken, rows};
-use crate::outgoing::Pending;
+use crate::outgoing::Unsent;
 
 /// The columns of the operators' statements (see `OutboxRow`).
 const OUTBOX_COLUMNS: &str = "id, destination, scope, key, seq::int8, attempts::int8, \
@@ -180,7 +180,7 @@ pub(super) fn write_template(table: &Table) -> Template {
 pub(super) async fn write(
     conn: &mut PgConnection,
     sql: &Sql<Postgres>,
-    outbox: &Pending,
+    outbox: &Unsent,
 ) -> Result<(), sqlx::Error> {
     let (mut ids, mut destinations, mut payloads, mut keys, mut seqs, mut ordering) = (
         Vec::new(),
