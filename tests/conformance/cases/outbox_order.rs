@@ -7,7 +7,7 @@
 //! which numbers what it receives in the order it receives it.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -66,9 +66,41 @@ struct Broker {
     /// Publishes the broker kept, and a signal at each.
     kept: AtomicUsize,
     kept_one: tokio::sync::Notify,
+    /// Set by [`Broker::meeting`]: the first publish waits until a second one is under way, so
+    /// that the overlap a test asserts is made rather than left to the scheduler.
+    meet: bool,
+    met: AtomicBool,
+    second: tokio::sync::Notify,
 }
 
 impl Broker {
+    /// A broker that holds the first publish until a second begins (at most a minute: a
+    /// second publish that never comes leaves `most_at_once` at 1, and the test says so).
+    fn meeting() -> Self {
+        Broker {
+            meet: true,
+            ..Broker::default()
+        }
+    }
+
+    /// Where a publish that is under way with `now - 1` others meets the next one.
+    async fn meet(&self, now: usize) {
+        if !self.meet {
+            return;
+        }
+        if now >= 2 {
+            self.met.store(true, Ordering::SeqCst);
+            self.second.notify_waiters();
+            return;
+        }
+        let second = self.second.notified();
+        let mut second = std::pin::pin!(second);
+        second.as_mut().enable();
+        if !self.met.load(Ordering::SeqCst) {
+            drop(tokio::time::timeout(Duration::from_secs(60), second).await);
+        }
+    }
+
     /// Resolves once the broker kept `n` publishes.
     async fn kept(&self, n: usize) {
         loop {
@@ -120,6 +152,7 @@ impl<DB: TestDb> Publisher for Numbering<DB> {
         let now = broker.under_way.fetch_add(1, Ordering::SeqCst) + 1;
         broker.most_at_once.fetch_max(now, Ordering::SeqCst);
         let _under_way = UnderWay { broker, key, first };
+        broker.meet(now).await;
         let refused = self
             .refuse
             .lock()
@@ -346,7 +379,7 @@ pub(crate) async fn two_relays_never_publish_one_key_at_once<S: Support>() {
     let mut ctx = Ctx::<S>::new("relaykeys", 8).await;
     let received = received_table(&mut ctx).await;
     let written = eight_keys_of_six(&ctx).await;
-    let broker = Arc::new(Broker::default());
+    let broker = Arc::new(Broker::meeting());
     let relay = |name| {
         Relay::new(
             ctx.store.clone(),
@@ -391,7 +424,7 @@ pub(crate) async fn rounds_in_flight_never_publish_one_key_at_once<S: Support>()
     let mut ctx = Ctx::<S>::new("relayrounds", 8).await;
     let received = received_table(&mut ctx).await;
     let written = eight_keys_of_six(&ctx).await;
-    let broker = Arc::new(Broker::default());
+    let broker = Arc::new(Broker::meeting());
     let relay = Relay::new(
         ctx.store.clone(),
         numbering(&ctx, &received, "one", &broker, &[]),
