@@ -387,9 +387,9 @@ pub async fn lease_finish<T, E>(
     result: Result<Result<T, E>, Error>,
     outbox: Option<Outbox>,
 ) -> Result<Outcome<T>, Failed<E>> {
-    let pending = outbox.map(Outbox::into_pending);
+    let unsent = outbox.map(Outbox::into_unsent);
     lease
-        .finish_with(result, encoder(codec), pending.as_ref())
+        .finish_with(result, encoder(codec), unsent.as_ref())
         .await
 }
 

@@ -332,8 +332,8 @@ impl<DB: Backend> BatchGuard<DB> {
             return Ok(Batch::new(&fresh, None).failed_at(&failed));
         };
         let (hold, ticket) = held.into_parts();
-        let pending = outbox.map(BatchOutbox::into_pending);
-        let ended = end(hold, &ticket, pending.as_ref(), result, |_| Ok(None)).await;
+        let unsent = outbox.map(BatchOutbox::into_unsent);
+        let ended = end(hold, &ticket, unsent.as_ref(), result, |_| Ok(None)).await;
         let batch =
             ended.map(|outcome| Batch::new(&fresh, outcome.into_value()).failed_at(&failed));
         ticket.observed.ended_batch(&batch);

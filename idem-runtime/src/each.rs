@@ -96,8 +96,8 @@ impl<DB: Backend> BatchGuard<DB> {
         let scope = held
             .as_ref()
             .map_or(Cow::Borrowed(""), |held| held.request().scope.clone());
-        let pending = match outbox {
-            Some(outbox) => outbox.into_pending(),
+        let unsent = match outbox {
+            Some(outbox) => outbox.into_unsent(),
             None => Unsent::new(scope, keys),
         };
         let mut next = 0;
@@ -121,7 +121,7 @@ impl<DB: Backend> BatchGuard<DB> {
             held,
             slots,
             taken: taken.into_iter().collect(),
-            pending,
+            unsent,
             open: None,
             lost: false,
         }
@@ -139,7 +139,7 @@ pub struct EachGuard<DB: Backend, T, E> {
     slots: Vec<Slot<T, E>>,
     taken: HashSet<String>,
     /// The messages of the jobs that ended `Ok`, by their index among the fresh jobs.
-    pending: Unsent,
+    unsent: Unsent,
     open: Option<Open>,
     /// A failure took the transaction with it: nothing can be kept.
     lost: bool,
@@ -260,9 +260,9 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
         };
         for slot in &mut self.slots {
             if let Slot::Fresh(index) = *slot {
-                let key = self.pending.key(index).as_str().to_owned();
-                let scope = self.pending.scope().to_owned();
-                self.pending.drop_job(index);
+                let key = self.unsent.key(index).as_str().to_owned();
+                let scope = self.unsent.scope().to_owned();
+                self.unsent.drop_job(index);
                 *slot = Slot::Failed(index, E::from(Error::JobNotFinished { scope, key }));
             }
         }
@@ -278,7 +278,7 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
                 Ok(())
             }
             Ok(true) => {
-                let committed = end(hold, &ticket, Some(&self.pending), Ok(()), |_| Ok(None));
+                let committed = end(hold, &ticket, Some(&self.unsent), Ok(()), |_| Ok(None));
                 committed.await.map(drop)
             }
             Err(e) => {
@@ -311,7 +311,7 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
         for slot in &self.slots {
             match slot {
                 Slot::Failed(index, _) => {
-                    let key = self.pending.key(*index).as_str();
+                    let key = self.unsent.key(*index).as_str();
                     match self.taken.contains(key) {
                         true => taken.push(key),
                         false => inserted.push(key),
@@ -331,7 +331,7 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
             let unclaimed = DB::unclaim(tx, sql, request.claimant(), &inserted, &taken).await;
             unclaimed.map_err(Error::from)?;
         }
-        let key = self.pending.key(kept.expect("checked")).clone();
+        let key = self.unsent.key(kept.expect("checked")).clone();
         held.rekey(key);
         Ok(true)
     }
@@ -397,9 +397,9 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
             Slot::Kept(index, _) | Slot::Fresh(index) | Slot::Failed(index, _) => index,
             Slot::Done(_) => unreachable!("a job done earlier holds no savepoint"),
         };
-        let scope = self.pending.scope().to_owned();
-        let key = self.pending.key(index).as_str().to_owned();
-        self.pending.drop_job(index);
+        let scope = self.unsent.scope().to_owned();
+        let key = self.unsent.key(index).as_str().to_owned();
+        self.unsent.drop_job(index);
         self.slots[position] = Slot::Failed(index, E::from(make(scope, key)));
     }
 
@@ -422,8 +422,8 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
 
     fn rolled_back(&self, index: usize) -> Error {
         Error::RolledBack {
-            scope: self.pending.scope().to_owned(),
-            key: self.pending.key(index).as_str().to_owned(),
+            scope: self.unsent.scope().to_owned(),
+            key: self.unsent.key(index).as_str().to_owned(),
         }
     }
 
@@ -469,20 +469,20 @@ impl<DB: Backend, T, E: From<Error>> JobGuard<'_, DB, T, E> {
     /// The outbox of this job: its messages are written with the batch's commit if the job
     /// ends `Ok`, and dropped if it fails.
     pub fn outbox(&mut self) -> &mut Outbox {
-        let (pending, index) = (&self.each.pending, self.index);
-        self.outbox.get_or_insert_with(|| pending.job_outbox(index))
+        let (unsent, index) = (&self.each.unsent, self.index);
+        self.outbox.get_or_insert_with(|| unsent.job_outbox(index))
     }
 
     /// The transaction and the outbox at once, for a body that takes both.
     pub fn parts(&mut self) -> (&mut Transaction<'static, DB>, &mut Outbox) {
-        let (pending, index) = (&self.each.pending, self.index);
-        let outbox = self.outbox.get_or_insert_with(|| pending.job_outbox(index));
+        let (unsent, index) = (&self.each.unsent, self.index);
+        let outbox = self.outbox.get_or_insert_with(|| unsent.job_outbox(index));
         (self.each.tx(), outbox)
     }
 
     /// The job's key.
     pub fn key(&self) -> &Key {
-        self.each.pending.key(self.index)
+        self.each.unsent.key(self.index)
     }
 
     /// The job's position in the batch.
@@ -503,7 +503,7 @@ impl<DB: Backend, T, E: From<Error>> JobGuard<'_, DB, T, E> {
         match result {
             Ok(value) => {
                 if let Some(outbox) = self.outbox.take() {
-                    self.each.pending.absorb(index, outbox);
+                    self.each.unsent.absorb(index, outbox);
                 }
                 self.each.slots[position] = Slot::Kept(index, value);
                 self.each.open = Some(Open::Kept(position));
@@ -511,7 +511,7 @@ impl<DB: Backend, T, E: From<Error>> JobGuard<'_, DB, T, E> {
             }
             Err(e) => match DB::savepoint(self.each.tx(), Savepoint::RollBack).await {
                 Ok(()) => {
-                    self.each.pending.drop_job(index);
+                    self.each.unsent.drop_job(index);
                     self.each.slots[position] = Slot::Failed(index, e);
                     Ok(())
                 }

@@ -49,10 +49,10 @@ impl Ticket {
             .get_or_insert_with(|| Box::new(Outbox::new(scope.clone(), key.clone())))
     }
 
-    fn pending(&self) -> Option<&Unsent> {
+    fn unsent(&self) -> Option<&Unsent> {
         self.outbox
             .as_deref()
-            .map(Outbox::pending)
+            .map(Outbox::unsent)
             .filter(|p| !p.is_empty())
     }
 }
@@ -131,7 +131,7 @@ pub(crate) async fn end<H: Hold, T, E>(
     result: Result<T, Failed<E>>,
     encode: impl FnOnce(&T) -> Result<Option<String>, NotStorable>,
 ) -> Result<Outcome<T>, Failed<E>> {
-    let (request, outbox) = (&ticket.request, outbox.or(ticket.pending()));
+    let (request, outbox) = (&ticket.request, outbox.or(ticket.unsent()));
     let value = match result {
         Ok(value) => value,
         Err(failed) => {

@@ -259,7 +259,7 @@ impl<DB: Backend> OffsetGuard<DB> {
             result?;
             return Ok(Batch::new(&vec![false; fresh.len()], None));
         };
-        let pending = outbox.map(BatchOutbox::into_pending);
-        held.end(&fresh, pending.as_ref(), result).await
+        let unsent = outbox.map(BatchOutbox::into_unsent);
+        held.end(&fresh, unsent.as_ref(), result).await
     }
 }

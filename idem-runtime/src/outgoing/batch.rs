@@ -25,7 +25,7 @@ use crate::key::{IntoKey, Key};
 /// delivery that committed it.
 #[derive(Debug)]
 pub struct BatchOutbox {
-    pending: Unsent,
+    unsent: Unsent,
     /// Indices into the pending jobs, sorted by key, to find a job by its key without a copy
     /// of every key.
     by_key: Vec<usize>,
@@ -34,10 +34,10 @@ pub struct BatchOutbox {
 impl BatchOutbox {
     /// The outbox of a batch's fresh jobs (their keys, in the batch's order).
     pub(crate) fn new(scope: Cow<'static, str>, fresh: Vec<Key>) -> BatchOutbox {
-        let pending = Unsent::new(scope, fresh);
-        let mut by_key: Vec<usize> = (0..pending.jobs.len()).collect();
-        by_key.sort_unstable_by_key(|i| pending.jobs[*i].0.as_str());
-        BatchOutbox { pending, by_key }
+        let unsent = Unsent::new(scope, fresh);
+        let mut by_key: Vec<usize> = (0..unsent.jobs.len()).collect();
+        by_key.sort_unstable_by_key(|i| unsent.jobs[*i].0.as_str());
+        BatchOutbox { unsent, by_key }
     }
 
     /// Sends `payload` (as JSON) to `destination` with the effect of the job whose key is
@@ -56,7 +56,7 @@ impl BatchOutbox {
     {
         let at = self.position(job)?;
         let bytes = json(payload)?;
-        self.pending
+        self.unsent
             .push(at, None, destination, bytes, Headers::json())
     }
 
@@ -68,7 +68,7 @@ impl BatchOutbox {
         payload: Vec<u8>,
     ) -> Result<&str, Error> {
         let at = self.position(job)?;
-        self.pending
+        self.unsent
             .push(at, None, destination, payload, Headers::bytes())
     }
 
@@ -89,7 +89,7 @@ impl BatchOutbox {
         let at = self.position(job)?;
         let ordering_key = Key::new(ordering_key)?;
         let bytes = json(payload)?;
-        self.pending
+        self.unsent
             .push(at, Some(ordering_key), destination, bytes, Headers::json())
     }
 
@@ -107,7 +107,7 @@ impl BatchOutbox {
     {
         let at = self.position(job)?;
         let ordering_key = Key::new(ordering_key)?;
-        self.pending.push(
+        self.unsent.push(
             at,
             Some(ordering_key),
             destination,
@@ -126,22 +126,22 @@ impl BatchOutbox {
         destination: &'a str,
     ) -> MessageBuilder<'a> {
         let at = self.position(job);
-        MessageBuilder::new(&mut self.pending, at, destination)
+        MessageBuilder::new(&mut self.unsent, at, destination)
     }
 
     /// The messages sent so far, every job's, in the order they were sent.
     pub fn messages(&self) -> &[Message] {
-        &self.pending.messages
+        &self.unsent.messages
     }
 
-    pub(crate) fn into_pending(self) -> Unsent {
-        self.pending
+    pub(crate) fn into_unsent(self) -> Unsent {
+        self.unsent
     }
 
     /// The fresh job whose key `job` encodes to.
     fn position<K: IntoKey + ?Sized>(&self, job: &K) -> Result<usize, Error> {
         let key = Key::new(job)?;
-        let jobs = &self.pending.jobs;
+        let jobs = &self.unsent.jobs;
         self.by_key
             .binary_search_by(|i| jobs[*i].0.as_str().cmp(key.as_str()))
             .map(|found| self.by_key[found])
@@ -174,7 +174,7 @@ mod tests {
         assert_eq!(alone.send("shipping", &1).unwrap(), a0);
         assert_eq!(alone.send("billing", &3).unwrap(), a1);
         assert_eq!(b0, job_id("orders.ship", &("b", 0_u32)).unwrap().as_str());
-        let rows: Vec<(&str, u32)> = batch.pending.rows().map(|(k, m)| (k, m.seq)).collect();
+        let rows: Vec<(&str, u32)> = batch.unsent.rows().map(|(k, m)| (k, m.seq)).collect();
         assert_eq!(rows, [("a", 0), ("b", 0), ("a", 1)]);
     }
 

@@ -31,7 +31,7 @@ use crate::key::{IntoKey, Key};
 #[must_use = "a message is kept only by `send`"]
 #[derive(Debug)]
 pub struct MessageBuilder<'a> {
-    pending: &'a mut Unsent,
+    unsent: &'a mut Unsent,
     /// The job the message is of (an index into the pending jobs), or why there is none.
     job: Result<usize, Error>,
     destination: &'a str,
@@ -44,12 +44,12 @@ pub struct MessageBuilder<'a> {
 
 impl<'a> MessageBuilder<'a> {
     pub(super) fn new(
-        pending: &'a mut Unsent,
+        unsent: &'a mut Unsent,
         job: Result<usize, Error>,
         destination: &'a str,
     ) -> MessageBuilder<'a> {
         MessageBuilder {
-            pending,
+            unsent,
             job,
             destination,
             ordering_key: None,
@@ -125,7 +125,7 @@ impl<'a> MessageBuilder<'a> {
                     .to_owned(),
             }));
         };
-        self.pending.push(
+        self.unsent.push(
             job,
             self.ordering_key,
             self.destination,

@@ -50,7 +50,7 @@ pub const MAX_DESTINATION_LEN: usize = 255;
 /// to a message put together with [`message`](Outbox::message).
 #[derive(Debug)]
 pub struct Outbox {
-    pending: Unsent,
+    unsent: Unsent,
 }
 
 /// What both outboxes collect: the messages of one scope's jobs not written yet, each with the
@@ -94,7 +94,7 @@ pub struct Message {
 impl Outbox {
     pub(crate) fn new(scope: Cow<'static, str>, key: Key) -> Outbox {
         Outbox {
-            pending: Unsent::new(scope, vec![key]),
+            unsent: Unsent::new(scope, vec![key]),
         }
     }
 
@@ -108,13 +108,13 @@ impl Outbox {
         payload: &T,
     ) -> Result<&str, Error> {
         let bytes = json(payload)?;
-        self.pending
+        self.unsent
             .push(0, None, destination, bytes, Headers::json())
     }
 
     /// [`send`](Outbox::send) of bytes as they are (content type `application/octet-stream`).
     pub fn send_bytes(&mut self, destination: &str, payload: Vec<u8>) -> Result<&str, Error> {
-        self.pending
+        self.unsent
             .push(0, None, destination, payload, Headers::bytes())
     }
 
@@ -132,7 +132,7 @@ impl Outbox {
     /// # Ok(()) }
     /// ```
     pub fn message<'a>(&'a mut self, destination: &'a str) -> MessageBuilder<'a> {
-        MessageBuilder::new(&mut self.pending, Ok(0), destination)
+        MessageBuilder::new(&mut self.unsent, Ok(0), destination)
     }
 
     /// [`send`](Outbox::send) under an ordering key of its own instead of the job's: the relay
@@ -152,7 +152,7 @@ impl Outbox {
     {
         let ordering_key = Key::new(ordering_key)?;
         let bytes = json(payload)?;
-        self.pending
+        self.unsent
             .push(0, Some(ordering_key), destination, bytes, Headers::json())
     }
 
@@ -164,7 +164,7 @@ impl Outbox {
         payload: Vec<u8>,
     ) -> Result<&str, Error> {
         let ordering_key = Key::new(ordering_key)?;
-        self.pending.push(
+        self.unsent.push(
             0,
             Some(ordering_key),
             destination,
@@ -175,15 +175,15 @@ impl Outbox {
 
     /// The messages sent so far, in the order they were sent.
     pub fn messages(&self) -> &[Message] {
-        &self.pending.messages
+        &self.unsent.messages
     }
 
-    pub(crate) fn into_pending(self) -> Unsent {
-        self.pending
+    pub(crate) fn into_unsent(self) -> Unsent {
+        self.unsent
     }
 
-    pub(crate) fn pending(&self) -> &Unsent {
-        &self.pending
+    pub(crate) fn unsent(&self) -> &Unsent {
+        &self.unsent
     }
 }
 
@@ -261,15 +261,15 @@ impl Unsent {
     /// The outbox of the job at `job` alone, numbering on from the messages it sent here.
     pub(crate) fn job_outbox(&self, job: usize) -> Outbox {
         let (key, sent) = &self.jobs[job];
-        let mut pending = Unsent::new(self.scope.clone(), vec![key.clone()]);
-        pending.jobs[0].1 = *sent;
-        Outbox { pending }
+        let mut unsent = Unsent::new(self.scope.clone(), vec![key.clone()]);
+        unsent.jobs[0].1 = *sent;
+        Outbox { unsent }
     }
 
     /// Takes the messages of `outbox` (made by [`job_outbox`](Unsent::job_outbox) for `job`)
     /// back as that job's.
     pub(crate) fn absorb(&mut self, job: usize, outbox: Outbox) {
-        let Unsent { jobs, messages, .. } = outbox.pending;
+        let Unsent { jobs, messages, .. } = outbox.unsent;
         self.jobs[job].1 = jobs[0].1;
         self.owners.extend(std::iter::repeat_n(job, messages.len()));
         self.messages.extend(messages);
