@@ -6,6 +6,45 @@ use sqlx::Pool;
 use super::bind::statements;
 use super::{Backend, Holder, Sql, StepRow};
 
+/// The words in which the backends' holder statements differ.
+pub(super) struct Words<'a> {
+    /// The `key` column (MySQL quotes the word).
+    pub(super) key: &'a str,
+    /// The current instant, as the markers' times are written.
+    pub(super) now: &'a str,
+    /// `:lease_ms` milliseconds from now.
+    pub(super) until: &'a str,
+    /// The `:result` bind as its column stores it.
+    pub(super) result: &'a str,
+}
+
+impl LeaseText {
+    /// The holder's statements, each fenced by its token: alike on every backend but for
+    /// `words`.
+    pub(super) fn of(words: Words<'_>) -> LeaseText {
+        let Words {
+            key,
+            now,
+            until,
+            result,
+        } = words;
+        let holder =
+            format!("scope = :scope AND {key} = :key AND token = :token AND state = 'in_progress'");
+        let complete = |set: &str| {
+            format!(
+                "UPDATE {{t}} SET state = 'completed', completed_at = {now}, \
+                 locked_until = NULL, {set} WHERE {holder}"
+            )
+        };
+        LeaseText {
+            complete: complete(&format!("result = {result}")).into(),
+            fail: complete("result = NULL, error = :error").into(),
+            release: format!("UPDATE {{t}} SET locked_until = NULL WHERE {holder}").into(),
+            renew: format!("UPDATE {{t}} SET locked_until = {until} WHERE {holder}").into(),
+        }
+    }
+}
+
 statements! {
     /// The statements of a lease's holder.
     pub(crate) struct LeaseSql, LeaseText {

@@ -7,6 +7,21 @@ use super::bind::statements;
 use super::{Backend, Partition, Sql};
 use crate::options::ClaimOptions;
 
+/// The partition a watermark statement names.
+pub(super) const PARTITION: &str =
+    "consumer_group = :group AND topic = :topic AND partition_id = :partition";
+
+/// `read` and `forget`, alike on every backend.
+pub(super) const READ: &str = "SELECT partition_id, next_offset FROM {t}_offsets \
+    WHERE consumer_group = :group AND topic = :topic ORDER BY partition_id";
+pub(super) const FORGET: &str = "DELETE FROM {t}_offsets WHERE consumer_group = :group \
+    AND (:topic IS NULL OR topic = :topic)";
+
+/// A first watermark where the backend can skip one another claim wrote first.
+pub(super) const INSERT_OR_SKIP: &str = "INSERT INTO {t}_offsets (consumer_group, topic, \
+    partition_id, next_offset, token) VALUES (:group, :topic, :partition, :next, :nonce) \
+    ON CONFLICT DO NOTHING";
+
 statements! {
     /// The watermark table's statements.
     pub(crate) struct OffsetSql, OffsetText {

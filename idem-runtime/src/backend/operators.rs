@@ -4,8 +4,78 @@
 use sqlx::Pool;
 
 use super::bind::statements;
+use super::sql::Text;
 use super::{Backend, MarkerRow, Sql, Status};
 use crate::options::ClaimOptions;
+
+/// The words in which the backends' operator statements differ.
+pub(super) struct Words<'a> {
+    /// The `key` column (MySQL quotes the word).
+    pub(super) key: &'a str,
+    /// The columns of `inspect` and the listings (`MarkerRow`).
+    pub(super) columns: &'a str,
+    /// Whether a marker's lease is over (released or run out), as a condition.
+    pub(super) lease_over: &'a str,
+    /// The same as an integer, 0 or 1 (`status`).
+    pub(super) lease_over_int: &'a str,
+    /// Whether the `:scope` bind is NULL (every scope).
+    pub(super) null: &'a str,
+}
+
+impl OperatorText {
+    /// The statements alike on every backend but for `words`; a backend adds its
+    /// `retention_set` and its way to purge.
+    pub(super) fn of(words: Words<'_>, retention_set: Text) -> OperatorText {
+        let Words {
+            key,
+            columns,
+            lease_over,
+            lease_over_int,
+            null,
+        } = words;
+        let marker = format!("scope = :scope AND {key} = :key");
+        let release = format!(
+            "UPDATE {{t}} SET locked_until = NULL, fingerprint = NULL, \
+             token = COALESCE(token, 0) + 1 WHERE {marker} AND state = 'in_progress'"
+        );
+        let listing = |state: &str, order: &str| -> Text {
+            format!(
+                "SELECT {columns} FROM {{t}} WHERE ({null} OR scope = :scope) \
+                 AND state = {state} ORDER BY {order}, scope LIMIT :limit"
+            )
+            .into()
+        };
+        OperatorText {
+            forget: format!("DELETE FROM {{t}} WHERE {marker} AND state = 'completed'").into(),
+            release: format!("{release} AND {lease_over}").into(),
+            release_forced: release.into(),
+            status: format!("SELECT state, {lease_over_int} FROM {{t}} WHERE {marker}").into(),
+            inspect: format!("SELECT {columns} FROM {{t}} WHERE {marker}").into(),
+            // Released or expired leases first.
+            in_progress: listing("'in_progress'", "locked_until IS NOT NULL, locked_until"),
+            // The newest failures first; a scan of the completed markers (failures are few).
+            failed: listing("'completed' AND error IS NOT NULL", "completed_at DESC"),
+            requeue: format!(
+                "UPDATE {{t}} SET state = 'in_progress', completed_at = NULL, \
+                 locked_until = NULL, error = NULL, token = COALESCE(token, 0) + 1 \
+                 WHERE {marker} AND state = 'completed' AND error IS NOT NULL"
+            )
+            .into(),
+            retention_set,
+            retention_clear: "DELETE FROM {t}_retention WHERE scope = :scope".into(),
+            retention_list: "SELECT scope, keep_ms FROM {t}_retention ORDER BY scope".into(),
+            has_column: None,
+            has_index: None,
+            purge: None,
+            purge_scope: None,
+            cutoff: None,
+            purge_steps: None,
+            purge_cut: None,
+            purge_scope_steps: None,
+            purge_scope_cut: None,
+        }
+    }
+}
 
 statements! {
     /// The operators' statements.

@@ -12,6 +12,16 @@ use super::wake::Announcer;
 use super::{Backend, Fence, OutboxRow, Sql};
 use crate::outgoing::Unsent;
 
+/// The watermark row that holds an offset claim's nonce: a message of the claim is written
+/// only while it is there (backends whose writes need a fence).
+pub(super) const WATERMARK_HELD: &str = "{t}_offsets AS w WHERE w.consumer_group = :group \
+    AND w.topic = :topic AND w.partition_id = :partition AND w.token = :nonce";
+
+/// `find`, as `columns` (the backend's `OutboxRow`).
+pub(super) fn find(columns: &str) -> String {
+    format!("SELECT {columns} FROM {{t}}_outbox WHERE id = :id")
+}
+
 statements! {
     /// The outbox table's statements.
     pub(crate) struct OutboxSql, OutboxText {

@@ -125,17 +125,14 @@ pub(crate) type OutboxRow = (
     Option<String>,
 );
 
+/// A taken message's columns as the backends read them: id, destination, payload, seq,
+/// attempts, ordering key, headers (their stored JSON, NULL for none).
+pub(crate) type MessageColumns = (String, String, Vec<u8>, i64, i64, String, Option<String>);
+
 /// A taken message as the relay gets it.
-pub(crate) fn message(
-    id: String,
-    destination: String,
-    payload: Vec<u8>,
-    seq: impl TryInto<u32>,
-    attempts: impl TryInto<u32>,
-    ordering_key: String,
-    headers: Option<&str>,
-) -> Message {
-    let headers = Headers::from_json(headers).unwrap_or_else(|e| {
+fn message(columns: MessageColumns) -> Message {
+    let (id, destination, payload, seq, attempts, ordering_key, headers) = columns;
+    let headers = Headers::from_json(headers.as_deref()).unwrap_or_else(|e| {
         crate::observe::unreadable_headers(&id, &e);
         Headers::default()
     });
@@ -157,4 +154,14 @@ pub(crate) fn message(
 pub struct Taken {
     pub(crate) messages: Vec<Message>,
     pub(crate) hold: String,
+}
+
+impl Taken {
+    /// The messages of `rows`, in their order, held until `hold`.
+    pub(crate) fn new(hold: String, rows: impl IntoIterator<Item = MessageColumns>) -> Taken {
+        Taken {
+            messages: rows.into_iter().map(message).collect(),
+            hold,
+        }
+    }
 }

@@ -103,10 +103,25 @@ pub(super) async fn claim(
         "INSERT IGNORE INTO {t} (scope, `key`, token, created_at, completed_at) VALUES {}",
         values.join(",")
     );
+    mine(conn, sql, &c, &insert, &list(keys)).await
+}
+
+/// `write` (its lock wait bounded by the claim's `wait`), then in the same message the keys
+/// among `keys` (a list of literals) that hold the claim's nonce, which only the rows `write`
+/// made the claim's can.
+async fn mine(
+    conn: &mut Conn,
+    sql: &Sql<MySql>,
+    c: &Claimant<'_>,
+    write: &str,
+    keys: &str,
+) -> Result<Vec<String>, sqlx::Error> {
     let message = format!(
-        "{}; SELECT `key` FROM {t} WHERE scope = {scope} AND `key` IN ({}) AND token = {nonce}",
-        bounded(&insert, c.wait).as_str(),
-        list(keys)
+        "{}; SELECT `key` FROM {} WHERE scope = {} AND `key` IN ({keys}) AND token = {}",
+        bounded(write, c.wait).as_str(),
+        sql.table.as_str(),
+        hex(c.scope),
+        c.nonce
     );
     let rows = sqlx::raw_sql(AssertSqlSafe(message))
         .fetch_all(&mut *conn)
@@ -160,15 +175,7 @@ pub(super) async fn take_over(
          WHERE scope = {scope} AND `key` IN ({keys}) AND state = 'in_progress' \
          AND (locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6))"
     );
-    let message = format!(
-        "{}; SELECT `key` FROM {t} WHERE scope = {scope} AND `key` IN ({keys}) \
-         AND token = {nonce}",
-        bounded(&update, c.wait).as_str()
-    );
-    let rows = sqlx::raw_sql(AssertSqlSafe(message))
-        .fetch_all(&mut *conn)
-        .await?;
-    keys_of(&rows)
+    mine(conn, sql, &c, &update, &keys).await
 }
 
 /// One message: the markers of jobs that failed alone given back, those this claim inserted

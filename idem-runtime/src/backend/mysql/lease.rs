@@ -9,7 +9,7 @@ use sqlx::{MySql, Pool};
 use super::{CLOCK_TOKEN, ER_DUP_ENTRY, LEASE_OVER, bounded, number};
 use crate::backend::bind::Bound;
 use crate::backend::bind::statements;
-use crate::backend::lease::{LeaseText, StepText};
+use crate::backend::lease::{LeaseText, StepText, Words};
 use crate::backend::{Claimant, Found, LeaseState, Sql, Status};
 
 /// The lock wait of a lease claim without `wait`: the shortest MariaDB counts (it counts lock
@@ -23,25 +23,12 @@ fn from_now(ms: &str) -> String {
 
 /// The holder's statements.
 pub(super) fn text() -> LeaseText {
-    let holder = "scope = :scope AND `key` = :key AND token = :token AND state = 'in_progress'";
-    LeaseText {
-        complete: format!(
-            "UPDATE {{t}} SET state = 'completed', completed_at = UTC_TIMESTAMP(6), \
-             locked_until = NULL, result = :result WHERE {holder}"
-        )
-        .into(),
-        fail: format!(
-            "UPDATE {{t}} SET state = 'completed', completed_at = UTC_TIMESTAMP(6), \
-             locked_until = NULL, result = NULL, error = :error WHERE {holder}"
-        )
-        .into(),
-        release: format!("UPDATE {{t}} SET locked_until = NULL WHERE {holder}").into(),
-        renew: format!(
-            "UPDATE {{t}} SET locked_until = {} WHERE {holder}",
-            from_now(":lease_ms")
-        )
-        .into(),
-    }
+    LeaseText::of(Words {
+        key: "`key`",
+        now: "UTC_TIMESTAMP(6)",
+        until: &from_now(":lease_ms"),
+        result: ":result",
+    })
 }
 
 /// The steps' statements.

@@ -6,8 +6,8 @@ use sqlx::{MySql, Pool};
 use super::LEASE_OVER;
 use crate::backend::Sql;
 use crate::backend::health::HealthText;
-use crate::backend::offsets::OffsetText;
-use crate::backend::operators::OperatorText;
+use crate::backend::offsets::{FORGET, OffsetText, PARTITION, READ};
+use crate::backend::operators::{OperatorText, Words};
 
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text (idem writes them in UTC), and
 /// the lease's time left on the database's clock.
@@ -25,9 +25,17 @@ const AGO: &str = "UTC_TIMESTAMP(6) - INTERVAL (:age_ms * 1000) MICROSECOND";
 /// its markers, oldest first through the index on (state, completed_at), chosen again from
 /// that cutoff in one order.
 pub(super) fn text() -> OperatorText {
-    let release = "UPDATE {t} SET locked_until = NULL, fingerprint = NULL, \
-                   token = COALESCE(token, 0) + 1 \
-                   WHERE scope = :scope AND `key` = :key AND state = 'in_progress'";
+    let words = Words {
+        key: "`key`",
+        columns: MARKER_COLUMNS,
+        lease_over: LEASE_OVER,
+        lease_over_int: LEASE_OVER,
+        null: ":scope IS NULL",
+    };
+    let retention_set = "INSERT INTO {t}_retention (scope, keep_ms, updated_at) \
+                         VALUES (:scope, :keep_ms, UTC_TIMESTAMP(6)) \
+                         ON DUPLICATE KEY UPDATE keep_ms = VALUES(keep_ms), \
+                         updated_at = VALUES(updated_at)";
     let steps_of = |batch: &str| {
         format!(
             "DELETE s FROM {{t}}_steps AS s JOIN (SELECT scope, `key` FROM {{t}} \
@@ -41,44 +49,6 @@ pub(super) fn text() -> OperatorText {
     let scoped = "scope = :scope AND state = 'completed' AND completed_at < :cutoff \
                   ORDER BY completed_at, `key` LIMIT :limit";
     OperatorText {
-        forget: "DELETE FROM {t} WHERE scope = :scope AND `key` = :key \
-                 AND state = 'completed'"
-            .into(),
-        release: format!("{release} AND {LEASE_OVER}").into(),
-        release_forced: release.into(),
-        status: format!(
-            "SELECT state, {LEASE_OVER} FROM {{t}} WHERE scope = :scope AND `key` = :key"
-        )
-        .into(),
-        inspect: format!(
-            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = :scope AND `key` = :key"
-        )
-        .into(),
-        in_progress: format!(
-            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE (:scope IS NULL OR scope = :scope) \
-             AND state = 'in_progress' \
-             ORDER BY locked_until IS NOT NULL, locked_until, scope LIMIT :limit"
-        )
-        .into(),
-        // The newest failures first; a scan of the completed markers (failures are few).
-        failed: format!(
-            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE (:scope IS NULL OR scope = :scope) \
-             AND state = 'completed' AND error IS NOT NULL \
-             ORDER BY completed_at DESC, scope LIMIT :limit"
-        )
-        .into(),
-        requeue: "UPDATE {t} SET state = 'in_progress', completed_at = NULL, \
-                  locked_until = NULL, error = NULL, token = COALESCE(token, 0) + 1 \
-                  WHERE scope = :scope AND `key` = :key AND state = 'completed' \
-                  AND error IS NOT NULL"
-            .into(),
-        retention_set: "INSERT INTO {t}_retention (scope, keep_ms, updated_at) \
-                        VALUES (:scope, :keep_ms, UTC_TIMESTAMP(6)) \
-                        ON DUPLICATE KEY UPDATE keep_ms = VALUES(keep_ms), \
-                        updated_at = VALUES(updated_at)"
-            .into(),
-        retention_clear: "DELETE FROM {t}_retention WHERE scope = :scope".into(),
-        retention_list: "SELECT scope, keep_ms FROM {t}_retention ORDER BY scope".into(),
         // MySQL 8 has no `ADD COLUMN IF NOT EXISTS` (MariaDB has), nor `CREATE INDEX IF NOT
         // EXISTS`: the catalog is asked first.
         has_column: Some(
@@ -91,13 +61,12 @@ pub(super) fn text() -> OperatorText {
              WHERE table_schema = DATABASE() AND table_name = :table AND index_name = :name"
                 .into(),
         ),
-        purge: None,
-        purge_scope: None,
         cutoff: Some(format!("SELECT DATE_FORMAT({AGO}, '%Y-%m-%d %H:%i:%s.%f')").into()),
         purge_steps: Some(steps_of(unwindowed).into()),
         purge_cut: Some(format!("DELETE FROM {{t}} WHERE {unwindowed}").into()),
         purge_scope_steps: Some(steps_of(scoped).into()),
         purge_scope_cut: Some(format!("DELETE FROM {{t}} WHERE {scoped}").into()),
+        ..OperatorText::of(words, retention_set.into())
     }
 }
 
@@ -105,29 +74,24 @@ pub(super) fn text() -> OperatorText {
 /// when a claim meets offsets processed already; a first watermark is a plain `INSERT`, whose
 /// duplicate-key error says another claim wrote it first. Times are UTC, as the markers'.
 pub(super) fn offsets() -> OffsetText {
-    let partition = "consumer_group = :group AND topic = :topic AND partition_id = :partition";
     OffsetText {
         advance: format!(
             "UPDATE {{t}}_offsets SET next_offset = :next, token = :nonce, \
-             updated_at = UTC_TIMESTAMP(6) WHERE {partition} AND next_offset <= :first"
+             updated_at = UTC_TIMESTAMP(6) WHERE {PARTITION} AND next_offset <= :first"
         )
         .into(),
-        lock: format!("SELECT next_offset FROM {{t}}_offsets WHERE {partition} FOR UPDATE").into(),
+        lock: format!("SELECT next_offset FROM {{t}}_offsets WHERE {PARTITION} FOR UPDATE").into(),
         insert: "INSERT INTO {t}_offsets (consumer_group, topic, partition_id, next_offset, \
                  token, updated_at) VALUES (:group, :topic, :partition, :next, :nonce, \
                  UTC_TIMESTAMP(6))"
             .into(),
-        read: "SELECT partition_id, next_offset FROM {t}_offsets \
-               WHERE consumer_group = :group AND topic = :topic ORDER BY partition_id"
-            .into(),
+        read: READ.into(),
         set: "INSERT INTO {t}_offsets (consumer_group, topic, partition_id, next_offset, \
               updated_at) VALUES (:group, :topic, :partition, :next, UTC_TIMESTAMP(6)) \
               ON DUPLICATE KEY UPDATE next_offset = VALUES(next_offset), token = NULL, \
               updated_at = UTC_TIMESTAMP(6)"
             .into(),
-        forget: "DELETE FROM {t}_offsets WHERE consumer_group = :group \
-                 AND (:topic IS NULL OR topic = :topic)"
-            .into(),
+        forget: FORGET.into(),
     }
 }
 

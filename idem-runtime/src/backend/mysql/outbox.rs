@@ -6,8 +6,8 @@ use sqlx::{AssertSqlSafe, MySql, Pool, Row as _};
 
 use super::batch::hex_bytes;
 use crate::backend::bind::statements;
-use crate::backend::outbox::OutboxText;
-use crate::backend::{Sql, Taken, rows};
+use crate::backend::outbox::{self, OutboxText};
+use crate::backend::{Sql, Taken};
 
 /// The columns of the operators' statements (see `OutboxRow`).
 const OUTBOX_COLUMNS: &str = "CONVERT(id USING utf8mb4), CONVERT(destination USING utf8mb4), \
@@ -52,7 +52,7 @@ pub(super) fn text() -> OutboxText {
              ORDER BY parked DESC, created_at, seq LIMIT :limit"
         )
         .into(),
-        find: format!("SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE id = :id").into(),
+        find: outbox::find(OUTBOX_COLUMNS).into(),
         requeue: "UPDATE {t}_outbox SET parked = FALSE, attempts = 0, \
                   next_attempt_at = UTC_TIMESTAMP(6) WHERE id = :id AND parked \
                   AND sent_at IS NULL"
@@ -60,13 +60,7 @@ pub(super) fn text() -> OutboxText {
         write: Some(
             write("{t} AS m WHERE m.scope = :scope AND m.`key` = :key AND m.token = :token").into(),
         ),
-        write_watermark: Some(
-            write(
-                "{t}_offsets AS w WHERE w.consumer_group = :group AND w.topic = :topic \
-                 AND w.partition_id = :partition AND w.token = :nonce",
-            )
-            .into(),
-        ),
+        write_watermark: Some(write(outbox::WATERMARK_HELD).into()),
         sent: None,
         release: None,
         // MySQL announces no commits: the relays poll.
@@ -176,24 +170,27 @@ pub(super) async fn take(
         .await?;
     tx.commit().await?;
     let text = |b: Vec<u8>| String::from_utf8(b).map_err(|e| sqlx::Error::Decode(Box::new(e)));
-    let mut hold = String::new();
-    let mut messages = Vec::with_capacity(rows.len());
-    for row in rows {
-        hold = row.try_get(6)?;
-        messages.push(rows::message(
-            text(row.try_get(0)?)?,
-            text(row.try_get(1)?)?,
-            row.try_get(2)?,
-            row.try_get::<i32, _>(3)?,
-            row.try_get::<i32, _>(4)?,
-            text(row.try_get(5)?)?,
-            row.try_get::<Option<Vec<u8>>, _>(7)?
-                .map(text)
-                .transpose()?
-                .as_deref(),
-        ));
-    }
-    Ok(Taken { messages, hold })
+    let hold = match rows.first() {
+        Some(row) => row.try_get(6)?,
+        None => String::new(),
+    };
+    let rows = rows
+        .iter()
+        .map(|row| {
+            Ok((
+                text(row.try_get(0)?)?,
+                text(row.try_get(1)?)?,
+                row.try_get(2)?,
+                row.try_get::<i32, _>(3)?.into(),
+                row.try_get::<i32, _>(4)?.into(),
+                text(row.try_get(5)?)?,
+                row.try_get::<Option<Vec<u8>>, _>(7)?
+                    .map(text)
+                    .transpose()?,
+            ))
+        })
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    Ok(Taken::new(hold, rows))
 }
 
 /// `Backend::outbox_sent`: one statement written for the round.

@@ -7,7 +7,7 @@ use sqlx::{Pool, Postgres};
 
 use super::{CLOCK_TOKEN, ISO};
 use crate::backend::bind::statements;
-use crate::backend::lease::{LeaseText, StepText};
+use crate::backend::lease::{LeaseText, StepText, Words};
 use crate::backend::{Claimant, LeaseState, Sql};
 
 /// The lock wait of a lease claim without `wait`, in milliseconds: answer at once (`0` would
@@ -16,23 +16,12 @@ const AT_ONCE_MS: u64 = 1;
 
 /// The holder's statements.
 pub(super) fn text() -> LeaseText {
-    LeaseText {
-        complete: "UPDATE {t} SET state = 'completed', completed_at = now(), locked_until = NULL, \
-                   result = :result::json WHERE scope = :scope AND key = :key \
-                   AND token = :token AND state = 'in_progress'"
-            .into(),
-        fail: "UPDATE {t} SET state = 'completed', completed_at = now(), locked_until = NULL, \
-               result = NULL, error = :error WHERE scope = :scope AND key = :key \
-               AND token = :token AND state = 'in_progress'"
-            .into(),
-        release: "UPDATE {t} SET locked_until = NULL WHERE scope = :scope AND key = :key \
-                  AND token = :token AND state = 'in_progress'"
-            .into(),
-        renew: "UPDATE {t} SET locked_until = now() + :lease_ms * interval '1 millisecond' \
-                WHERE scope = :scope AND key = :key AND token = :token \
-                AND state = 'in_progress'"
-            .into(),
-    }
+    LeaseText::of(Words {
+        key: "key",
+        now: "now()",
+        until: "now() + :lease_ms * interval '1 millisecond'",
+        result: ":result::json",
+    })
 }
 
 /// The steps' statements.

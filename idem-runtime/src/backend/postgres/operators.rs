@@ -6,8 +6,8 @@ use sqlx::{Pool, Postgres};
 use super::LEASE_OVER;
 use crate::backend::Sql;
 use crate::backend::health::HealthText;
-use crate::backend::offsets::OffsetText;
-use crate::backend::operators::OperatorText;
+use crate::backend::offsets::{INSERT_OR_SKIP, OffsetText, PARTITION, READ};
+use crate::backend::operators::{OperatorText, Words};
 
 /// The columns of `Store::inspect`: times as ISO-8601 UTC text, and the lease's time left on the
 /// database's clock.
@@ -36,74 +36,37 @@ fn purge(which: &str) -> String {
 
 /// The operators' statements.
 pub(super) fn text() -> OperatorText {
-    let release = "UPDATE {t} SET locked_until = NULL, fingerprint = NULL, \
-                   token = COALESCE(token, 0) + 1 \
-                   WHERE scope = :scope AND key = :key AND state = 'in_progress'";
+    let words = Words {
+        key: "key",
+        columns: MARKER_COLUMNS,
+        lease_over: LEASE_OVER,
+        lease_over_int: &format!("{LEASE_OVER}::int::int8"),
+        null: ":scope::text IS NULL",
+    };
+    let retention_set = "INSERT INTO {t}_retention (scope, keep_ms) VALUES (:scope, :keep_ms) \
+                         ON CONFLICT (scope) DO UPDATE SET keep_ms = EXCLUDED.keep_ms, \
+                         updated_at = now()";
     OperatorText {
-        forget: "DELETE FROM {t} WHERE scope = :scope AND key = :key AND state = 'completed'"
-            .into(),
-        release: format!("{release} AND {LEASE_OVER}").into(),
-        release_forced: release.into(),
-        status: format!(
-            "SELECT state, {LEASE_OVER}::int::int8 FROM {{t}} WHERE scope = :scope AND key = :key"
-        )
-        .into(),
-        inspect: format!("SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = :scope AND key = :key")
-            .into(),
-        in_progress: format!(
-            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE (:scope::text IS NULL OR scope = :scope) \
-             AND state = 'in_progress' ORDER BY locked_until NULLS FIRST, scope LIMIT :limit"
-        )
-        .into(),
-        // The newest failures first; a scan of the completed markers (failures are few).
-        failed: format!(
-            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE (:scope::text IS NULL OR scope = :scope) \
-             AND state = 'completed' AND error IS NOT NULL \
-             ORDER BY completed_at DESC, scope LIMIT :limit"
-        )
-        .into(),
-        requeue: "UPDATE {t} SET state = 'in_progress', completed_at = NULL, locked_until = NULL, \
-                  error = NULL, token = COALESCE(token, 0) + 1 WHERE scope = :scope \
-                  AND key = :key AND state = 'completed' AND error IS NOT NULL"
-            .into(),
-        retention_set: "INSERT INTO {t}_retention (scope, keep_ms) VALUES (:scope, :keep_ms) \
-                        ON CONFLICT (scope) DO UPDATE SET keep_ms = EXCLUDED.keep_ms, \
-                        updated_at = now()"
-            .into(),
-        retention_clear: "DELETE FROM {t}_retention WHERE scope = :scope".into(),
-        retention_list: "SELECT scope, keep_ms FROM {t}_retention ORDER BY scope".into(),
-        // `ADD COLUMN IF NOT EXISTS` skips what exists: no catalog to ask.
-        has_column: None,
-        has_index: None,
+        // `ADD COLUMN IF NOT EXISTS` skips what exists: no catalog to ask (no `has_column`).
         // Scopes with a retention window of their own are purged by it.
         purge: Some(purge("scope NOT IN (SELECT scope FROM {t}_retention)").into()),
         purge_scope: Some(purge("scope = :scope").into()),
-        cutoff: None,
-        purge_steps: None,
-        purge_cut: None,
-        purge_scope_steps: None,
-        purge_scope_cut: None,
+        ..OperatorText::of(words, retention_set.into())
     }
 }
 
 /// The watermarks' statements: moved by one `UPDATE` on the fresh path, read `FOR UPDATE` only
 /// when a claim meets offsets processed already.
 pub(super) fn offsets() -> OffsetText {
-    let partition = "consumer_group = :group AND topic = :topic AND partition_id = :partition";
     OffsetText {
         advance: format!(
             "UPDATE {{t}}_offsets SET next_offset = :next, token = :nonce, updated_at = now() \
-             WHERE {partition} AND next_offset <= :first"
+             WHERE {PARTITION} AND next_offset <= :first"
         )
         .into(),
-        lock: format!("SELECT next_offset FROM {{t}}_offsets WHERE {partition} FOR UPDATE").into(),
-        insert: "INSERT INTO {t}_offsets (consumer_group, topic, partition_id, next_offset, \
-                 token) VALUES (:group, :topic, :partition, :next, :nonce) \
-                 ON CONFLICT DO NOTHING"
-            .into(),
-        read: "SELECT partition_id, next_offset FROM {t}_offsets \
-               WHERE consumer_group = :group AND topic = :topic ORDER BY partition_id"
-            .into(),
+        lock: format!("SELECT next_offset FROM {{t}}_offsets WHERE {PARTITION} FOR UPDATE").into(),
+        insert: INSERT_OR_SKIP.into(),
+        read: READ.into(),
         set: "INSERT INTO {t}_offsets (consumer_group, topic, partition_id, next_offset) \
               VALUES (:group, :topic, :partition, :next) \
               ON CONFLICT (consumer_group, topic, partition_id) \

@@ -7,9 +7,9 @@ use sqlx::{PgConnection, Pool, Postgres};
 
 use crate::backend::bind::Keys;
 use crate::backend::bind::statements;
-use crate::backend::outbox::OutboxText;
+use crate::backend::outbox::{self, OutboxText};
 use crate::backend::sql::{Placeholders, Template};
-use crate::backend::{Listen, Sql, Table, Taken, rows};
+use crate::backend::{Listen, Sql, Table, Taken};
 use crate::outgoing::Unsent;
 
 /// The columns of the operators' statements (see `OutboxRow`).
@@ -62,7 +62,7 @@ pub(super) fn text() -> OutboxText {
              ORDER BY parked DESC, created_at, seq LIMIT :limit"
         )
         .into(),
-        find: format!("SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE id = :id").into(),
+        find: outbox::find(OUTBOX_COLUMNS).into(),
         requeue: "UPDATE {t}_outbox SET parked = false, attempts = 0, next_attempt_at = now() \
                   WHERE id = :id AND parked AND sent_at IS NULL"
             .into(),
@@ -245,23 +245,12 @@ pub(super) async fn take(
     // `RETURNING` keeps no order: the order they were written in, as the take's.
     taken.sort_by(|a, b| (a.6, a.3, &a.0).cmp(&(b.6, b.3, &b.0)));
     let hold = taken.first().map(|r| r.7.clone()).unwrap_or_default();
-    let messages = taken
+    let rows = taken
         .into_iter()
-        .map(
-            |(id, destination, payload, seq, attempts, key, _, _, headers)| {
-                rows::message(
-                    id,
-                    destination,
-                    payload,
-                    seq,
-                    attempts,
-                    key,
-                    headers.as_deref(),
-                )
-            },
-        )
-        .collect();
-    Ok(Taken { messages, hold })
+        .map(|(id, to, payload, seq, attempts, key, _, _, headers)| {
+            (id, to, payload, seq, attempts, key, headers)
+        });
+    Ok(Taken::new(hold, rows))
 }
 
 /// `Backend::listen`: `LISTEN` on the outbox's channel, on a connection of its own outside

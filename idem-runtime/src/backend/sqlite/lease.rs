@@ -7,7 +7,7 @@ use sqlx::{AssertSqlSafe, Pool, Sqlite};
 
 use super::{Armed, CLOCK_TOKEN, NOW, busy_timeout};
 use crate::backend::bind::statements;
-use crate::backend::lease::{LeaseText, StepText};
+use crate::backend::lease::{LeaseText, StepText, Words};
 use crate::backend::{Claimant, LeaseState, Sql};
 
 /// `ms` milliseconds from now, as the markers' times are written.
@@ -17,25 +17,12 @@ fn from_now(ms: &str) -> String {
 
 /// The holder's statements.
 pub(super) fn text() -> LeaseText {
-    let holder = "scope = :scope AND key = :key AND token = :token AND state = 'in_progress'";
-    LeaseText {
-        complete: format!(
-            "UPDATE {{t}} SET state = 'completed', completed_at = {NOW}, locked_until = NULL, \
-             result = :result WHERE {holder}"
-        )
-        .into(),
-        fail: format!(
-            "UPDATE {{t}} SET state = 'completed', completed_at = {NOW}, locked_until = NULL, \
-             result = NULL, error = :error WHERE {holder}"
-        )
-        .into(),
-        release: format!("UPDATE {{t}} SET locked_until = NULL WHERE {holder}").into(),
-        renew: format!(
-            "UPDATE {{t}} SET locked_until = {} WHERE {holder}",
-            from_now(":lease_ms")
-        )
-        .into(),
-    }
+    LeaseText::of(Words {
+        key: "key",
+        now: NOW,
+        until: &from_now(":lease_ms"),
+        result: ":result",
+    })
 }
 
 /// The steps' statements.

@@ -3,8 +3,8 @@
 
 use super::{LEASE_OVER, NOW};
 use crate::backend::health::HealthText;
-use crate::backend::offsets::OffsetText;
-use crate::backend::operators::OperatorText;
+use crate::backend::offsets::{FORGET, INSERT_OR_SKIP, OffsetText, PARTITION, READ};
+use crate::backend::operators::{OperatorText, Words};
 
 /// The columns of `Store::inspect`: times are already ISO-8601 UTC text here; the lease's time
 /// left on the database's clock.
@@ -26,83 +26,48 @@ fn batch(which: &str) -> String {
 
 /// The operators' statements.
 pub(super) fn text() -> OperatorText {
-    let release = "UPDATE {t} SET locked_until = NULL, fingerprint = NULL, \
-                   token = COALESCE(token, 0) + 1 \
-                   WHERE scope = :scope AND key = :key AND state = 'in_progress'";
+    let words = Words {
+        key: "key",
+        columns: MARKER_COLUMNS,
+        lease_over: LEASE_OVER,
+        lease_over_int: LEASE_OVER,
+        null: ":scope IS NULL",
+    };
+    let retention_set = format!(
+        "INSERT INTO {{t}}_retention (scope, keep_ms) VALUES (:scope, :keep_ms) \
+         ON CONFLICT (scope) DO UPDATE SET keep_ms = excluded.keep_ms, updated_at = {NOW}"
+    );
     let unwindowed = batch("scope NOT IN (SELECT scope FROM {t}_retention)");
     let scoped = batch("scope = :scope");
+    let steps = |batch: &str| format!("DELETE FROM {{t}}_steps WHERE (scope, key) IN ({batch})");
+    let cut = |batch: &str| format!("DELETE FROM {{t}} WHERE (scope, key) IN ({batch})");
     OperatorText {
-        forget: "DELETE FROM {t} WHERE scope = :scope AND key = :key AND state = 'completed'"
-            .into(),
-        release: format!("{release} AND {LEASE_OVER}").into(),
-        release_forced: release.into(),
-        status: format!(
-            "SELECT state, {LEASE_OVER} FROM {{t}} WHERE scope = :scope AND key = :key"
-        )
-        .into(),
-        inspect: format!("SELECT {MARKER_COLUMNS} FROM {{t}} WHERE scope = :scope AND key = :key")
-            .into(),
-        in_progress: format!(
-            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE (:scope IS NULL OR scope = :scope) \
-             AND state = 'in_progress' \
-             ORDER BY locked_until IS NOT NULL, locked_until, scope LIMIT :limit"
-        )
-        .into(),
-        // The newest failures first; a scan of the completed markers (failures are few).
-        failed: format!(
-            "SELECT {MARKER_COLUMNS} FROM {{t}} WHERE (:scope IS NULL OR scope = :scope) \
-             AND state = 'completed' AND error IS NOT NULL \
-             ORDER BY completed_at DESC, scope LIMIT :limit"
-        )
-        .into(),
-        requeue: "UPDATE {t} SET state = 'in_progress', completed_at = NULL, locked_until = NULL, \
-                  error = NULL, token = COALESCE(token, 0) + 1 WHERE scope = :scope \
-                  AND key = :key AND state = 'completed' AND error IS NOT NULL"
-            .into(),
-        retention_set: format!(
-            "INSERT INTO {{t}}_retention (scope, keep_ms) VALUES (:scope, :keep_ms) \
-             ON CONFLICT (scope) DO UPDATE SET keep_ms = excluded.keep_ms, updated_at = {NOW}"
-        )
-        .into(),
-        retention_clear: "DELETE FROM {t}_retention WHERE scope = :scope".into(),
-        retention_list: "SELECT scope, keep_ms FROM {t}_retention ORDER BY scope".into(),
         // SQLite's `ADD COLUMN` cannot skip a column that exists: the catalog is asked first.
         has_column: Some(
             "SELECT COUNT(*) FROM pragma_table_info(:table) WHERE name = :name".into(),
         ),
         has_index: Some("SELECT COUNT(*) FROM pragma_index_list(:table) WHERE name = :name".into()),
-        purge: None,
-        purge_scope: None,
         cutoff: Some(format!("SELECT {}", AGO).into()),
-        purge_steps: Some(
-            format!("DELETE FROM {{t}}_steps WHERE (scope, key) IN ({unwindowed})").into(),
-        ),
-        purge_cut: Some(format!("DELETE FROM {{t}} WHERE (scope, key) IN ({unwindowed})").into()),
-        purge_scope_steps: Some(
-            format!("DELETE FROM {{t}}_steps WHERE (scope, key) IN ({scoped})").into(),
-        ),
-        purge_scope_cut: Some(format!("DELETE FROM {{t}} WHERE (scope, key) IN ({scoped})").into()),
+        purge_steps: Some(steps(&unwindowed).into()),
+        purge_cut: Some(cut(&unwindowed).into()),
+        purge_scope_steps: Some(steps(&scoped).into()),
+        purge_scope_cut: Some(cut(&scoped).into()),
+        ..OperatorText::of(words, retention_set.into())
     }
 }
 
 /// The watermarks' statements: writers take turns on the database's write lock, which a claim
 /// holds from its `BEGIN IMMEDIATE`, so a read needs no row lock.
 pub(super) fn offsets() -> OffsetText {
-    let partition = "consumer_group = :group AND topic = :topic AND partition_id = :partition";
     OffsetText {
         advance: format!(
             "UPDATE {{t}}_offsets SET next_offset = :next, token = :nonce, updated_at = {NOW} \
-             WHERE {partition} AND next_offset <= :first"
+             WHERE {PARTITION} AND next_offset <= :first"
         )
         .into(),
-        lock: format!("SELECT next_offset FROM {{t}}_offsets WHERE {partition}").into(),
-        insert: "INSERT INTO {t}_offsets (consumer_group, topic, partition_id, next_offset, \
-                 token) VALUES (:group, :topic, :partition, :next, :nonce) \
-                 ON CONFLICT DO NOTHING"
-            .into(),
-        read: "SELECT partition_id, next_offset FROM {t}_offsets \
-               WHERE consumer_group = :group AND topic = :topic ORDER BY partition_id"
-            .into(),
+        lock: format!("SELECT next_offset FROM {{t}}_offsets WHERE {PARTITION}").into(),
+        insert: INSERT_OR_SKIP.into(),
+        read: READ.into(),
         set: format!(
             "INSERT INTO {{t}}_offsets (consumer_group, topic, partition_id, next_offset) \
              VALUES (:group, :topic, :partition, :next) \
@@ -110,9 +75,7 @@ pub(super) fn offsets() -> OffsetText {
              DO UPDATE SET next_offset = excluded.next_offset, token = NULL, updated_at = {NOW}"
         )
         .into(),
-        forget: "DELETE FROM {t}_offsets WHERE consumer_group = :group \
-                 AND (:topic IS NULL OR topic = :topic)"
-            .into(),
+        forget: FORGET.into(),
     }
 }
 

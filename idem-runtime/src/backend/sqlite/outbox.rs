@@ -6,8 +6,8 @@ use sqlx::{Pool, Sqlite};
 
 use super::{NOW, begin};
 use crate::backend::bind::statements;
-use crate::backend::outbox::OutboxText;
-use crate::backend::{Sql, Taken, rows};
+use crate::backend::outbox::{self, OutboxText};
+use crate::backend::{Sql, Taken};
 
 /// The columns of the operators' statements (see `OutboxRow`).
 const OUTBOX_COLUMNS: &str = "id, destination, scope, key, seq, attempts, last_error, \
@@ -59,7 +59,7 @@ pub(super) fn text() -> OutboxText {
              ORDER BY parked DESC, created_at, rowid LIMIT :limit"
         )
         .into(),
-        find: format!("SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE id = :id").into(),
+        find: outbox::find(OUTBOX_COLUMNS).into(),
         requeue: format!(
             "UPDATE {{t}}_outbox SET parked = 0, attempts = 0, next_attempt_at = {NOW} \
              WHERE id = :id AND parked <> 0 AND sent_at IS NULL"
@@ -68,13 +68,7 @@ pub(super) fn text() -> OutboxText {
         write: Some(
             write("{t} AS m WHERE m.scope = :scope AND m.key = :key AND m.token = :token").into(),
         ),
-        write_watermark: Some(
-            write(
-                "{t}_offsets AS w WHERE w.consumer_group = :group AND w.topic = :topic \
-                 AND w.partition_id = :partition AND w.token = :nonce",
-            )
-            .into(),
-        ),
+        write_watermark: Some(write(outbox::WATERMARK_HELD).into()),
         sent: Some(format!("UPDATE {{t}}_outbox SET sent_at = {NOW} WHERE {held}").into()),
         // Lets go of messages of the round that it did not try, since an earlier message of
         // their key failed: they wait for it, not for the round's hold.
@@ -156,21 +150,10 @@ pub(super) async fn take(
     // `RETURNING` keeps no order: the order they were written in, as the take's.
     taken.sort_by(|a, b| (&a.6, a.7).cmp(&(&b.6, b.7)));
     let hold = taken.first().map(|r| r.8.clone()).unwrap_or_default();
-    let messages = taken
+    let rows = taken
         .into_iter()
-        .map(
-            |(id, destination, payload, seq, attempts, key, _, _, _, headers)| {
-                rows::message(
-                    id,
-                    destination,
-                    payload,
-                    seq,
-                    attempts,
-                    key,
-                    headers.as_deref(),
-                )
-            },
-        )
-        .collect();
-    Ok(Taken { messages, hold })
+        .map(|(id, to, payload, seq, attempts, key, _, _, _, headers)| {
+            (id, to, payload, seq, attempts, key, headers)
+        });
+    Ok(Taken::new(hold, rows))
 }
