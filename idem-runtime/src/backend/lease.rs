@@ -18,6 +18,14 @@ pub(super) struct Words<'a> {
     pub(super) result: &'a str,
 }
 
+/// The steps' `forget`, `key` being the backend's `key` column: only once the marker is gone.
+pub(super) fn forget_steps(key: &str) -> String {
+    format!(
+        "DELETE FROM {{t}}_steps WHERE scope = :scope AND {key} = :key \
+         AND NOT EXISTS (SELECT 1 FROM {{t}} WHERE scope = :scope AND {key} = :key)"
+    )
+}
+
 impl LeaseText {
     /// The holder's statements, each fenced by its token: alike on every backend but for
     /// `words`.

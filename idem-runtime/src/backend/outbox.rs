@@ -22,6 +22,20 @@ pub(super) fn find(columns: &str) -> String {
     format!("SELECT {columns} FROM {{t}}_outbox WHERE id = :id")
 }
 
+/// `list`, as `columns`, where `parked` is a boolean: parked first, then in the order written.
+pub(super) fn list(columns: &str) -> String {
+    format!(
+        "SELECT {columns} FROM {{t}}_outbox WHERE sent_at IS NULL \
+         AND ((parked AND :parked) OR (NOT parked AND :pending)) \
+         ORDER BY parked DESC, created_at, seq LIMIT :limit"
+    )
+}
+
+/// `forget`, `key` being the backend's `key` column.
+pub(super) fn forget(key: &str) -> String {
+    format!("DELETE FROM {{t}}_outbox WHERE scope = :scope AND {key} = :key AND sent_at IS NULL")
+}
+
 statements! {
     /// The outbox table's statements.
     pub(crate) struct OutboxSql, OutboxText {

@@ -9,7 +9,7 @@ use sqlx::{MySql, Pool};
 use super::{CLOCK_TOKEN, ER_DUP_ENTRY, LEASE_OVER, bounded, number};
 use crate::backend::bind::Bound;
 use crate::backend::bind::statements;
-use crate::backend::lease::{LeaseText, StepText, Words};
+use crate::backend::lease::{LeaseText, StepText, Words, forget_steps};
 use crate::backend::{Claimant, Found, LeaseState, Sql, Status};
 
 /// The lock wait of a lease claim without `wait`: the shortest MariaDB counts (it counts lock
@@ -54,9 +54,7 @@ pub(super) fn steps() -> StepText {
                  {t}_steps.created_at), \
                  token = GREATEST({t}_steps.token, VALUES(token))"
             .into(),
-        forget: "DELETE FROM {t}_steps WHERE scope = :scope AND `key` = :key \
-                 AND NOT EXISTS (SELECT 1 FROM {t} WHERE scope = :scope AND `key` = :key)"
-            .into(),
+        forget: forget_steps("`key`").into(),
     }
 }
 

@@ -40,18 +40,11 @@ pub(super) fn text() -> OutboxText {
                  parked = :park WHERE id = :id AND sent_at IS NULL \
                  AND CAST(next_attempt_at AS CHAR) = :hold"
             .into(),
-        forget: "DELETE FROM {t}_outbox WHERE scope = :scope AND `key` = :key \
-                 AND sent_at IS NULL"
-            .into(),
+        forget: outbox::forget("`key`").into(),
         purge: "DELETE FROM {t}_outbox WHERE sent_at < UTC_TIMESTAMP(6) \
                 - INTERVAL (:age_ms * 1000) MICROSECOND ORDER BY sent_at LIMIT :limit"
             .into(),
-        list: format!(
-            "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
-             AND ((parked AND :parked) OR (NOT parked AND :pending)) \
-             ORDER BY parked DESC, created_at, seq LIMIT :limit"
-        )
-        .into(),
+        list: outbox::list(OUTBOX_COLUMNS).into(),
         find: outbox::find(OUTBOX_COLUMNS).into(),
         requeue: "UPDATE {t}_outbox SET parked = FALSE, attempts = 0, \
                   next_attempt_at = UTC_TIMESTAMP(6) WHERE id = :id AND parked \

@@ -7,7 +7,7 @@ use sqlx::{Pool, Postgres};
 
 use super::{CLOCK_TOKEN, ISO};
 use crate::backend::bind::statements;
-use crate::backend::lease::{LeaseText, StepText, Words};
+use crate::backend::lease::{LeaseText, StepText, Words, forget_steps};
 use crate::backend::{Claimant, LeaseState, Sql};
 
 /// The lock wait of a lease claim without `wait`, in milliseconds: answer at once (`0` would
@@ -44,9 +44,7 @@ pub(super) fn steps() -> StepText {
                  token = EXCLUDED.token, result = EXCLUDED.result, created_at = now() \
                  WHERE s.token < EXCLUDED.token"
             .into(),
-        forget: "DELETE FROM {t}_steps WHERE scope = :scope AND key = :key \
-                 AND NOT EXISTS (SELECT 1 FROM {t} WHERE scope = :scope AND key = :key)"
-            .into(),
+        forget: forget_steps("key").into(),
     }
 }
 

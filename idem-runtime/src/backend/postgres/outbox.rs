@@ -51,17 +51,11 @@ pub(super) fn text() -> OutboxText {
              FROM {RELAXED} WHERE id = :id AND sent_at IS NULL AND {HOLD} = :hold"
         )
         .into(),
-        forget: "DELETE FROM {t}_outbox WHERE scope = :scope AND key = :key AND sent_at IS NULL"
-            .into(),
+        forget: outbox::forget("key").into(),
         purge: "DELETE FROM {t}_outbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM {t}_outbox \
                 WHERE sent_at < now() - :age_ms * interval '1 millisecond' LIMIT :limit))"
             .into(),
-        list: format!(
-            "SELECT {OUTBOX_COLUMNS} FROM {{t}}_outbox WHERE sent_at IS NULL \
-             AND ((parked AND :parked) OR (NOT parked AND :pending)) \
-             ORDER BY parked DESC, created_at, seq LIMIT :limit"
-        )
-        .into(),
+        list: outbox::list(OUTBOX_COLUMNS).into(),
         find: outbox::find(OUTBOX_COLUMNS).into(),
         requeue: "UPDATE {t}_outbox SET parked = false, attempts = 0, next_attempt_at = now() \
                   WHERE id = :id AND parked AND sent_at IS NULL"

@@ -7,7 +7,7 @@ use sqlx::{AssertSqlSafe, Pool, Sqlite};
 
 use super::{Armed, CLOCK_TOKEN, NOW, busy_timeout};
 use crate::backend::bind::statements;
-use crate::backend::lease::{LeaseText, StepText, Words};
+use crate::backend::lease::{LeaseText, StepText, Words, forget_steps};
 use crate::backend::{Claimant, LeaseState, Sql};
 
 /// `ms` milliseconds from now, as the markers' times are written.
@@ -41,9 +41,7 @@ pub(super) fn steps() -> StepText {
              WHERE s.token < excluded.token"
         )
         .into(),
-        forget: "DELETE FROM {t}_steps WHERE scope = :scope AND key = :key \
-                 AND NOT EXISTS (SELECT 1 FROM {t} WHERE scope = :scope AND key = :key)"
-            .into(),
+        forget: forget_steps("key").into(),
     }
 }
 

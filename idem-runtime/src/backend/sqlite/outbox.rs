@@ -45,8 +45,7 @@ pub(super) fn text() -> OutboxText {
             shifted('+', ":retry_ms")
         )
         .into(),
-        forget: "DELETE FROM {t}_outbox WHERE scope = :scope AND key = :key AND sent_at IS NULL"
-            .into(),
+        forget: outbox::forget("key").into(),
         purge: format!(
             "DELETE FROM {{t}}_outbox WHERE id IN (SELECT id FROM {{t}}_outbox \
              WHERE sent_at < {} LIMIT :limit)",
