@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::support::{Line, Lines, within};
+use common::support::{Line, Lines, Worker, within};
 use common::{World, child_main};
 use idem::kafka::{Consumer, Record};
 use idem::outbox::{Kafka, MESSAGE_ID_HEADER, Relay};
@@ -254,6 +254,91 @@ async fn rebalance_with_a_batch_in_flight_applies_every_record_once() {
         lines.dump()
     );
     world.cleanup().await;
+}
+
+/// What happens to the member that holds a batch when the other joins.
+#[derive(Clone, Copy)]
+enum Holder {
+    /// Its batch is let go once the other member has its partitions: it commits.
+    Released,
+    /// It is SIGKILLed once the other member has its partitions.
+    Killed,
+}
+
+/// Worker 0 holds a batch of 300 records open while thousands more wait on the broker (more
+/// than the consumer buffers); worker 1 joins the group. The rebalance must not wait for the
+/// held batch: worker 1 is given partitions and gets records while worker 0 still holds it.
+/// Then worker 0 is let go or SIGKILLed, and every record has its effect once, with each
+/// partition's watermark at the end of its log.
+async fn rebalance_while_thousands_wait(holder: Holder) {
+    let world = World::new(&kafka_url(), 4).await;
+    let places = world.produce("job", 3_000).await;
+    let mut log_end = [0_i64; 4];
+    for (partition, offset) in &places {
+        let end = &mut log_end[usize::try_from(*partition).unwrap()];
+        *end = (*end).max(offset + 1);
+    }
+    let mut lines = Lines::new();
+    let gate = world.dir.join("gate");
+    let hold = format!("before:{}", gate.display());
+    let env_a = world.child_env(Mode::Watermarks, 300, Some(&hold), None);
+    let a = world.spawn(0, &env_a, &lines);
+    expect_from(&mut lines, 0, "HOLDING", 60).await;
+    let env_b = world.child_env(Mode::Watermarks, 300, None, None);
+    let b = world.spawn(1, &env_b, &lines);
+    // Worker 0 is still at its gate: a rebalance that waited for its batch would give worker
+    // 1 nothing until `max.poll.interval.ms` (300 s) ran out.
+    expect_from(&mut lines, 1, "BATCH", 120).await;
+    assert!(
+        !lines
+            .seen
+            .iter()
+            .any(|(i, l)| *i == 0 && l.starts_with("COMMITTED")),
+        "worker 0 let its batch go before worker 1 had records:\n{}",
+        lines.dump()
+    );
+    let a = match holder {
+        Holder::Released => {
+            std::fs::write(&gate, b"").unwrap();
+            Some(a)
+        }
+        Holder::Killed => {
+            a.kill().await;
+            None
+        }
+    };
+    world.until_effects(3_000, &mut lines).await;
+    let mut running: Vec<Worker> = a.into_iter().chain([b]).collect();
+    for w in &mut running {
+        w.stop().await;
+    }
+    let mut stopped = 0;
+    while stopped < running.len() {
+        stopped += usize::from(lines.next(60).await.1 == "STOPPED");
+    }
+    for w in running {
+        w.succeed().await;
+    }
+    assert_eq!(world.not_once().await, [], "{}", lines.dump());
+    assert_eq!(world.effects().await, 3_000);
+    let watermarks = world
+        .store
+        .watermarks(&world.group, &world.topic)
+        .await
+        .unwrap();
+    let expected: Vec<(i32, i64)> = (0..4).zip(log_end).collect();
+    assert_eq!(watermarks, expected, "{}", lines.dump());
+    world.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rebalance_does_not_wait_for_a_held_batch_with_thousands_waiting() {
+    rebalance_while_thousands_wait(Holder::Released).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rebalance_does_not_wait_for_a_held_batch_whose_holder_is_killed() {
+    rebalance_while_thousands_wait(Holder::Killed).await;
 }
 
 /// A batch whose claim ends without a commit (an error, a dropped claim) comes again, from its

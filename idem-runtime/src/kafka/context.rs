@@ -79,10 +79,14 @@ impl<DB: Backend> ConsumerContext for Context<DB> {
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let positioned = self.position(base, tpl);
+                // A partition keeps its pause through a revocation and a new assignment:
+                // an assigned partition fetches, and the poller pauses it again while its
+                // buffer is full.
                 let assigned = match cooperative {
                     true => base.incremental_assign(&positioned),
                     false => base.assign(&positioned),
-                };
+                }
+                .and_then(|()| base.resume(&positioned));
                 let mut shared = self.lock();
                 shared.generation += 1;
                 if let Err(e) = assigned {

@@ -1,8 +1,10 @@
 //! The consumer's thread: the only one that polls the client, so that the rebalance callback,
 //! which reads the database, runs off the async runtime's threads. It hands records out on
-//! request and keeps polling between requests (at most [`BUFFER`] records ahead), so that a
-//! rebalance proceeds while the application is inside a batch; a seek drops what it buffered
-//! of the partitions it moves.
+//! request and keeps polling between requests, so that a rebalance proceeds while the
+//! application is inside a batch. At [`BUFFER`] records ahead it pauses the fetch of its
+//! partitions instead of stopping the poll (the group's protocol, revocations and assignments,
+//! runs in the poll), and resumes it once the application took half of them; a seek drops
+//! what it buffered of the partitions it moves.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -20,7 +22,8 @@ use super::record::Record;
 use crate::backend::Backend;
 use crate::error::Error;
 
-/// Records polled ahead of the application's requests, at most.
+/// Records polled ahead of the application's requests at which the fetch pauses (a few more
+/// may come: the fetches of partitions assigned meanwhile, until the next poll pauses them).
 pub(crate) const BUFFER: usize = 1_000;
 
 /// How often the thread polls while no request is waiting.
@@ -46,6 +49,7 @@ pub(crate) fn run<DB: Backend>(base: Arc<BaseConsumer<Context<DB>>>, commands: R
     let mut poller = Poller {
         base,
         buffered: VecDeque::new(),
+        paused: false,
     };
     loop {
         match commands.recv_timeout(IDLE) {
@@ -74,18 +78,31 @@ pub(crate) fn run<DB: Backend>(base: Arc<BaseConsumer<Context<DB>>>, commands: R
 struct Poller<DB: Backend> {
     base: Arc<BaseConsumer<Context<DB>>>,
     buffered: VecDeque<Result<Record, Error>>,
+    /// Whether the fetch of the assigned partitions is paused (the buffer was full).
+    paused: bool,
 }
 
 impl<DB: Backend> Poller<DB> {
-    /// Polls once for up to `wait`, and on while records come at once, up to the buffer's
-    /// size; drops what it holds of partitions revoked meanwhile.
+    /// Polls once for up to `wait`, and on while records come at once; a full buffer pauses
+    /// the fetch (and the poll waits no more), so that the poll goes on serving the group.
+    /// Drops what it holds of partitions revoked meanwhile.
     fn fill(&mut self, wait: Duration) {
         let mut wait = wait;
-        while self.buffered.len() < BUFFER {
+        loop {
+            let full = self.buffered.len() >= BUFFER;
+            if full {
+                // On every fill: a partition assigned meanwhile fetches until paused.
+                self.pause();
+                wait = Duration::ZERO;
+            }
             match self.base.poll(wait) {
                 Some(Ok(message)) => self.buffered.push_back(Ok(Record::of(&message))),
                 Some(Err(e)) => self.buffered.push_back(Err(polled(&e))),
                 None => break,
+            }
+            // Full: one poll serves the group's protocol; the next fill comes within `IDLE`.
+            if full {
+                break;
             }
             wait = Duration::ZERO;
         }
@@ -97,6 +114,40 @@ impl<DB: Backend> Poller<DB> {
                     .any(|(t, p)| t == r.topic() && *p == r.partition()),
                 Err(_) => true,
             });
+        }
+        if self.buffered.len() < BUFFER / 2 {
+            self.resume();
+        }
+    }
+
+    /// Pauses the fetch of every assigned partition. librdkafka drops what it fetched ahead
+    /// of them and, on resume, fetches from the record after the last one polled (or from
+    /// where a seek or an assignment put the partition).
+    fn pause(&mut self) {
+        let paused = self
+            .base
+            .assignment()
+            .and_then(|assigned| self.base.pause(&assigned));
+        match paused {
+            Ok(()) => self.paused = true,
+            Err(e) => self.buffered.push_back(Err(kafka("pausing the fetch", &e))),
+        }
+    }
+
+    /// Resumes the fetch of every assigned partition, if it was paused.
+    fn resume(&mut self) {
+        if !self.paused {
+            return;
+        }
+        let resumed = self
+            .base
+            .assignment()
+            .and_then(|assigned| self.base.resume(&assigned));
+        match resumed {
+            Ok(()) => self.paused = false,
+            Err(e) => self
+                .buffered
+                .push_back(Err(kafka("resuming the fetch", &e))),
         }
     }
 
@@ -157,6 +208,9 @@ impl<DB: Backend> Poller<DB> {
                 .any(|(t, p, _)| t == r.topic() && *p == r.partition()),
             Err(_) => true,
         });
+        // A seek is the move of a fetching partition: a paused one fetches first (the next
+        // fill pauses it again, from the sought position, if the buffer is still full).
+        self.resume();
         let mut tpl = TopicPartitionList::new();
         for (topic, partition, offset) in to {
             tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset))
