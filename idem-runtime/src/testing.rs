@@ -8,6 +8,7 @@
 //! that says which delivery got what and what that means for the handler.
 
 mod all;
+mod call;
 mod cases;
 pub(crate) mod probe;
 mod steps;
@@ -15,6 +16,7 @@ mod steps;
 use std::fmt;
 
 pub use all::{CONCURRENT_DELIVERIES, all_cases};
+pub use call::{Check, Deliver};
 pub use cases::{deliver_concurrently, deliver_twice, expire_lease, fail_before_commit};
 pub use steps::{MAX_CRASHES, crash_after_each_step};
 

@@ -7,6 +7,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::task::Poll;
 
+use super::call::{Check, Deliver};
 use super::probe::{Ended, Fault, Mode, Probe, Race};
 use super::{Delivery, Got, Report};
 use crate::outcome::Outcome;
@@ -16,24 +17,18 @@ use crate::outcome::Outcome;
 /// `applied` after each, having read something else before the first.
 ///
 /// Panics naming the delivery that broke the rule and what that means.
-pub async fn deliver_twice<D, F, T, E, C, G, V>(mut deliver: D, mut check: C, applied: V) -> Report
-where
-    D: FnMut() -> F,
-    F: Future<Output = Result<Outcome<T>, E>>,
-    T: Debug,
-    E: Debug,
-    C: FnMut() -> G,
-    G: Future<Output = V>,
-    V: PartialEq + Debug,
-{
+pub async fn deliver_twice<C: Check>(
+    mut deliver: impl Deliver,
+    mut check: C,
+    applied: C::Value,
+) -> Report {
     let case = "deliver_twice";
-    let mut report = Report::default();
-    let before = baseline(case, &mut check, &applied, &mut report).await;
+    let (mut report, before) = baseline(case, &mut check, &applied).await;
     let first = deliver_one(&mut deliver, 1, Fault::None, &mut report).await;
-    let after_first = check().await;
+    let after_first = check.read().await;
     report.checked("after delivery 1", &after_first);
     let second = deliver_one(&mut deliver, 2, Fault::None, &mut report).await;
-    let after_second = check().await;
+    let after_second = check.read().await;
     report.checked("after delivery 2", &after_second);
 
     seen_claiming(case, &report, &first);
@@ -69,34 +64,24 @@ where
 /// and that delivery must be a `Duplicate`. Finally `check` must read `applied`.
 ///
 /// Panics on `n < 2` before any delivery, and on any violation.
-pub async fn deliver_concurrently<D, F, T, E, C, G, V>(
+pub async fn deliver_concurrently<C: Check>(
     n: usize,
-    mut deliver: D,
+    mut deliver: impl Deliver,
     mut check: C,
-    applied: V,
-) -> Report
-where
-    D: FnMut() -> F,
-    F: Future<Output = Result<Outcome<T>, E>>,
-    T: Debug,
-    E: Debug,
-    C: FnMut() -> G,
-    G: Future<Output = V>,
-    V: PartialEq + Debug,
-{
+    applied: C::Value,
+) -> Report {
     let case = "deliver_concurrently";
     assert!(
         n >= 2,
         "idem::testing::deliver_concurrently: {n} delivery cannot race; pass at least 2 (8 is \
          a good number)"
     );
-    let mut report = Report::default();
-    let before = baseline(case, &mut check, &applied, &mut report).await;
+    let (mut report, before) = baseline(case, &mut check, &applied).await;
     let race = Race::new(n);
     let probes: Vec<Arc<Probe>> = (0..n)
         .map(|_| Probe::new(Fault::None, Some(race.clone())))
         .collect();
-    let calls: Vec<_> = probes.iter().map(|p| p.run(deliver())).collect();
+    let calls: Vec<_> = probes.iter().map(|p| p.run(deliver.call())).collect();
     let results = join_all(calls).await;
     for (i, (probe, result)) in probes.iter().zip(results).enumerate() {
         report.push(delivery(i + 1, &result, probe));
@@ -109,7 +94,7 @@ where
     for number in n + 1..=n + waiting {
         deliver_one(&mut deliver, number, Fault::None, &mut report).await;
     }
-    let after = check().await;
+    let after = check.read().await;
     report.checked("after every delivery", &after);
 
     let racing = &report.deliveries[..n];
@@ -162,34 +147,24 @@ where
 ///
 /// A handler that writes outside its transaction fails here in transaction mode, and a lease
 /// handler whose outside call is not idempotent (no stable `Idempotency-Key`) in lease mode.
-pub async fn fail_before_commit<D, F, T, E, C, G, V>(
-    mut deliver: D,
+pub async fn fail_before_commit<C: Check>(
+    mut deliver: impl Deliver,
     mut check: C,
-    applied: V,
-) -> Report
-where
-    D: FnMut() -> F,
-    F: Future<Output = Result<Outcome<T>, E>>,
-    T: Debug,
-    E: Debug,
-    C: FnMut() -> G,
-    G: Future<Output = V>,
-    V: PartialEq + Debug,
-{
+    applied: C::Value,
+) -> Report {
     let case = "fail_before_commit";
-    let mut report = Report::default();
-    let before = baseline(case, &mut check, &applied, &mut report).await;
+    let (mut report, before) = baseline(case, &mut check, &applied).await;
     let failed = deliver_one(&mut deliver, 1, Fault::BeforeCommit, &mut report).await;
     let lease = failed.mode == Some(Mode::Lease);
     let after_failure = if lease {
         None
     } else {
-        let read = check().await;
+        let read = check.read().await;
         report.checked("after delivery 1 was rolled back", &read);
         Some(read)
     };
     let retried = deliver_one(&mut deliver, 2, Fault::None, &mut report).await;
-    let after = check().await;
+    let after = check.read().await;
     report.checked("after delivery 2", &after);
     let third = deliver_one(&mut deliver, 3, Fault::None, &mut report).await;
 
@@ -251,21 +226,15 @@ where
 /// `Idempotency-Key`), and one more delivery must be a `Duplicate`.
 ///
 /// Panics on a transaction-mode handler ("needs lease mode") and on any violation.
-pub async fn expire_lease<D, F, T, E, C, G, V>(mut deliver: D, mut check: C, applied: V) -> Report
-where
-    D: FnMut() -> F,
-    F: Future<Output = Result<Outcome<T>, E>>,
-    T: Debug,
-    E: Debug,
-    C: FnMut() -> G,
-    G: Future<Output = V>,
-    V: PartialEq + Debug,
-{
+pub async fn expire_lease<C: Check>(
+    mut deliver: impl Deliver,
+    mut check: C,
+    applied: C::Value,
+) -> Report {
     let case = "expire_lease";
-    let mut report = Report::default();
-    let before = baseline(case, &mut check, &applied, &mut report).await;
+    let (mut report, before) = baseline(case, &mut check, &applied).await;
     let stalled = Probe::new(Fault::ExpireAfterClaim, None);
-    let mut first = pin!(stalled.run(deliver()));
+    let mut first = pin!(stalled.run(deliver.call()));
     let mut paused = pin!(stalled.paused());
     let early = poll_fn(|cx| match first.as_mut().poll(cx) {
         Poll::Ready(out) => Poll::Ready(Some(out)),
@@ -283,14 +252,14 @@ where
         fail(case, &report, &what, not_applied(d.got));
     }
     let second = Probe::new(Fault::None, None);
-    let taken = second.run(deliver()).await;
+    let taken = second.run(deliver.call()).await;
     stalled.resume();
     let resumed = first.await;
     let stalled_delivery = delivery(1, &resumed, &stalled);
     let taker = delivery(2, &taken, &second);
     report.push(stalled_delivery.clone());
     report.push(taker.clone());
-    let after = check().await;
+    let after = check.read().await;
     report.checked("after deliveries 1 and 2", &after);
     let third = deliver_one(&mut deliver, 3, Fault::None, &mut report).await;
 
@@ -363,20 +332,15 @@ const TAKEOVER_FAILED: &str = "a redelivery that finds an expired lease must tak
 const FENCING_FAILED: &str = "a delivery whose lease was taken over must not report success: \
     the holder of the newer lease decides the outcome (Error::LeaseLost)";
 
-/// Reads the effect before any delivery; a check that already reads `applied` could not tell
-/// whether the job ran, so it is refused.
-pub(super) async fn baseline<C, G, V>(
+/// Begins a case's report with the effect read before any delivery; a check that already
+/// reads `applied` could not tell whether the job ran, so it is refused.
+pub(super) async fn baseline<C: Check>(
     case: &str,
     check: &mut C,
-    applied: &V,
-    report: &mut Report,
-) -> V
-where
-    C: FnMut() -> G,
-    G: Future<Output = V>,
-    V: PartialEq + Debug,
-{
-    let before = check().await;
+    applied: &C::Value,
+) -> (Report, C::Value) {
+    let mut report = Report::default();
+    let before = check.read().await;
     report.checked("before any delivery", &before);
     if before == *applied {
         panic!(
@@ -385,24 +349,18 @@ where
              (a fresh account's balance, a count of the job's rows)"
         );
     }
-    before
+    (report, before)
 }
 
 /// Makes one delivery under `fault` and records it.
-pub(super) async fn deliver_one<D, F, T, E>(
-    deliver: &mut D,
+pub(super) async fn deliver_one(
+    deliver: &mut impl Deliver,
     number: usize,
     fault: Fault,
     report: &mut Report,
-) -> Delivery
-where
-    D: FnMut() -> F,
-    F: Future<Output = Result<Outcome<T>, E>>,
-    T: Debug,
-    E: Debug,
-{
+) -> Delivery {
     let probe = Probe::new(fault, None);
-    let result = probe.run(deliver()).await;
+    let result = probe.run(deliver.call()).await;
     report.push(delivery(number, &result, &probe)).clone()
 }
 

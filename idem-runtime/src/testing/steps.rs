@@ -1,13 +1,10 @@
 //! The case of lease handlers with steps: a crash after each step in turn, and every step run
 //! once across the deliveries.
 
-use std::fmt::Debug;
-use std::future::Future;
-
+use super::call::{Check, Deliver};
 use super::cases::{baseline, delivery, expect_duplicate, fail, seen_claiming};
 use super::probe::{Fault, Mode, Probe};
 use super::{Got, Report};
-use crate::outcome::Outcome;
 
 /// The most steps [`crash_after_each_step`] crashes after: a body that reaches more is
 /// refused (each crash is one more delivery).
@@ -28,23 +25,13 @@ pub const MAX_CRASHES: u32 = 64;
 ///
 /// Panics on a transaction-mode handler, on a handler that records no step, and on any
 /// violation, naming the step and the deliveries that ran it.
-pub async fn crash_after_each_step<D, F, T, E, C, G, V>(
-    mut deliver: D,
+pub async fn crash_after_each_step<C: Check>(
+    mut deliver: impl Deliver,
     mut check: C,
-    applied: V,
-) -> Report
-where
-    D: FnMut() -> F,
-    F: Future<Output = Result<Outcome<T>, E>>,
-    T: Debug,
-    E: Debug,
-    C: FnMut() -> G,
-    G: Future<Output = V>,
-    V: PartialEq + Debug,
-{
+    applied: C::Value,
+) -> Report {
     let case = "crash_after_each_step";
-    let mut report = Report::default();
-    let before = baseline(case, &mut check, &applied, &mut report).await;
+    let (mut report, before) = baseline(case, &mut check, &applied).await;
     // Per step name, the deliveries whose body ran it.
     let mut runs: Vec<(String, Vec<usize>)> = Vec::new();
     let mut number = 0;
@@ -52,7 +39,7 @@ where
         number += 1;
         let crash_at = u32::try_from(number).unwrap_or(u32::MAX);
         let probe = Probe::new(Fault::CrashAfterStep(crash_at), None);
-        let result = probe.run(deliver()).await;
+        let result = probe.run(deliver.call()).await;
         let d = report.push(delivery(number, &result, &probe)).clone();
         let seen = probe.seen();
         for (name, ran) in seen.steps {
@@ -80,7 +67,7 @@ where
             fail(case, &report, &what, "test a handler of fewer steps");
         }
     };
-    let after = check().await;
+    let after = check.read().await;
     report.checked("after the last delivery", &after);
     let again = super::cases::deliver_one(&mut deliver, number + 1, Fault::None, &mut report).await;
 
