@@ -92,6 +92,33 @@ where
     }
 }
 
+/// What the service's own functions need of the service it wraps, whose responses' bodies are
+/// `ResB`: the bounds of its `Service` impl, in one name.
+trait Inner<ResB>:
+    Service<Request<Body>, Response = Response<ResB>, Future: Send, Error: Send + 'static>
+    + Send
+    + 'static
+{
+}
+
+impl<S, ResB> Inner<ResB> for S
+where
+    S: Service<Request<Body>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+{
+}
+
+/// What the service's own functions need of a request's or a response's body.
+trait HttpBody: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
+
+impl<B> HttpBody for B
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+}
+
 /// What became of a request before its handler ran: refused, or answered from its marker.
 type Early = Response<Body>;
 
@@ -102,13 +129,9 @@ async fn serve<S, DB, P, B, ResB>(
     request: Request<B>,
 ) -> Result<Response<Body>, S::Error>
 where
-    S: Service<Request<Body>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send,
-    S::Error: Send + 'static,
-    ResB: http_body::Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    S: Inner<ResB>,
+    ResB: HttpBody,
+    B: HttpBody,
     DB: Backend,
     P: Principal,
 {
@@ -205,11 +228,8 @@ async fn run_fresh<S, DB, ResB>(
     holding: Holding<DB>,
 ) -> Result<Response<Body>, S::Error>
 where
-    S: Service<Request<Body>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send,
-    S::Error: Send + 'static,
-    ResB: http_body::Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
+    S: Inner<ResB>,
+    ResB: HttpBody,
     DB: Backend,
 {
     let run = match &holding {
@@ -304,15 +324,11 @@ where
 
 /// Checks the request and reads its body, before any database I/O: its key, its principal,
 /// its body within the limit; then the marker's key and the request's fingerprint.
-async fn read<DB: Backend, P: Principal, B>(
+async fn read<DB: Backend, P: Principal, B: HttpBody>(
     config: &Config<DB>,
     principal: &P,
     request: Request<B>,
-) -> Result<(::http::request::Parts, Bytes, Key, Fingerprint), Early>
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
+) -> Result<(::http::request::Parts, Bytes, Key, Fingerprint), Early> {
     let header = config.header.as_str();
     let (parts, body) = request.into_parts();
     let key = header::parse(parts.headers.get_all(&config.header), config.bare)
