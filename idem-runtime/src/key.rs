@@ -327,35 +327,20 @@ pub trait IntoKey {
     }
 }
 
-impl IntoKey for str {
-    fn write_key(&self, key: &mut KeyWriter) {
-        key.part(self);
-    }
+macro_rules! text_keys {
+    ($($t:ty),*) => {$(
+        impl IntoKey for $t {
+            fn write_key(&self, key: &mut KeyWriter) {
+                key.part(self);
+            }
 
-    fn as_plain(&self) -> Option<&str> {
-        Some(self)
-    }
+            fn as_plain(&self) -> Option<&str> {
+                Some(self)
+            }
+        }
+    )*};
 }
-
-impl IntoKey for String {
-    fn write_key(&self, key: &mut KeyWriter) {
-        key.part(self);
-    }
-
-    fn as_plain(&self) -> Option<&str> {
-        Some(self)
-    }
-}
-
-impl IntoKey for Cow<'_, str> {
-    fn write_key(&self, key: &mut KeyWriter) {
-        key.part(self);
-    }
-
-    fn as_plain(&self) -> Option<&str> {
-        Some(self)
-    }
-}
+text_keys!(str, String, Cow<'_, str>);
 
 impl IntoKey for Key {
     fn write_key(&self, key: &mut KeyWriter) {
