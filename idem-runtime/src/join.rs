@@ -8,19 +8,14 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
-use serde::Serialize;
 use sqlx::Transaction;
 use sqlx_core::transaction::TransactionManager as _;
 
 use crate::backend::{Backend, Check};
-use crate::claim::nested::Body;
-use crate::claim::{Claimed, Request, TxHeld, run};
+use crate::claim::{Claimed, Request, TxHeld, held_calls, run};
 use crate::error::Error;
 use crate::key::Key;
 use crate::options::ClaimOptions;
-use crate::outcome::{Failed, Outcome};
-use crate::outgoing::Outbox;
-use crate::record;
 use crate::scope::check_scope;
 use crate::store::Store;
 
@@ -118,50 +113,27 @@ pub struct JoinedGuard<'a, DB: Backend> {
     held: TxHeld<'a, DB>,
 }
 
-impl<'a, DB: Backend> JoinedGuard<'a, DB> {
+held_calls! {
+    JoinedGuard<'a, DB>, 'a;
     /// The savepoint the body must run its effect on.
-    pub fn tx(&mut self) -> &mut Transaction<'a, DB> {
-        self.held.tx()
-    }
-
+    tx;
     /// The outbox of this claim's job: its messages are written in the savepoint when the
     /// guard finishes with `Ok`, and kept if the caller's transaction commits.
-    pub fn outbox(&mut self) -> &mut Outbox {
-        self.held.outbox()
-    }
-
+    outbox;
     /// The call's `idem.claim` span.
-    pub fn span(&self) -> &tracing::Span {
-        self.held.span()
-    }
-
+    span;
     /// The claim's body, to run in its span and marked as inside the caller's transaction
     /// (see [`Guard::body`](crate::Guard::body)).
-    pub fn body(&self) -> Body {
-        self.held.body()
-    }
-
-    /// Ends the call: releases the savepoint on `Ok` ([`Outcome::Applied`]: applied in the
-    /// caller's transaction, kept only if it commits), rolls back to it on `Err`.
-    pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Outcome<T>, E> {
-        let end = self.held.finish(result, |_| Ok(None)).await;
-        end.map_err(Failed::into_handler_error)
-    }
-
+    body;
+    /// Ends the call: releases the savepoint on `Ok`
+    /// ([`Outcome::Applied`](crate::Outcome::Applied): applied in the caller's transaction, kept
+    /// only if it commits), rolls back to it on `Err`.
+    finish;
     /// [`finish`](JoinedGuard::finish) that also stores the `Ok` value with the marker
     /// (`replay`).
-    pub async fn finish_replay<T: Serialize, E: From<Error>>(
-        self,
-        result: Result<T, E>,
-    ) -> Result<Outcome<T>, E> {
-        let end = self.held.finish(result, |v| record::encode(v).map(Some));
-        end.await.map_err(Failed::into_handler_error)
-    }
-
+    finish_replay;
     /// Gives up: rolls back to the savepoint; the caller's transaction stays usable.
-    pub async fn release(self) {
-        self.held.release().await;
-    }
+    release;
 }
 
 /// Commits a transaction you hold, checking that the database really committed it, as idem

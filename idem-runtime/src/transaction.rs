@@ -3,18 +3,11 @@
 
 use std::borrow::Cow;
 
-use serde::Serialize;
-use sqlx::Transaction;
-
 use crate::backend::Backend;
-use crate::claim::nested::Body;
-use crate::claim::{Claimed, Request, TxHeld, run};
+use crate::claim::{Claimed, Request, TxHeld, held_calls, run};
 use crate::error::Error;
 use crate::key::Key;
 use crate::options::ClaimOptions;
-use crate::outcome::{Failed, Outcome};
-use crate::outgoing::Outbox;
-use crate::record;
 use crate::scope::check_scope;
 use crate::store::Store;
 
@@ -91,55 +84,31 @@ pub struct Guard<DB: Backend> {
     held: TxHeld<'static, DB>,
 }
 
-impl<DB: Backend> Guard<DB> {
+held_calls! {
+    Guard<DB>, 'static;
     /// The transaction the body must run its effect on.
-    pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
-        self.held.tx()
-    }
-
+    tx;
     /// The outbox of this claim's job: the messages sent on it are written with the marker
     /// when the guard finishes with `Ok`, and not at all otherwise.
-    pub fn outbox(&mut self) -> &mut Outbox {
-        self.held.outbox()
-    }
-
+    outbox;
     /// The call's `idem.claim` span.
-    pub fn span(&self) -> &tracing::Span {
-        self.held.span()
-    }
-
-    /// The claim's body: [`Body::run`] runs a future in the call's span, marked as inside this
-    /// claim's open transaction, so that a claim with a store in it is refused
-    /// ([`Error::Nested`]) rather than left to wait for this transaction's lock or commit
-    /// apart from it.
-    pub fn body(&self) -> Body {
-        self.held.body()
-    }
-
+    span;
+    /// The claim's body: [`Body::run`](crate::Body::run) runs a future in the call's span,
+    /// marked as inside this claim's open transaction, so that a claim with a store in it is
+    /// refused ([`Error::Nested`]) rather than left to wait for this transaction's lock or
+    /// commit apart from it.
+    body;
     /// Ends the call: commits on `Ok`, rolls back on `Err`.
     ///
     /// `Ok(Outcome::Applied)` only once the database confirmed the commit: a transaction it
     /// threw away is [`Error::RolledBack`]. A failed rollback is not reported: the body's
     /// error is what the caller needs, and the database drops the transaction with the
     /// connection anyway.
-    pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Outcome<T>, E> {
-        let end = self.held.finish(result, |_| Ok(None)).await;
-        end.map_err(Failed::into_handler_error)
-    }
-
+    finish;
     /// [`finish`](Guard::finish) that also stores the `Ok` value with the marker, in the same
     /// transaction, so that later deliveries get it back (`replay`). A value that cannot be
     /// stored is [`Error::Serialize`], and nothing is committed.
-    pub async fn finish_replay<T: Serialize, E: From<Error>>(
-        self,
-        result: Result<T, E>,
-    ) -> Result<Outcome<T>, E> {
-        let end = self.held.finish(result, |v| record::encode(v).map(Some));
-        end.await.map_err(Failed::into_handler_error)
-    }
-
+    finish_replay;
     /// Gives up: rolls the transaction back, the marker and the body's statements with it.
-    pub async fn release(self) {
-        self.held.release().await;
-    }
+    release;
 }

@@ -333,6 +333,68 @@ impl<DB: Backend> Hold for TxHold<'_, DB> {
 /// A fresh claim in a transaction, held: the transaction (or savepoint) and the ticket. What
 /// [`Guard`](crate::Guard) and [`JoinedGuard`](crate::JoinedGuard) wrap, and what the
 /// attribute's expansion holds either as.
+/// The calls of a public guard of one fresh claim (`Guard`, `JoinedGuard`, `GroupGuard`), each
+/// handed to the claim its field `held` holds. The guard gives each call's documentation, in
+/// this order: what the transaction is and when it commits differ from guard to guard.
+macro_rules! held_calls {
+    (
+        $guard:ident<$($lt:lifetime,)? DB>, $tx:lifetime;
+        $(#[$tx_doc:meta])* tx;
+        $(#[$outbox_doc:meta])* outbox;
+        $(#[$span_doc:meta])* span;
+        $(#[$body_doc:meta])* body;
+        $(#[$finish_doc:meta])* finish;
+        $(#[$replay_doc:meta])* finish_replay;
+        $(#[$release_doc:meta])* release;
+    ) => {
+        impl<$($lt,)? DB: $crate::backend::Backend> $guard<$($lt,)? DB> {
+            $(#[$tx_doc])*
+            pub fn tx(&mut self) -> &mut ::sqlx::Transaction<$tx, DB> {
+                self.held.tx()
+            }
+
+            $(#[$outbox_doc])*
+            pub fn outbox(&mut self) -> &mut $crate::outgoing::Outbox {
+                self.held.outbox()
+            }
+
+            $(#[$span_doc])*
+            pub fn span(&self) -> &::tracing::Span {
+                self.held.span()
+            }
+
+            $(#[$body_doc])*
+            pub fn body(&self) -> $crate::claim::nested::Body {
+                self.held.body()
+            }
+
+            $(#[$finish_doc])*
+            pub async fn finish<T, E: From<$crate::error::Error>>(
+                self,
+                result: Result<T, E>,
+            ) -> Result<$crate::outcome::Outcome<T>, E> {
+                let end = self.held.finish(result, |_| Ok(None)).await;
+                end.map_err($crate::outcome::Failed::into_handler_error)
+            }
+
+            $(#[$replay_doc])*
+            pub async fn finish_replay<T: ::serde::Serialize, E: From<$crate::error::Error>>(
+                self,
+                result: Result<T, E>,
+            ) -> Result<$crate::outcome::Outcome<T>, E> {
+                let end = self.held.finish(result, |v| $crate::record::encode(v).map(Some));
+                end.await.map_err($crate::outcome::Failed::into_handler_error)
+            }
+
+            $(#[$release_doc])*
+            pub async fn release(self) {
+                self.held.release().await;
+            }
+        }
+    };
+}
+pub(crate) use held_calls;
+
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct TxHeld<'c, DB: Backend> {

@@ -23,6 +23,7 @@ use std::hash::{BuildHasher as _, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use held::TxHeld;
+pub(crate) use held::held_calls;
 pub(crate) use held::{Hold, Kept, Ticket, end, finish, finish_failed};
 
 use crate::backend::{Claimant, Found, Status};

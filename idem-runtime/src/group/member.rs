@@ -340,4 +340,10 @@ impl<DB: Backend> GroupHeld<DB> {
         let GroupHeld { hold, ticket } = self;
         finish(hold, ticket, None, result.map_err(Failed::Handler), encode).await
     }
+
+    /// Gives up: rolls back to the call's savepoint; the group goes on.
+    pub(crate) async fn release(self) {
+        let result: Result<(), ()> = Err(());
+        drop(self.finish(result, |_| Ok(None)).await);
+    }
 }

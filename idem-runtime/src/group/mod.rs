@@ -15,18 +15,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use serde::Serialize;
-use sqlx::Transaction;
-
 use crate::backend::Backend;
-use crate::claim::nested::Body;
-use crate::claim::{Claimed, Request};
+use crate::claim::{Claimed, Request, held_calls};
 use crate::error::{Error, Refusal};
 use crate::key::Key;
 use crate::options::ClaimOptions;
-use crate::outcome::{Failed, Outcome};
-use crate::outgoing::Outbox;
-use crate::record;
 use crate::scope::check_scope;
 use crate::store::Store;
 
@@ -150,9 +143,10 @@ impl GroupOptions {
 /// [`claim`](Group::claim) and end with [`GroupGuard::finish`]. Records of a Kafka partition
 /// are claimed by their offsets with [`claim_offsets`](Group::claim_offsets).
 ///
-/// What each call gets is what a call of its own would: [`Outcome::Applied`] only once the
-/// group's commit is confirmed (the verified commit of every mode), its own outcome
-/// (`Duplicate`, `Replayed`, its own error), and a body error rolls back its savepoint only.
+/// What each call gets is what a call of its own would:
+/// [`Outcome::Applied`](crate::Outcome::Applied) only once the group's commit is confirmed (the
+/// verified commit of every mode), its own outcome (`Duplicate`, `Replayed`, its own error),
+/// and a body error rolls back its savepoint only.
 /// What differs:
 ///
 /// - **A group that fails as a whole** (its connection is lost, the database rolls its
@@ -298,51 +292,26 @@ pub struct GroupGuard<DB: Backend> {
     held: GroupHeld<DB>,
 }
 
-impl<DB: Backend> GroupGuard<DB> {
+held_calls! {
+    GroupGuard<DB>, 'static;
     /// The transaction the body must run its effect on (the group's, inside this call's
     /// savepoint).
-    pub fn tx(&mut self) -> &mut Transaction<'static, DB> {
-        self.held.tx()
-    }
-
+    tx;
     /// The outbox of this call's job: its messages are written with the marker when the
     /// guard finishes with `Ok`, and commit with the group.
-    pub fn outbox(&mut self) -> &mut Outbox {
-        self.held.outbox()
-    }
-
+    outbox;
     /// The call's `idem.claim` span.
-    pub fn span(&self) -> &tracing::Span {
-        self.held.span()
-    }
-
+    span;
     /// The claim's body, to run in its span and marked as inside the group's transaction
     /// (see [`Guard::body`](crate::Guard::body)).
-    pub fn body(&self) -> Body {
-        self.held.body()
-    }
-
+    body;
     /// Ends the call: on `Ok` releases its savepoint and answers once the group's commit is
-    /// confirmed ([`Outcome::Applied`]) or failed ([`Error::GroupFailed`]); on `Err` rolls
-    /// back to the savepoint and answers at once.
-    pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Outcome<T>, E> {
-        let end = self.held.finish(result, |_| Ok(None)).await;
-        end.map_err(Failed::into_handler_error)
-    }
-
+    /// confirmed ([`Outcome::Applied`](crate::Outcome::Applied)) or failed
+    /// ([`Error::GroupFailed`]); on `Err` rolls back to the savepoint and answers at once.
+    finish;
     /// [`finish`](GroupGuard::finish) that also stores the `Ok` value with the marker
     /// (`replay`).
-    pub async fn finish_replay<T: Serialize, E: From<Error>>(
-        self,
-        result: Result<T, E>,
-    ) -> Result<Outcome<T>, E> {
-        let end = self.held.finish(result, |v| record::encode(v).map(Some));
-        end.await.map_err(Failed::into_handler_error)
-    }
-
+    finish_replay;
     /// Gives up: rolls back to the call's savepoint; the group goes on.
-    pub async fn release(self) {
-        let result: Result<(), ()> = Err(());
-        drop(self.held.finish(result, |_| Ok(None)).await);
-    }
+    release;
 }
