@@ -70,24 +70,23 @@ pub(crate) trait Hold: Send + Sized {
     /// Writes what is kept with the marker before it is kept: the value for `replay` and the
     /// outbox's messages, in the claim's transaction (a lease writes both as it completes).
     /// Called only when there is one of them to write.
-    fn write(
-        &mut self,
-        request: &Request,
-        value: Option<&str>,
-        outbox: Option<&Unsent>,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
+    fn write(&mut self, ending: Ending<'_>) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Keeps the work: commits (verified), releases the savepoint, or completes the lease if
     /// its token still matches.
-    fn commit(
-        self,
-        request: &Request,
-        value: Option<&str>,
-        outbox: Option<&Unsent>,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
+    fn commit(self, ending: Ending<'_>) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Keeps nothing: rolls back, or releases the lease for the next delivery.
     fn release(self, request: &Request) -> impl Future<Output = ()> + Send;
+}
+
+/// What a fresh claim whose body succeeded ends with: its request, the value to store with
+/// the marker (`replay`, as JSON) and the outbox's messages.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ending<'a> {
+    pub(crate) request: &'a Request,
+    pub(crate) value: Option<&'a str>,
+    pub(crate) outbox: Option<&'a Unsent>,
 }
 
 /// Ends a fresh claim with the body's `result`, in every mode: on `Ok`, stores what `encode`
@@ -154,9 +153,14 @@ pub(crate) async fn end<H: Hold, T, E>(
             ))));
         }
     };
+    let ending = Ending {
+        request,
+        value: json.as_deref(),
+        outbox,
+    };
     // Nothing to write is every plain job's end: no write's future to build and poll.
     if (json.is_some() || outbox.is_some())
-        && let Err(e) = hold.write(request, json.as_deref(), outbox).await
+        && let Err(e) = hold.write(ending).await
     {
         hold.release(request).await;
         return Err(Failed::Idem(e));
@@ -166,9 +170,7 @@ pub(crate) async fn end<H: Hold, T, E>(
         hold.release(request).await;
         return Err(Failed::Idem(e));
     }
-    hold.commit(request, json.as_deref(), outbox)
-        .await
-        .map_err(Failed::Idem)?;
+    hold.commit(ending).await.map_err(Failed::Idem)?;
     match not_stored {
         None => Ok(Outcome::Applied(value)),
         Some(reason) => Err(Failed::Idem(Error::ValueNotStored {
@@ -224,22 +226,51 @@ impl Kept {
     }
 }
 
-impl<DB: Backend> TxHold<'_, DB> {
-    /// What a statement of ours that failed means: the body swallowed an error that aborted
-    /// the transaction (PostgreSQL), which is a rollback, not a database failure.
-    fn failed(&self, e: sqlx::Error, request: &Request) -> Error {
-        if DB::is_aborted(&e) {
-            return rolled_back(request);
-        }
-        e.into()
+/// What a statement of ours that failed means: the body swallowed an error that aborted the
+/// transaction or savepoint (PostgreSQL), which is a rollback, not a database failure.
+fn failed<DB: Backend>(e: sqlx::Error, request: &Request) -> Error {
+    if DB::is_aborted(&e) {
+        return rolled_back(request);
     }
+    e.into()
 }
 
-fn rolled_back(request: &Request) -> Error {
+pub(crate) fn rolled_back(request: &Request) -> Error {
     Error::RolledBack {
         scope: request.scope.to_string(),
         key: request.key.as_str().to_owned(),
     }
+}
+
+/// What a fresh claim's transaction (or savepoint) writes as it ends well, before its commit:
+/// the value to replay, and the messages, fenced by what the claim keeps. `true` if it wrote
+/// a message, which the commit then announces to the store's relays.
+pub(crate) async fn write_ending<DB: Backend>(
+    conn: &mut DB::Connection,
+    sql: &Sql<DB>,
+    kept: &Kept,
+    ending: Ending<'_>,
+) -> Result<bool, Error> {
+    let Ending {
+        request,
+        value,
+        outbox,
+    } = ending;
+    let (scope, key) = (&request.scope, request.key.as_str());
+    if let Some(json) = value {
+        let recorded = sql.record(conn, scope, key, json).await;
+        recorded.map_err(|e| failed::<DB>(e, request))?;
+    }
+    let Some(outbox) = outbox else {
+        return Ok(false);
+    };
+    let fence = match kept.partition() {
+        None => Fence::Marker(request.nonce),
+        Some(at) => Fence::Watermark(at, request.nonce),
+    };
+    let written = DB::outbox_write(conn, sql, outbox, fence).await;
+    written.map_err(|e| failed::<DB>(e, request))?;
+    Ok(!outbox.is_empty())
 }
 
 impl<DB: Backend> Hold for TxHold<'_, DB> {
@@ -252,55 +283,26 @@ impl<DB: Backend> Hold for TxHold<'_, DB> {
         }
     }
 
-    async fn write(
-        &mut self,
-        request: &Request,
-        value: Option<&str>,
-        outbox: Option<&Unsent>,
-    ) -> Result<(), Error> {
-        let (scope, key) = (&request.scope, request.key.as_str());
-        if let Some(json) = value {
-            let recorded = self.sql.record(&mut self.tx, scope, key, json).await;
-            recorded.map_err(|e| self.failed(e, request))?;
-        }
-        if let Some(outbox) = outbox {
-            let (tx, sql, nonce) = (&mut self.tx, &self.sql, request.nonce);
-            let written = match self.kept.partition() {
-                None => DB::outbox_write(tx, sql, outbox, Fence::Marker(nonce)).await,
-                Some(at) => DB::outbox_write(tx, sql, outbox, Fence::Watermark(at, nonce)).await,
-            };
-            written.map_err(|e| self.failed(e, request))?;
-            self.wrote |= !outbox.is_empty();
-        }
+    async fn write(&mut self, ending: Ending<'_>) -> Result<(), Error> {
+        let (tx, sql, kept) = (&mut self.tx, &self.sql, &self.kept);
+        self.wrote |= write_ending::<DB>(tx, sql, kept, ending).await?;
         Ok(())
     }
 
-    async fn commit(
-        self,
-        request: &Request,
-        _: Option<&str>,
-        _: Option<&Unsent>,
-    ) -> Result<(), Error> {
+    async fn commit(self, ending: Ending<'_>) -> Result<(), Error> {
+        let request = ending.request;
         if self.joined {
             // The caller's commit is not ours to see: the messages are announced in the
             // caller's transaction, where the database can (PostgreSQL's `NOTIFY`).
             let mut tx = self.tx;
             if self.wrote {
-                self.sql
-                    .outbox_announce(&mut tx)
-                    .await
-                    .map_err(|e| match DB::is_aborted(&e) {
-                        true => rolled_back(request),
-                        false => e.into(),
-                    })?;
+                let announced = self.sql.outbox_announce(&mut tx).await;
+                announced.map_err(|e| failed::<DB>(e, request))?;
             }
             // `RELEASE SAVEPOINT`: applied in the caller's transaction, which is theirs to
             // commit. A failed release (the body swallowed an error that aborted the
             // transaction) drops the savepoint, whose drop rolls back to it.
-            return tx.commit().await.map_err(|e| match DB::is_aborted(&e) {
-                true => rolled_back(request),
-                false => e.into(),
-            });
+            return tx.commit().await.map_err(|e| failed::<DB>(e, request));
         }
         let table = &self.sql.table;
         let check = match self.kept.partition() {
@@ -421,23 +423,10 @@ impl<'c, DB: Backend> TxHeld<'c, DB> {
         }
     }
 
-    /// A fresh offset claim: what it keeps is the watermark it moved, not a marker.
-    pub(crate) fn offsets(
-        tx: Transaction<'c, DB>,
-        sql: Arc<Sql<DB>>,
-        kept: Kept,
-        ticket: Ticket,
-    ) -> Self {
-        TxHeld {
-            hold: TxHold {
-                tx,
-                sql,
-                joined: false,
-                kept,
-                wrote: false,
-            },
-            ticket,
-        }
+    /// What the claim keeps, when not a marker: a fresh offset claim's watermark it moved.
+    pub(crate) fn keeping(mut self, kept: Kept) -> Self {
+        self.hold.kept = kept;
+        self
     }
 
     /// The transaction (or savepoint) the body runs on.

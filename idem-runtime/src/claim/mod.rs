@@ -24,7 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use held::TxHeld;
 pub(crate) use held::held_calls;
-pub(crate) use held::{Hold, Kept, Ticket, end, finish, finish_failed};
+pub(crate) use held::{
+    Ending, Hold, Kept, Ticket, end, finish, finish_failed, rolled_back, write_ending,
+};
 
 use crate::backend::{Claimant, Found, Status};
 use crate::error::Error;

@@ -8,15 +8,17 @@ use std::sync::Arc;
 use sqlx::Transaction;
 
 use super::lane::{Ended, Lane, Left, Shared, Turn, Waiter, ended};
-use crate::backend::{Backend, Fence, Savepoint};
+use crate::backend::{Backend, Savepoint};
 use crate::claim::nested::Body;
 use crate::claim::run::{Attempt, Attempts, conclude, retrying, shared_attempt, start};
-use crate::claim::{Claimed, Hold, Kept, Request, Ticket, finish};
+use crate::claim::{
+    Claimed, Ending, Hold, Kept, Request, Ticket, finish, rolled_back, write_ending,
+};
 use crate::error::Error;
 use crate::observe;
 use crate::options::Mode;
 use crate::outcome::{Failed, Outcome};
-use crate::outgoing::{Outbox, Unsent};
+use crate::outgoing::Outbox;
 use crate::record::NotStorable;
 
 /// The claim of one call in its lane: a turn, a savepoint, the claim. A fresh claim keeps the
@@ -130,13 +132,6 @@ pub(super) fn group_failed(request: &Request, may_be_kept: bool, reason: &str) -
     }
 }
 
-fn rolled_back(request: &Request) -> Error {
-    Error::RolledBack {
-        scope: request.scope.to_string(),
-        key: request.key.as_str().to_owned(),
-    }
-}
-
 /// A fresh claim in a group: the lane's turn, which the call keeps while its body runs, and
 /// what the claim wrote that the group's commit can look for.
 #[derive(Debug)]
@@ -156,13 +151,19 @@ impl<DB: Backend> GroupHold<DB> {
         turn.tx().expect("the generation stays open during a turn")
     }
 
-    /// What a statement of ours that failed means: the body swallowed an error that aborted
-    /// its savepoint (PostgreSQL), which is a rollback, not a database failure.
-    fn failed(e: sqlx::Error, request: &Request) -> Error {
-        if DB::is_aborted(&e) {
-            return rolled_back(request);
+    /// Rolls back to the call's savepoint and gives the turn back; a savepoint that cannot be
+    /// rolled back fails the generation.
+    async fn roll_back(&mut self) {
+        let back = DB::savepoint(self.tx(), Savepoint::RollBack).await;
+        let mut turn = self.turn.take().expect("held until the end");
+        turn.disarm();
+        match back {
+            Ok(()) => turn.leave(&self.shared, false),
+            Err(e) => {
+                let reason = format!("a call's savepoint could not be rolled back: {e}");
+                turn.fail(false, &reason);
+            }
         }
-        e.into()
     }
 }
 
@@ -173,39 +174,15 @@ impl<DB: Backend> Hold for GroupHold<DB> {
         "group savepoint release"
     }
 
-    async fn write(
-        &mut self,
-        request: &Request,
-        value: Option<&str>,
-        outbox: Option<&Unsent>,
-    ) -> Result<(), Error> {
-        let (scope, key) = (&request.scope, request.key.as_str());
-        let shared = self.shared.clone();
-        let sql = shared.store.sql();
-        if let Some(json) = value {
-            let recorded = sql.record(self.tx(), scope, key, json).await;
-            recorded.map_err(|e| Self::failed(e, request))?;
-        }
-        if let Some(outbox) = outbox {
-            let (kept, nonce) = (self.kept.clone(), request.nonce);
-            let written = match kept.partition() {
-                None => DB::outbox_write(self.tx(), sql, outbox, Fence::Marker(nonce)).await,
-                Some(at) => {
-                    DB::outbox_write(self.tx(), sql, outbox, Fence::Watermark(at, nonce)).await
-                }
-            };
-            written.map_err(|e| Self::failed(e, request))?;
-            self.wrote |= !outbox.is_empty();
-        }
+    async fn write(&mut self, ending: Ending<'_>) -> Result<(), Error> {
+        let (shared, kept) = (self.shared.clone(), self.kept.clone());
+        let tx = self.tx();
+        self.wrote |= write_ending::<DB>(tx, shared.store.sql(), &kept, ending).await?;
         Ok(())
     }
 
-    async fn commit(
-        mut self,
-        request: &Request,
-        _: Option<&str>,
-        _: Option<&Unsent>,
-    ) -> Result<(), Error> {
+    async fn commit(mut self, ending: Ending<'_>) -> Result<(), Error> {
+        let request = ending.request;
         let step = self
             .turn
             .as_ref()
@@ -218,16 +195,7 @@ impl<DB: Backend> Hold for GroupHold<DB> {
         if let Err(e) = released {
             // The body's statements failed under it although it returned `Ok` (PostgreSQL
             // aborted its savepoint), or the transaction is gone.
-            let back = DB::savepoint(self.tx(), Savepoint::RollBack).await;
-            let mut turn = self.turn.take().expect("held until the end");
-            turn.disarm();
-            match back {
-                Ok(()) => turn.leave(&self.shared, false),
-                Err(lost) => {
-                    let reason = format!("a call's savepoint could not be rolled back: {lost}");
-                    turn.fail(false, &reason);
-                }
-            }
+            self.roll_back().await;
             return Err(match e.as_database_error() {
                 Some(_) => rolled_back(request),
                 None => e.into(),
@@ -255,16 +223,7 @@ impl<DB: Backend> Hold for GroupHold<DB> {
     }
 
     async fn release(mut self, _: &Request) {
-        let back = DB::savepoint(self.tx(), Savepoint::RollBack).await;
-        let mut turn = self.turn.take().expect("held until the end");
-        turn.disarm();
-        match back {
-            Ok(()) => turn.leave(&self.shared, false),
-            Err(e) => {
-                let reason = format!("a call's savepoint could not be rolled back: {e}");
-                turn.fail(false, &reason);
-            }
-        }
+        self.roll_back().await;
     }
 }
 

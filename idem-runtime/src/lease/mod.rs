@@ -27,7 +27,7 @@ pub(crate) use clock::Clock;
 pub use steps::{MAX_STEP_NAME, Step, Verified};
 
 use crate::backend::Holder;
-use crate::claim::{Hold, Request, Ticket, finish, finish_failed};
+use crate::claim::{Ending, Hold, Request, Ticket, finish, finish_failed};
 use crate::error::Error;
 use crate::key::Key;
 use crate::options::LeaseOptions;
@@ -346,22 +346,17 @@ impl Hold for Ends {
         "completing statement"
     }
 
-    async fn write(
-        &mut self,
-        _: &Request,
-        _: Option<&str>,
-        _: Option<&Unsent>,
-    ) -> Result<(), Error> {
+    async fn write(&mut self, _: Ending<'_>) -> Result<(), Error> {
         // The value and the messages go with the completing statement.
         Ok(())
     }
 
-    async fn commit(
-        self,
-        request: &Request,
-        value: Option<&str>,
-        outbox: Option<&Unsent>,
-    ) -> Result<(), Error> {
+    async fn commit(self, ending: Ending<'_>) -> Result<(), Error> {
+        let Ending {
+            request,
+            value,
+            outbox,
+        } = ending;
         let holder = self.holder(request);
         let kept = match &self.failing {
             Some(error) => self.store.fail(holder, error).await,

@@ -305,7 +305,7 @@ async fn claim<DB: Backend>(
             let sql = store.shared_sql().clone();
             let held = conclude(observed, request, other, |(tx, from), ticket| {
                 let kept = kept(group, spans, &from);
-                (from, TxHeld::offsets(tx, sql, kept, ticket))
+                (from, TxHeld::new(tx, sql, false, ticket).keeping(kept))
             })?;
             match held {
                 Claimed::Fresh((from, held)) => Ok((from, Some(held))),
