@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::GroupOptions;
 use crate::backend::{Backend, Check, Claimant, Partition, Savepoint};
+use crate::claim::run::Attempt;
 use crate::claim::{Kept, Request};
 use crate::options::ClaimOptions;
 use crate::store::Store;
@@ -327,6 +328,43 @@ impl<DB: Backend> Turn<DB> {
 
     pub(crate) fn fail(&mut self, may_be_kept: bool, reason: &str) {
         self.guard.fail(may_be_kept, reason);
+    }
+
+    /// Readies a claim's attempt in this turn (a new generation if the last one failed under
+    /// it): the transaction, and the statement that opens the armed savepoint.
+    pub(crate) async fn ready_attempt(
+        &mut self,
+        wait: Option<Duration>,
+    ) -> Result<(&mut Transaction<'static, DB>, Option<Savepoint>), sqlx::Error> {
+        if self.tx().is_none() {
+            self.again().await?;
+        }
+        let opening = self.arm(wait);
+        let tx = self.tx().expect("readied above");
+        Ok((tx, opening))
+    }
+
+    /// An attempt's answer: a fresh claim's savepoint stays armed, any other answer settled
+    /// it, and an attempt that lost the transaction (`during` says in what) fails the
+    /// generation.
+    pub(crate) fn attempted<F>(
+        &mut self,
+        answer: Result<Result<Attempt<F>, sqlx::Error>, sqlx::Error>,
+        during: &str,
+    ) -> Result<Attempt<F>, sqlx::Error> {
+        match answer {
+            Ok(Ok(Attempt::Fresh(fresh, took_over))) => Ok(Attempt::Fresh(fresh, took_over)),
+            Ok(answer) => {
+                self.disarm();
+                answer
+            }
+            Err(e) => {
+                self.disarm();
+                let reason = format!("its transaction was lost during {during}: {e}");
+                self.fail(false, &reason);
+                Err(e)
+            }
+        }
     }
 
     /// The end of this generation, if `request`'s key was claimed fresh in it.

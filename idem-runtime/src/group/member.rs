@@ -3,6 +3,7 @@
 //! Built on the claim core's pieces (the start, the bounded retry, the decision, the one
 //! finish), as every mode is.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use sqlx::Transaction;
@@ -15,7 +16,7 @@ use crate::claim::{
     Claimed, Ending, Hold, Kept, Request, Ticket, finish, rolled_back, write_ending,
 };
 use crate::error::Error;
-use crate::observe;
+use crate::observe::{self, Observed};
 use crate::options::Mode;
 use crate::outcome::{Failed, Outcome};
 use crate::outgoing::Outbox;
@@ -31,18 +32,11 @@ pub(crate) async fn claim<DB: Backend>(
     request: Request,
 ) -> Result<Claimed<GroupHeld<DB>>, Error> {
     let mut observed = start(&request, Mode::Group, true)?;
-    let span = observed.span().clone();
-    let claimed = async {
-        let mut turn = lane.turn(shared).await.map_err(Error::from)?;
-        let mut attempts = InGroup {
-            turn: &mut turn,
-            shared,
-            request: &request,
-        };
-        let answer = retrying::<DB, _>(&mut observed, &request, true, &mut attempts).await?;
-        Ok::<_, Error>((answer, turn))
+    let attempts = InGroup {
+        shared,
+        request: &request,
     };
-    let answer = match observe::in_span(span, claimed).await {
+    let answer = match in_turn(shared, lane, &mut observed, &request, attempts).await {
         Ok((Attempt::Fresh((), took_over), turn)) => Ok(Attempt::Fresh(turn, took_over)),
         Ok((other, turn)) => {
             let waiter = turn.holder_of(&request);
@@ -61,35 +55,66 @@ pub(crate) async fn claim<DB: Backend>(
 /// transaction (rolling back to its savepoint failed) fails the generation, and the next
 /// attempt begins a new one.
 struct InGroup<'a, DB: Backend> {
-    turn: &'a mut Turn<DB>,
     shared: &'a Arc<Shared<DB>>,
     request: &'a Request,
 }
 
-impl<DB: Backend> Attempts for InGroup<'_, DB> {
+impl<DB: Backend> InTurn<DB> for InGroup<'_, DB> {
     type Fresh = ();
 
-    async fn attempt(&mut self) -> Result<Attempt<()>, sqlx::Error> {
-        if self.turn.tx().is_none() {
-            self.turn.again().await?;
-        }
+    async fn attempt(&mut self, turn: &mut Turn<DB>) -> Result<Attempt<()>, sqlx::Error> {
         let sql = self.shared.store.sql();
-        let opening = self.turn.arm(self.request.options.wait);
-        let tx = self.turn.tx().expect("readied above");
-        match shared_attempt::<DB>(tx, sql, self.request, opening).await {
-            Ok(Ok(Attempt::Fresh((), took_over))) => Ok(Attempt::Fresh((), took_over)),
-            Ok(answer) => {
-                self.turn.disarm();
-                answer
-            }
-            Err(e) => {
-                self.turn.disarm();
-                let reason = format!("its transaction was lost during a claim: {e}");
-                self.turn.fail(false, &reason);
-                Err(e)
-            }
-        }
+        let (tx, opening) = turn.ready_attempt(self.request.options.wait).await?;
+        let answer = shared_attempt::<DB>(tx, sql, self.request, opening).await;
+        turn.attempted(answer, "a claim")
     }
+}
+
+/// A claim's attempts in a turn of its lane (see [`in_turn`]): like [`Attempts`], each on the
+/// turn's transaction.
+pub(crate) trait InTurn<DB: Backend>: Send {
+    type Fresh: Send;
+
+    fn attempt(
+        &mut self,
+        turn: &mut Turn<DB>,
+    ) -> impl Future<Output = Result<Attempt<Self::Fresh>, sqlx::Error>> + Send;
+}
+
+/// Attempts in a turn, with the turn they are made in.
+struct Turned<'t, DB: Backend, A> {
+    turn: &'t mut Turn<DB>,
+    attempts: A,
+}
+
+impl<DB: Backend, A: InTurn<DB>> Attempts for Turned<'_, DB, A> {
+    type Fresh = A::Fresh;
+
+    fn attempt(&mut self) -> impl Future<Output = Result<Attempt<A::Fresh>, sqlx::Error>> + Send {
+        self.attempts.attempt(self.turn)
+    }
+}
+
+/// Takes a turn in `lane` and makes a claim's attempts in it, in the claim's span: the answer,
+/// and the turn, which a fresh claim keeps.
+pub(crate) async fn in_turn<DB: Backend, A: InTurn<DB>>(
+    shared: &Arc<Shared<DB>>,
+    lane: &Lane<DB>,
+    observed: &mut Observed,
+    request: &Request,
+    attempts: A,
+) -> Result<(Attempt<A::Fresh>, Turn<DB>), Error> {
+    let span = observed.span().clone();
+    let claimed = async {
+        let mut turn = lane.turn(shared).await.map_err(Error::from)?;
+        let mut turned = Turned {
+            turn: &mut turn,
+            attempts,
+        };
+        let answer = retrying::<DB, _>(observed, request, true, &mut turned).await?;
+        Ok((answer, turn))
+    };
+    observe::in_span(span, claimed).await
 }
 
 /// A member's claim that did not take its key (or records): its answer once the group that

@@ -10,13 +10,13 @@ use super::claim::{From, Span, move_one};
 use super::{OffsetGuard, RecordOffset, check_name, kept, spans};
 use crate::backend::{Backend, Savepoint, Sql};
 use crate::claim::nested;
-use crate::claim::run::{Attempt, Attempts, conclude, retrying};
+use crate::claim::run::{Attempt, conclude};
 use crate::claim::{Claimed, Request};
 use crate::error::Error;
 use crate::group::Group;
 use crate::group::lane::{Lane, Shared, Turn};
-use crate::group::member::{GroupHeld, not_fresh};
-use crate::observe::{self, Answer, Observed};
+use crate::group::member::{GroupHeld, InTurn, in_turn, not_fresh};
+use crate::observe::{Answer, Observed};
 use crate::options::{ClaimOptions, Mode};
 use crate::outcome::Batch;
 
@@ -88,20 +88,13 @@ async fn claim<DB: Backend>(
         observed.refused(&e);
         return Err(e);
     }
-    let span = observed.span().clone();
-    let claimed = async {
-        let mut turn = lane.turn(shared).await.map_err(Error::from)?;
-        let mut attempts = InGroup {
-            turn: &mut turn,
-            shared,
-            request: &request,
-            group: &group,
-            spans,
-        };
-        let answer = retrying::<DB, _>(&mut observed, &request, true, &mut attempts).await?;
-        Ok::<_, Error>((answer, turn))
+    let attempts = InGroup {
+        shared,
+        request: &request,
+        group: &group,
+        spans,
     };
-    let answer = match observe::in_span(span, claimed).await {
+    let answer = match in_turn(shared, lane, &mut observed, &request, attempts).await {
         Ok((Attempt::Fresh(from, took_over), turn)) => Ok(Attempt::Fresh((turn, from), took_over)),
         Ok((other, turn)) => {
             let partitions = spans.iter().map(|s| (s.topic.as_str(), s.partition));
@@ -138,37 +131,21 @@ async fn claim<DB: Backend>(
 /// the transaction (rolling back to its savepoint failed) fails the generation, and the next
 /// attempt begins a new one.
 struct InGroup<'a, DB: Backend> {
-    turn: &'a mut Turn<DB>,
     shared: &'a Arc<Shared<DB>>,
     request: &'a Request,
     group: &'a str,
     spans: &'a [Span],
 }
 
-impl<DB: Backend> Attempts for InGroup<'_, DB> {
+impl<DB: Backend> InTurn<DB> for InGroup<'_, DB> {
     type Fresh = From;
 
-    async fn attempt(&mut self) -> Result<Attempt<From>, sqlx::Error> {
-        if self.turn.tx().is_none() {
-            self.turn.again().await?;
-        }
+    async fn attempt(&mut self, turn: &mut Turn<DB>) -> Result<Attempt<From>, sqlx::Error> {
         let sql = self.shared.store.sql();
-        let opening = self.turn.arm(self.request.options.wait);
-        let tx = self.turn.tx().expect("readied above");
+        let (tx, opening) = turn.ready_attempt(self.request.options.wait).await?;
         let attempt = in_savepoint::<DB>(tx, sql, self.request, opening, self.group, self.spans);
-        match attempt.await {
-            Ok(Ok(Attempt::Fresh(from, took_over))) => Ok(Attempt::Fresh(from, took_over)),
-            Ok(answer) => {
-                self.turn.disarm();
-                answer
-            }
-            Err(e) => {
-                self.turn.disarm();
-                let reason = format!("its transaction was lost during an offset claim: {e}");
-                self.turn.fail(false, &reason);
-                Err(e)
-            }
-        }
+        let answer = attempt.await;
+        turn.attempted(answer, "an offset claim")
     }
 }
 
