@@ -37,6 +37,17 @@ pub(crate) fn start(request: &Request, mode: Mode, nested_check: bool) -> Result
         Some(request.key.as_str()),
         request.about,
     );
+    begun(observed, request, mode, nested_check)
+}
+
+/// A claim's observation, begun: linked to the job's producer, told to the test kit, and a
+/// claim inside another claim's body refused (and observed so) when `nested_check`.
+pub(crate) fn begun(
+    observed: Observed,
+    request: &Request,
+    mode: Mode,
+    nested_check: bool,
+) -> Result<Observed, Error> {
     if let Some(producer) = &request.options.link {
         trace_context::link(observed.span(), std::slice::from_ref(producer));
     }
@@ -56,6 +67,21 @@ pub(crate) trait Attempts {
 
     fn attempt(&mut self)
     -> impl Future<Output = Result<Attempt<Self::Fresh>, sqlx::Error>> + Send;
+}
+
+/// [`retrying`] in the claim's span.
+pub(crate) async fn retrying_in_span<DB: Backend, A: Attempts>(
+    observed: &mut Observed,
+    request: &Request,
+    retries: bool,
+    attempts: &mut A,
+) -> Result<Attempt<A::Fresh>, Error> {
+    let span = observed.span().clone();
+    observe::in_span(
+        span,
+        retrying::<DB, A>(observed, request, retries, attempts),
+    )
+    .await
 }
 
 /// Runs `attempts` until one answers, again after a lost race (a serialization failure, a
@@ -221,16 +247,11 @@ pub(crate) async fn own<DB: Backend>(
     request: Request,
 ) -> Result<Claimed<TxHeld<'static, DB>>, Error> {
     let mut observed = start(&request, Mode::Transaction, true)?;
-    let span = observed.span().clone();
     let mut attempts = Own {
         store,
         request: &request,
     };
-    let answer = observe::in_span(
-        span,
-        retrying::<DB, _>(&mut observed, &request, true, &mut attempts),
-    )
-    .await;
+    let answer = retrying_in_span::<DB, _>(&mut observed, &request, true, &mut attempts).await;
     let sql = store.shared_sql().clone();
     conclude(observed, request, answer, |tx, ticket| {
         TxHeld::new(tx, sql, false, ticket)
@@ -328,17 +349,12 @@ pub(crate) async fn joined<'a, DB: Backend>(
     request: Request,
 ) -> Result<Claimed<TxHeld<'a, DB>>, Error> {
     let mut observed = start(&request, Mode::Joined, false)?;
-    let span = observed.span().clone();
     let mut attempts = InSavepoint {
         conn: Some(conn),
         sql: store.sql(),
         request: &request,
     };
-    let answer = observe::in_span(
-        span,
-        retrying::<DB, _>(&mut observed, &request, false, &mut attempts),
-    )
-    .await;
+    let answer = retrying_in_span::<DB, _>(&mut observed, &request, false, &mut attempts).await;
     let sql = store.shared_sql().clone();
     conclude(observed, request, answer, |tx, ticket| {
         TxHeld::new(tx, sql, true, ticket)
@@ -467,27 +483,15 @@ pub(crate) async fn batch<DB: Backend>(
     keys: &[&str],
     jobs: usize,
 ) -> Result<(Keys, Vec<(String, Failure)>, Option<TxHeld<'static, DB>>), Error> {
-    let mut observed = Observed::batch(request.site, &request.scope, jobs, request.about);
-    if let Some(producer) = &request.options.link {
-        trace_context::link(observed.span(), std::slice::from_ref(producer));
-    }
-    crate::testing::probe::claiming(Mode::Batch);
-    if let Err(e) = nested::refuse_nested(&request.caller) {
-        observed.refused(&e);
-        return Err(e);
-    }
-    let span = observed.span().clone();
+    let observed = Observed::batch(request.site, &request.scope, jobs, request.about);
+    let mut observed = begun(observed, &request, Mode::Batch, true)?;
     let mut attempts = Batched {
         store,
         request: &request,
         keys,
         failed: Vec::new(),
     };
-    let answer = observe::in_span(
-        span,
-        retrying::<DB, _>(&mut observed, &request, true, &mut attempts),
-    )
-    .await;
+    let answer = retrying_in_span::<DB, _>(&mut observed, &request, true, &mut attempts).await;
     let failed = attempts.failed;
     match answer {
         Ok(Attempt::Done(_)) => {

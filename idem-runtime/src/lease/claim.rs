@@ -88,17 +88,13 @@ pub(crate) async fn claim_lease<DB: Backend>(
         request.about = Some(About::Message(messaging));
     }
     let mut observed = run::start(&request, Mode::Lease, true)?;
-    let span = observed.span().clone();
     let mut attempts = Leasing {
         store,
         request: &request,
         lease_ms: options.lease_ms(),
     };
-    let answer = crate::observe::in_span(
-        span.clone(),
-        run::retrying::<DB, _>(&mut observed, &request, true, &mut attempts),
-    )
-    .await;
+    let answer = run::retrying_in_span::<DB, _>(&mut observed, &request, true, &mut attempts).await;
+    let span = observed.span().clone();
     let store: Arc<dyn LeaseStore> = Arc::new(store.clone());
     let claimed = run::conclude(observed, request, answer, |taken, ticket| {
         let (token, attempts, sent) = taken;

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use super::claim::{From, Span, move_one};
 use super::{OffsetGuard, RecordOffset, check_name, kept, spans};
 use crate::backend::{Backend, Savepoint, Sql};
-use crate::claim::nested;
-use crate::claim::run::{Attempt, conclude};
+use crate::claim::run::{Attempt, begun, conclude};
 use crate::claim::{Claimed, Request};
 use crate::error::Error;
 use crate::group::Group;
@@ -81,13 +80,9 @@ async fn claim<DB: Backend>(
     records: usize,
 ) -> Result<(From, Option<GroupHeld<DB>>), Error> {
     let group = request.scope.to_string();
-    let mut observed =
-        Observed::counted(request.site, &group, Mode::Offsets, records, request.about);
-    crate::testing::probe::claiming(Mode::Offsets);
-    if let Err(e) = nested::refuse_nested(&request.caller) {
-        observed.refused(&e);
-        return Err(e);
-    }
+    let observed = Observed::counted(request.site, &group, Mode::Offsets, records, request.about);
+    // Offset claims link no producer: their options are the defaults.
+    let mut observed = begun(observed, &request, Mode::Offsets, true)?;
     let attempts = InGroup {
         shared,
         request: &request,

@@ -16,12 +16,11 @@ use sha2::{Digest as _, Sha256};
 
 use self::claim::{Offsets, Span};
 use crate::backend::{Backend, Partition};
-use crate::claim::nested;
-use crate::claim::run::{Attempt, conclude, retrying};
+use crate::claim::run::{Attempt, begun, conclude, retrying_in_span};
 use crate::claim::{Claimed, Kept, Request, TxHeld};
 use crate::error::{Error, Refusal};
 use crate::key::{Key, MAX_BATCH, MAX_KEY_LEN};
-use crate::observe::{self, Answer, Observed, Site};
+use crate::observe::{Answer, Observed, Site};
 use crate::options::{ClaimOptions, Mode};
 use crate::outcome::Batch;
 use crate::store::Store;
@@ -277,24 +276,16 @@ async fn claim<DB: Backend>(
     records: usize,
 ) -> Result<(claim::From, Option<TxHeld<'static, DB>>), Error> {
     let site = Site::of(group);
-    let mut observed = Observed::counted(site, group, Mode::Offsets, records, request.about);
-    crate::testing::probe::claiming(Mode::Offsets);
-    if let Err(e) = nested::refuse_nested(&request.caller) {
-        observed.refused(&e);
-        return Err(e);
-    }
-    let span = observed.span().clone();
+    let observed = Observed::counted(site, group, Mode::Offsets, records, request.about);
+    // Offset claims link no producer: their options are the defaults.
+    let mut observed = begun(observed, &request, Mode::Offsets, true)?;
     let mut attempts = Offsets {
         store,
         request: &request,
         group,
         spans,
     };
-    let answer = observe::in_span(
-        span,
-        retrying::<DB, _>(&mut observed, &request, true, &mut attempts),
-    )
-    .await;
+    let answer = retrying_in_span::<DB, _>(&mut observed, &request, true, &mut attempts).await;
     match answer {
         Ok(Attempt::Done(_)) => {
             observed.decided(Answer::Duplicate);
