@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::claim::{From, Span, move_one};
-use super::{OffsetGuard, RecordOffset, check_name, kept, spans};
+use super::{Held, OffsetGuard, RecordOffset, check_name, kept, spans};
 use crate::backend::{Backend, Savepoint, Sql};
 use crate::claim::run::{Attempt, begun, conclude};
 use crate::claim::{Claimed, Request};
@@ -65,7 +65,12 @@ impl<DB: Backend> Group<DB> {
         let lane = self.lane((consumer_group, span.topic.as_str(), span.partition));
         let claim = claim(&self.shared, lane, request, &spans, records.len());
         let (from, held) = claim.await?;
-        Ok(OffsetGuard::grouped(records, &spans, &from, held))
+        Ok(OffsetGuard::claimed(
+            records,
+            &spans,
+            &from,
+            held.map(Held::Group),
+        ))
     }
 }
 

@@ -39,7 +39,7 @@ pub struct OffsetGuard<DB: Backend> {
 
 /// What holds a fresh offset claim: a transaction of its own, or a savepoint of a group's.
 #[derive(Debug)]
-pub(super) enum Held<DB: Backend> {
+pub(crate) enum Held<DB: Backend> {
     Own(TxHeld<'static, DB>),
     Group(GroupHeld<DB>),
 }
@@ -103,9 +103,10 @@ impl<DB: Backend> Held<DB> {
 }
 
 impl<DB: Backend> OffsetGuard<DB> {
-    /// The guard of a claim whose statements answered: `from` says, for each span, where its
-    /// fresh records begin.
-    pub(super) fn claimed(
+    /// The guard of a claim whose statements answered (in a group: see
+    /// [`Group::claim_offsets`](crate::Group::claim_offsets)): `from` says, for each span,
+    /// where its fresh records begin.
+    pub(crate) fn claimed(
         records: &[RecordOffset<'_>],
         spans: &[Span],
         from: &claim::From,
@@ -140,16 +141,6 @@ impl<DB: Backend> OffsetGuard<DB> {
             fresh_keys,
             outbox: None,
         }
-    }
-
-    /// A claim in a group (see [`Group::claim_offsets`](crate::Group::claim_offsets)).
-    pub(crate) fn grouped(
-        records: &[RecordOffset<'_>],
-        spans: &[Span],
-        from: &claim::From,
-        held: Option<GroupHeld<DB>>,
-    ) -> Self {
-        OffsetGuard::claimed(records, spans, from, held.map(Held::Group))
     }
 
     pub(crate) fn done(records: usize) -> Self {

@@ -25,7 +25,7 @@ use crate::options::{ClaimOptions, Mode};
 use crate::outcome::Batch;
 use crate::store::Store;
 
-use guard::Held;
+pub(crate) use guard::Held;
 pub use guard::OffsetGuard;
 
 /// The longest consumer group name and topic name accepted, in bytes (Kafka's own limit for
