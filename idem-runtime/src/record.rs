@@ -6,8 +6,10 @@
 //! delivery gets it back as [`Outcome::Replayed`](crate::Outcome::Replayed) without running.
 //! With `fingerprint`, a digest of the job's payload is stored at the claim, and a later
 //! delivery of the same key with another payload is [`Error::KeyReused`], whatever the
-//! marker's state.
+//! marker's state. An error's text that a column keeps (a permanent failure's, a relay's last
+//! error) is cut to its bound by [`bounded`].
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::Serialize;
@@ -223,6 +225,19 @@ fn serialize_error(err: serde_json::Error) -> Error {
     ))
 }
 
+/// `text`, cut to at most `max` bytes at a character boundary, and marked with `…` where it
+/// was cut: an error's text as a column keeps it.
+pub(crate) fn bounded(text: &str, max: usize) -> Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let mut end = max - '…'.len_utf8();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end]).into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,5 +304,15 @@ mod tests {
     fn a_value_that_cannot_be_serialised_is_an_error() {
         let map: std::collections::HashMap<(i32, i32), i32> = [((1, 2), 3)].into();
         assert!(matches!(Fingerprint::of(&map), Err(Error::Serialize(_))));
+    }
+
+    #[test]
+    fn error_texts_are_cut_at_a_character_boundary() {
+        assert_eq!(bounded("short", 2000), "short");
+        let long = "é".repeat(2000);
+        let cut = bounded(&long, 2000);
+        assert!(cut.len() <= 2000, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert!(cut.trim_end_matches('…').chars().all(|c| c == 'é'));
     }
 }

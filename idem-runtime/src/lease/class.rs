@@ -5,6 +5,7 @@
 use std::fmt;
 
 use super::Lease;
+use crate::record::bounded;
 
 /// The most bytes of a permanent error's text a marker keeps; a longer text is cut at a
 /// character boundary and ends with `…`.
@@ -43,7 +44,8 @@ impl Lease {
     /// # Ok(()) }
     /// ```
     pub fn permanent<E: fmt::Display>(&self, error: E) -> E {
-        self.classify(Class::Permanent(bounded(&error.to_string())));
+        let text = bounded(&error.to_string(), MAX_ERROR_LEN).into_owned();
+        self.classify(Class::Permanent(text));
         error
     }
 
@@ -75,32 +77,5 @@ impl Lease {
 
     pub(super) fn is_unknown(&self) -> bool {
         self.class() == Class::Unknown
-    }
-}
-
-/// `text`, cut to at most [`MAX_ERROR_LEN`] bytes at a character boundary.
-pub(crate) fn bounded(text: &str) -> String {
-    if text.len() <= MAX_ERROR_LEN {
-        return text.to_owned();
-    }
-    let mut end = MAX_ERROR_LEN - '…'.len_utf8();
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn long_errors_are_cut_at_a_character_boundary() {
-        assert_eq!(bounded("declined"), "declined");
-        let long = "é".repeat(MAX_ERROR_LEN);
-        let cut = bounded(&long);
-        assert!(cut.len() <= MAX_ERROR_LEN, "{}", cut.len());
-        assert!(cut.ends_with('…'));
-        assert!(cut.starts_with("éé"));
     }
 }

@@ -25,6 +25,7 @@ pub use rabbitmq::RabbitMq;
 use crate::backend::{Backend, Taken};
 use crate::error::Error;
 use crate::outgoing::Message;
+use crate::record::bounded;
 use crate::store::{PURGE_BATCH, Store};
 
 /// A broker the relay publishes to: RabbitMQ ([`RabbitMq`], feature `outbox-rabbitmq`), NATS
@@ -296,7 +297,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                         .saturating_mul(1 << shift)
                         .min(Duration::from_secs(300));
                     let error = e.to_string();
-                    let error = bounded(&error);
+                    let error = bounded(&error, ERROR_TEXT);
                     let retry = millis(wait);
                     let failed = || st.outbox_failed(pool, id, &error, retry, park, &hold);
                     again::<DB, _, _>(failed).await?;
@@ -386,36 +387,9 @@ impl<DB: Backend> Store<DB> {
 /// The most of a publisher's error text kept in `last_error`, in bytes.
 const ERROR_TEXT: usize = 2000;
 
-/// `error`, cut to [`ERROR_TEXT`] bytes at a character boundary, marked where it was cut.
-fn bounded(error: &str) -> std::borrow::Cow<'_, str> {
-    if error.len() <= ERROR_TEXT {
-        return error.into();
-    }
-    let mut end = ERROR_TEXT - '…'.len_utf8();
-    while !error.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &error[..end]).into()
-}
-
 /// Milliseconds for a statement, capped at a century (the databases' interval arithmetic).
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis())
         .unwrap_or(i64::MAX)
         .min(100 * 366 * 24 * 3600 * 1000)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn error_texts_are_cut_at_a_character_boundary() {
-        assert_eq!(bounded("short"), "short");
-        let long = "é".repeat(ERROR_TEXT);
-        let cut = bounded(&long);
-        assert!(cut.len() <= ERROR_TEXT, "{}", cut.len());
-        assert!(cut.ends_with('…'));
-        assert!(cut.trim_end_matches('…').chars().all(|c| c == 'é'));
-    }
 }
