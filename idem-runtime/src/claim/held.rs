@@ -332,9 +332,6 @@ impl<DB: Backend> Hold for TxHold<'_, DB> {
     }
 }
 
-/// A fresh claim in a transaction, held: the transaction (or savepoint) and the ticket. What
-/// [`Guard`](crate::Guard) and [`JoinedGuard`](crate::JoinedGuard) wrap, and what the
-/// attribute's expansion holds either as.
 /// The calls of a public guard of one fresh claim (`Guard`, `JoinedGuard`, `GroupGuard`), each
 /// handed to the claim its field `held` holds. The guard gives each call's documentation, in
 /// this order: what the transaction is and when it commits differ from guard to guard.
@@ -397,6 +394,9 @@ macro_rules! held_calls {
 }
 pub(crate) use held_calls;
 
+/// A fresh claim in a transaction, held: the transaction (or savepoint) and the ticket. What
+/// [`Guard`](crate::Guard) and [`JoinedGuard`](crate::JoinedGuard) wrap, and what the
+/// attribute's expansion holds either as.
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct TxHeld<'c, DB: Backend> {
