@@ -388,23 +388,26 @@ impl IntoKey for uuid::Uuid {
     }
 }
 
+/// `IntoKey` for the tuples of one to as many elements as names are given: each arity's impl
+/// peels the first name off for the next.
 macro_rules! tuple_keys {
-    ($(($($t:ident $i:tt),+))*) => {$(
-        impl<$($t: IntoKey),+> IntoKey for ($($t,)+) {
+    () => {};
+    ($head:ident $($tail:ident)*) => {
+        impl<$head: IntoKey, $($tail: IntoKey),*> IntoKey for ($head, $($tail,)*) {
+            // The elements are bound by their types' names.
+            #[allow(non_snake_case)]
             fn write_key(&self, key: &mut KeyWriter) {
-                key.tuple(|key| { $(key.value(&self.$i);)+ });
+                let ($head, $($tail,)*) = self;
+                key.tuple(|key| {
+                    key.value($head);
+                    $(key.value($tail);)*
+                });
             }
         }
-    )*};
+        tuple_keys!($($tail)*);
+    };
 }
-tuple_keys! {
-    (A 0)
-    (A 0, B 1)
-    (A 0, B 1, C 2)
-    (A 0, B 1, C 2, D 3)
-    (A 0, B 1, C 2, D 3, E 4)
-    (A 0, B 1, C 2, D 3, E 4, F 5)
-}
+tuple_keys!(A B C D E F);
 
 #[cfg(test)]
 mod tests {

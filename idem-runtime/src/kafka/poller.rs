@@ -92,7 +92,7 @@ impl<DB: Backend> Poller<DB> {
             let full = self.buffered.len() >= BUFFER;
             if full {
                 // On every fill: a partition assigned meanwhile fetches until paused.
-                self.pause();
+                self.fetch_paused(true);
                 wait = Duration::ZERO;
             }
             match self.base.poll(wait) {
@@ -116,38 +116,28 @@ impl<DB: Backend> Poller<DB> {
             });
         }
         if self.buffered.len() < BUFFER / 2 {
-            self.resume();
+            self.fetch_paused(false);
         }
     }
 
-    /// Pauses the fetch of every assigned partition. librdkafka drops what it fetched ahead
-    /// of them and, on resume, fetches from the record after the last one polled (or from
-    /// where a seek or an assignment put the partition).
-    fn pause(&mut self) {
-        let paused = self
-            .base
-            .assignment()
-            .and_then(|assigned| self.base.pause(&assigned));
-        match paused {
-            Ok(()) => self.paused = true,
-            Err(e) => self.buffered.push_back(Err(kafka("pausing the fetch", &e))),
-        }
-    }
-
-    /// Resumes the fetch of every assigned partition, if it was paused.
-    fn resume(&mut self) {
-        if !self.paused {
+    /// Pauses (`true`) or resumes the fetch of every assigned partition. librdkafka drops
+    /// what it fetched ahead of a paused partition and, on resume, fetches from the record
+    /// after the last one polled (or from where a seek or an assignment put the partition).
+    fn fetch_paused(&mut self, pause: bool) {
+        if !pause && !self.paused {
             return;
         }
-        let resumed = self
-            .base
-            .assignment()
-            .and_then(|assigned| self.base.resume(&assigned));
-        match resumed {
-            Ok(()) => self.paused = false,
-            Err(e) => self
-                .buffered
-                .push_back(Err(kafka("resuming the fetch", &e))),
+        let done = self.base.assignment().and_then(|assigned| match pause {
+            true => self.base.pause(&assigned),
+            false => self.base.resume(&assigned),
+        });
+        match done {
+            Ok(()) => self.paused = pause,
+            Err(e) => {
+                let doing = if pause { "pausing" } else { "resuming" };
+                let e = kafka(&format!("{doing} the fetch"), &e);
+                self.buffered.push_back(Err(e));
+            }
         }
     }
 
@@ -210,7 +200,7 @@ impl<DB: Backend> Poller<DB> {
         });
         // A seek is the move of a fetching partition: a paused one fetches first (the next
         // fill pauses it again, from the sought position, if the buffer is still full).
-        self.resume();
+        self.fetch_paused(false);
         let mut tpl = TopicPartitionList::new();
         for (topic, partition, offset) in to {
             tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset))

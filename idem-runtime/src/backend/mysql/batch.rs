@@ -87,40 +87,38 @@ pub(super) async fn claim(
     c: Claimant<'_>,
     keys: &[&str],
 ) -> Result<Vec<String>, sqlx::Error> {
-    let t = sql.table.as_str();
-    let scope = hex(c.scope);
-    let nonce = c.nonce;
-    let values: Vec<String> = keys
-        .iter()
-        .map(|key| {
-            format!(
-                "({scope},{},{nonce},UTC_TIMESTAMP(6),UTC_TIMESTAMP(6))",
-                hex(key)
-            )
-        })
-        .collect();
-    let insert = format!(
-        "INSERT IGNORE INTO {t} (scope, `key`, token, created_at, completed_at) VALUES {}",
-        values.join(",")
-    );
-    mine(conn, sql, &c, &insert, &list(keys)).await
+    mine(conn, sql, c, keys, |t, scope, nonce| {
+        let values: Vec<String> = keys
+            .iter()
+            .map(|key| {
+                format!(
+                    "({scope},{},{nonce},UTC_TIMESTAMP(6),UTC_TIMESTAMP(6))",
+                    hex(key)
+                )
+            })
+            .collect();
+        format!(
+            "INSERT IGNORE INTO {t} (scope, `key`, token, created_at, completed_at) VALUES {}",
+            values.join(",")
+        )
+    })
+    .await
 }
 
-/// `write` (its lock wait bounded by the claim's `wait`), then in the same message the keys
-/// among `keys` (a list of literals) that hold the claim's nonce, which only the rows `write`
-/// made the claim's can.
+/// The statement `write` makes of the table, the scope (a literal) and the claim's nonce (its
+/// lock wait bounded by the claim's `wait`), then in the same message the keys among `keys`
+/// that hold the nonce, which only the rows it made the claim's can.
 async fn mine(
     conn: &mut Conn,
     sql: &Sql<MySql>,
-    c: &Claimant<'_>,
-    write: &str,
-    keys: &str,
+    c: Claimant<'_>,
+    keys: &[&str],
+    write: impl FnOnce(&str, &str, i64) -> String,
 ) -> Result<Vec<String>, sqlx::Error> {
+    let (t, scope, keys) = (sql.table.as_str(), hex(c.scope), list(keys));
     let message = format!(
-        "{}; SELECT `key` FROM {} WHERE scope = {} AND `key` IN ({keys}) AND token = {}",
-        bounded(write, c.wait).as_str(),
-        sql.table.as_str(),
-        hex(c.scope),
+        "{}; SELECT `key` FROM {t} WHERE scope = {scope} AND `key` IN ({keys}) AND token = {}",
+        bounded(&write(t, &scope, c.nonce), c.wait).as_str(),
         c.nonce
     );
     let rows = sqlx::raw_sql(AssertSqlSafe(message))
@@ -165,17 +163,16 @@ pub(super) async fn take_over(
     c: Claimant<'_>,
     keys: &[&str],
 ) -> Result<Vec<String>, sqlx::Error> {
-    let t = sql.table.as_str();
-    let scope = hex(c.scope);
-    let nonce = c.nonce;
-    let keys = list(keys);
-    let update = format!(
-        "UPDATE {t} SET state = 'completed', completed_at = UTC_TIMESTAMP(6), \
-         locked_until = NULL, token = {nonce}, attempts = attempts + 1, result = NULL \
-         WHERE scope = {scope} AND `key` IN ({keys}) AND state = 'in_progress' \
-         AND (locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6))"
-    );
-    mine(conn, sql, &c, &update, &keys).await
+    let list = list(keys);
+    mine(conn, sql, c, keys, |t, scope, nonce| {
+        format!(
+            "UPDATE {t} SET state = 'completed', completed_at = UTC_TIMESTAMP(6), \
+             locked_until = NULL, token = {nonce}, attempts = attempts + 1, result = NULL \
+             WHERE scope = {scope} AND `key` IN ({list}) AND state = 'in_progress' \
+             AND (locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6))"
+        )
+    })
+    .await
 }
 
 /// One message: the markers of jobs that failed alone given back, those this claim inserted
