@@ -100,7 +100,7 @@ pub async fn run(
             // The call's own timeout is what the body had left (`lease.remaining()`), so it
             // gives up by the time idem would cut the body off; either way the key was
             // released and the redelivery sends the same idempotency key.
-            Err(e @ ChargeError::Idem(idem::Error::Timeout { .. })) => {
+            Err(e @ ChargeError::Idem(idem::Error::Lease(idem::LeaseError::Timeout { .. }))) => {
                 writeln!(out, "{}: {e}", job.id)?;
                 // The API had charged before it stalled; let it answer its (gone) client.
                 api.payments.release();

@@ -306,7 +306,7 @@ async fn lease_and_timeout_from_consts() {
         tenant: "acme".into(),
     };
     let err = const_lease::handle(&store, &job, true).await.unwrap_err();
-    let idem::Error::Timeout { after, .. } = err else {
+    let idem::Error::Lease(idem::LeaseError::Timeout { after, .. }) = err else {
         panic!("{err}")
     };
     assert_eq!(after, const_lease::TIMEOUT);

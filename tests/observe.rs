@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use capture::{Fields, SpanRec, metrics, subscribe};
-use idem::{Claimed, Error, Key, LeaseOptions, Outcome, Store};
+use idem::{Claimed, Error, Key, LeaseError, LeaseOptions, NotKept, Outcome, Store};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Sqlite, Transaction};
 use tracing::Level;

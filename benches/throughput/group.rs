@@ -174,7 +174,8 @@ async fn grouped_job(group: &Grouped, job: &TopUp, end: &BodyEnd) -> Res<bool> {
             Ok(outcome) => return Ok(outcome.is_applied()),
             Err(e) => idem::Error::from(e),
         };
-        let again = matches!(e, idem::Error::GroupFailed { .. }) || e.is_transient();
+        let again =
+            matches!(e, idem::Error::NotKept(idem::NotKept::Group { .. })) || e.is_transient();
         if !again || delivery == DELIVERIES {
             return Err(e.into());
         }

@@ -108,13 +108,14 @@ impl JobError {
     pub fn kind(&self) -> &'static str {
         match self {
             JobError::Idem(idem::Error::InProgress { .. }) => "in_progress",
-            JobError::Idem(idem::Error::LeaseLost { .. }) => "lease_lost",
-            JobError::Idem(idem::Error::Timeout { .. }) => "timeout",
-            JobError::Idem(idem::Error::RolledBack { .. }) => "rolled_back",
-            JobError::Idem(idem::Error::GroupFailed {
-                may_be_kept: true, ..
-            }) => "group_failed_may_be_kept",
-            JobError::Idem(idem::Error::GroupFailed { .. }) => "group_failed",
+            JobError::Idem(idem::Error::Lease(idem::LeaseError::Lost { .. })) => "lease_lost",
+            JobError::Idem(idem::Error::Lease(idem::LeaseError::Timeout { .. })) => "timeout",
+            JobError::Idem(idem::Error::NotKept(idem::NotKept::RolledBack { .. })) => "rolled_back",
+            JobError::Idem(idem::Error::NotKept(idem::NotKept::Group {
+                may_be_kept: true,
+                ..
+            })) => "group_failed_may_be_kept",
+            JobError::Idem(idem::Error::NotKept(idem::NotKept::Group { .. })) => "group_failed",
             JobError::Idem(idem::Error::Database(_)) => "database",
             JobError::Idem(_) => "idem_other",
             JobError::Database(_) => "database",

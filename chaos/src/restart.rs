@@ -3,7 +3,7 @@
 //! calls share one group's transaction: three have kept their work and wait for the commit,
 //! the fourth is parked in its body. PostgreSQL is stopped with `-m immediate` and started,
 //! MariaDB killed with SIGKILL and started; then the fourth call goes on. No call may get
-//! `Applied` (the group's work was lost), the three kept ones get `GroupFailed` saying
+//! `Applied` (the group's work was lost), the three kept ones get `NotKept::Group` saying
 //! nothing was kept, the database holds neither effect nor marker of them, and a redelivery
 //! of each applies it exactly once (effects counted in the database).
 
@@ -194,9 +194,9 @@ async fn restart_in_a_group<D: Effects>(
             .await?
             .map_err(|e| e.to_string())?;
         match answer {
-            Err(idem::Error::GroupFailed {
+            Err(idem::Error::NotKept(idem::NotKept::Group {
                 may_be_kept: false, ..
-            }) => failed += 1,
+            })) => failed += 1,
             Err(_) => {}
             Ok(outcome) => {
                 return Err(format!(
@@ -207,7 +207,7 @@ async fn restart_in_a_group<D: Effects>(
     }
     check(failed == CALLS - 1, || {
         format!(
-            "{name}: {failed} calls got GroupFailed (nothing kept), expected {}",
+            "{name}: {failed} calls got NotKept::Group (nothing kept), expected {}",
             CALLS - 1
         )
     })?;
@@ -236,7 +236,7 @@ async fn restart_in_a_group<D: Effects>(
         || format!("{name}: after redelivery {effects:?} effects and {markers} markers"),
     )?;
     println!(
-        "{name}: {failed} kept calls got GroupFailed (not kept), none Applied; after the \
+        "{name}: {failed} kept calls got NotKept::Group (not kept), none Applied; after the \
          restart no effect or marker; redelivery applied each job once"
     );
     Ok(())

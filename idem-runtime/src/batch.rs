@@ -39,8 +39,8 @@ impl<DB: Backend> Store<DB> {
     /// Refused before any I/O: a bad scope ([`Refusal::Scope`]), more than
     /// [`MAX_BATCH`] keys ([`Refusal::Batch`]; build the keys with [`Key::batch`] to
     /// learn which job's key is bad), and a claim inside the open
-    /// transaction of another claim of this task ([`Error::Nested`]). An empty batch does no
-    /// I/O.
+    /// transaction of another claim of this task ([`Refusal::Nested`]). An
+    /// empty batch does no I/O.
     ///
     /// The statement, per backend: PostgreSQL `INSERT ... SELECT $1, k, ... FROM
     /// unnest($2::text[]) ... ORDER BY k ON CONFLICT DO NOTHING RETURNING key` (the keys as one
@@ -287,10 +287,10 @@ impl<DB: Backend> BatchGuard<DB> {
     /// On `Ok`, each fresh job is [`Outcome::Applied`](crate::Outcome::Applied) only once the
     /// database confirmed the commit (the same check as
     /// [`Guard::finish`](crate::Guard::finish): a transaction the database threw away is
-    /// [`Error::RolledBack`] and nothing of it was kept). With no fresh job there is nothing to
-    /// commit: the outcomes are all duplicates, and the value is dropped ([`Batch::value`] is
-    /// `None`); an `Err` is returned as it is. `RolledBack` names the batch's first fresh key:
-    /// the whole transaction was lost, every fresh job with it.
+    /// [`NotKept::RolledBack`](crate::NotKept::RolledBack) and nothing of it was kept). With no
+    /// fresh job there is nothing to commit: the outcomes are all duplicates, and the value is
+    /// dropped ([`Batch::value`] is `None`); an `Err` is returned as it is. `NotKept::RolledBack`
+    /// names the batch's first fresh key: the whole transaction was lost, every fresh job with it.
     pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Batch<T>, E> {
         let end = self.finish_failed(result.map_err(Failed::Handler)).await;
         end.map_err(Failed::into_handler_error)

@@ -8,7 +8,7 @@
 //! until the next job's is opened, in the same message (`RELEASE SAVEPOINT ..; SAVEPOINT ..`),
 //! and the last one is released before the commit. A job whose statements failed under a
 //! body that returned `Ok` anyway (PostgreSQL aborts its savepoint) is found there, rolled
-//! back alone, and reported [`Error::RolledBack`].
+//! back alone, and reported [`NotKept::RolledBack`].
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -20,7 +20,7 @@ use crate::backend::{Backend, Savepoint};
 use crate::batch::BatchGuard;
 use crate::claim::nested::Body;
 use crate::claim::{Hold as _, TxHeld, end};
-use crate::error::Error;
+use crate::error::{Error, NotKept};
 use crate::key::Key;
 use crate::outcome::{Each, Failed, Failure, Outcome};
 use crate::outgoing::{Outbox, Unsent};
@@ -228,9 +228,10 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
     ///
     /// A job is [`Outcome::Applied`] only once the database confirmed the commit (the check
     /// of [`Guard::finish`](crate::Guard::finish)). A fresh job that was never taken with
-    /// [`job`](EachGuard::job) is given back, as failed, with [`Error::JobNotFinished`]. With
-    /// no job to keep, nothing is committed. An `Err` is the whole batch's (the commit failed,
-    /// or a job's failure took the transaction with it): nothing was kept.
+    /// [`job`](EachGuard::job) is given back, as failed, with
+    /// [`NotKept::JobNotFinished`]. With no job to keep, nothing is
+    /// committed. An `Err` is the whole batch's (the commit failed, or a job's failure took the
+    /// transaction with it): nothing was kept.
     pub async fn finish(self) -> Result<Each<T, E>, E> {
         self.finish_failed()
             .await
@@ -263,7 +264,10 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
                 let key = self.unsent.key(index).as_str().to_owned();
                 let scope = self.unsent.scope().to_owned();
                 self.unsent.drop_job(index);
-                *slot = Slot::Failed(index, E::from(Error::JobNotFinished { scope, key }));
+                *slot = Slot::Failed(
+                    index,
+                    E::from(Error::NotKept(NotKept::JobNotFinished { scope, key })),
+                );
             }
         }
         let kept = match settled {
@@ -362,7 +366,7 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
         let failed = match (open, done) {
             (_, Ok(())) if !matches!(open, Some(Open::Dropped(_))) => return Ok(()),
             (Some(Open::Dropped(position)), Ok(())) => {
-                let error = |scope, key| Error::JobNotFinished { scope, key };
+                let error = |scope, key| Error::NotKept(NotKept::JobNotFinished { scope, key });
                 self.fail(position, error);
                 position
             }
@@ -372,7 +376,7 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
                 if let Err(e) = DB::savepoint(self.tx(), Savepoint::RollBack).await {
                     return Err(self.lose(e, position));
                 }
-                let error = |scope, key| Error::RolledBack { scope, key };
+                let error = |scope, key| Error::NotKept(NotKept::RolledBack { scope, key });
                 self.fail(position, error);
                 position
             }
@@ -421,10 +425,10 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
     }
 
     fn rolled_back(&self, index: usize) -> Error {
-        Error::RolledBack {
+        Error::NotKept(NotKept::RolledBack {
             scope: self.unsent.scope().to_owned(),
             key: self.unsent.key(index).as_str().to_owned(),
-        }
+        })
     }
 
     fn first_fresh(&self) -> usize {
@@ -442,7 +446,7 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
 /// [`finish`](JobGuard::finish) ends it: `Ok` keeps its work in the batch's transaction (it
 /// commits with the batch), `Err` rolls it back to its savepoint alone. Dropping it before
 /// `finish` rolls it back too (before the batch's next statement), and the job is reported
-/// with [`Error::JobNotFinished`].
+/// with [`NotKept::JobNotFinished`].
 pub struct JobGuard<'g, DB: Backend, T, E: From<Error>> {
     each: &'g mut EachGuard<DB, T, E>,
     position: usize,

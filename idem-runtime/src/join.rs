@@ -13,7 +13,7 @@ use sqlx_core::transaction::TransactionManager as _;
 
 use crate::backend::{Backend, Check};
 use crate::claim::{Claimed, Request, TxHeld, held_calls, run};
-use crate::error::Error;
+use crate::error::{Error, NotKept};
 use crate::key::Key;
 use crate::options::ClaimOptions;
 use crate::scope::check_scope;
@@ -142,9 +142,10 @@ held_calls! {
 ///
 /// PostgreSQL answers `COMMIT` of a transaction that a failed statement aborted with a silent
 /// rollback, which sqlx's `commit()` reports as success: here that is
-/// [`Error::NotCommitted`], and so is a MariaDB transaction a deadlock rolled back. Costs no
-/// extra round trip. A savepoint (a transaction begun inside another) is released as sqlx
-/// releases it; on MySQL 8, which cannot tell, the commit is not checked.
+/// [`NotKept::NotCommitted`], and so is a MariaDB transaction a
+/// deadlock rolled back. Costs no extra round trip. A savepoint (a transaction begun inside
+/// another) is released as sqlx releases it; on MySQL 8, which cannot tell, the commit is not
+/// checked.
 ///
 /// ```no_run
 /// # use idem_runtime as idem;
@@ -161,7 +162,7 @@ pub async fn commit<DB: Backend>(tx: Transaction<'_, DB>) -> Result<(), Error> {
     }
     match DB::commit(tx, Check::Session, &ClaimOptions::new()).await {
         Ok(true) => Ok(()),
-        Ok(false) => Err(Error::NotCommitted),
+        Ok(false) => Err(Error::NotKept(NotKept::NotCommitted)),
         Err(e) => Err(e.into()),
     }
 }

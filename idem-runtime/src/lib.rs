@@ -71,7 +71,7 @@ pub use claim::Claimed;
 pub use claim::nested::Body;
 pub use doctor::{Checkup, Diagnosis, Finding, Severity};
 pub use each::{EachGuard, JobGuard};
-pub use error::{Error, Refusal};
+pub use error::{Error, KafkaError, LeaseError, NotKept, Refusal};
 pub use group::{Group, GroupGuard, GroupOptions, MAX_GROUP, MAX_GROUP_DELAY, MAX_LANES};
 pub use inspect::{Marker, MarkerState, RecordedStep};
 pub use job_id::{JobId, job_id};

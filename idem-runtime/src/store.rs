@@ -8,7 +8,7 @@ use std::time::Duration;
 use sqlx::Pool;
 
 use crate::backend::{Backend, Sql, Status, Table};
-use crate::error::Error;
+use crate::error::{Error, LeaseError};
 use crate::key::{IntoKey, Key};
 use crate::scope::check_scope;
 
@@ -91,21 +91,21 @@ pub(crate) const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 
 ///
 /// [`Outcome::Applied`](crate::Outcome::Applied) is returned only when the database confirmed
 /// the commit. A body that ignores a failed statement and returns `Ok` gets
-/// [`Error::RolledBack`] where the database threw the transaction away: PostgreSQL aborts the
-/// transaction at the first failed statement (and answers `COMMIT` with a rollback), MySQL
-/// rolls the whole transaction back on a deadlock (1213) and runs later statements in
-/// autocommit, SQLite on `INSERT OR ROLLBACK` and I/O errors. The check rides in the commit's
-/// own message (PostgreSQL `SAVEPOINT idem_commit; COMMIT AND CHAIN`, whose savepoint fails in
-/// an aborted transaction; MySQL and MariaDB find the marker holding the claim's own nonce,
-/// which exists only while the claim's transaction does; SQLite's `COMMIT` fails when there is
-/// nothing to commit), at no extra round trip. The outbox's messages are written only while that marker is there, so none outlives
-/// such a rollback. Statements a MySQL or SQLite body ran in autocommit after such a rollback
-/// are kept, marker or not: a body must return database errors (with `?`), never ignore or
-/// retry them. (On MySQL and SQLite most failed statements, a constraint violation say, undo
-/// only themselves: a body that ignores one and returns `Ok` commits the rest of its work with
-/// the marker, which is then what it chose to keep.) A MySQL body whose DDL commits implicitly
-/// commits marker and effect there; that is `Applied`, and whatever it ran after the DDL ran in
-/// autocommit.
+/// [`NotKept::RolledBack`](crate::NotKept::RolledBack) where the database threw the transaction
+/// away: PostgreSQL aborts the transaction at the first failed statement (and answers `COMMIT` with
+/// a rollback), MySQL rolls the whole transaction back on a deadlock (1213) and runs later
+/// statements in autocommit, SQLite on `INSERT OR ROLLBACK` and I/O errors. The check rides in the
+/// commit's own message (PostgreSQL `SAVEPOINT idem_commit; COMMIT AND CHAIN`, whose savepoint
+/// fails in an aborted transaction; MySQL and MariaDB find the marker holding the claim's own
+/// nonce, which exists only while the claim's transaction does; SQLite's `COMMIT` fails when there
+/// is nothing to commit), at no extra round trip. The outbox's messages are written only while that
+/// marker is there, so none outlives such a rollback. Statements a MySQL or SQLite body ran in
+/// autocommit after such a rollback are kept, marker or not: a body must return database errors
+/// (with `?`), never ignore or retry them. (On MySQL and SQLite most failed statements, a
+/// constraint violation say, undo only themselves: a body that ignores one and returns `Ok` commits
+/// the rest of its work with the marker, which is then what it chose to keep.) A MySQL body whose
+/// DDL commits implicitly commits marker and effect there; that is `Applied`, and whatever it ran
+/// after the DDL ran in autocommit.
 ///
 /// # Modes meet on a scope
 ///
@@ -113,8 +113,8 @@ pub(crate) const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 
 /// `replay`); a lease another delivery still holds is [`Error::InProgress`], never a duplicate
 /// (its job may still fail: nack and let the broker redeliver); a lease that was released or
 /// ran out is taken over (a transaction claim makes it its own completed marker, which fences
-/// the old holder out: it gets [`Error::LeaseLost`]). Only a claim that finds a marker pays for
-/// reading it.
+/// the old holder out: it gets [`LeaseError::Lost`]). Only a claim that
+/// finds a marker pays for reading it.
 ///
 /// # Pool settings
 ///
@@ -253,9 +253,10 @@ impl<DB: Backend> Store<DB> {
     /// go) is not deleted but let go of: its fencing token goes up, so its old holder can
     /// neither complete, renew nor release it, and the next delivery takes it over with a
     /// larger token still (and as its next [`attempt`](crate::Lease::attempt)). A marker whose
-    /// lease a delivery still holds is refused with [`Error::LeaseHeld`]: that delivery may
-    /// still be calling the outside system, and a redelivery would call it again beside it.
-    /// Wait for it to complete or run out, or use [`forget_forced`](Store::forget_forced).
+    /// lease a delivery still holds is refused with [`LeaseError::Held`]:
+    /// that delivery may still be calling the outside system, and a redelivery would call it again
+    /// beside it. Wait for it to complete or run out, or use
+    /// [`forget_forced`](Store::forget_forced).
     ///
     /// The steps a lease recorded ([`Lease::step`](crate::Lease::step)) are deleted with a
     /// deleted marker, in the same transaction; a marker in progress that is let go keeps
@@ -275,9 +276,9 @@ impl<DB: Backend> Store<DB> {
     /// What that risks: the holder may still be calling the outside system; the next delivery
     /// takes the key over and calls it too (with the same idempotency key, which a provider
     /// that honours it deduplicates). The old holder is fenced out at once: it gets
-    /// [`Error::LeaseLost`] and cannot complete, renew or release the lease. Use it when the
-    /// holder is known to be gone (its worker was killed) and its lease is too long to wait
-    /// out.
+    /// [`LeaseError::Lost`] and cannot complete, renew or release the
+    /// lease. Use it when the holder is known to be gone (its worker was killed) and its lease is
+    /// too long to wait out.
     pub async fn forget_forced<K: IntoKey + ?Sized>(
         &self,
         scope: &str,
@@ -319,10 +320,10 @@ impl<DB: Backend> Store<DB> {
                 Some(_) => {}
             }
         }
-        Err(Error::LeaseHeld {
+        Err(Error::Lease(LeaseError::Held {
             scope: scope.to_owned(),
             key: key.as_str().to_owned(),
-        })
+        }))
     }
 
     /// Deletes the markers of jobs completed more than `older_than` ago, in batches of at most

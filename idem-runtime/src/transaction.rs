@@ -17,7 +17,8 @@ impl<DB: Backend> Store<DB> {
     /// This is what `#[idempotent]` expands to; call it by hand only where the attribute does
     /// not fit. On [`Claimed::Fresh`] run the effect on [`Guard::tx`] and end with
     /// [`Guard::finish`]; dropping the guard rolls everything back. The scope is checked like
-    /// the attribute's (1 to 255 bytes, no NUL: else [`Refusal::Scope`](crate::Refusal::Scope), before any I/O).
+    /// the attribute's (1 to 255 bytes, no NUL: else
+    /// [`Refusal::Scope`](crate::Refusal::Scope), before any I/O).
     /// A duplicate's transaction, which wrote nothing, is over: its `ROLLBACK` goes out with
     /// the connection's return to the pool (a connection whose rollback fails is closed, not
     /// reused), so a duplicate does not wait for it.
@@ -26,8 +27,8 @@ impl<DB: Backend> Store<DB> {
     /// key is [`Error::InProgress`] (never a duplicate: its job may still fail); a lease that
     /// was released or ran out is taken over, and this transaction's commit completes it.
     /// Inside the open transaction of another claim of this task (a handler's body, another
-    /// guard) the claim is refused with [`Error::Nested`], before any I/O: claim on
-    /// [`Store::join`] there.
+    /// guard) the claim is refused with [`Refusal::Nested`](crate::Refusal::Nested), before any
+    /// I/O: claim on [`Store::join`] there.
     ///
     /// ```no_run
     /// # use idem_runtime as idem;
@@ -95,15 +96,15 @@ held_calls! {
     span;
     /// The claim's body: [`Body::run`](crate::Body::run) runs a future in the call's span,
     /// marked as inside this claim's open transaction, so that a claim with a store in it is
-    /// refused ([`Error::Nested`]) rather than left to wait for this transaction's lock or
-    /// commit apart from it.
+    /// refused ([`Refusal::Nested`](crate::Refusal::Nested)) rather than left to wait for this
+    /// transaction's lock or commit apart from it.
     body;
     /// Ends the call: commits on `Ok`, rolls back on `Err`.
     ///
     /// `Ok(Outcome::Applied)` only once the database confirmed the commit: a transaction it
-    /// threw away is [`Error::RolledBack`]. A failed rollback is not reported: the body's
-    /// error is what the caller needs, and the database drops the transaction with the
-    /// connection anyway.
+    /// threw away is [`NotKept::RolledBack`](crate::NotKept::RolledBack). A failed rollback
+    /// is not reported: the body's error is what the caller needs, and the database drops the
+    /// transaction with the connection anyway.
     finish;
     /// [`finish`](Guard::finish) that also stores the `Ok` value with the marker, in the same
     /// transaction, so that later deliveries get it back (`replay`). A value that cannot be

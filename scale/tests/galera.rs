@@ -163,7 +163,8 @@ impl Tally {
                 true
             }
             Err(AppError::Idem(
-                e @ (idem::Error::RolledBack { .. } | idem::Error::NotCommitted),
+                e @ (idem::Error::NotKept(idem::NotKept::RolledBack { .. })
+                | idem::Error::NotKept(idem::NotKept::NotCommitted)),
             )) => {
                 assert!(e.is_transient(), "{what}: {e}");
                 self.rolled_back += 1;
@@ -171,7 +172,7 @@ impl Tally {
             }
             // A conflict took the group's transaction: every call in it failed (a call's
             // savepoint gone with it), none kept.
-            Err(AppError::Idem(e @ idem::Error::GroupFailed { .. })) => {
+            Err(AppError::Idem(e @ idem::Error::NotKept(idem::NotKept::Group { .. }))) => {
                 assert!(e.is_transient(), "{what}: {e}");
                 self.group_failed += 1;
                 true
@@ -461,7 +462,12 @@ async fn batch(cluster: &Cluster, nodes: &Nodes) -> usize {
                         // batch: nothing kept, redelivered.
                         Err(e)
                             if is_conflict(&e)
-                                || matches!(e, AppError::Idem(idem::Error::RolledBack { .. })) =>
+                                || matches!(
+                                    e,
+                                    AppError::Idem(idem::Error::NotKept(
+                                        idem::NotKept::RolledBack { .. }
+                                    ))
+                                ) =>
                         {
                             conflicts += 1;
                             assert!(Instant::now() < deadline, "a batch kept failing: {e:?}");

@@ -374,13 +374,13 @@ async fn wait(bounced: &PgPool, direct: &PgPool) {
     case.drop().await;
 }
 
-/// A body that swallows a failed statement and returns Ok: RolledBack, nothing kept.
+/// A body that swallows a failed statement and returns Ok: NotKept::RolledBack, nothing kept.
 async fn verified_commit(bounced: &PgPool, direct: &PgPool) {
     let case = Case::new(bounced, direct).await;
     for job in case.jobs(10) {
         match jobs::swallowing(&case.store, &job).await {
-            Err(AppError::Idem(idem::Error::RolledBack { .. })) => {}
-            other => panic!("{}: expected RolledBack, got {other:?}", job.key),
+            Err(AppError::Idem(idem::Error::NotKept(idem::NotKept::RolledBack { .. }))) => {}
+            other => panic!("{}: expected NotKept::RolledBack, got {other:?}", job.key),
         }
     }
     case.assert_once_each(0, "verified commit").await;

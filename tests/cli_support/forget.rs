@@ -44,10 +44,10 @@ pub(crate) async fn forget_of_a_live_lease_exits_5_unless_forced<B: Db>() {
     let before = fx.store.inspect(scope, k).await.unwrap().expect("marker");
     let refusal = format!(
         "error: {}; nothing was changed\n",
-        idem::Error::LeaseHeld {
+        idem::Error::Lease(idem::LeaseError::Held {
             scope: scope.to_owned(),
             key: k.to_owned()
-        }
+        })
     );
 
     for args in [
@@ -83,8 +83,8 @@ pub(crate) async fn forget_of_a_live_lease_exits_5_unless_forced<B: Db>() {
         "(state, locked_until, token above the holder's) after --force: {forced:?}"
     );
     match holder.finish::<(), idem::Error>(Ok(())).await {
-        Err(idem::Error::LeaseLost { .. }) => {}
-        other => panic!("the forgotten holder's finish: expected LeaseLost, got {other:?}"),
+        Err(idem::Error::Lease(idem::LeaseError::Lost { .. })) => {}
+        other => panic!("the forgotten holder's finish: expected LeaseError::Lost, got {other:?}"),
     }
     let next = fx.lease(scope, k, 300).await;
     assert_eq!(

@@ -150,7 +150,10 @@ async fn timeout_has_its_own_outcome() {
     };
 
     let err = lite_stalls(&store, &job).await.unwrap_err();
-    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert!(
+        matches!(err, Error::Lease(LeaseError::Timeout { .. })),
+        "{err}"
+    );
     one_failure(
         &seen,
         SCOPE,
@@ -173,7 +176,10 @@ async fn lease_lost_has_its_own_outcome() {
     };
 
     let err = lite_forgotten(&store, &job, &store).await.unwrap_err();
-    assert!(matches!(err, Error::LeaseLost { .. }), "{err}");
+    assert!(
+        matches!(err, Error::Lease(LeaseError::Lost { .. })),
+        "{err}"
+    );
     one_failure(
         &seen,
         SCOPE,

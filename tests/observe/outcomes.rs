@@ -138,7 +138,10 @@ async fn swallowed_rollback_is_rolled_back() {
     let job = Job::new(10, "effects");
 
     let err = lite_rolled_back(&store, &job).await.unwrap_err();
-    assert!(matches!(err, Error::RolledBack { .. }), "{err}");
+    assert!(
+        matches!(err, Error::NotKept(NotKept::RolledBack { .. })),
+        "{err}"
+    );
 
     let [(id, span)] = &seen.claims()[..] else {
         panic!("one span")

@@ -354,9 +354,9 @@ async fn a_batch_that_was_not_kept_comes_again() {
     let offsets = |records: &[Record]| records.iter().map(Record::offset).collect::<Vec<_>>();
     assert_eq!(offsets(&first), [0, 1, 2]);
     let claim = consumer.claim(&first).await.unwrap();
-    let failed: Result<(), idem::Error> = Err(idem::Error::Kafka {
+    let failed: Result<(), idem::Error> = Err(idem::Error::Kafka(idem::KafkaError::Client {
         reason: "the body failed".into(),
-    });
+    }));
     assert!(claim.finish(failed).await.is_err());
     let again = next_records(&mut consumer, 3).await;
     assert_eq!(offsets(&again), [0, 1, 2], "the failed batch comes again");
@@ -409,9 +409,9 @@ async fn a_batch_claimed_through_a_group_commits_with_it_or_comes_again() {
     let first = next_records(&mut consumer, 3).await;
     assert_eq!(offsets(&first), [0, 1, 2]);
     let claim = consumer.claim_in(&group, &first).await.unwrap();
-    let failed: Result<(), idem::Error> = Err(idem::Error::Kafka {
+    let failed: Result<(), idem::Error> = Err(idem::Error::Kafka(idem::KafkaError::Client {
         reason: "the body failed".into(),
-    });
+    }));
     assert!(claim.finish(failed).await.is_err());
     let no_marks = world.store.watermarks(&world.group, &world.topic).await;
     assert_eq!(
@@ -562,8 +562,8 @@ fn free_port() -> u16 {
 
 /// The broker restarts and has lost its log (tansu keeps it in memory): the topic's new
 /// records start at offset 0 again, below the database's watermark. The consumer refuses the
-/// partition (`WatermarkAhead`) rather than take the new records for duplicates; once an
-/// operator sets the watermark where the new log starts, they are applied, each once.
+/// partition (`KafkaError::WatermarkAhead`) rather than take the new records for duplicates; once
+/// an operator sets the watermark where the new log starts, they are applied, each once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broker_that_lost_its_log_is_refused_until_the_watermark_is_set() {
     let port = free_port();
@@ -596,15 +596,15 @@ async fn a_broker_that_lost_its_log_is_refused_until_the_watermark_is_set() {
     })
     .await;
     match refused {
-        idem::Error::WatermarkAhead {
+        idem::Error::Kafka(idem::KafkaError::WatermarkAhead {
             partition,
             watermark,
             log_end,
             ..
-        } => {
+        }) => {
             assert_eq!((partition, watermark, log_end), (0, 5, 3));
         }
-        other => panic!("expected WatermarkAhead, got {other}"),
+        other => panic!("expected KafkaError::WatermarkAhead, got {other}"),
     }
     assert_eq!(world.effects().await, 5, "nothing was applied meanwhile");
     consumer.close().await;

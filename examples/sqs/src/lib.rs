@@ -185,8 +185,8 @@ fn retry(e: &JobError, retry_after: i32) -> Verdict {
         e,
         JobError::Idem(
             idem::Error::InProgress { .. }
-                | idem::Error::Timeout { .. }
-                | idem::Error::LeaseLost { .. }
+                | idem::Error::Lease(idem::LeaseError::Timeout { .. })
+                | idem::Error::Lease(idem::LeaseError::Lost { .. })
         )
     );
     Verdict::Retry {
@@ -476,7 +476,7 @@ impl Worker<'_> {
     /// A lease-mode body's heartbeat, run beside its outside call (`tokio::select!`): every
     /// [`Options::heartbeat`] it renews the lease and, only if that succeeded, sets the
     /// message's visibility to [`Options::visibility`] again from now. It returns only when
-    /// the renewal failed ([`idem::Error::LeaseLost`]: another delivery took the key over),
+    /// the renewal failed ([`idem::LeaseError::Lost`]: another delivery took the key over),
     /// which ends the body.
     ///
     /// Tied to `renew`, and in this order, so that a worker extends its message's invisibility

@@ -103,12 +103,12 @@ async fn outer<DB: Db>(State(app): State<Arc<Nesting<DB>>>, mut tx: ClaimedTx<DB
         Ok(outcome) => (StatusCode::CREATED, format!("{outcome:?}")).into_response(),
         Err(e) => {
             let debug = format!("{e:?}");
-            let kind = debug.split(|c: char| !c.is_alphanumeric()).next();
-            (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                kind.unwrap_or_default().to_owned(),
-            )
-                .into_response()
+            // The variant, and the family's variant it holds: `Refused::Nested`.
+            let kind: Vec<&str> = debug
+                .split(|c: char| !c.is_alphanumeric())
+                .take_while(|word| !word.is_empty())
+                .collect();
+            (StatusCode::UNPROCESSABLE_ENTITY, kind.join("::")).into_response()
         }
     }
 }
@@ -149,7 +149,7 @@ async fn nested_call<DB: Db>(tables: Tables<DB>) {
     let inner_rows = DB::count(&tables.pool, &inner_effects).await;
     assert_eq!(
         (reply.status, reply.text(), inner_markers, inner_rows),
-        (422, "Nested", 0, 0),
+        (422, "Refused::Nested", 0, 0),
         "(status, answer, the inner's markers, the inner's rows)"
     );
     DB::run(&tables.pool, format!("DROP TABLE {inner_effects}")).await;

@@ -34,7 +34,8 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
     let span = local("__idem_body_of");
     let result = local("__idem_result");
     let err = local("__idem_err");
-    // Names the handler in `Error::Nested`, both as the outer and as the inner call.
+    // Names the handler in `Error::Refused(Refusal::Nested)`, both as the outer and as the inner
+    // call.
     let name = name.unraw().to_string();
     let options = claim_options(args, private);
     let tx_pat = &handler.pat;

@@ -9,7 +9,7 @@ use sqlx::Transaction;
 use super::Request;
 use super::nested::Body;
 use crate::backend::{Backend, Check, Fence, Partition, Sql};
-use crate::error::Error;
+use crate::error::{Error, NotKept};
 use crate::key::Key;
 use crate::observe::Observed;
 use crate::outcome::{Failed, Failure, Outcome};
@@ -236,10 +236,10 @@ fn failed<DB: Backend>(e: sqlx::Error, request: &Request) -> Error {
 }
 
 pub(crate) fn rolled_back(request: &Request) -> Error {
-    Error::RolledBack {
+    Error::NotKept(NotKept::RolledBack {
         scope: request.scope.to_string(),
         key: request.key.as_str().to_owned(),
-    }
+    })
 }
 
 /// What a fresh claim's transaction (or savepoint) writes as it ends well, before its commit:

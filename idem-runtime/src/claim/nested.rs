@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 use std::future::Future;
 
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 
 tokio::task_local! {
     /// The claim whose transaction is open in the body being polled.
@@ -18,7 +18,8 @@ tokio::task_local! {
 
 /// A fresh claim's body, to run in the call's `idem.claim` span and marked as inside the
 /// claim's open transaction: a claim with a store in it is refused with
-/// [`Error::Nested`] (claim on [`Store::join`](crate::Store::join) there instead).
+/// [`Refusal::Nested`] (claim on [`Store::join`](crate::Store::join) there
+/// instead).
 ///
 /// Made by [`Guard::body`](crate::Guard::body), [`JoinedGuard::body`](crate::JoinedGuard::body)
 /// and [`BatchGuard::body`](crate::BatchGuard::body); it borrows nothing of its holder, so the
@@ -62,10 +63,10 @@ impl Body {
 /// one, and wait for it (SQLite) or commit apart from it.
 pub(crate) fn refuse_nested(inner: &str) -> Result<(), Error> {
     match BODY.try_with(|outer| outer.to_string()) {
-        Ok(outer) => Err(Error::Nested {
+        Ok(outer) => Err(Error::Refused(Refusal::Nested {
             inner: inner.to_owned(),
             outer,
-        }),
+        })),
         Err(_) => Ok(()),
     }
 }
@@ -84,7 +85,11 @@ mod tests {
         let beside = async { refuse_nested("inner") };
         let (inside, beside) = tokio::join!(inside, beside);
         assert!(
-            matches!(&inside, Err(Error::Nested { inner, outer }) if inner == "inner" && outer == "outer"),
+            matches!(
+                &inside,
+                Err(Error::Refused(Refusal::Nested { inner, outer }))
+                    if inner == "inner" && outer == "outer"
+            ),
             "{inside:?}"
         );
         assert!(beside.is_ok());
@@ -98,6 +103,6 @@ mod tests {
             refuse_nested("inner")
         });
         let moved = tokio::spawn(marked).await.unwrap();
-        assert!(matches!(moved, Err(Error::Nested { .. })));
+        assert!(matches!(moved, Err(Error::Refused(Refusal::Nested { .. }))));
     }
 }

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::Error;
+use super::{Error, LeaseError, NotKept};
 
 /// The text of [`Error::Database`]: the cause, once, then what to do about it.
 pub(super) struct DatabaseMessage<'a>(pub(super) &'a sqlx::Error);
@@ -182,11 +182,11 @@ impl sqlx::error::DatabaseError for Error {
         match self {
             Error::InProgress { .. } => "another delivery of the key is still in progress",
             Error::KeyReused { .. } => "the idempotency key was used for another payload",
-            Error::RolledBack { .. } | Error::NotCommitted => {
+            Error::NotKept(NotKept::RolledBack { .. }) | Error::NotKept(NotKept::NotCommitted) => {
                 "the database rolled the transaction back instead of committing it"
             }
-            Error::LeaseLost { .. } => "the lease was lost to another delivery",
-            Error::Timeout { .. } => "the body ran out of time",
+            Error::Lease(LeaseError::Lost { .. }) => "the lease was lost to another delivery",
+            Error::Lease(LeaseError::Timeout { .. }) => "the body ran out of time",
             _ => "idem refused or could not complete the call",
         }
     }

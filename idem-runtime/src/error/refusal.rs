@@ -1,3 +1,5 @@
+use std::fmt;
+
 use crate::key::KeyError;
 
 /// Bad input, refused before anything was written (before any I/O, but for
@@ -139,4 +141,54 @@ pub enum Refusal {
         /// Which record, and what is wrong with it.
         reason: String,
     },
+
+    /// A claim with a store (a transaction-mode, lease-mode or batch handler, or
+    /// [`Store::claim`](crate::Store::claim), [`Store::lease`](crate::Store::lease),
+    /// [`Store::claim_batch`](crate::Store::claim_batch)) was made while this task held the
+    /// open transaction of another claim (a handler's body, a hand-written guard, a request
+    /// behind the HTTP layer). Its own transaction (or lease) would not be the open one: on
+    /// SQLite it would wait for the open transaction's write lock (forever, on every
+    /// redelivery), elsewhere it would commit on its own, whatever the open one does. Refused
+    /// before any I/O: nothing was written by this call. Pass `store.join(tx)` (the open
+    /// transaction) instead of the store, or make the call before or after the other claim's
+    /// body.
+    #[error("{}", NestedMessage { inner, outer })]
+    Nested {
+        /// The handler called with a store (`Store::claim` for a hand-written claim).
+        inner: String,
+        /// The handler whose body was running.
+        outer: String,
+    },
+}
+
+struct NestedMessage<'a> {
+    inner: &'a str,
+    outer: &'a str,
+}
+
+impl fmt::Display for NestedMessage<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let NestedMessage { inner, outer } = self;
+        write!(
+            f,
+            "`{inner}` was called with a store inside the body of `{outer}`, whose transaction \
+             is open, and would not run in that transaction (nothing was written): "
+        )?;
+        // The advice names the call to write: a handler takes the joined store in place of
+        // the store, a hand-written claim is made on it; a lease has no transaction to join.
+        match *inner {
+            "Store::claim" | "Store::claim_batch" => {
+                f.write_str("claim with `store.join(tx).claim(scope, &key)` to join it")
+            }
+            "Store::lease" => write!(
+                f,
+                "a lease has no transaction to join: take it before or after `{outer}`'s body"
+            ),
+            _ => write!(
+                f,
+                "call `{inner}(store.join(tx), ...)` to join it; a lease-mode handler has no \
+                 transaction to join: call it before or after `{outer}`'s body"
+            ),
+        }
+    }
 }

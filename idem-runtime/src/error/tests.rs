@@ -29,10 +29,10 @@ fn every_variant_says_what_to_do() {
             "1 to 255 bytes",
         ),
         (
-            Error::RolledBack {
+            Error::NotKept(NotKept::RolledBack {
                 scope: "s".into(),
                 key: "k".into(),
-            },
+            }),
             "return database errors from the body with `?`",
         ),
         (
@@ -51,13 +51,13 @@ fn every_variant_says_what_to_do() {
             "kept or lost together",
         ),
         (
-            Error::WatermarkAhead {
+            Error::Kafka(KafkaError::WatermarkAhead {
                 group: "g".into(),
                 topic: "t".into(),
                 partition: 0,
                 watermark: 9,
                 log_end: 4,
-            },
+            }),
             "set the watermark to where its records start",
         ),
     ];
@@ -135,6 +135,10 @@ fn every_refusal_is_a_lasting_error_with_its_own_message() {
         Refusal::Group { reason: "r".into() },
         Refusal::Offsets { reason: "r".into() },
         Refusal::Record { reason: "r".into() },
+        Refusal::Nested {
+            inner: "i".into(),
+            outer: "o".into(),
+        },
     ];
     for refusal in refusals {
         // A variant added to `Refusal` fails to compile here until it is in the list above.
@@ -150,7 +154,8 @@ fn every_refusal_is_a_lasting_error_with_its_own_message() {
             | Refusal::Step { .. }
             | Refusal::Group { .. }
             | Refusal::Offsets { .. }
-            | Refusal::Record { .. } => {}
+            | Refusal::Record { .. }
+            | Refusal::Nested { .. } => {}
         }
         let err = Error::from(refusal.clone());
         assert!(

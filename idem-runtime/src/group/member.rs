@@ -15,7 +15,7 @@ use crate::claim::run::{Attempt, Attempts, conclude, retrying, shared_attempt, s
 use crate::claim::{
     Claimed, Ending, Hold, Kept, Request, Ticket, finish, rolled_back, write_ending,
 };
-use crate::error::Error;
+use crate::error::{Error, NotKept};
 use crate::observe::{self, Observed};
 use crate::options::Mode;
 use crate::outcome::{Failed, Outcome};
@@ -149,12 +149,12 @@ pub(crate) async fn not_fresh<F, G>(
 }
 
 pub(super) fn group_failed(request: &Request, may_be_kept: bool, reason: &str) -> Error {
-    Error::GroupFailed {
+    Error::NotKept(NotKept::Group {
         scope: request.scope.to_string(),
         key: request.key.as_str().to_owned(),
         may_be_kept,
         reason: reason.to_owned(),
-    }
+    })
 }
 
 /// A fresh claim in a group: the lane's turn, which the call keeps while its body runs, and

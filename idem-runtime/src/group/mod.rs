@@ -151,9 +151,9 @@ impl GroupOptions {
 ///
 /// - **A group that fails as a whole** (its connection is lost, the database rolls its
 ///   transaction back, its commit fails or loses its answer) fails every call whose work was
-///   in it with [`Error::GroupFailed`], which says whether the work may have been kept (only
-///   when the commit's answer was lost). Nack the job: its redelivery settles it by its
-///   marker.
+///   in it with [`NotKept::Group`](crate::NotKept::Group), which says whether the work may have
+///   been kept (only when the commit's answer was lost). Nack the job: its redelivery settles it by
+///   its marker.
 /// - **Bodies of one group run one after another** on its connection (each call in its own
 ///   task: a body borrows its caller's data). A body that waits (on a lock, a slow
 ///   statement, anything else) delays the calls queued behind it in its group; the other
@@ -170,7 +170,7 @@ impl GroupOptions {
 ///   group's transaction begins at the database's default level). On SQLite the group's
 ///   transaction holds the database's write lock until its commit.
 ///
-/// A nested claim is refused as in every mode ([`Error::Nested`]).
+/// A nested claim is refused as in every mode ([`Refusal::Nested`]).
 pub struct Group<DB: Backend> {
     pub(crate) shared: Arc<Shared<DB>>,
     lanes: Arc<[Lane<DB>]>,
@@ -307,7 +307,8 @@ held_calls! {
     body;
     /// Ends the call: on `Ok` releases its savepoint and answers once the group's commit is
     /// confirmed ([`Outcome::Applied`](crate::Outcome::Applied)) or failed
-    /// ([`Error::GroupFailed`]); on `Err` rolls back to the savepoint and answers at once.
+    /// ([`NotKept::Group`](crate::NotKept::Group)); on `Err` rolls back to the savepoint and
+    /// answers at once.
     finish;
     /// [`finish`](GroupGuard::finish) that also stores the `Ok` value with the marker
     /// (`replay`).

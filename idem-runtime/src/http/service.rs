@@ -19,7 +19,7 @@ use super::stored::{Stored, kept};
 use super::{Config, Principal};
 use crate::backend::Backend;
 use crate::claim::{self, Claimed, run};
-use crate::error::Error;
+use crate::error::{Error, NotKept};
 use crate::future::BoxFuture;
 use crate::job_id::job_id;
 use crate::key::Key;
@@ -408,7 +408,7 @@ fn failed_for_good(header: &str) -> Response<Body> {
 fn failed(e: &Error, what: &str) -> Response<Body> {
     tracing::warn!(target: "idem", error = %e, "idem: {what}");
     let detail = match e {
-        Error::RolledBack { .. } => {
+        Error::NotKept(NotKept::RolledBack { .. }) => {
             format!("{what}: the database rolled them back; nothing was kept, retry")
         }
         _ if e.is_transient() => format!(

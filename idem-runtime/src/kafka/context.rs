@@ -220,13 +220,13 @@ impl<DB: Backend> Context<DB> {
             .fetch_watermarks(topic, partition, BROKER_CALL)
             .map_err(|e| kafka("reading the end of a partition's log", &e))?;
         if next > end {
-            return Err(Error::WatermarkAhead {
+            return Err(Error::Kafka(crate::KafkaError::WatermarkAhead {
                 group: self.group.clone(),
                 topic: topic.to_owned(),
                 partition,
                 watermark: next,
                 log_end: end,
-            });
+            }));
         }
         Ok(())
     }
@@ -251,7 +251,7 @@ fn committed<C: ConsumerContext>(
 
 /// A client error, said with what the consumer was doing.
 pub(crate) fn kafka(doing: &str, e: &KafkaError) -> Error {
-    Error::Kafka {
+    Error::Kafka(crate::KafkaError::Client {
         reason: format!("{doing}: {e}"),
-    }
+    })
 }

@@ -40,7 +40,7 @@ use self::context::{Context, Positions, Shared, kafka};
 use self::poller::Command;
 pub use self::record::Record;
 use crate::backend::Backend;
-use crate::error::{Error, Refusal};
+use crate::error::{Error, KafkaError, Refusal};
 use crate::group::Group;
 use crate::observe::trace_context;
 use crate::offsets::{OffsetGuard, RecordOffset, check_name};
@@ -88,7 +88,7 @@ impl<DB: Backend> Consumer<DB> {
     /// Call it inside a tokio runtime (the rebalance callback runs the database's queries on
     /// it). Refused before any I/O: a configuration without `group.id`, or with one that is
     /// not a name of 1 to 255 bytes ([`Refusal::Offsets`]), or that rdkafka refuses
-    /// ([`Error::Kafka`]).
+    /// ([`KafkaError::Client`]).
     pub fn watermarks(store: Store<DB>, config: &ClientConfig) -> Result<Self, Error> {
         Consumer::new(store, config, Positions::Watermarks)
     }
@@ -112,10 +112,13 @@ impl<DB: Backend> Consumer<DB> {
             })?
             .to_owned();
         check_name("consumer group", &group)?;
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::Kafka {
-            reason: "a Kafka consumer is made inside a tokio runtime, whose handle its rebalance \
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::Kafka(KafkaError::Client {
+                reason:
+                    "a Kafka consumer is made inside a tokio runtime, whose handle its rebalance \
                      callback uses"
-                .to_owned(),
+                        .to_owned(),
+            })
         })?;
         let mut config = config.clone();
         config
@@ -140,8 +143,10 @@ impl<DB: Backend> Consumer<DB> {
                 let base = base.clone();
                 move || poller::run(base, received)
             })
-            .map_err(|e| Error::Kafka {
-                reason: format!("starting the consumer's thread: {e}"),
+            .map_err(|e| {
+                Error::Kafka(KafkaError::Client {
+                    reason: format!("starting the consumer's thread: {e}"),
+                })
             })?;
         Ok(Consumer {
             base,
@@ -206,11 +211,11 @@ impl<DB: Backend> Consumer<DB> {
     /// the first (an empty batch when none came).
     ///
     /// An error met since the last call comes first: a partition whose watermark is past its
-    /// log's end ([`Error::WatermarkAhead`]: it is not consumed), a watermark that could not
-    /// be read ([`Error::Database`]: those partitions are not consumed until the next
-    /// rebalance), a position outside the log or a broker that cannot be reached
-    /// ([`Error::Kafka`]). Cancelling the call loses nothing: records it polled are handed
-    /// out by the next one.
+    /// log's end ([`KafkaError::WatermarkAhead`]: it is not
+    /// consumed), a watermark that could not be read ([`Error::Database`]: those partitions are not
+    /// consumed until the next rebalance), a position outside the log or a broker that cannot be
+    /// reached ([`KafkaError::Client`]). Cancelling the call loses
+    /// nothing: records it polled are handed out by the next one.
     pub async fn next_batch(&mut self, max: usize, wait: Duration) -> Result<Vec<Record>, Error> {
         self.commit_claimed();
         let (reply, answer) = oneshot::channel();
@@ -240,9 +245,9 @@ impl<DB: Backend> Consumer<DB> {
     /// ([`Group::claim_offsets`](crate::Group::claim_offsets)): consumers of one process (a
     /// consumer per partition, each in a task of its own) share one commit. The claim's end
     /// answers once the group committed; a group that failed as a whole is
-    /// [`Error::GroupFailed`], and the batch's partitions are moved back as for any claim
-    /// that was not kept. `group` must be made on this consumer's store. Its span is linked
-    /// to the records' producers as [`claim`](Consumer::claim)'s is.
+    /// [`NotKept::Group`](crate::NotKept::Group), and the batch's partitions are moved back as for
+    /// any claim that was not kept. `group` must be made on this consumer's store. Its span is
+    /// linked to the records' producers as [`claim`](Consumer::claim)'s is.
     pub async fn claim_in(
         &mut self,
         group: &Group<DB>,
@@ -382,7 +387,7 @@ fn next_offsets(spans: &Spans) -> Result<TopicPartitionList, Error> {
 }
 
 fn stopped() -> Error {
-    Error::Kafka {
+    Error::Kafka(KafkaError::Client {
         reason: "the consumer's thread stopped (the client panicked)".to_owned(),
-    }
+    })
 }

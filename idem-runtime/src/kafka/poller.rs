@@ -227,14 +227,14 @@ impl<DB: Backend> Poller<DB> {
 /// An error the client reported while polling.
 fn polled(e: &KafkaError) -> Error {
     match e.rdkafka_error_code() {
-        Some(RDKafkaErrorCode::AutoOffsetReset) => Error::Kafka {
+        Some(RDKafkaErrorCode::AutoOffsetReset) => Error::Kafka(crate::KafkaError::Client {
             reason: format!(
                 "a partition's position is outside its log ({e}): its records from there were \
                  deleted (retention) or its log was made anew; the consumer resets no position \
                  by itself, so nothing is skipped: set the watermark where the log now starts \
                  (`Store::set_watermark`) once you know what was lost"
             ),
-        },
+        }),
         _ => kafka("polling", e),
     }
 }

@@ -32,7 +32,8 @@ impl<DB: Backend> Store<DB> {
     /// fingerprint). A lease outside [`MIN_LEASE`](crate::MIN_LEASE)..=
     /// [`MAX_LEASE`](crate::MAX_LEASE) is [`Refusal::Lease`](crate::Refusal::Lease), before any I/O, and so is
     /// a claim inside the open transaction of another claim of this task
-    /// ([`Error::Nested`]). This is what `#[idempotent(lease = "...")]` expands to.
+    /// ([`Refusal::Nested`](crate::Refusal::Nested)). This is what `#[idempotent(lease = "...")]`
+    /// expands to.
     ///
     /// ```no_run
     /// # use idem_runtime as idem;

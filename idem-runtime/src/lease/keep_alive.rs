@@ -1,5 +1,5 @@
 //! A lease that keeps itself alive around a slow call: renewed at a third of its length while
-//! the call runs, and the call stopped with `LeaseLost` once a renewal says another delivery
+//! the call runs, and the call stopped with `LeaseError::Lost` once a renewal says another delivery
 //! has the key.
 
 use std::future::{Future, poll_fn};
@@ -9,7 +9,7 @@ use std::task::Poll;
 use tokio::time::Instant;
 
 use super::Lease;
-use crate::error::Error;
+use crate::error::{Error, LeaseError};
 use crate::future::BoxFuture;
 
 /// How many renewals a lease gets per length while [`Lease::keep_alive`] runs.
@@ -22,10 +22,11 @@ impl Lease {
     /// `timeout` it was given; [`remaining`](Lease::remaining) grows with each renewal).
     ///
     /// If a renewal finds that another delivery took the key over (or an operator forgot it),
-    /// `work` is dropped at once and the call is [`Error::LeaseLost`]: the new holder decides
-    /// the job. A renewal that fails for another reason (the database briefly unreachable) is
-    /// tried again until the lease would have run out, and then the call is
-    /// [`Error::LeaseLost`] too: by then another delivery may hold the key.
+    /// `work` is dropped at once and the call is [`LeaseError::Lost`]: the
+    /// new holder decides the job. A renewal that fails for another reason (the database briefly
+    /// unreachable) is tried again until the lease would have run out, and then the call is
+    /// [`LeaseError::Lost`] too: by then another delivery may hold the
+    /// key.
     ///
     /// ```no_run
     /// # use idem_runtime as idem;
@@ -51,7 +52,9 @@ impl Lease {
                     renewal = None;
                     let next = match renewed {
                         Ok(()) => every,
-                        Err(lost @ Error::LeaseLost { .. }) => return Poll::Ready(Err(lost)),
+                        Err(lost @ Error::Lease(LeaseError::Lost { .. })) => {
+                            return Poll::Ready(Err(lost));
+                        }
                         // Not answered: another try soon, while the lease may still hold.
                         Err(_) if self.clock.deadline() > Instant::now() => every / 4,
                         Err(_) => return Poll::Ready(Err(super::lost(self.request()))),

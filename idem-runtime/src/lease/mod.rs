@@ -28,7 +28,7 @@ pub use steps::{MAX_STEP_NAME, Step, Verified};
 
 use crate::backend::Holder;
 use crate::claim::{Ending, Hold, Request, Ticket, finish, finish_failed};
-use crate::error::Error;
+use crate::error::{Error, LeaseError, NotKept};
 use crate::key::Key;
 use crate::options::LeaseOptions;
 use crate::outcome::{Failed, Failure, Outcome};
@@ -186,9 +186,9 @@ impl Lease {
     }
 
     /// Extends the lease by its full length from now (database clock), if this delivery still
-    /// holds it; else [`Error::LeaseLost`]. The body's time limit moves with it: a body that
-    /// renews keeps running, under the attribute, the HTTP layer and [`run`](Lease::run)
-    /// alike.
+    /// holds it; else [`LeaseError::Lost`]. The body's time limit moves
+    /// with it: a body that renews keeps running, under the attribute, the HTTP layer and
+    /// [`run`](Lease::run) alike.
     pub async fn renew(&self) -> Result<(), Error> {
         let sent = tokio::time::Instant::now();
         let renewed = self
@@ -202,10 +202,10 @@ impl Lease {
         Ok(())
     }
 
-    /// Runs `body` in the call's span under the lease's timeout: [`Error::Timeout`] if it does
-    /// not finish in time (the time limit moves with each [`renew`](Lease::renew)); the body is
-    /// dropped then. A lease holds no transaction, so claims in its body are not refused as
-    /// nested.
+    /// Runs `body` in the call's span under the lease's timeout:
+    /// [`LeaseError::Timeout`] if it does not finish in time (the time
+    /// limit moves with each [`renew`](Lease::renew)); the body is dropped then. A lease holds no
+    /// transaction, so claims in its body are not refused as nested.
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, Error> {
         self.clock
             .run(crate::observe::in_span(self.span().clone(), body))
@@ -238,19 +238,19 @@ impl Lease {
     }
 
     fn rolled_back(&self) -> Error {
-        Error::RolledBack {
+        Error::NotKept(NotKept::RolledBack {
             scope: self.scope().to_owned(),
             key: self.key().to_owned(),
-        }
+        })
     }
 
     /// Ends the call, with `outbox`'s messages if the body had its own. `Ok` completes the
-    /// marker if this delivery still holds the key (else [`Error::LeaseLost`], and the value
-    /// is not reported as applied), storing what `encode` makes of the value (`replay`). The
-    /// outside call happened by then, so a value that cannot be stored still completes the
-    /// marker, without it: later deliveries are duplicates, and this one gets
-    /// [`Error::ValueNotStored`]. `Err` (the body's, or a timeout `result` holds) releases the
-    /// key at once so that a redelivery may retry.
+    /// marker if this delivery still holds the key (else
+    /// [`LeaseError::Lost`], and the value is not reported as applied),
+    /// storing what `encode` makes of the value (`replay`). The outside call happened by then, so a
+    /// value that cannot be stored still completes the marker, without it: later deliveries are
+    /// duplicates, and this one gets [`Error::ValueNotStored`]. `Err` (the body's, or a timeout
+    /// `result` holds) releases the key at once so that a redelivery may retry.
     pub(crate) async fn finish_with<T, E>(
         mut self,
         result: Result<Result<T, E>, Error>,
@@ -384,18 +384,18 @@ impl Hold for Ends {
 }
 
 fn lost(request: &Request) -> Error {
-    Error::LeaseLost {
+    Error::Lease(LeaseError::Lost {
         scope: request.scope.to_string(),
         key: request.key.as_str().to_owned(),
-    }
+    })
 }
 
 fn timed_out(request: &Request, after: Duration) -> Error {
-    Error::Timeout {
+    Error::Lease(LeaseError::Timeout {
         scope: request.scope.to_string(),
         key: request.key.as_str().to_owned(),
         after,
-    }
+    })
 }
 
 impl crate::testing::probe::Held for Lease {

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use sha2::{Digest as _, Sha256};
 
-use crate::error::Error;
+use crate::error::{Error, LeaseError, NotKept};
 
 /// How the `idem.claim` span and idem's logged error texts show a job's key. Set it once for
 /// the process with [`observe_keys`].
@@ -67,13 +67,13 @@ pub(super) fn hash(key: &str) -> String {
 /// The key an error names, if it names one.
 fn key_of(error: &Error) -> Option<&str> {
     match error {
-        Error::RolledBack { key, .. }
+        Error::NotKept(NotKept::RolledBack { key, .. })
         | Error::InProgress { key, .. }
         | Error::KeyReused { key, .. }
         | Error::ValueNotStored { key, .. }
-        | Error::LeaseLost { key, .. }
-        | Error::Timeout { key, .. }
-        | Error::Injected { key, .. } => Some(key),
+        | Error::Lease(LeaseError::Lost { key, .. })
+        | Error::Lease(LeaseError::Timeout { key, .. })
+        | Error::NotKept(NotKept::Injected { key, .. }) => Some(key),
         _ => None,
     }
 }

@@ -51,11 +51,11 @@ use verdict::{Ended, Verdict};
 ///
 /// The outcomes: `applied`, `duplicate`, `replayed` (the call's [`Outcome`]); one per kind of
 /// idem's [`Error`](crate::Error) that asks for its own action: `in_progress`, `rolled_back`
-/// (`RolledBack`), `timeout`, `key_reused`, `lease_lost`, `value_not_stored`, `invalid` (a key,
-/// scope, lease or value refused as given, or a nested call: a redelivery fails the same way);
-/// and `error` for the rest (the body's own errors, database failures, a holder dropped before
-/// it finished). A batch counts each of its jobs. Every path counts alike: the attribute's
-/// calls, hand-written claims and the HTTP layer's requests.
+/// (`NotKept::RolledBack`), `timeout`, `key_reused`, `lease_lost`, `value_not_stored`, `invalid` (a
+/// key, scope, lease or value refused as given, or a nested call: a redelivery fails the same way);
+/// and `error` for the rest (the body's own errors, database failures, a holder dropped before it
+/// finished). A batch counts each of its jobs. Every path counts alike: the attribute's calls,
+/// hand-written claims and the HTTP layer's requests.
 pub const OUTCOMES_TOTAL: &str = "idem_outcomes_total";
 
 /// The histogram of claim latency in seconds, labelled `scope`: from the start of the claim

@@ -3,7 +3,7 @@
 use tracing::Span;
 
 use super::keys;
-use crate::error::Error;
+use crate::error::{Error, KafkaError, LeaseError, NotKept};
 use crate::outcome::{Failed, Outcome};
 
 /// How a call ended: the span's `outcome` field and the counter's `outcome` label.
@@ -66,26 +66,27 @@ impl Verdict {
     pub(super) fn of_error(error: &Error) -> Self {
         match error {
             Error::InProgress { .. } => Verdict::InProgress,
-            Error::RolledBack { .. } | Error::NotCommitted => Verdict::RolledBack,
-            Error::Timeout { .. } => Verdict::Timeout,
+            Error::NotKept(NotKept::RolledBack { .. }) | Error::NotKept(NotKept::NotCommitted) => {
+                Verdict::RolledBack
+            }
+            Error::Lease(LeaseError::Timeout { .. }) => Verdict::Timeout,
             Error::KeyReused { .. } => Verdict::KeyReused,
-            Error::LeaseLost { .. } => Verdict::LeaseLost,
+            Error::Lease(LeaseError::Lost { .. }) => Verdict::LeaseLost,
             Error::ValueNotStored { .. } => Verdict::ValueNotStored,
-            // Refused as given: a redelivery fails the same way until the job or the code
-            // changes.
+            // Refused as given (a nested claim included): a redelivery fails the same way until
+            // the job or the code changes.
             Error::Refused(_)
-            | Error::WatermarkAhead { .. }
-            | Error::Nested { .. }
+            | Error::Kafka(KafkaError::WatermarkAhead { .. })
             | Error::Serialize(_) => Verdict::Invalid,
             // An operator's refusal: it ends no call.
-            Error::LeaseHeld { .. } => Verdict::Invalid,
+            Error::Lease(LeaseError::Held { .. }) => Verdict::Invalid,
             Error::Database(_)
             | Error::ReadOnly(_)
-            | Error::Kafka { .. }
-            | Error::JobNotFinished { .. }
-            | Error::GroupFailed { .. }
-            | Error::Unverified { .. }
-            | Error::Injected { .. } => Verdict::Error,
+            | Error::Kafka(KafkaError::Client { .. })
+            | Error::NotKept(NotKept::JobNotFinished { .. })
+            | Error::NotKept(NotKept::Group { .. })
+            | Error::Lease(LeaseError::Unverified { .. })
+            | Error::NotKept(NotKept::Injected { .. }) => Verdict::Error,
         }
     }
 
@@ -176,19 +177,19 @@ mod tests {
                 "in_progress",
             ),
             (
-                Error::RolledBack {
+                Error::NotKept(NotKept::RolledBack {
                     scope: scope.clone(),
                     key: key.clone(),
-                },
+                }),
                 "rolled_back",
             ),
-            (Error::NotCommitted, "rolled_back"),
+            (Error::NotKept(NotKept::NotCommitted), "rolled_back"),
             (
-                Error::Timeout {
+                Error::Lease(LeaseError::Timeout {
                     scope: scope.clone(),
                     key: key.clone(),
                     after: std::time::Duration::from_secs(1),
-                },
+                }),
                 "timeout",
             ),
             (
@@ -199,10 +200,10 @@ mod tests {
                 "key_reused",
             ),
             (
-                Error::LeaseLost {
+                Error::Lease(LeaseError::Lost {
                     scope: scope.clone(),
                     key: key.clone(),
-                },
+                }),
                 "lease_lost",
             ),
             (

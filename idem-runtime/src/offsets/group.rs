@@ -32,14 +32,14 @@ impl<DB: Backend> Group<DB> {
     /// them on [`OffsetGuard::tx`]); [`OffsetGuard::finish`] with `Ok` releases the
     /// savepoint and answers once the group committed: each fresh record
     /// [`Applied`](crate::Outcome::Applied) only then, or every record
-    /// [`Error::GroupFailed`] when the group failed as a whole (`may_be_kept` as for any
-    /// member). With `Err`, or [`release`](OffsetGuard::release), or a dropped guard, the
-    /// savepoint is rolled back, its watermark moves with it, and the records come again; the
-    /// group goes on.
+    /// [`NotKept::Group`](crate::NotKept::Group) when the group failed as a whole (`may_be_kept` as
+    /// for any member). With `Err`, or [`release`](OffsetGuard::release), or a dropped guard, the
+    /// savepoint is rolled back, its watermark moves with it, and the records come again; the group
+    /// goes on.
     ///
     /// A claim whose records are all below the watermark is answered with duplicates at once,
     /// unless an earlier claim of the same group moved one of its partitions' watermarks (not
-    /// committed yet): then once the group committed, and with `GroupFailed` if it failed.
+    /// committed yet): then once the group committed, and with `NotKept::Group` if it failed.
     ///
     /// A claim's lane is chosen by its first partition (consumer group, topic, partition), so
     /// that the claims of a partition meet in one lane and one transaction: claim one

@@ -11,7 +11,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 
 use super::{PublishError, Publisher};
-use crate::error::Error;
+use crate::error::{Error, KafkaError};
 use crate::outgoing::Message;
 
 /// The header that carries an outbox message's id: the next consumer's key
@@ -56,8 +56,10 @@ impl Kafka {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("message.timeout.ms", timeout.as_millis().to_string());
-        let producer = config.create().map_err(|e| Error::Kafka {
-            reason: format!("making the relay's producer: {e}"),
+        let producer = config.create().map_err(|e| {
+            Error::Kafka(KafkaError::Client {
+                reason: format!("making the relay's producer: {e}"),
+            })
         })?;
         Ok(Kafka { producer, timeout })
     }

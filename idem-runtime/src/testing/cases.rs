@@ -138,12 +138,12 @@ pub async fn deliver_concurrently<C: Check>(
 /// Fails the first delivery between its effect and its commit, then redelivers.
 ///
 /// Transaction mode: right before `COMMIT` (a joined call: before its savepoint is released)
-/// the kit rolls back instead, and the call returns [`Error::Injected`](crate::Error::Injected);
-/// `check` must then read what it read before the delivery (nothing was kept). Lease mode:
-/// right before the completing statement the kit releases the lease instead; the outside call
-/// has happened, so the check is not read there. Either way the redelivery must be `Applied`
-/// (in lease mode by the lease's attempt 2), `check` must read `applied`, and one more
-/// delivery must be a `Duplicate`.
+/// the kit rolls back instead, and the call returns
+/// [`NotKept::Injected`](crate::NotKept::Injected); `check` must then read what it read before the
+/// delivery (nothing was kept). Lease mode: right before the completing statement the kit releases
+/// the lease instead; the outside call has happened, so the check is not read there. Either way the
+/// redelivery must be `Applied` (in lease mode by the lease's attempt 2), `check` must read
+/// `applied`, and one more delivery must be a `Duplicate`.
 ///
 /// A handler that writes outside its transaction fails here in transaction mode, and a lease
 /// handler whose outside call is not idempotent (no stable `Idempotency-Key`) in lease mode.
@@ -221,7 +221,7 @@ pub async fn fail_before_commit<C: Check>(
 /// key over (`Applied`, lease attempt 2). Then delivery 1 goes on, believing its lease still
 /// holds (its own clock is given a full lease again, as a paused process or a jumped clock
 /// would believe): its body runs, and the call must not report success (it gets
-/// [`Error::LeaseLost`](crate::Error::LeaseLost) when its result is refused, or its own
+/// [`LeaseError::Lost`](crate::LeaseError::Lost) when its result is refused, or its own
 /// error). `check` must read `applied` (say, the payments API charged once, thanks to the
 /// `Idempotency-Key`), and one more delivery must be a `Duplicate`.
 ///
@@ -330,7 +330,7 @@ const NEEDS_LEASE: &str = "expire_lease tests lease-mode handlers (`lease = \"30
 const TAKEOVER_FAILED: &str = "a redelivery that finds an expired lease must take the key over \
     (attempt 2) and apply the job";
 const FENCING_FAILED: &str = "a delivery whose lease was taken over must not report success: \
-    the holder of the newer lease decides the outcome (Error::LeaseLost)";
+    the holder of the newer lease decides the outcome (Error::Lease(LeaseError::Lost))";
 
 /// Begins a case's report with the effect read before any delivery; a check that already
 /// reads `applied` could not tell whether the job ran, so it is refused.

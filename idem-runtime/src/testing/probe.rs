@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use crate::error::Error;
+use crate::error::{Error, LeaseError, NotKept};
 pub(crate) use crate::options::Mode;
 use crate::outcome::{Failed, Outcome};
 
@@ -25,7 +25,8 @@ pub(crate) enum Fault {
     /// Nothing: the delivery runs as in production.
     None,
     /// Fail the delivery right before its commit (transaction mode) or its completing
-    /// statement (lease mode): roll back or release instead, and return [`Error::Injected`].
+    /// statement (lease mode): roll back or release instead, and return
+    /// [`NotKept::Injected`].
     BeforeCommit,
     /// Lease mode: right after the claim, expire the lease in the database, then wait until the
     /// kit lets the delivery go on.
@@ -221,11 +222,11 @@ pub(crate) async fn before_commit(scope: &str, key: &str, at: &'static str) -> O
         return None;
     }
     probe.note(|s| s.injected = true);
-    Some(Error::Injected {
+    Some(Error::NotKept(NotKept::Injected {
         scope: scope.to_owned(),
         key: key.to_owned(),
         at,
-    })
+    }))
 }
 
 /// Lease mode: a step ended with its value, run now (`ran`) or read back. Under
@@ -261,8 +262,8 @@ pub(crate) fn settled<T, E>(result: &Result<Outcome<T>, Failed<E>>) {
 pub(crate) fn refused(error: &Error) {
     let ended = match error {
         Error::InProgress { .. } => Ended::InProgress,
-        Error::LeaseLost { .. } => Ended::LeaseLost,
-        Error::Injected { .. } => Ended::Injected,
+        Error::Lease(LeaseError::Lost { .. }) => Ended::LeaseLost,
+        Error::NotKept(NotKept::Injected { .. }) => Ended::Injected,
         _ => Ended::Idem,
     };
     note(ended, Some(error.to_string()));
@@ -318,7 +319,7 @@ mod tests {
         let failing = Probe::new(Fault::BeforeCommit, None);
         let injected = failing.run(claim_and_commit()).await;
         assert!(
-            matches!(&injected, Some(Error::Injected { scope, key, at: "commit" })
+            matches!(&injected, Some(Error::NotKept(NotKept::Injected { scope, key, at: "commit" }))
                 if scope == "scope" && key == "key"),
             "{injected:?}"
         );

@@ -256,7 +256,7 @@ async fn command<DB: Backend>(
             };
             let gone = match forgot {
                 Ok(gone) => gone,
-                Err(e @ idem::Error::LeaseHeld { .. }) => {
+                Err(e @ idem::Error::Lease(idem::LeaseError::Held { .. })) => {
                     return Err(Failure::refused(HELD, format!("{e}; nothing was changed")));
                 }
                 Err(e) => return Err(refused(e)),

@@ -107,10 +107,10 @@ pub(crate) async fn batch_body_that_swallows_a_rollback_is_rolled_back_not_appli
     let batch = jobs(&ctx, 1..=3);
     let call = apply_batch_swallowing::<S>(&ctx.store, &batch, &other, &rows);
     match within(120, "the swallowing batch body", call).await {
-        Err(TestError::Idem(idem::Error::RolledBack { scope, key })) => {
+        Err(TestError::Idem(idem::Error::NotKept(idem::NotKept::RolledBack { scope, key }))) => {
             assert_eq!((scope.as_str(), key.as_str()), ("apply", "job-1"));
         }
-        other => panic!("expected RolledBack, got {other:?}"),
+        other => panic!("expected NotKept::RolledBack, got {other:?}"),
     }
     other.close().await;
     assert_eq!(ctx.effects_total().await, 0, "no effect was kept");

@@ -96,10 +96,10 @@ async fn joined_inside<DB: TestDb>(
 /// Inside the body of a hand-written `Guard`, `JoinedGuard` and `BatchGuard` run with
 /// `body().run(..)`, every claim with a store (`Store::claim`, `Store::lease`,
 /// `Store::claim_batch`, a transaction-mode and a lease-mode handler) is refused with
-/// `Error::Nested` naming the caller and the holder, before any I/O: on a store whose pool is
-/// closed too (else `PoolClosed`), and on a live one nothing is written; a claim on
-/// `store.join(tx)` of the holder's transaction applies with it. Outside the body (the guard
-/// still open) a claim is not marked.
+/// `Error::Refused(Refusal::Nested)` naming the caller and the holder, before any I/O: on a store
+/// whose pool is closed too (else `PoolClosed`), and on a live one nothing is written; a claim on
+/// `store.join(tx)` of the holder's transaction applies with it. Outside the body (the guard still
+/// open) a claim is not marked.
 pub(crate) async fn body_run_refuses_a_nested_claim_of_every_kind_before_any_io<S: Support>() {
     let ctx = Ctx::<S>::new("hand_nested", 4).await;
     let closed = S::connect(&ctx.url, 1).await;

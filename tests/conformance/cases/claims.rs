@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Error, LeaseOptions, Refusal};
+use idem::{Error, LeaseOptions, NotKept, Refusal};
 
 use crate::conformance::Support;
 use crate::conformance::ctx::Ctx;
@@ -50,8 +50,8 @@ pub(crate) async fn a_handler_takes_a_store_a_reference_or_an_arc<S: Support>() 
 }
 
 /// `idem::commit` of a caller's transaction that the database rolled back under a body that
-/// swallowed the error is `NotCommitted`, never `Ok`: nothing of it was kept. (MySQL 8, which
-/// has no `@@in_transaction`, cannot tell; MariaDB can.)
+/// swallowed the error is `NotKept::NotCommitted`, never `Ok`: nothing of it was kept. (MySQL 8,
+/// which has no `@@in_transaction`, cannot tell; MariaDB can.)
 pub(crate) async fn commit_of_a_transaction_the_database_rolled_back_is_not_committed<
     S: Support,
 >() {
@@ -79,8 +79,8 @@ pub(crate) async fn commit_of_a_transaction_the_database_rolled_back_is_not_comm
     )
     .await;
     match idem::commit(tx).await {
-        Err(Error::NotCommitted) => {}
-        other => panic!("expected NotCommitted, got {other:?}"),
+        Err(Error::NotKept(NotKept::NotCommitted)) => {}
+        other => panic!("expected NotKept::NotCommitted, got {other:?}"),
     }
     assert_eq!((ctx.markers().await, ctx.effects(3).await), (0, 0));
     // And a transaction that is fine commits.

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem::{Claimed, Error, Key, LeaseOptions, MarkerState, Outcome};
+use idem::{Claimed, Error, Key, LeaseError, LeaseOptions, MarkerState, Outcome};
 
 use super::lease::db_now_plus;
 use crate::conformance::Support;
@@ -349,8 +349,10 @@ pub(crate) async fn takeover_verifies_a_step_its_predecessor_may_have_run<S: Sup
     )
     .await
     {
-        Err(TestError::Idem(Error::Unverified { step, .. })) => assert_eq!(step, "charge"),
-        other => panic!("expected Unverified, got {other:?}"),
+        Err(TestError::Idem(Error::Lease(LeaseError::Unverified { step, .. }))) => {
+            assert_eq!(step, "charge")
+        }
+        other => panic!("expected LeaseError::Unverified, got {other:?}"),
     }
     let m = ctx.marker(&unsure.key).await;
     assert!(!m.completed && m.live, "kept: {m:?}");

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{ClaimOptions, Claimed, Error, Group, GroupOptions, Key, Outcome};
+use idem::{ClaimOptions, Claimed, Error, Group, GroupOptions, Key, NotKept, Outcome};
 
 use crate::conformance::ctx::Ctx;
 use crate::conformance::group_handlers::*;
@@ -141,8 +141,8 @@ pub(crate) async fn group_member_failure_rolls_back_only_its_savepoint<S: Suppor
 
 /// A member whose body swallows a failed statement, with calls queued behind it (so that its
 /// release also opens the next call's savepoint, in one message): on PostgreSQL its savepoint
-/// was aborted, so it alone is rolled back, as `RolledBack`; elsewhere the failed statement
-/// undid only itself, and it is applied. Every other member commits either way. The same
+/// was aborted, so it alone is rolled back, as `NotKept::RolledBack`; elsewhere the failed
+/// statement undid only itself, and it is applied. Every other member commits either way. The same
 /// member alone in its group is answered the same way.
 pub(crate) async fn group_member_that_swallows_a_statement_error<S: Support>() {
     let mut ctx = Ctx::<S>::new("groupswallow", 12).await;
@@ -180,7 +180,9 @@ pub(crate) async fn group_member_that_swallows_a_statement_error<S: Support>() {
             .await
             .expect("no panic");
         match (id, done) {
-            (3, Err(TestError::Idem(Error::RolledBack { key, .. }))) if aborts => {
+            (3, Err(TestError::Idem(Error::NotKept(NotKept::RolledBack { key, .. }))))
+                if aborts =>
+            {
                 assert_eq!(key, "job-3");
             }
             (id, Ok(Outcome::Applied(v))) if id != 3 || !aborts => assert_eq!(v, 10 * id),
@@ -197,7 +199,9 @@ pub(crate) async fn group_member_that_swallows_a_statement_error<S: Support>() {
     // commit finds the savepoint aborted, and the member is told as one with company is.
     let lone = ctx.job("job-6", 6, 60);
     match apply_grouped_swallowing(&group, &lone, &table, 6).await {
-        Err(TestError::Idem(Error::RolledBack { key, .. })) if aborts => assert_eq!(key, "job-6"),
+        Err(TestError::Idem(Error::NotKept(NotKept::RolledBack { key, .. }))) if aborts => {
+            assert_eq!(key, "job-6")
+        }
         Ok(Outcome::Applied(60)) if !aborts => {}
         other => panic!("the lone swallowing member: {other:?}"),
     }
@@ -450,7 +454,7 @@ pub(super) async fn futures_join<F: std::future::Future>(
 }
 
 /// The group's connection killed while a call's body runs in it: the call before it, kept in
-/// the same group, gets `GroupFailed` (nothing kept), the calls after it commit in a new
+/// the same group, gets `NotKept::Group` (nothing kept), the calls after it commit in a new
 /// group, and redelivery applies the lost ones once.
 pub(crate) async fn killed_connection_fails_its_group_and_redelivery_applies_once<S: Server>() {
     let ctx = Ctx::<S>::new("groupkill", 12).await;
@@ -509,12 +513,12 @@ pub(crate) async fn killed_connection_fails_its_group_and_redelivery_applies_onc
     until_queued(&group, 3).await;
     go.notify_one();
     match within(60, "job 1", first).await.expect("no panic") {
-        Err(TestError::Idem(Error::GroupFailed {
+        Err(TestError::Idem(Error::NotKept(NotKept::Group {
             key, may_be_kept, ..
-        })) => {
+        }))) => {
             assert_eq!((key.as_str(), may_be_kept), ("job-1", false));
         }
-        other => panic!("job 1: expected GroupFailed, got {other:?}"),
+        other => panic!("job 1: expected NotKept::Group, got {other:?}"),
     }
     match within(60, "job 2", second).await.expect("no panic") {
         Err(TestError::Db(_) | TestError::Idem(_)) => {}

@@ -1,12 +1,12 @@
 //! Servers only: a group whose commit is cut by a proxy, so that no member can know whether
-//! the group's work was kept. Every member gets `GroupFailed { may_be_kept: true }`, never
+//! the group's work was kept. Every member gets `NotKept::Group { may_be_kept: true }`, never
 //! `Applied`, and each one's redelivery settles it by its marker. (SQLite's commit is a call
 //! into a file the process holds: it returns, or the process is gone with its callers.)
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Error, GroupOptions};
+use idem::{Error, GroupOptions, NotKept};
 
 use super::ambiguous::{through_proxy, until_session_gone};
 use crate::conformance::Server;
@@ -77,9 +77,9 @@ async fn cut_group_commit<S: Server>(tag: &str, at: CutAt, expect: Option<i64>) 
             .await
             .expect("no panic")
         {
-            Err(TestError::Idem(Error::GroupFailed {
+            Err(TestError::Idem(Error::NotKept(NotKept::Group {
                 key, may_be_kept, ..
-            })) => {
+            }))) => {
                 assert_eq!(key, job.key);
                 assert!(
                     may_be_kept,
@@ -87,7 +87,7 @@ async fn cut_group_commit<S: Server>(tag: &str, at: CutAt, expect: Option<i64>) 
                     job.key
                 );
             }
-            other => panic!("{}: expected GroupFailed, got {other:?}", job.key),
+            other => panic!("{}: expected NotKept::Group, got {other:?}", job.key),
         }
     }
     let cut = within(60, "the proxy cutting at the commit", proxy.cut()).await;

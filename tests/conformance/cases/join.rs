@@ -231,14 +231,14 @@ pub(crate) async fn nested_call_with_a_store_is_refused_and_writes_nothing<S: Su
         Then::Commit,
     );
     match within(30, "a nested call with a store", call).await {
-        Err(TestError::Idem(e @ idem::Error::Nested { .. })) => assert_eq!(
+        Err(TestError::Idem(e @ idem::Error::Refused(idem::Refusal::Nested { .. }))) => assert_eq!(
             e.to_string(),
             "`apply` was called with a store inside the body of `outer`, whose transaction is \
              open, and would not run in that transaction (nothing was written): call \
              `apply(store.join(tx), ...)` to join it; a lease-mode handler has no transaction \
              to join: call it before or after `outer`'s body"
         ),
-        other => panic!("expected Error::Nested, got {other:?}"),
+        other => panic!("expected Error::Refused(Refusal::Nested), got {other:?}"),
     }
     let call = outer(
         &ctx.store,
@@ -249,10 +249,10 @@ pub(crate) async fn nested_call_with_a_store_is_refused_and_writes_nothing<S: Su
         Then::Commit,
     );
     match within(30, "a nested hand-written claim", call).await {
-        Err(TestError::Idem(idem::Error::Nested { inner, outer })) => {
+        Err(TestError::Idem(idem::Error::Refused(idem::Refusal::Nested { inner, outer }))) => {
             assert_eq!((inner.as_str(), outer.as_str()), ("Store::claim", "outer"));
         }
-        other => panic!("expected Error::Nested, got {other:?}"),
+        other => panic!("expected Error::Refused(Refusal::Nested), got {other:?}"),
     }
     assert_eq!(ctx.markers().await, 0);
     assert_eq!(ctx.effects_total().await, 0);

@@ -1,10 +1,10 @@
 //! `Lease::keep_alive`: a slow call outlives its lease (and the body's time limit) while the
-//! lease renews itself, and is stopped with `LeaseLost` once a renewal finds the key taken.
+//! lease renews itself, and is stopped with `LeaseError::Lost` once a renewal finds the key taken.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idem::{Claimed, Error, Key, Lease, LeaseOptions, Outcome};
+use idem::{Claimed, Error, Key, Lease, LeaseError, LeaseOptions, Outcome};
 
 use super::lease::{db_now, poll_db};
 use crate::conformance::Support;
@@ -98,13 +98,13 @@ pub(crate) async fn keep_alive_stops_the_call_once_the_lease_is_taken<S: Support
     .await;
     assert!(forgotten.load(Ordering::SeqCst));
     match kept {
-        Err(Error::LeaseLost { scope, .. }) => assert_eq!(scope, "billing.kept"),
-        other => panic!("expected LeaseLost, got {other:?}"),
+        Err(Error::Lease(LeaseError::Lost { scope, .. })) => assert_eq!(scope, "billing.kept"),
+        other => panic!("expected LeaseError::Lost, got {other:?}"),
     }
     assert!(dropped.load(Ordering::SeqCst), "the call was stopped");
     match lease.finish(Ok::<_, Error>(())).await {
-        Err(Error::LeaseLost { .. }) => {}
-        other => panic!("expected LeaseLost, got {other:?}"),
+        Err(Error::Lease(LeaseError::Lost { .. })) => {}
+        other => panic!("expected LeaseError::Lost, got {other:?}"),
     }
     ctx.cleanup().await;
 }

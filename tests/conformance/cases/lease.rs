@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Claimed, Error, Key, Lease, LeaseOptions, Refusal};
+use idem::{Claimed, Error, Key, Lease, LeaseError, LeaseOptions, Refusal};
 
 use crate::conformance::Support;
 use crate::conformance::ctx::Ctx;
@@ -185,8 +185,10 @@ async fn claim_by_hand<S: Support>(ctx: &Ctx<S>, k: &str, lease: Duration) -> Le
 
 fn lease_lost<T: std::fmt::Debug>(result: Result<T, TestError>) {
     match result {
-        Err(TestError::Idem(Error::LeaseLost { scope, .. })) => assert_eq!(scope, SCOPE),
-        other => panic!("expected LeaseLost, got {other:?}"),
+        Err(TestError::Idem(Error::Lease(LeaseError::Lost { scope, .. }))) => {
+            assert_eq!(scope, SCOPE)
+        }
+        other => panic!("expected LeaseError::Lost, got {other:?}"),
     }
 }
 
@@ -264,7 +266,7 @@ pub(crate) async fn lease_stalled_call_times_out_releases_and_redelivery_applies
     // The answer never comes while the call runs: only the 300 ms timeout can end it.
     let stalled = charge_stalling(&ctx.store, &job, &provider, &answer);
     match within(60, "a stalled call", stalled).await {
-        Err(TestError::Idem(Error::Timeout { scope, after, .. })) => {
+        Err(TestError::Idem(Error::Lease(LeaseError::Timeout { scope, after, .. }))) => {
             assert_eq!(scope, SCOPE);
             assert_eq!(after, Duration::from_millis(300));
         }
@@ -474,8 +476,8 @@ pub(crate) async fn lease_renew_keeps_the_lease_and_fails_after_a_takeover<S: Su
     );
     assert_eq!(seen.attempt, 2);
     match lease.renew().await {
-        Err(Error::LeaseLost { scope, .. }) => assert_eq!(scope, SCOPE),
-        other => panic!("renewing after a takeover: expected LeaseLost, got {other:?}"),
+        Err(Error::Lease(LeaseError::Lost { scope, .. })) => assert_eq!(scope, SCOPE),
+        other => panic!("renewing after a takeover: expected LeaseError::Lost, got {other:?}"),
     }
     lease_lost(lease.finish::<(), TestError>(Ok(())).await);
     let m = ctx.marker(&job.key).await;

@@ -190,7 +190,7 @@ pub(crate) async fn lease_child<S: Support>(mode: &str, url: &str, markers: &str
                 charge_then_block(&store, &job, &provider),
             );
             match r.await {
-                Err(TestError::Idem(idem::Error::LeaseLost { .. })) => {
+                Err(TestError::Idem(idem::Error::Lease(idem::LeaseError::Lost { .. }))) => {
                     println!("RESULT LeaseLost")
                 }
                 other => println!("RESULT {other:?}"),

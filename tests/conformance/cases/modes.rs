@@ -44,7 +44,7 @@ fn got<T: std::fmt::Debug>(result: Result<Outcome<T>, TestError>) -> Got {
         Ok(Outcome::Applied(_)) => Got::Applied,
         Ok(Outcome::Duplicate) => Got::Duplicate,
         Err(TestError::Idem(idem::Error::InProgress { .. })) => Got::InProgress,
-        Err(TestError::Idem(idem::Error::LeaseLost { .. })) => Got::LeaseLost,
+        Err(TestError::Idem(idem::Error::Lease(idem::LeaseError::Lost { .. }))) => Got::LeaseLost,
         Err(TestError::Refused) => Got::Refused,
         other => Got::Other(format!("{other:?}")),
     }
@@ -187,7 +187,7 @@ pub(crate) async fn a_live_lease_is_in_progress_to_every_mode_then_released<S: S
 }
 
 /// A lease that ran out is taken over by every mode, and its old holder can no longer
-/// complete it (`LeaseLost`): the job applies once.
+/// complete it (`LeaseError::Lost`): the job applies once.
 pub(crate) async fn an_expired_lease_is_taken_over_by_every_mode<S: Support>() {
     let ctx = Ctx::<S>::new("modes_expired", 3).await;
     for (n, second) in MODES.into_iter().enumerate() {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use idem::offsets::{OffsetGuard, RecordOffset};
-use idem::{Error, Outcome, Refusal, Store};
+use idem::{Error, NotKept, Outcome, Refusal, Store};
 
 use crate::conformance::ctx::Ctx;
 use crate::conformance::db::Bind;
@@ -281,8 +281,8 @@ pub(crate) async fn watermark_never_moves_back_under_random_consumers<S: Support
 }
 
 /// The body swallowed an error that rolled its transaction back: the claim is
-/// `RolledBack`, never applied, and the watermark did not move (MySQL's commit looks for the
-/// watermark holding the claim's nonce).
+/// `NotKept::RolledBack`, never applied, and the watermark did not move (MySQL's commit looks for
+/// the watermark holding the claim's nonce).
 pub(crate) async fn offset_claim_rolled_back_under_its_body_is_not_applied<S: Support>() {
     let mut ctx = Ctx::<S>::new("oroll", 2).await;
     let rows = ctx
@@ -315,10 +315,10 @@ pub(crate) async fn offset_claim_rolled_back_under_its_body_is_not_applied<S: Su
     )
     .await;
     match claim.finish(Ok::<_, Error>(())).await {
-        Err(Error::RolledBack { scope, key }) => {
+        Err(Error::NotKept(NotKept::RolledBack { scope, key })) => {
             assert_eq!((scope.as_str(), key.as_str()), (GROUP, "orders/0/1"));
         }
-        other => panic!("expected RolledBack, got {other:?}"),
+        other => panic!("expected NotKept::RolledBack, got {other:?}"),
     }
     assert_eq!(watermark(&ctx.store, "orders", 0).await, Some(1));
     if !S::STATEMENT_AFTER_ROLLBACK_KEPT {
@@ -425,7 +425,10 @@ pub(crate) async fn offsets_refuse_bad_input_before_any_io<S: Support>() {
         .body()
         .run(store.claim_offsets(GROUP, &one("t", 0, 0)))
         .await;
-    assert!(matches!(inner, Err(Error::Nested { .. })), "{inner:?}");
+    assert!(
+        matches!(inner, Err(Error::Refused(Refusal::Nested { .. }))),
+        "{inner:?}"
+    );
     guard.release().await;
     ctx.cleanup().await;
 }

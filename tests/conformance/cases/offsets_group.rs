@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem::{Error, Group, GroupOptions, Outcome, Refusal};
+use idem::{Error, Group, GroupOptions, NotKept, Outcome, Refusal};
 
 use super::ambiguous::{through_proxy, until_session_gone};
 use super::offsets::{A, D, GROUP, apply_fresh, at, deliver, effect_id, records, watermark};
@@ -351,7 +351,7 @@ async fn until_waiting<S: Support>(ctx: &Ctx<S>) {
 
 /// The commit of a group of offset claims is cut before its answer: every member, the
 /// duplicate whose records an earlier member's uncommitted watermark covered included, gets
-/// `GroupFailed { may_be_kept: true }`, never `Applied` or `Duplicate`; the watermarks hold all
+/// `NotKept::Group { may_be_kept: true }`, never `Applied` or `Duplicate`; the watermarks hold all
 /// of the group or none of it, and every redelivery settles by them with one effect a record.
 pub(crate) async fn grouped_offset_commit_cut_fails_every_member_as_may_be_kept<S: Server>() {
     cut_offsets_commit::<S>("ogambig", CutAt::Commit, None).await;
@@ -404,16 +404,16 @@ async fn cut_offsets_commit<S: Server>(tag: &str, at_cut: CutAt, expect: Option<
             .await
             .expect("no panic")
         {
-            Err(Error::GroupFailed {
+            Err(Error::NotKept(NotKept::Group {
                 scope, may_be_kept, ..
-            }) => {
+            })) => {
                 assert_eq!(scope, GROUP);
                 assert!(
                     may_be_kept,
                     "member {i}: a lost commit answer may have landed"
                 );
             }
-            other => panic!("member {i}: expected GroupFailed, got {other:?}"),
+            other => panic!("member {i}: expected NotKept::Group, got {other:?}"),
         }
     }
     let cut = within(60, "the proxy cutting at the commit", proxy.cut()).await;

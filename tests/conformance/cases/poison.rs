@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use idem::{Claimed, Each, Error, Key, LeaseOptions, MarkerState, Outcome};
+use idem::{Claimed, Each, Error, Key, LeaseOptions, MarkerState, NotKept, Outcome};
 
 use crate::conformance::ctx::Ctx;
 use crate::conformance::each_handlers::*;
@@ -176,8 +176,8 @@ pub(crate) async fn failed_job_gives_back_the_lease_it_took_over<S: Support>() {
 }
 
 /// A job that swallows a failed statement and returns `Ok`: on PostgreSQL its savepoint is
-/// aborted, so the job is rolled back alone and reported `RolledBack`; on MySQL and SQLite a
-/// failed statement undoes only itself, and the job (its effect included) is applied.
+/// aborted, so the job is rolled back alone and reported `NotKept::RolledBack`; on MySQL and SQLite
+/// a failed statement undoes only itself, and the job (its effect included) is applied.
 pub(crate) async fn job_that_swallows_a_statement_error<S: Support>() {
     let mut ctx = Ctx::<S>::new("poisonswallow", 2).await;
     let table = poison_table(&mut ctx).await;
@@ -193,8 +193,10 @@ pub(crate) async fn job_that_swallows_a_statement_error<S: Support>() {
     if S::FAILED_STATEMENT_ABORTS {
         assert_each(&done, &batch, &[3], &[]);
         match &done.results()[2] {
-            Err(TestError::Idem(Error::RolledBack { key, .. })) => assert_eq!(key, "job-3"),
-            other => panic!("expected RolledBack for job 3, got {other:?}"),
+            Err(TestError::Idem(Error::NotKept(NotKept::RolledBack { key, .. }))) => {
+                assert_eq!(key, "job-3")
+            }
+            other => panic!("expected NotKept::RolledBack for job 3, got {other:?}"),
         }
         assert_eq!((ctx.effects_total().await, ctx.markers().await), (3, 3));
     } else {
@@ -231,7 +233,7 @@ pub(crate) async fn job_that_takes_the_transaction_with_it_fails_the_batch<S: Su
         assert_eq!((ctx.effects_total().await, ctx.markers().await), (3, 3));
     } else {
         match done {
-            Err(TestError::Idem(Error::RolledBack { scope, key })) => {
+            Err(TestError::Idem(Error::NotKept(NotKept::RolledBack { scope, key }))) => {
                 assert_eq!((scope.as_str(), key.as_str()), ("apply", "job-2"));
             }
             other => panic!("expected the batch's RolledBack, got {other:?}"),
@@ -262,7 +264,9 @@ pub(crate) async fn dropped_job_guard_is_rolled_back_alone<S: Support>() {
         .expect("the batch commits");
     assert_each(&done, &batch, &[3], &[]);
     match &done.results()[2] {
-        Err(TestError::Idem(Error::JobNotFinished { key, .. })) => assert_eq!(key, "job-3"),
+        Err(TestError::Idem(Error::NotKept(NotKept::JobNotFinished { key, .. }))) => {
+            assert_eq!(key, "job-3")
+        }
         other => panic!("expected JobNotFinished, got {other:?}"),
     }
     assert_eq!((ctx.effects(3).await, ctx.effects_total().await), (0, 4));

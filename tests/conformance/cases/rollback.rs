@@ -119,10 +119,10 @@ pub(crate) async fn body_that_swallows_a_rollback_is_rolled_back_not_applied<S: 
     let key = idem::Key::new(job.key.as_str()).expect("a valid key");
     let call = apply_swallowing::<S>(&ctx.store, &job, &other, &rows, &after);
     match within(120, "the swallowing body", call).await {
-        Err(TestError::Idem(idem::Error::RolledBack { scope, key: k })) => {
+        Err(TestError::Idem(idem::Error::NotKept(idem::NotKept::RolledBack { scope, key: k }))) => {
             assert_eq!((scope.as_str(), k.as_str()), ("apply", key.as_str()));
         }
-        other => panic!("expected RolledBack, got {other:?}"),
+        other => panic!("expected NotKept::RolledBack, got {other:?}"),
     }
     assert_eq!(
         ctx.markers().await,

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem::{Claimed, Error, Key, Lease, LeaseOptions, Outbox, Outcome, Store};
+use idem::{
+    Claimed, Error, Key, Lease, LeaseError, LeaseOptions, NotKept, Outbox, Outcome, Refusal, Store,
+};
 use sqlx::{Pool, Transaction};
 
 use super::lease::{db_now_plus, poll_db};
@@ -38,9 +40,9 @@ enum Got {
 fn idem_got(e: Error) -> Got {
     match e {
         Error::InProgress { .. } => Got::InProgress,
-        Error::LeaseLost { .. } => Got::LeaseLost,
-        Error::RolledBack { .. } => Got::RolledBack,
-        Error::Nested { .. } => Got::Nested,
+        Error::Lease(LeaseError::Lost { .. }) => Got::LeaseLost,
+        Error::NotKept(NotKept::RolledBack { .. }) => Got::RolledBack,
+        Error::Refused(Refusal::Nested { .. }) => Got::Nested,
         Error::Database(e) => sql_got(&e),
         other => Got::Other(format!("{other:?}")),
     }
@@ -447,7 +449,7 @@ async fn ship_swallowing<S: Support>(
     Ok(job.amount)
 }
 
-/// The outbox message goes with the transaction the database threw away: `RolledBack`, and
+/// The outbox message goes with the transaction the database threw away: `NotKept::RolledBack`, and
 /// nothing kept, neither by the rolled-back transaction nor outside it.
 pub(crate) async fn outbox_message_of_a_body_that_swallows_a_rollback_is_not_kept<S: Support>() {
     let mut ctx = Ctx::<S>::new("seam_swallow", 2).await;

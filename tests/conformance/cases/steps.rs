@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem::{Claimed, Error, Key, Lease, LeaseOptions, Outcome, Refusal};
+use idem::{Claimed, Error, Key, Lease, LeaseError, LeaseOptions, Outcome, Refusal};
 use sqlx::Transaction;
 
 use super::lease::{CHARGES_COLUMNS, db_now_plus};
@@ -105,7 +105,10 @@ pub(crate) async fn stale_holder_cannot_record_a_step<S: Support>() {
         })
         .await;
     assert!(
-        matches!(late, Err(TestError::Idem(Error::LeaseLost { .. }))),
+        matches!(
+            late,
+            Err(TestError::Idem(Error::Lease(LeaseError::Lost { .. })))
+        ),
         "{late:?}"
     );
     let late_ledger = stale
@@ -115,7 +118,10 @@ pub(crate) async fn stale_holder_cannot_record_a_step<S: Support>() {
         })
         .await;
     assert!(
-        matches!(late_ledger, Err(TestError::Idem(Error::LeaseLost { .. }))),
+        matches!(
+            late_ledger,
+            Err(TestError::Idem(Error::Lease(LeaseError::Lost { .. })))
+        ),
         "{late_ledger:?}"
     );
     assert_eq!(ran, 1);
@@ -143,8 +149,8 @@ pub(crate) async fn stale_holder_cannot_record_a_step<S: Support>() {
         other => panic!("expected Applied, got {other:?}"),
     }
     match stale.finish(Ok::<_, TestError>(())).await {
-        Err(TestError::Idem(Error::LeaseLost { .. })) => {}
-        other => panic!("expected LeaseLost, got {other:?}"),
+        Err(TestError::Idem(Error::Lease(LeaseError::Lost { .. }))) => {}
+        other => panic!("expected LeaseError::Lost, got {other:?}"),
     }
     ctx.cleanup().await;
 }
