@@ -180,7 +180,7 @@ async fn an_outside_call_without_a_stable_key_is_caught() {
         ),
         "{message}"
     );
-    assert!(message.contains("LeaseError::Lost"), "{message}");
+    assert!(message.contains("LeaseLost"), "{message}");
     assert_eq!(api.payments.totals().charges, 2);
 
     let (db, api, job) = (
