@@ -2,10 +2,10 @@
 //! group, on servers of its own (the soak's PostgreSQL cluster and MariaDB datadir). Four
 //! calls share one group's transaction: three have kept their work and wait for the commit,
 //! the fourth is parked in its body. PostgreSQL is stopped with `-m immediate` and started,
-//! MariaDB killed with SIGKILL and started; then the fourth call goes on. No call may get
-//! `Applied` (the group's work was lost), the three kept ones get `NotKept::Group` saying
-//! nothing was kept, the database holds neither effect nor marker of them, and a redelivery
-//! of each applies it exactly once (effects counted in the database).
+//! MariaDB killed with SIGKILL and started; then the fourth call goes on. No call may get `Applied`
+//! (the group's work was lost), the three kept ones get `NotKept::Group` saying nothing was kept,
+//! the database holds neither effect nor marker of them, and a redelivery of each applies it
+//! exactly once (effects counted in the database).
 
 use std::collections::HashMap;
 use std::sync::Arc;

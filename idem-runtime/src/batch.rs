@@ -38,9 +38,8 @@ impl<DB: Backend> Store<DB> {
     ///
     /// Refused before any I/O: a bad scope ([`Refusal::Scope`]), more than
     /// [`MAX_BATCH`] keys ([`Refusal::Batch`]; build the keys with [`Key::batch`] to
-    /// learn which job's key is bad), and a claim inside the open
-    /// transaction of another claim of this task ([`Refusal::Nested`]). An
-    /// empty batch does no I/O.
+    /// learn which job's key is bad), and a claim inside the open transaction of another claim of
+    /// this task ([`Refusal::Nested`]). An empty batch does no I/O.
     ///
     /// The statement, per backend: PostgreSQL `INSERT ... SELECT $1, k, ... FROM
     /// unnest($2::text[]) ... ORDER BY k ON CONFLICT DO NOTHING RETURNING key` (the keys as one

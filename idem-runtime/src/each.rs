@@ -7,8 +7,8 @@
 //! One round trip per job for the savepoints: a job that ended `Ok` keeps its savepoint open
 //! until the next job's is opened, in the same message (`RELEASE SAVEPOINT ..; SAVEPOINT ..`),
 //! and the last one is released before the commit. A job whose statements failed under a
-//! body that returned `Ok` anyway (PostgreSQL aborts its savepoint) is found there, rolled
-//! back alone, and reported [`NotKept::RolledBack`].
+//! body that returned `Ok` anyway (PostgreSQL aborts its savepoint) is found there, rolled back
+//! alone, and reported [`NotKept::RolledBack`].
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -228,10 +228,9 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
     ///
     /// A job is [`Outcome::Applied`] only once the database confirmed the commit (the check
     /// of [`Guard::finish`](crate::Guard::finish)). A fresh job that was never taken with
-    /// [`job`](EachGuard::job) is given back, as failed, with
-    /// [`NotKept::JobNotFinished`]. With no job to keep, nothing is
-    /// committed. An `Err` is the whole batch's (the commit failed, or a job's failure took the
-    /// transaction with it): nothing was kept.
+    /// [`job`](EachGuard::job) is given back, as failed, with [`NotKept::JobNotFinished`]. With no
+    /// job to keep, nothing is committed. An `Err` is the whole batch's (the commit failed, or a
+    /// job's failure took the transaction with it): nothing was kept.
     pub async fn finish(self) -> Result<Each<T, E>, E> {
         self.finish_failed()
             .await
@@ -445,8 +444,8 @@ impl<DB: Backend, T, E: From<Error>> EachGuard<DB, T, E> {
 ///
 /// [`finish`](JobGuard::finish) ends it: `Ok` keeps its work in the batch's transaction (it
 /// commits with the batch), `Err` rolls it back to its savepoint alone. Dropping it before
-/// `finish` rolls it back too (before the batch's next statement), and the job is reported
-/// with [`NotKept::JobNotFinished`].
+/// `finish` rolls it back too (before the batch's next statement), and the job is reported with
+/// [`NotKept::JobNotFinished`].
 pub struct JobGuard<'g, DB: Backend, T, E: From<Error>> {
     each: &'g mut EachGuard<DB, T, E>,
     position: usize,

@@ -141,11 +141,10 @@ held_calls! {
 /// `tx.commit()`.
 ///
 /// PostgreSQL answers `COMMIT` of a transaction that a failed statement aborted with a silent
-/// rollback, which sqlx's `commit()` reports as success: here that is
-/// [`NotKept::NotCommitted`], and so is a MariaDB transaction a
-/// deadlock rolled back. Costs no extra round trip. A savepoint (a transaction begun inside
-/// another) is released as sqlx releases it; on MySQL 8, which cannot tell, the commit is not
-/// checked.
+/// rollback, which sqlx's `commit()` reports as success: here that is [`NotKept::NotCommitted`],
+/// and so is a MariaDB transaction a deadlock rolled back. Costs no extra round trip. A savepoint
+/// (a transaction begun inside another) is released as sqlx releases it; on MySQL 8, which cannot
+/// tell, the commit is not checked.
 ///
 /// ```no_run
 /// # use idem_runtime as idem;

@@ -112,9 +112,9 @@ pub(crate) const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 
 /// Every mode reads a marker the same way: a completed one is a duplicate (replayed with
 /// `replay`); a lease another delivery still holds is [`Error::InProgress`], never a duplicate
 /// (its job may still fail: nack and let the broker redeliver); a lease that was released or
-/// ran out is taken over (a transaction claim makes it its own completed marker, which fences
-/// the old holder out: it gets [`LeaseError::Lost`]). Only a claim that
-/// finds a marker pays for reading it.
+/// ran out is taken over (a transaction claim makes it its own completed marker, which fences the
+/// old holder out: it gets [`LeaseError::Lost`]). Only a claim that finds a marker pays for reading
+/// it.
 ///
 /// # Pool settings
 ///
@@ -253,10 +253,9 @@ impl<DB: Backend> Store<DB> {
     /// go) is not deleted but let go of: its fencing token goes up, so its old holder can
     /// neither complete, renew nor release it, and the next delivery takes it over with a
     /// larger token still (and as its next [`attempt`](crate::Lease::attempt)). A marker whose
-    /// lease a delivery still holds is refused with [`LeaseError::Held`]:
-    /// that delivery may still be calling the outside system, and a redelivery would call it again
-    /// beside it. Wait for it to complete or run out, or use
-    /// [`forget_forced`](Store::forget_forced).
+    /// lease a delivery still holds is refused with [`LeaseError::Held`]: that delivery may still
+    /// be calling the outside system, and a redelivery would call it again beside it. Wait for it
+    /// to complete or run out, or use [`forget_forced`](Store::forget_forced).
     ///
     /// The steps a lease recorded ([`Lease::step`](crate::Lease::step)) are deleted with a
     /// deleted marker, in the same transaction; a marker in progress that is let go keeps
@@ -276,9 +275,8 @@ impl<DB: Backend> Store<DB> {
     /// What that risks: the holder may still be calling the outside system; the next delivery
     /// takes the key over and calls it too (with the same idempotency key, which a provider
     /// that honours it deduplicates). The old holder is fenced out at once: it gets
-    /// [`LeaseError::Lost`] and cannot complete, renew or release the
-    /// lease. Use it when the holder is known to be gone (its worker was killed) and its lease is
-    /// too long to wait out.
+    /// [`LeaseError::Lost`] and cannot complete, renew or release the lease. Use it when the holder
+    /// is known to be gone (its worker was killed) and its lease is too long to wait out.
     pub async fn forget_forced<K: IntoKey + ?Sized>(
         &self,
         scope: &str,

@@ -36,11 +36,11 @@ pub enum Got {
     /// `Err` from [`Error::InProgress`](crate::Error::InProgress): another delivery held the
     /// key. The broker redelivers such a job later.
     InProgress,
-    /// `Err` from [`LeaseError::Lost`](crate::LeaseError::Lost): the delivery's lease had
-    /// been taken over, so its result was not recorded.
+    /// `Err` from [`LeaseError::Lost`](crate::LeaseError::Lost): the delivery's lease had been
+    /// taken over, so its result was not recorded.
     LeaseLost,
-    /// `Err` from [`NotKept::Injected`](crate::NotKept::Injected): the kit failed this delivery
-    /// on purpose right before its commit.
+    /// `Err` from [`NotKept::Injected`](crate::NotKept::Injected): the kit failed this delivery on
+    /// purpose right before its commit.
     Injected,
     /// Any other `Err`: the body's own error, or another of idem's.
     Failed,

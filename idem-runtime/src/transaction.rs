@@ -26,9 +26,9 @@ impl<DB: Backend> Store<DB> {
     /// A completed marker is [`Claimed::Duplicate`]; a lease-mode delivery still holding the
     /// key is [`Error::InProgress`] (never a duplicate: its job may still fail); a lease that
     /// was released or ran out is taken over, and this transaction's commit completes it.
-    /// Inside the open transaction of another claim of this task (a handler's body, another
-    /// guard) the claim is refused with [`Refusal::Nested`](crate::Refusal::Nested), before any
-    /// I/O: claim on [`Store::join`] there.
+    /// Inside the open transaction of another claim of this task (a handler's body, another guard)
+    /// the claim is refused with [`Refusal::Nested`](crate::Refusal::Nested), before any I/O: claim
+    /// on [`Store::join`] there.
     ///
     /// ```no_run
     /// # use idem_runtime as idem;

@@ -475,9 +475,9 @@ impl Worker<'_> {
 
     /// A lease-mode body's heartbeat, run beside its outside call (`tokio::select!`): every
     /// [`Options::heartbeat`] it renews the lease and, only if that succeeded, sets the
-    /// message's visibility to [`Options::visibility`] again from now. It returns only when
-    /// the renewal failed ([`idem::LeaseError::Lost`]: another delivery took the key over),
-    /// which ends the body.
+    /// message's visibility to [`Options::visibility`] again from now. It returns only when the
+    /// renewal failed ([`idem::LeaseError::Lost`]: another delivery took the key over), which ends
+    /// the body.
     ///
     /// Tied to `renew`, and in this order, so that a worker extends its message's invisibility
     /// only while it holds the key: one that lost the key stops hiding the message from the

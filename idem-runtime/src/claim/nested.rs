@@ -17,9 +17,8 @@ tokio::task_local! {
 }
 
 /// A fresh claim's body, to run in the call's `idem.claim` span and marked as inside the
-/// claim's open transaction: a claim with a store in it is refused with
-/// [`Refusal::Nested`] (claim on [`Store::join`](crate::Store::join) there
-/// instead).
+/// claim's open transaction: a claim with a store in it is refused with [`Refusal::Nested`] (claim
+/// on [`Store::join`](crate::Store::join) there instead).
 ///
 /// Made by [`Guard::body`](crate::Guard::body), [`JoinedGuard::body`](crate::JoinedGuard::body)
 /// and [`BatchGuard::body`](crate::BatchGuard::body); it borrows nothing of its holder, so the

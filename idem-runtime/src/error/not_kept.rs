@@ -1,9 +1,8 @@
 /// The work of a call was not kept: its transaction (or savepoint) was rolled back, by the
-/// database or on purpose, or its job never finished; for a group whose commit lost its
-/// answer, it may have been kept ([`Group`](NotKept::Group)'s `may_be_kept`). Either way the
-/// redelivery settles it by its marker: nack the job. It reaches callers as
-/// [`Error::NotKept`](crate::Error::NotKept); the variant says how, and its message what to
-/// do.
+/// database or on purpose, or its job never finished; for a group whose commit lost its answer, it
+/// may have been kept ([`Group`](NotKept::Group)'s `may_be_kept`). Either way the redelivery
+/// settles it by its marker: nack the job. It reaches callers as
+/// [`Error::NotKept`](crate::Error::NotKept); the variant says how, and its message what to do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum NotKept {

@@ -150,10 +150,10 @@ impl GroupOptions {
 /// What differs:
 ///
 /// - **A group that fails as a whole** (its connection is lost, the database rolls its
-///   transaction back, its commit fails or loses its answer) fails every call whose work was
-///   in it with [`NotKept::Group`](crate::NotKept::Group), which says whether the work may have
-///   been kept (only when the commit's answer was lost). Nack the job: its redelivery settles it by
-///   its marker.
+///   transaction back, its commit fails or loses its answer) fails every call whose work was in it
+///   with [`NotKept::Group`](crate::NotKept::Group), which says whether the work may have been kept
+///   (only when the commit's answer was lost). Nack the job: its redelivery settles it by its
+///   marker.
 /// - **Bodies of one group run one after another** on its connection (each call in its own
 ///   task: a body borrows its caller's data). A body that waits (on a lock, a slow
 ///   statement, anything else) delays the calls queued behind it in its group; the other

@@ -104,8 +104,8 @@ impl<DB: Backend> Slot<DB> {
 /// (or rolls all back on a 5xx).
 ///
 /// Extracting it from a request the layer did not claim (a route without the layer, a method
-/// the layer passes through) is a 500 that says so. While the handler runs, a claim with a
-/// store in it is refused ([`Refusal::Nested`](crate::Refusal::Nested)): call handlers with
+/// the layer passes through) is a 500 that says so. While the handler runs, a claim with a store in
+/// it is refused ([`Refusal::Nested`](crate::Refusal::Nested)): call handlers with
 /// `store.join(tx.tx())`.
 pub struct ClaimedTx<DB: Backend> {
     guard: OwnedMutexGuard<Option<Holding<DB>>>,

@@ -210,12 +210,11 @@ impl<DB: Backend> Consumer<DB> {
     /// Up to `max` records, in the order of each partition's log, waiting at most `wait` for
     /// the first (an empty batch when none came).
     ///
-    /// An error met since the last call comes first: a partition whose watermark is past its
-    /// log's end ([`KafkaError::WatermarkAhead`]: it is not
-    /// consumed), a watermark that could not be read ([`Error::Database`]: those partitions are not
-    /// consumed until the next rebalance), a position outside the log or a broker that cannot be
-    /// reached ([`KafkaError::Client`]). Cancelling the call loses
-    /// nothing: records it polled are handed out by the next one.
+    /// An error met since the last call comes first: a partition whose watermark is past its log's
+    /// end ([`KafkaError::WatermarkAhead`]: it is not consumed), a watermark that could not be read
+    /// ([`Error::Database`]: those partitions are not consumed until the next rebalance), a
+    /// position outside the log or a broker that cannot be reached ([`KafkaError::Client`]).
+    /// Cancelling the call loses nothing: records it polled are handed out by the next one.
     pub async fn next_batch(&mut self, max: usize, wait: Duration) -> Result<Vec<Record>, Error> {
         self.commit_claimed();
         let (reply, answer) = oneshot::channel();

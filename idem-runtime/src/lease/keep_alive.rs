@@ -1,6 +1,6 @@
-//! A lease that keeps itself alive around a slow call: renewed at a third of its length while
-//! the call runs, and the call stopped with `LeaseError::Lost` once a renewal says another delivery
-//! has the key.
+//! A lease that keeps itself alive around a slow call: renewed at a third of its length while the
+//! call runs, and the call stopped with `LeaseError::Lost` once a renewal says another delivery has
+//! the key.
 
 use std::future::{Future, poll_fn};
 use std::pin::pin;
@@ -22,11 +22,10 @@ impl Lease {
     /// `timeout` it was given; [`remaining`](Lease::remaining) grows with each renewal).
     ///
     /// If a renewal finds that another delivery took the key over (or an operator forgot it),
-    /// `work` is dropped at once and the call is [`LeaseError::Lost`]: the
-    /// new holder decides the job. A renewal that fails for another reason (the database briefly
-    /// unreachable) is tried again until the lease would have run out, and then the call is
-    /// [`LeaseError::Lost`] too: by then another delivery may hold the
-    /// key.
+    /// `work` is dropped at once and the call is [`LeaseError::Lost`]: the new holder decides the
+    /// job. A renewal that fails for another reason (the database briefly unreachable) is tried
+    /// again until the lease would have run out, and then the call is [`LeaseError::Lost`] too: by
+    /// then another delivery may hold the key.
     ///
     /// ```no_run
     /// # use idem_runtime as idem;

@@ -185,10 +185,9 @@ impl Lease {
             .outbox()
     }
 
-    /// Extends the lease by its full length from now (database clock), if this delivery still
-    /// holds it; else [`LeaseError::Lost`]. The body's time limit moves
-    /// with it: a body that renews keeps running, under the attribute, the HTTP layer and
-    /// [`run`](Lease::run) alike.
+    /// Extends the lease by its full length from now (database clock), if this delivery still holds
+    /// it; else [`LeaseError::Lost`]. The body's time limit moves with it: a body that renews keeps
+    /// running, under the attribute, the HTTP layer and [`run`](Lease::run) alike.
     pub async fn renew(&self) -> Result<(), Error> {
         let sent = tokio::time::Instant::now();
         let renewed = self
@@ -202,10 +201,9 @@ impl Lease {
         Ok(())
     }
 
-    /// Runs `body` in the call's span under the lease's timeout:
-    /// [`LeaseError::Timeout`] if it does not finish in time (the time
-    /// limit moves with each [`renew`](Lease::renew)); the body is dropped then. A lease holds no
-    /// transaction, so claims in its body are not refused as nested.
+    /// Runs `body` in the call's span under the lease's timeout: [`LeaseError::Timeout`] if it does
+    /// not finish in time (the time limit moves with each [`renew`](Lease::renew)); the body is
+    /// dropped then. A lease holds no transaction, so claims in its body are not refused as nested.
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, Error> {
         self.clock
             .run(crate::observe::in_span(self.span().clone(), body))
@@ -245,12 +243,12 @@ impl Lease {
     }
 
     /// Ends the call, with `outbox`'s messages if the body had its own. `Ok` completes the
-    /// marker if this delivery still holds the key (else
-    /// [`LeaseError::Lost`], and the value is not reported as applied),
-    /// storing what `encode` makes of the value (`replay`). The outside call happened by then, so a
-    /// value that cannot be stored still completes the marker, without it: later deliveries are
-    /// duplicates, and this one gets [`Error::ValueNotStored`]. `Err` (the body's, or a timeout
-    /// `result` holds) releases the key at once so that a redelivery may retry.
+    /// marker if this delivery still holds the key (else [`LeaseError::Lost`], and the value is not
+    /// reported as applied), storing what `encode` makes of the value (`replay`). The outside call
+    /// happened by then, so a value that cannot be stored still completes the marker, without it:
+    /// later deliveries are duplicates, and this one gets [`Error::ValueNotStored`]. `Err` (the
+    /// body's, or a timeout `result` holds) releases the key at once so that a redelivery may
+    /// retry.
     pub(crate) async fn finish_with<T, E>(
         mut self,
         result: Result<Result<T, E>, Error>,

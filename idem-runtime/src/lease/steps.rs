@@ -147,8 +147,8 @@ impl Lease {
     ///   runs, and a name that is empty, longer than [`MAX_STEP_NAME`] bytes or holds a NUL
     ///   byte are [`Refusal::Step`], before anything runs.
     /// - The record is fenced: a holder whose lease was taken over gets
-    ///   [`LeaseError::Lost`] and records nothing (its step ran: the
-    ///   outside system got the step's idempotency key, which the new holder sends too).
+    ///   [`LeaseError::Lost`] and records nothing (its step ran: the outside system got the step's
+    ///   idempotency key, which the new holder sends too).
     /// - The step's `Err` is returned as it is and nothing is recorded: the next delivery
     ///   runs the step again. A value that cannot be stored (not serialisable, over
     ///   [`MAX_REPLAY_LEN`](crate::MAX_REPLAY_LEN)) is [`Error::Serialize`]: the step ran,
@@ -177,9 +177,8 @@ impl Lease {
     /// [`Verified::Happened`] records its value as the step's and returns it;
     /// [`Verified::NotHappened`] runs the step (before) or makes its error
     /// [`transient`](Lease::transient) (after); [`Verified::Unknown`] keeps the lease until
-    /// it runs out ([`unknown`](Lease::unknown)) and returns
-    /// [`LeaseError::Unverified`] (before) or the step's error
-    /// (after).
+    /// it runs out ([`unknown`](Lease::unknown)) and returns [`LeaseError::Unverified`] (before) or
+    /// the step's error (after).
     pub async fn step_verified<T, E, F, Fut, V, VFut>(
         &self,
         name: &str,
@@ -259,10 +258,10 @@ impl Lease {
     ///
     /// `DB` must be the database of the store the lease was taken on (else
     /// [`Refusal::Step`], before anything runs). The transaction begins as a claim's does
-    /// (SQLite: `BEGIN IMMEDIATE`) and its commit is verified (a transaction the database
-    /// rolled back is [`NotKept::RolledBack`](crate::NotKept::RolledBack), nothing of it kept).
-    /// `run`'s `Err` rolls it back. A claim with a store inside `run` is refused as
-    /// [`Refusal::Nested`]. Names and order as for [`step`](Lease::step).
+    /// (SQLite: `BEGIN IMMEDIATE`) and its commit is verified (a transaction the database rolled
+    /// back is [`NotKept::RolledBack`](crate::NotKept::RolledBack), nothing of it kept). `run`'s
+    /// `Err` rolls it back. A claim with a store inside `run` is refused as [`Refusal::Nested`].
+    /// Names and order as for [`step`](Lease::step).
     ///
     /// ```no_run
     /// # use idem_runtime as idem;

@@ -24,9 +24,9 @@ use crate::outgoing::{BatchOutbox, Unsent};
 /// [`finish`](OffsetGuard::finish) commits (the watermarks, the effects and the
 /// [`outbox`](OffsetGuard::outbox) together) or rolls back; [`release`](OffsetGuard::release),
 /// or dropping it (a panic, a cancelled future), rolls back as well, and the records are
-/// fresh again for the next delivery. In a group, the commit is the group's (`finish` answers
-/// once it is confirmed, or with [`NotKept::Group`](crate::NotKept::Group)) and a rollback is to
-/// the claim's savepoint.
+/// fresh again for the next delivery. In a group, the commit is the group's (`finish` answers once
+/// it is confirmed, or with [`NotKept::Group`](crate::NotKept::Group)) and a rollback is to the
+/// claim's savepoint.
 #[derive(Debug)]
 #[must_use = "an offset claim may hold an open transaction: run the fresh records and call `finish`"]
 pub struct OffsetGuard<DB: Backend> {
@@ -222,10 +222,10 @@ impl<DB: Backend> OffsetGuard<DB> {
     /// Ends the call: commits on `Ok`, rolls back on `Err`.
     ///
     /// On `Ok`, each fresh record is [`Outcome::Applied`](crate::Outcome::Applied) only once
-    /// the database confirmed the commit of the watermarks with the effects (a transaction it
-    /// threw away is [`NotKept::RolledBack`](crate::NotKept::RolledBack), and nothing of it was
-    /// kept); the others are duplicates. With no fresh record there is nothing to commit, and the
-    /// value is dropped.
+    /// the database confirmed the commit of the watermarks with the effects (a transaction it threw
+    /// away is [`NotKept::RolledBack`](crate::NotKept::RolledBack), and nothing of it was kept);
+    /// the others are duplicates. With no fresh record there is nothing to commit, and the value is
+    /// dropped.
     pub async fn finish<T, E: From<Error>>(self, result: Result<T, E>) -> Result<Batch<T>, E> {
         let end = self.finish_failed(result.map_err(Failed::Handler)).await;
         end.map_err(Failed::into_handler_error)

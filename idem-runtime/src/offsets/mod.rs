@@ -165,9 +165,8 @@ impl<DB: Backend> Store<DB> {
     /// come in the order of their offsets. Refused before any I/O
     /// ([`Refusal::Offsets`]): an empty or over-long group or topic
     /// ([`MAX_NAME_LEN`]), a negative partition or offset, a partition's offsets out of
-    /// order, more than [`MAX_BATCH`] records; and a claim inside the open transaction of
-    /// another claim of this task ([`Refusal::Nested`]). An empty batch
-    /// does no I/O.
+    /// order, more than [`MAX_BATCH`] records; and a claim inside the open transaction of another
+    /// claim of this task ([`Refusal::Nested`]). An empty batch does no I/O.
     ///
     /// The call has one `idem.claim` span (mode `offsets`, scope the group) and counts each
     /// record's outcome in `idem_outcomes_total`; the guard's outbox, body and verified

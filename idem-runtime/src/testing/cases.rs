@@ -221,8 +221,8 @@ pub async fn fail_before_commit<C: Check>(
 /// key over (`Applied`, lease attempt 2). Then delivery 1 goes on, believing its lease still
 /// holds (its own clock is given a full lease again, as a paused process or a jumped clock
 /// would believe): its body runs, and the call must not report success (it gets
-/// [`LeaseError::Lost`](crate::LeaseError::Lost) when its result is refused, or its own
-/// error). `check` must read `applied` (say, the payments API charged once, thanks to the
+/// [`LeaseError::Lost`](crate::LeaseError::Lost) when its result is refused, or its own error).
+/// `check` must read `applied` (say, the payments API charged once, thanks to the
 /// `Idempotency-Key`), and one more delivery must be a `Duplicate`.
 ///
 /// Panics on a transaction-mode handler ("needs lease mode") and on any violation.

@@ -25,8 +25,7 @@ pub(crate) enum Fault {
     /// Nothing: the delivery runs as in production.
     None,
     /// Fail the delivery right before its commit (transaction mode) or its completing
-    /// statement (lease mode): roll back or release instead, and return
-    /// [`NotKept::Injected`].
+    /// statement (lease mode): roll back or release instead, and return [`NotKept::Injected`].
     BeforeCommit,
     /// Lease mode: right after the claim, expire the lease in the database, then wait until the
     /// kit lets the delivery go on.

@@ -465,9 +465,9 @@ pub(crate) async fn outbox_of_a_batch_guard_by_hand_is_written_only_by_finish_ok
 }
 
 /// A lease's messages by hand (`lease.outbox().send`): none after `finish(Err)`, `release()`
-/// or a drop; written when `finish(Ok)` completes the lease (not before); and none from a
-/// holder whose lease was taken over meanwhile, which gets `LeaseError::Lost`, while the new
-/// holder's are written.
+/// or a drop; written when `finish(Ok)` completes the lease (not before); and none from a holder
+/// whose lease was taken over meanwhile, which gets `LeaseError::Lost`, while the new holder's are
+/// written.
 pub(crate) async fn outbox_of_a_lease_by_hand_is_written_only_when_it_completes<S: Support>() {
     let ctx = Ctx::<S>::new("hand_lease", 3).await;
     let k = "charge-hand";
@@ -575,8 +575,8 @@ async fn charge_sending(
 }
 
 /// A lease handler's `outbox: &mut idem::Outbox`: its messages are written when its lease
-/// completes, not when its body fails, not by a duplicate, and not when its lease was taken
-/// over while it ran (that call gets `LeaseError::Lost`; the new holder's messages are written).
+/// completes, not when its body fails, not by a duplicate, and not when its lease was taken over
+/// while it ran (that call gets `LeaseError::Lost`; the new holder's messages are written).
 pub(crate) async fn outbox_of_a_lease_handler_is_written_only_when_its_lease_completes<
     S: Support,
 >() {

@@ -87,9 +87,9 @@ pub(crate) async fn forget_refuses_a_live_lease_and_its_holder_still_completes<S
 
 /// `forget` of a marker no delivery holds is `Ok(true)`: a completed one (by a lease, by a
 /// transaction) is deleted, and the next delivery runs the job again; one in progress whose
-/// lease was let go (the body's error, `release()`) or ran out is let go of instead: still
-/// there, unlocked, its token up, so that its old holder is fenced out at once (`LeaseError::Lost`)
-/// and the next delivery takes it over as its next attempt, with a larger token still.
+/// lease was let go (the body's error, `release()`) or ran out is let go of instead: still there,
+/// unlocked, its token up, so that its old holder is fenced out at once (`LeaseError::Lost`) and
+/// the next delivery takes it over as its next attempt, with a larger token still.
 pub(crate) async fn forget_deletes_a_completed_marker_and_lets_go_of_a_free_lease<S: Support>() {
     let ctx = Ctx::<S>::new("forget_free", 3).await;
 
@@ -189,11 +189,11 @@ pub(crate) async fn forget_deletes_a_completed_marker_and_lets_go_of_a_free_leas
 /// Rounds of a forced forget under a live holder.
 const FORCED_ROUNDS: usize = 6;
 
-/// `forget_forced` of a live lease is `Ok(true)` and lets the lease go (unlocked, token up);
-/// the old holder's `renew` and `finish(Ok)` are `LeaseError::Lost` at once, and, once the next
-/// delivery has taken the key over (its next attempt, a larger token than the old holder's),
-/// the old holder's `finish(Ok)` is `LeaseError::Lost` and its `release` does not free the new
-/// lease (a third delivery is still `InProgress`); the next holder completes.
+/// `forget_forced` of a live lease is `Ok(true)` and lets the lease go (unlocked, token up); the
+/// old holder's `renew` and `finish(Ok)` are `LeaseError::Lost` at once, and, once the next
+/// delivery has taken the key over (its next attempt, a larger token than the old holder's), the
+/// old holder's `finish(Ok)` is `LeaseError::Lost` and its `release` does not free the new lease (a
+/// third delivery is still `InProgress`); the next holder completes.
 pub(crate) async fn forced_forget_of_a_live_lease_fences_out_the_old_holder<S: Support>() {
     let ctx = Ctx::<S>::new("forget_forced", 3).await;
 

@@ -140,10 +140,10 @@ pub(crate) async fn group_member_failure_rolls_back_only_its_savepoint<S: Suppor
 }
 
 /// A member whose body swallows a failed statement, with calls queued behind it (so that its
-/// release also opens the next call's savepoint, in one message): on PostgreSQL its savepoint
-/// was aborted, so it alone is rolled back, as `NotKept::RolledBack`; elsewhere the failed
-/// statement undid only itself, and it is applied. Every other member commits either way. The same
-/// member alone in its group is answered the same way.
+/// release also opens the next call's savepoint, in one message): on PostgreSQL its savepoint was
+/// aborted, so it alone is rolled back, as `NotKept::RolledBack`; elsewhere the failed statement
+/// undid only itself, and it is applied. Every other member commits either way. The same member
+/// alone in its group is answered the same way.
 pub(crate) async fn group_member_that_swallows_a_statement_error<S: Support>() {
     let mut ctx = Ctx::<S>::new("groupswallow", 12).await;
     let table = ctx
@@ -453,9 +453,9 @@ pub(super) async fn futures_join<F: std::future::Future>(
     out
 }
 
-/// The group's connection killed while a call's body runs in it: the call before it, kept in
-/// the same group, gets `NotKept::Group` (nothing kept), the calls after it commit in a new
-/// group, and redelivery applies the lost ones once.
+/// The group's connection killed while a call's body runs in it: the call before it, kept in the
+/// same group, gets `NotKept::Group` (nothing kept), the calls after it commit in a new group, and
+/// redelivery applies the lost ones once.
 pub(crate) async fn killed_connection_fails_its_group_and_redelivery_applies_once<S: Server>() {
     let ctx = Ctx::<S>::new("groupkill", 12).await;
     let killer = S::connect(&ctx.url, 1).await;

@@ -1,7 +1,7 @@
-//! Servers only: a group whose commit is cut by a proxy, so that no member can know whether
-//! the group's work was kept. Every member gets `NotKept::Group { may_be_kept: true }`, never
-//! `Applied`, and each one's redelivery settles it by its marker. (SQLite's commit is a call
-//! into a file the process holds: it returns, or the process is gone with its callers.)
+//! Servers only: a group whose commit is cut by a proxy, so that no member can know whether the
+//! group's work was kept. Every member gets `NotKept::Group { may_be_kept: true }`, never
+//! `Applied`, and each one's redelivery settles it by its marker. (SQLite's commit is a call into a
+//! file the process holds: it returns, or the process is gone with its callers.)
 
 use std::sync::Arc;
 use std::time::Duration;

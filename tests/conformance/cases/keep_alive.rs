@@ -1,5 +1,5 @@
-//! `Lease::keep_alive`: a slow call outlives its lease (and the body's time limit) while the
-//! lease renews itself, and is stopped with `LeaseError::Lost` once a renewal finds the key taken.
+//! `Lease::keep_alive`: a slow call outlives its lease (and the body's time limit) while the lease
+//! renews itself, and is stopped with `LeaseError::Lost` once a renewal finds the key taken.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

@@ -186,8 +186,8 @@ pub(crate) async fn a_live_lease_is_in_progress_to_every_mode_then_released<S: S
     ctx.cleanup().await;
 }
 
-/// A lease that ran out is taken over by every mode, and its old holder can no longer
-/// complete it (`LeaseError::Lost`): the job applies once.
+/// A lease that ran out is taken over by every mode, and its old holder can no longer complete it
+/// (`LeaseError::Lost`): the job applies once.
 pub(crate) async fn an_expired_lease_is_taken_over_by_every_mode<S: Support>() {
     let ctx = Ctx::<S>::new("modes_expired", 3).await;
     for (n, second) in MODES.into_iter().enumerate() {

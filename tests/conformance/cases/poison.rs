@@ -175,9 +175,9 @@ pub(crate) async fn failed_job_gives_back_the_lease_it_took_over<S: Support>() {
     ctx.cleanup().await;
 }
 
-/// A job that swallows a failed statement and returns `Ok`: on PostgreSQL its savepoint is
-/// aborted, so the job is rolled back alone and reported `NotKept::RolledBack`; on MySQL and SQLite
-/// a failed statement undoes only itself, and the job (its effect included) is applied.
+/// A job that swallows a failed statement and returns `Ok`: on PostgreSQL its savepoint is aborted,
+/// so the job is rolled back alone and reported `NotKept::RolledBack`; on MySQL and SQLite a failed
+/// statement undoes only itself, and the job (its effect included) is applied.
 pub(crate) async fn job_that_swallows_a_statement_error<S: Support>() {
     let mut ctx = Ctx::<S>::new("poisonswallow", 2).await;
     let table = poison_table(&mut ctx).await;
