@@ -134,28 +134,23 @@ impl From<KeyError> for Error {
     }
 }
 
-impl From<Refusal> for Error {
-    fn from(refusal: Refusal) -> Self {
-        Error::Refused(refusal)
-    }
+/// Each family's error is the `Error` variant that carries it (not its `source()`: the
+/// variant displays it already, and reporters would print it twice).
+macro_rules! families {
+    ($($variant:ident($family:ty),)*) => {$(
+        impl From<$family> for Error {
+            fn from(err: $family) -> Self {
+                Error::$variant(err)
+            }
+        }
+    )*};
 }
 
-impl From<LeaseError> for Error {
-    fn from(err: LeaseError) -> Self {
-        Error::Lease(err)
-    }
-}
-
-impl From<NotKept> for Error {
-    fn from(err: NotKept) -> Self {
-        Error::NotKept(err)
-    }
-}
-
-impl From<KafkaError> for Error {
-    fn from(err: KafkaError) -> Self {
-        Error::Kafka(err)
-    }
+families! {
+    Refused(Refusal),
+    Lease(LeaseError),
+    NotKept(NotKept),
+    Kafka(KafkaError),
 }
 
 /// A refused key in a handler that returns `sqlx::Error`: it travels as the [`Error`] it

@@ -55,43 +55,27 @@ pub struct OutboxEntry {
 }
 
 impl OutboxEntry {
+    /// From a row of the operators' statements, in `OutboxRow`'s column order.
     fn from_row(row: OutboxRow) -> OutboxEntry {
-        let (
-            id,
-            destination,
-            scope,
-            key,
-            seq,
-            attempts,
-            last_error,
-            parked,
-            sent,
-            created_at,
-            age_ms,
-            due_in_ms,
-            ordering_key,
-            headers,
-        ) = row;
-        let headers = Headers::from_json(headers.as_deref()).unwrap_or_default();
-        let state = match (sent != 0, parked != 0) {
+        let state = match (row.8 != 0, row.7 != 0) {
             (true, _) => OutboxState::Sent,
             (false, true) => OutboxState::Parked,
             (false, false) => OutboxState::Pending,
         };
         OutboxEntry {
-            id,
-            destination,
-            scope,
-            key,
-            seq,
-            attempts,
-            last_error,
+            id: row.0,
+            destination: row.1,
+            scope: row.2,
+            key: row.3,
+            seq: row.4,
+            attempts: row.5,
+            last_error: row.6,
             state,
-            created_at,
-            age_ms,
-            due_in_ms,
-            ordering_key,
-            headers,
+            created_at: row.9,
+            age_ms: row.10,
+            due_in_ms: row.11,
+            ordering_key: row.12,
+            headers: Headers::from_json(row.13.as_deref()).unwrap_or_default(),
         }
     }
 }
