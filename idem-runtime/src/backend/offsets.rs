@@ -11,13 +11,16 @@ use crate::options::ClaimOptions;
 pub(super) const PARTITION: &str =
     "consumer_group = :group AND topic = :topic AND partition_id = :partition";
 
-/// `read` and `forget`, alike on every backend.
+/// `read`, alike on every backend.
 pub(super) const READ: &str = "SELECT partition_id, next_offset FROM {t}_offsets \
     WHERE consumer_group = :group AND topic = :topic ORDER BY partition_id";
+/// `forget`, where a NULL bind needs no type (PostgreSQL's does).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(super) const FORGET: &str = "DELETE FROM {t}_offsets WHERE consumer_group = :group \
     AND (:topic IS NULL OR topic = :topic)";
 
 /// A first watermark where the backend can skip one another claim wrote first.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(super) const INSERT_OR_SKIP: &str = "INSERT INTO {t}_offsets (consumer_group, topic, \
     partition_id, next_offset, token) VALUES (:group, :topic, :partition, :next, :nonce) \
     ON CONFLICT DO NOTHING";

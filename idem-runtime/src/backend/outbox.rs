@@ -14,6 +14,7 @@ use crate::outgoing::Unsent;
 
 /// The watermark row that holds an offset claim's nonce: a message of the claim is written
 /// only while it is there (backends whose writes need a fence).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(super) const WATERMARK_HELD: &str = "{t}_offsets AS w WHERE w.consumer_group = :group \
     AND w.topic = :topic AND w.partition_id = :partition AND w.token = :nonce";
 
@@ -23,6 +24,7 @@ pub(super) fn find(columns: &str) -> String {
 }
 
 /// `list`, as `columns`, where `parked` is a boolean: parked first, then in the order written.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(super) fn list(columns: &str) -> String {
     format!(
         "SELECT {columns} FROM {{t}}_outbox WHERE sent_at IS NULL \
