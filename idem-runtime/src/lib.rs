@@ -25,6 +25,7 @@ mod outcome;
 mod outgoing;
 mod record;
 mod scope;
+mod settle;
 mod traceparent;
 
 mod observe;
@@ -85,6 +86,7 @@ pub use outcome::{Batch, Each, Failure, Outcome};
 pub use outgoing::{BatchOutbox, Message, Outbox};
 pub use record::{Fingerprint, MAX_REPLAY_LEN, Recorded};
 pub use retention::{MIN_RETENTION, Retention};
+pub use settle::{Classify, Disposition, Settle};
 pub use store::{DEFAULT_TABLE, MAX_TABLE_LEN, PURGE_BATCH, Store};
 pub use traceparent::{TRACEPARENT, TraceParent, TraceParentError};
 pub use transaction::Guard;

@@ -17,6 +17,18 @@ pub(crate) enum TestError {
     Refused,
 }
 
+/// The consumer loop's view of the tests' error: the idem error it carries decides; the
+/// body's own refusal is not permanent (retried).
+impl idem::Classify for TestError {
+    fn idem_error(&self) -> Option<&idem::Error> {
+        match self {
+            TestError::Idem(e) => Some(e),
+            TestError::Db(e) => e.idem_error(),
+            TestError::Refused => None,
+        }
+    }
+}
+
 impl From<idem::Error> for TestError {
     fn from(e: idem::Error) -> Self {
         TestError::Idem(e)

@@ -182,6 +182,12 @@ impl From<sqlx::Error> for Error {
     }
 }
 
+/// Whether a redelivery may succeed where a database error of a body's own failed: what
+/// [`Error::is_transient`] says of the `Error` it converts into.
+pub(crate) fn is_transient_database(err: &sqlx::Error) -> bool {
+    is_read_only(err) || transient(err)
+}
+
 impl Error {
     /// What a delivery the test kit crashed after a step ends with (`Class::Crashed`, which
     /// only the kit sets).

@@ -17,6 +17,12 @@ use crate::conformance::replay_handlers::*;
 use crate::conformance::util::within;
 
 fn is_key_reused<T: std::fmt::Debug>(result: Result<Outcome<T>, TestError>, order: &Order) {
+    // No delivery of it can succeed: the consumer loop dead-letters it at once.
+    let settled = idem::Disposition::of(&result, 1);
+    assert!(
+        matches!(settled, idem::Disposition::DeadLetter { .. }),
+        "{settled:?}"
+    );
     match result {
         Err(TestError::Idem(idem::Error::KeyReused { scope, key })) => {
             assert_eq!((scope.as_str(), key.as_str()), (SCOPE, order.key.as_str()));

@@ -7,7 +7,7 @@
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use idem::{LeaseOptions, Outcome};
+use idem::{Disposition, LeaseOptions, Outcome, Settle};
 use sqlx::Pool;
 
 use super::lease::db_now_plus;
@@ -39,15 +39,29 @@ enum Got {
     Other(String),
 }
 
+/// What `result` is, once the consumer loop's decision on it was checked: an ack for work that
+/// was kept, a delayed retry for a key another delivery holds, a backoff for what was not kept.
 fn got<T: std::fmt::Debug>(result: Result<Outcome<T>, TestError>) -> Got {
-    match result {
+    let settled = Settle::new().decide(&result, 1);
+    let got = match result {
         Ok(Outcome::Applied(_)) => Got::Applied,
         Ok(Outcome::Duplicate) => Got::Duplicate,
         Err(TestError::Idem(idem::Error::InProgress { .. })) => Got::InProgress,
         Err(TestError::Idem(idem::Error::Lease(idem::LeaseError::Lost { .. }))) => Got::LeaseLost,
         Err(TestError::Refused) => Got::Refused,
-        other => Got::Other(format!("{other:?}")),
-    }
+        other => return Got::Other(format!("{other:?}")),
+    };
+    let expected = match got {
+        Got::Applied | Got::Duplicate => Disposition::Ack,
+        Got::InProgress => Disposition::Retry {
+            after: Duration::from_secs(1),
+        },
+        _ => Disposition::Retry {
+            after: Duration::from_millis(100),
+        },
+    };
+    assert_eq!(settled, expected, "the consumer loop's decision on {got:?}");
+    got
 }
 
 /// The lease-mode `apply`, in the same scope: the effect is an autocommit statement of its

@@ -118,7 +118,18 @@ pub(crate) async fn body_that_swallows_a_rollback_is_rolled_back_not_applied<S: 
     let job = ctx.job("job-swallow", 17, 170);
     let key = idem::Key::new(job.key.as_str()).expect("a valid key");
     let call = apply_swallowing::<S>(&ctx.store, &job, &other, &rows, &after);
-    match within(120, "the swallowing body", call).await {
+    let result = within(120, "the swallowing body", call).await;
+    // Nothing was kept: the consumer loop retries it, and dead-letters it at the cap.
+    let settle = idem::Settle::new().max_deliveries(2);
+    assert!(matches!(
+        settle.decide(&result, 1),
+        idem::Disposition::Retry { .. }
+    ));
+    assert!(matches!(
+        settle.decide(&result, 2),
+        idem::Disposition::DeadLetter { .. }
+    ));
+    match result {
         Err(TestError::Idem(idem::Error::NotKept(idem::NotKept::RolledBack { scope, key: k }))) => {
             assert_eq!((scope.as_str(), k.as_str()), ("apply", key.as_str()));
         }
