@@ -388,23 +388,26 @@ impl IntoKey for uuid::Uuid {
     }
 }
 
-/// `IntoKey` for the tuples of one to as many elements as names are given: each arity's impl
-/// peels the first name off for the next.
+/// `IntoKey` for the tuples of one to as many elements as names are given, each arity's impl
+/// naming its elements as the longest does (`(A, B)`, not the last two names).
 macro_rules! tuple_keys {
-    () => {};
-    ($head:ident $($tail:ident)*) => {
-        impl<$head: IntoKey, $($tail: IntoKey),*> IntoKey for ($head, $($tail,)*) {
+    (@impl $($t:ident)+) => {
+        impl<$($t: IntoKey),+> IntoKey for ($($t,)+) {
             // The elements are bound by their types' names.
             #[allow(non_snake_case)]
             fn write_key(&self, key: &mut KeyWriter) {
-                let ($head, $($tail,)*) = self;
-                key.tuple(|key| {
-                    key.value($head);
-                    $(key.value($tail);)*
-                });
+                let ($($t,)+) = self;
+                key.tuple(|key| { $(key.value($t);)+ });
             }
         }
-        tuple_keys!($($tail)*);
+    };
+    (@each [$($done:ident)*]) => {};
+    (@each [$($done:ident)*] $next:ident $($rest:ident)*) => {
+        tuple_keys!(@impl $($done)* $next);
+        tuple_keys!(@each [$($done)* $next] $($rest)*);
+    };
+    ($($t:ident)+) => {
+        tuple_keys!(@each [] $($t)+);
     };
 }
 tuple_keys!(A B C D E F);
