@@ -64,17 +64,31 @@ pub(super) fn hash(key: &str) -> String {
     out
 }
 
-/// The key an error names, if it names one.
+/// The key an error names, if it names one. Every variant is matched by name, so that one
+/// added with a key in its message cannot be logged with the key in plain text by oversight.
 fn key_of(error: &Error) -> Option<&str> {
     match error {
-        Error::NotKept(NotKept::RolledBack { key, .. })
-        | Error::InProgress { key, .. }
+        Error::InProgress { key, .. }
         | Error::KeyReused { key, .. }
-        | Error::ValueNotStored { key, .. }
-        | Error::Lease(LeaseError::Lost { key, .. })
-        | Error::Lease(LeaseError::Timeout { key, .. })
-        | Error::NotKept(NotKept::Injected { key, .. }) => Some(key),
-        _ => None,
+        | Error::ValueNotStored { key, .. } => Some(key),
+        Error::NotKept(not_kept) => match not_kept {
+            NotKept::RolledBack { key, .. }
+            | NotKept::JobNotFinished { key, .. }
+            | NotKept::Group { key, .. }
+            | NotKept::Injected { key, .. } => Some(key),
+            NotKept::NotCommitted => None,
+        },
+        Error::Lease(lease) => match lease {
+            LeaseError::Held { key, .. }
+            | LeaseError::Lost { key, .. }
+            | LeaseError::Unverified { key, .. }
+            | LeaseError::Timeout { key, .. } => Some(key),
+        },
+        Error::Database(_)
+        | Error::ReadOnly(_)
+        | Error::Refused(_)
+        | Error::Serialize(_)
+        | Error::Kafka(_) => None,
     }
 }
 
@@ -96,6 +110,70 @@ pub(super) fn error_text(error: &Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every error whose message quotes a key names it, so that a log that hides keys can
+    /// hide it.
+    #[test]
+    fn every_error_that_quotes_a_key_names_it() {
+        let (scope, key) = ("billing".to_owned(), "order-7".to_owned());
+        let errors = [
+            Error::InProgress {
+                scope: scope.clone(),
+                key: key.clone(),
+            },
+            Error::KeyReused {
+                scope: scope.clone(),
+                key: key.clone(),
+            },
+            Error::ValueNotStored {
+                scope: scope.clone(),
+                key: key.clone(),
+                reason: "too long".into(),
+            },
+            Error::NotKept(NotKept::RolledBack {
+                scope: scope.clone(),
+                key: key.clone(),
+            }),
+            Error::NotKept(NotKept::JobNotFinished {
+                scope: scope.clone(),
+                key: key.clone(),
+            }),
+            Error::NotKept(NotKept::Group {
+                scope: scope.clone(),
+                key: key.clone(),
+                may_be_kept: false,
+                reason: "the connection was lost".into(),
+            }),
+            Error::NotKept(NotKept::Injected {
+                scope: scope.clone(),
+                key: key.clone(),
+                at: "commit",
+            }),
+            Error::Lease(LeaseError::Held {
+                scope: scope.clone(),
+                key: key.clone(),
+            }),
+            Error::Lease(LeaseError::Lost {
+                scope: scope.clone(),
+                key: key.clone(),
+            }),
+            Error::Lease(LeaseError::Unverified {
+                scope: scope.clone(),
+                key: key.clone(),
+                step: "charge".into(),
+            }),
+            Error::Lease(LeaseError::Timeout {
+                scope: scope.clone(),
+                key: key.clone(),
+                after: std::time::Duration::from_secs(5),
+            }),
+        ];
+        for error in &errors {
+            assert!(error.to_string().contains(&format!("{key:?}")), "{error}");
+            assert_eq!(key_of(error), Some(key.as_str()), "{error}");
+        }
+        assert_eq!(key_of(&Error::NotKept(NotKept::NotCommitted)), None);
+    }
 
     #[test]
     fn the_hash_is_the_sha256_prefix() {
