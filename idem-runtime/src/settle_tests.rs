@@ -72,23 +72,16 @@ fn permanent_errors_are_dead_lettered_at_once_with_their_message() {
 
 #[test]
 fn what_was_not_kept_is_retried_with_a_doubling_bounded_backoff() {
-    let (scope, key) = call("top-up", "job-2");
-    let errors = [
-        Error::NotKept(NotKept::RolledBack {
-            scope: scope.clone(),
-            key: key.clone(),
-        }),
-        Error::Lease(LeaseError::Lost {
-            scope: scope.clone(),
-            key: key.clone(),
-        }),
-        Error::Lease(LeaseError::Timeout {
-            scope,
-            key,
-            after: Duration::from_secs(5),
-        }),
-        Error::Database(sqlx::Error::PoolTimedOut),
+    let not_kept: [fn(String, String) -> Error; 4] = [
+        |scope, key| Error::NotKept(NotKept::RolledBack { scope, key }),
+        |scope, key| Error::Lease(LeaseError::Lost { scope, key }),
+        |scope, key| {
+            let after = Duration::from_secs(5);
+            Error::Lease(LeaseError::Timeout { scope, key, after })
+        },
+        |_, _| Error::Database(sqlx::Error::PoolTimedOut),
     ];
+    let errors = not_kept.map(|make| make("top-up".to_owned(), "job-2".to_owned()));
     let settle = Settle::new()
         .backoff(Duration::from_millis(100), Duration::from_millis(700))
         .max_deliveries(6);

@@ -115,62 +115,48 @@ mod tests {
     /// hide it.
     #[test]
     fn every_error_that_quotes_a_key_names_it() {
-        let (scope, key) = ("billing".to_owned(), "order-7".to_owned());
-        let errors = [
-            Error::InProgress {
-                scope: scope.clone(),
-                key: key.clone(),
+        use std::time::Duration;
+        let keyed: [fn(String, String) -> Error; 11] = [
+            |scope, key| Error::InProgress { scope, key },
+            |scope, key| Error::KeyReused { scope, key },
+            |scope, key| {
+                let reason = "too long".into();
+                Error::ValueNotStored { scope, key, reason }
             },
-            Error::KeyReused {
-                scope: scope.clone(),
-                key: key.clone(),
+            |scope, key| Error::NotKept(NotKept::RolledBack { scope, key }),
+            |scope, key| Error::NotKept(NotKept::JobNotFinished { scope, key }),
+            |scope, key| {
+                let (may_be_kept, reason) = (false, "the connection was lost".into());
+                Error::NotKept(NotKept::Group {
+                    scope,
+                    key,
+                    may_be_kept,
+                    reason,
+                })
             },
-            Error::ValueNotStored {
-                scope: scope.clone(),
-                key: key.clone(),
-                reason: "too long".into(),
+            |scope, key| {
+                Error::NotKept(NotKept::Injected {
+                    scope,
+                    key,
+                    at: "commit",
+                })
             },
-            Error::NotKept(NotKept::RolledBack {
-                scope: scope.clone(),
-                key: key.clone(),
-            }),
-            Error::NotKept(NotKept::JobNotFinished {
-                scope: scope.clone(),
-                key: key.clone(),
-            }),
-            Error::NotKept(NotKept::Group {
-                scope: scope.clone(),
-                key: key.clone(),
-                may_be_kept: false,
-                reason: "the connection was lost".into(),
-            }),
-            Error::NotKept(NotKept::Injected {
-                scope: scope.clone(),
-                key: key.clone(),
-                at: "commit",
-            }),
-            Error::Lease(LeaseError::Held {
-                scope: scope.clone(),
-                key: key.clone(),
-            }),
-            Error::Lease(LeaseError::Lost {
-                scope: scope.clone(),
-                key: key.clone(),
-            }),
-            Error::Lease(LeaseError::Unverified {
-                scope: scope.clone(),
-                key: key.clone(),
-                step: "charge".into(),
-            }),
-            Error::Lease(LeaseError::Timeout {
-                scope: scope.clone(),
-                key: key.clone(),
-                after: std::time::Duration::from_secs(5),
-            }),
+            |scope, key| Error::Lease(LeaseError::Held { scope, key }),
+            |scope, key| Error::Lease(LeaseError::Lost { scope, key }),
+            |scope, key| {
+                let step = "charge".into();
+                Error::Lease(LeaseError::Unverified { scope, key, step })
+            },
+            |scope, key| {
+                let after = Duration::from_secs(5);
+                Error::Lease(LeaseError::Timeout { scope, key, after })
+            },
         ];
+        let key = "order-7";
+        let errors = keyed.map(|make| make("billing".to_owned(), key.to_owned()));
         for error in &errors {
             assert!(error.to_string().contains(&format!("{key:?}")), "{error}");
-            assert_eq!(key_of(error), Some(key.as_str()), "{error}");
+            assert_eq!(key_of(error), Some(key), "{error}");
         }
         assert_eq!(key_of(&Error::NotKept(NotKept::NotCommitted)), None);
     }
