@@ -25,7 +25,7 @@ mod outcome;
 mod outgoing;
 mod record;
 mod scope;
-mod settle;
+pub mod settle;
 mod traceparent;
 
 mod observe;

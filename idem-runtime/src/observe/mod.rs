@@ -89,6 +89,13 @@ pub fn describe_metrics() {
         "Duration of processing operation (OpenTelemetry messaging conventions): from the \
          claim's start to the call's end, for calls that know their broker."
     );
+    metrics::describe_counter!(
+        crate::settle::SETTLED_TOTAL,
+        metrics::Unit::Count,
+        "Deliveries the consumer loop settled, by disposition (ack, retry, dead_letter) and \
+         by what the handler answered (applied, duplicate, replayed, failed, error, \
+         unparsable, panicked)."
+    );
 }
 
 static METADATA: Metadata<'static> =

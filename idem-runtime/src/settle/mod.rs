@@ -1,5 +1,6 @@
-//! What a consumer does with a delivery once its handler returned: the rule of a consumer
-//! loop (ack, retry after a delay, dead-letter) written once, as code.
+//! The consumer loop: what a consumer does with a delivery once its handler returned (ack,
+//! retry after a delay, dead-letter), written once as code ([`Settle::decide`]), and the loop
+//! itself ([`Runner`]) on a broker's [`Source`] (RabbitMQ: the `rabbitmq` module, feature `rabbitmq`).
 //!
 //! ```
 //! # use idem_runtime as idem;
@@ -21,6 +22,12 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::outcome::Outcome;
+
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+mod runner;
+
+pub use runner::{Delivery, Runner, SETTLED_TOTAL, Settled, Source, Tally};
 
 /// What to do with a delivery: the broker's settlement of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,6 +249,12 @@ impl Settle {
                 reason: error.to_string(),
             };
         }
+        self.failed(error, delivery)
+    }
+
+    /// A delivery that failed in a way a later one may get past: retried after the backoff of
+    /// its number, or dead-lettered from the cap on.
+    pub(crate) fn failed(&self, error: &dyn Display, delivery: u32) -> Disposition {
         if delivery >= self.max_deliveries {
             return Disposition::DeadLetter {
                 reason: format!(
@@ -268,5 +281,4 @@ impl Disposition {
 }
 
 #[cfg(test)]
-#[path = "settle_tests.rs"]
 mod tests;

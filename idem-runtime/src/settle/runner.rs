@@ -1,0 +1,374 @@
+//! The consumer loop itself: deliveries from a broker, each run through a handler and settled
+//! as [`Settle::decide`] says, a bound on how many run at once, and a shutdown that never acks
+//! what was not kept.
+
+use std::fmt::{self, Debug, Display};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt as _;
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
+use serde::de::DeserializeOwned;
+
+use super::{Classify, Disposition, Settle};
+use crate::outcome::Outcome;
+
+/// The counter of settled deliveries, labelled `disposition` (`ack`, `retry`, `dead_letter`)
+/// and `outcome` (what the handler answered: `applied`, `duplicate`, `replayed`, `failed`,
+/// `error`, `unparsable`, `panicked`).
+pub const SETTLED_TOTAL: &str = "idem_settled_total";
+
+/// Where deliveries come from: a broker's consumer, as one of idem's adapters wraps it.
+pub trait Source {
+    /// One delivery of a message.
+    type Delivery: Delivery<Error = Self::Error>;
+    /// What fails when the broker cannot be reached.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The next delivery, or `None` once the broker ended the consumer. Cancel-safe: the
+    /// runner drops this future when another event comes first, and no delivery may be lost
+    /// then (a stream's `next` is).
+    fn next(&mut self) -> impl Future<Output = Option<Result<Self::Delivery, Self::Error>>> + Send;
+
+    /// Asks the broker to send no more deliveries (a consumer's cancel), at shutdown, before
+    /// the deliveries in flight end.
+    fn stop(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Once the deliveries in flight ended or were dropped: hands every delivery nobody
+    /// settled back to the broker, so that it is delivered again (RabbitMQ's channel close).
+    fn close(self) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// One delivery of a message, and how its broker settles it.
+pub trait Delivery: Send {
+    /// What fails when the settlement does not reach the broker.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The message's body, as its producer wrote it.
+    fn payload(&self) -> &[u8];
+
+    /// Which delivery of the message this is, from 1: the broker's own count where it keeps
+    /// one, else the adapter's.
+    fn count(&self) -> u32;
+
+    /// The message's id, for logs, where it has one.
+    fn id(&self) -> Option<&str> {
+        None
+    }
+
+    /// Settles the delivery on its broker as `disposition` says. `Ok` once the broker took
+    /// the settlement (a retry or a dead letter that is a copy of the message is confirmed
+    /// before the delivery is acked).
+    fn settle(
+        self,
+        disposition: &Disposition,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// What [`Runner::on_settled`] sees of each delivery once its broker took the settlement.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Settled<'a> {
+    /// The message's id, where it has one.
+    pub id: Option<&'a str>,
+    /// Which delivery of it this was, from 1.
+    pub delivery: u32,
+    /// What the handler answered: `applied`, `duplicate`, `replayed`, `failed` (an
+    /// [`Outcome`]), `error` (an error; see `error`), `unparsable` (the payload is not a job)
+    /// or `panicked`.
+    pub outcome: &'static str,
+    /// The error's text, when the handler failed.
+    pub error: Option<&'a str>,
+    /// How the delivery was settled.
+    pub disposition: &'a Disposition,
+}
+
+/// What a [`Runner::run`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Tally {
+    /// Deliveries acked after their handler answered `Applied`.
+    pub applied: u64,
+    /// Deliveries acked for another reason: a duplicate, a replay, a job that failed for good
+    /// earlier.
+    pub acked_otherwise: u64,
+    /// Deliveries given back to be delivered again later.
+    pub retried: u64,
+    /// Deliveries dead-lettered.
+    pub dead_lettered: u64,
+    /// Deliveries whose handler had not answered when the shutdown's bound ran out: left
+    /// unsettled (their transaction rolled back when dropped), so that the broker delivers them
+    /// again.
+    pub abandoned: u64,
+}
+
+impl Tally {
+    /// Every delivery acked.
+    pub fn acked(&self) -> u64 {
+        self.applied + self.acked_otherwise
+    }
+}
+
+type Observer = Arc<dyn Fn(&Settled<'_>) + Send + Sync>;
+
+/// The consumer loop: takes deliveries from a [`Source`], at most
+/// [`in_flight`](Runner::in_flight) at once, parses each payload (JSON) into the handler's job,
+/// runs the handler and settles the delivery as [`Settle::decide`] says; a payload that does
+/// not parse is dead-lettered, a handler that panics is retried like one that failed.
+///
+/// On shutdown it stops taking deliveries, gives the handlers running the
+/// [`drain`](Runner::drain) bound to end and settles those that did. A handler that did not
+/// end is dropped unsettled: its transaction rolls back, nothing of it is kept, and the broker
+/// delivers it again. Nothing is ever acked before its handler answered.
+#[derive(Clone)]
+pub struct Runner {
+    settle: Settle,
+    in_flight: usize,
+    drain: Duration,
+    observer: Option<Observer>,
+}
+
+impl Debug for Runner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runner")
+            .field("settle", &self.settle)
+            .field("in_flight", &self.in_flight)
+            .field("drain", &self.drain)
+            .field("on_settled", &self.observer.is_some())
+            .finish()
+    }
+}
+
+impl Default for Runner {
+    fn default() -> Self {
+        Runner::new()
+    }
+}
+
+impl Runner {
+    /// The defaults: [`Settle::new`]'s policy, 16 deliveries in flight, 30 s for the handlers
+    /// running at shutdown.
+    pub fn new() -> Runner {
+        Runner {
+            settle: Settle::new(),
+            in_flight: 16,
+            drain: Duration::from_secs(30),
+            observer: None,
+        }
+    }
+
+    /// How deliveries are settled (the redelivery cap, the backoff).
+    pub fn settle(mut self, settle: Settle) -> Runner {
+        self.settle = settle;
+        self
+    }
+
+    /// How many deliveries are handled at once (at least 1). Give the broker the same
+    /// prefetch, and the pool a connection more than this.
+    pub fn in_flight(mut self, n: usize) -> Runner {
+        self.in_flight = n.max(1);
+        self
+    }
+
+    /// How long the handlers running at shutdown get to end before they are dropped
+    /// unsettled. Keep it under the time your platform gives a stopping process.
+    pub fn drain(mut self, bound: Duration) -> Runner {
+        self.drain = bound;
+        self
+    }
+
+    /// Calls `f` for each delivery once its broker took the settlement (for logs and tests;
+    /// the runner also counts [`SETTLED_TOTAL`] and logs each dead letter).
+    pub fn on_settled(mut self, f: impl Fn(&Settled<'_>) + Send + Sync + 'static) -> Runner {
+        self.observer = Some(Arc::new(f));
+        self
+    }
+
+    /// Runs until `shutdown` resolves or the source ends, then drains (see [`Runner`]).
+    /// `Err` when the source or a settlement failed (the broker's connection is lost): the
+    /// runner stops taking deliveries at once and drains the rest, whose settlements are
+    /// tried too; whatever was not settled is delivered again.
+    pub async fn run<S, J, F, Fut, T, E>(
+        &self,
+        mut source: S,
+        handler: F,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<Tally, S::Error>
+    where
+        S: Source,
+        J: DeserializeOwned,
+        F: Fn(J) -> Fut,
+        Fut: Future<Output = Result<Outcome<T>, E>>,
+        E: Classify + Display,
+    {
+        let mut tally = Tally::default();
+        let mut failed: Option<S::Error> = None;
+        let mut running = FuturesUnordered::new();
+        let mut shutdown = pin!(shutdown);
+        loop {
+            tokio::select! {
+                // Shutdown first, then settlements, then new deliveries: a stopping runner
+                // takes nothing more, and a full one frees a place before it takes another.
+                biased;
+                () = &mut shutdown => break,
+                Some(done) = running.next(), if !running.is_empty() => {
+                    if let Err(e) = self.count(done, &mut tally) {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+                next = source.next(), if running.len() < self.in_flight => match next {
+                    Some(Ok(delivery)) => running.push(self.handle(delivery, &handler)),
+                    Some(Err(e)) => {
+                        failed = Some(e);
+                        break;
+                    }
+                    None => break,
+                },
+            }
+        }
+        let stopped = source.stop().await;
+        let drained = tokio::time::timeout(self.drain, async {
+            while let Some(done) = running.next().await {
+                if let Err(e) = self.count(done, &mut tally) {
+                    failed.get_or_insert(e);
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tally.abandoned = running.len() as u64;
+            tracing::warn!(
+                abandoned = tally.abandoned,
+                "idem: handlers still running at the end of the shutdown's bound were dropped \
+                 unsettled; their broker delivers them again"
+            );
+        }
+        // Dropped before the source closes, so that their transactions' rollbacks are on their
+        // way (the pool runs them) before the broker hands the deliveries out again; a
+        // redelivery that still meets one gets `InProgress` and waits its turn.
+        drop(running);
+        let closed = source.close().await;
+        match (failed, stopped.and(closed)) {
+            (Some(e), _) | (None, Err(e)) => Err(e),
+            (None, Ok(())) => Ok(tally),
+        }
+    }
+
+    /// Parses, handles and settles one delivery.
+    async fn handle<D, J, F, Fut, T, E>(&self, delivery: D, handler: &F) -> Done<D::Error>
+    where
+        D: Delivery,
+        J: DeserializeOwned,
+        F: Fn(J) -> Fut,
+        Fut: Future<Output = Result<Outcome<T>, E>>,
+        E: Classify + Display,
+    {
+        let count = delivery.count();
+        let (outcome, error, disposition) = match serde_json::from_slice::<J>(delivery.payload()) {
+            Err(e) => (
+                "unparsable",
+                Some(e.to_string()),
+                Disposition::unparsable(e),
+            ),
+            Ok(job) => {
+                // A panicking handler dropped its transaction: nothing of it was kept, and the
+                // loop goes on without it.
+                let answer = AssertUnwindSafe(async { handler(job).await })
+                    .catch_unwind()
+                    .await;
+                match answer {
+                    Ok(result) => (
+                        label(&result),
+                        result.as_ref().err().map(|e| e.to_string()),
+                        self.settle.decide(&result, count),
+                    ),
+                    Err(panic) => {
+                        let text = format!("the handler panicked: {}", panic_text(&*panic));
+                        let disposition = self.settle.failed(&text, count);
+                        ("panicked", Some(text), disposition)
+                    }
+                }
+            }
+        };
+        let id = delivery.id().map(str::to_owned);
+        let settled = delivery.settle(&disposition).await;
+        if settled.is_ok() {
+            self.observe(&Settled {
+                id: id.as_deref(),
+                delivery: count,
+                outcome,
+                error: error.as_deref(),
+                disposition: &disposition,
+            });
+        }
+        Done {
+            outcome,
+            disposition,
+            settled,
+        }
+    }
+
+    fn observe(&self, settled: &Settled<'_>) {
+        let disposition = match settled.disposition {
+            Disposition::Ack => "ack",
+            Disposition::Retry { .. } => "retry",
+            Disposition::DeadLetter { reason } => {
+                tracing::warn!(
+                    message.id = settled.id,
+                    delivery = settled.delivery,
+                    reason,
+                    "idem: dead-lettered"
+                );
+                "dead_letter"
+            }
+        };
+        metrics::counter!(SETTLED_TOTAL, "disposition" => disposition, "outcome" => settled.outcome)
+            .increment(1);
+        if let Some(f) = &self.observer {
+            f(settled);
+        }
+    }
+
+    fn count<X>(&self, done: Done<X>, tally: &mut Tally) -> Result<(), X> {
+        done.settled?;
+        let n = match (done.disposition, done.outcome) {
+            (Disposition::Ack, "applied") => &mut tally.applied,
+            (Disposition::Ack, _) => &mut tally.acked_otherwise,
+            (Disposition::Retry { .. }, _) => &mut tally.retried,
+            (Disposition::DeadLetter { .. }, _) => &mut tally.dead_lettered,
+        };
+        *n += 1;
+        Ok(())
+    }
+}
+
+/// One delivery's end.
+struct Done<X> {
+    outcome: &'static str,
+    disposition: Disposition,
+    settled: Result<(), X>,
+}
+
+fn label<T, E>(result: &Result<Outcome<T>, E>) -> &'static str {
+    match result {
+        Ok(Outcome::Applied(_)) => "applied",
+        Ok(Outcome::Duplicate) => "duplicate",
+        Ok(Outcome::Replayed(_)) => "replayed",
+        Ok(Outcome::Failed(_)) => "failed",
+        Err(_) => "error",
+    }
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    match panic.downcast_ref::<&str>() {
+        Some(text) => text,
+        None => panic
+            .downcast_ref::<String>()
+            .map_or("(no text)", String::as_str),
+    }
+}
