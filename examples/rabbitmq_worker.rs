@@ -1,17 +1,17 @@
 //! A RabbitMQ worker (lapin) applying top-up jobs exactly once, on SQLite in a temporary file.
 //!
 //! RabbitMQ delivers every message at least once: a worker that dies after its transaction
-//! committed but before its ack reaches the broker gets the message redelivered (with the
-//! `redelivered` flag) to another worker. Here the producer even publishes every job twice
-//! (a retried publish). The worker consumes a durable queue with manual acks and a prefetch of
-//! 16, runs the `#[idempotent]` handler and:
+//! committed but before its ack reaches the broker gets the message redelivered to another
+//! worker. Here the producer even publishes every job twice (a retried publish). The loop is
+//! idem's [`Runner`] on the queue's [`Queue`] source: 16 deliveries in flight, each parsed,
+//! handled by the `#[idempotent]` handler and settled as [`idem::Settle::decide`] says:
 //!
-//! - acks on `Applied`, `Duplicate` and `Replayed`: the job's effect is committed, by this
+//! - acked on `Applied`, `Duplicate` and `Replayed`: the job's effect is committed, by this
 //!   delivery or an earlier one;
-//! - nacks with `requeue = true` on any other error (`InProgress`, a database error, a
-//!   rollback): nothing was kept, the broker hands the message out again;
-//! - nacks with `requeue = false` on `KeyReused` and on a payload that is not a job: no retry
-//!   can succeed, so the message goes to the queue's dead-letter exchange if it has one.
+//! - retried after a delay (a copy through a retry queue) on an error a later delivery may get
+//!   past (`InProgress`, a database error, a rollback), dead-lettered at the 10th delivery;
+//! - dead-lettered (to `<queue>.dead`, with the reason) on `KeyReused` and on a payload that is
+//!   not a job: no retry can succeed.
 //!
 //! ```text
 //! cargo run --example rabbitmq_worker
@@ -21,21 +21,23 @@
 use std::future::Future;
 use std::io::Write;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::StreamExt as _;
-use idem::{Outcome, Store};
+use idem::Disposition;
+use idem::Store;
+use idem::settle::rabbitmq::{Queue, RabbitMqError};
+use idem::settle::{Runner, Settled, Tally};
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
-    BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Sqlite, Transaction};
+use tokio::sync::Notify;
 
 /// Deliveries in flight at once, each handled concurrently.
 const PREFETCH: u16 = 16;
@@ -63,128 +65,19 @@ pub struct TopUp {
     pub credits: i64,
 }
 
-/// The handler's error: idem's own, or the database's.
-#[derive(Debug)]
-pub enum JobError {
-    Database(sqlx::Error),
-    Idem(idem::Error),
-}
-
-impl From<sqlx::Error> for JobError {
-    fn from(e: sqlx::Error) -> Self {
-        JobError::Database(e)
-    }
-}
-
-impl From<idem::Error> for JobError {
-    fn from(e: idem::Error) -> Self {
-        JobError::Idem(e)
-    }
-}
-
-impl std::fmt::Display for JobError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            JobError::Database(e) => write!(f, "{e}"),
-            JobError::Idem(e) => write!(f, "{e}"),
-        }
-    }
-}
-
 /// Adds the job's credits to the account; the marker commits in the same transaction.
 ///
 /// `wait = "5s"`: a second delivery of a job that another worker is still running waits at
 /// most this long for it, then gets `InProgress` and is nacked, instead of holding a
 /// connection for as long as the first one takes.
 #[idem::idempotent(key = "job.id", scope = "billing.top_up", wait = "5s")]
-pub async fn apply_top_up(tx: &mut Transaction<'_, Sqlite>, job: &TopUp) -> Result<(), JobError> {
+pub async fn apply_top_up(tx: &mut Transaction<'_, Sqlite>, job: &TopUp) -> sqlx::Result<()> {
     sqlx::query("UPDATE accounts SET credits = credits + ?1 WHERE id = ?2")
         .bind(job.credits)
         .bind(job.account)
         .execute(&mut **tx)
         .await?;
     Ok(())
-}
-
-/// What the worker did with one delivery, in the order it happened.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    /// A message arrived; `redelivered` is RabbitMQ's flag (an earlier delivery was not acked).
-    Delivered { id: String, redelivered: bool },
-    /// The handler returned `Applied` (`applied`) or `Duplicate`/`Replayed`; the ack follows.
-    /// Seen before the ack, so that a worker killed in between has still told it (its message
-    /// comes back and is told again).
-    Handled { id: String, applied: bool },
-    /// Acked after the handler returned `Applied` (`applied`) or `Duplicate`/`Replayed`.
-    Acked {
-        id: String,
-        applied: bool,
-        redelivered: bool,
-    },
-    /// Nacked: `requeue` for errors a later delivery may get past, else dead-lettered.
-    Nacked {
-        id: String,
-        requeue: bool,
-        error: String,
-    },
-}
-
-impl std::fmt::Display for Event {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // One line per event, stable enough for the tests' worker processes to be read by
-        // their parent.
-        match self {
-            Event::Delivered { id, redelivered } => {
-                write!(f, "DELIVERED {id} redelivered={redelivered}")
-            }
-            Event::Handled { id, applied } => {
-                let what = if *applied { "applied" } else { "duplicate" };
-                write!(f, "HANDLED {what} {id}")
-            }
-            Event::Acked {
-                id,
-                applied,
-                redelivered,
-            } => {
-                let what = if *applied { "applied" } else { "duplicate" };
-                write!(f, "ACKED {what} {id} redelivered={redelivered}")
-            }
-            Event::Nacked { id, requeue, error } => {
-                write!(f, "NACKED {id} requeue={requeue}: {error}")
-            }
-        }
-    }
-}
-
-/// Counts of a worker's events.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Tally {
-    pub delivered: u64,
-    pub redelivered: u64,
-    pub applied: u64,
-    pub duplicates: u64,
-    pub nacked: u64,
-}
-
-impl Tally {
-    /// Adds one event.
-    pub fn add(&mut self, event: &Event) {
-        match event {
-            Event::Delivered { redelivered, .. } => {
-                self.delivered += 1;
-                self.redelivered += u64::from(*redelivered);
-            }
-            Event::Handled { .. } => {}
-            Event::Acked { applied: true, .. } => self.applied += 1,
-            Event::Acked { applied: false, .. } => self.duplicates += 1,
-            Event::Nacked { .. } => self.nacked += 1,
-        }
-    }
-
-    /// Messages acked, applied or not.
-    pub fn acked(&self) -> u64 {
-        self.applied + self.duplicates
-    }
 }
 
 /// Declares the durable queue the jobs go through.
@@ -234,144 +127,41 @@ pub async fn confirming_channel(connection: &Connection) -> Result<Channel, lapi
     Ok(channel)
 }
 
-/// The worker loop: consumes `queue` with manual acks, `prefetch` messages in flight (and
-/// handled concurrently), until `stop` resolves; then finishes (and acks) the deliveries it
-/// is handling, cancels its consumer and returns what it did. Deliveries the broker had sent
-/// but the loop had not started are requeued by RabbitMQ when the channel closes.
-///
-/// `handle` runs the `#[idempotent]` handler; `on_event` sees every delivery, ack and nack.
-pub async fn work<H, Fut>(
-    channel: &Channel,
+/// The worker: consumes `queue` until `stop` resolves, then lets the jobs in flight end and
+/// settles them (see [`Runner`]). `on_settled` sees each delivery once it is settled.
+pub async fn work(
+    connection: &Connection,
     queue: &str,
-    prefetch: u16,
-    handle: H,
+    store: &Store<Sqlite>,
     stop: impl Future<Output = ()>,
-    on_event: impl Fn(&Event) + Sync,
-) -> Result<Tally, lapin::Error>
-where
-    H: Fn(TopUp) -> Fut + Sync,
-    Fut: Future<Output = Result<Outcome<()>, JobError>>,
-{
-    channel
-        .basic_qos(prefetch, BasicQosOptions::default())
-        .await?;
-    let consumer = channel
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
+    on_settled: impl Fn(&Settled<'_>) + Send + Sync + 'static,
+) -> Result<Tally, RabbitMqError> {
+    let deliveries = Queue::consume(connection, queue, PREFETCH).await?;
+    Runner::new()
+        .in_flight(PREFETCH.into())
+        .on_settled(on_settled)
+        .run(
+            deliveries,
+            |job: TopUp| async move { apply_top_up(store, &job).await },
+            stop,
         )
-        .await?;
-    let tag = consumer.tag();
-    let tally = Mutex::new(Tally::default());
-    let note = |event: Event| {
-        on_event(&event);
-        tally.lock().unwrap_or_else(|e| e.into_inner()).add(&event);
+        .await
+}
+
+/// One line per settled delivery, e.g. `ack applied top-up-1 delivery=1`.
+pub fn line(settled: &Settled<'_>) -> String {
+    let what = match settled.disposition {
+        Disposition::Ack => "ack".to_owned(),
+        Disposition::Retry { after } => format!("retry after {after:?}"),
+        Disposition::DeadLetter { reason } => format!("dead-letter ({reason})"),
+        _ => format!("{:?}", settled.disposition),
     };
-    let first_error: Mutex<Option<lapin::Error>> = Mutex::new(None);
-    // Shared by reference with every delivery's future.
-    let (first_error_ref, note, handle) = (&first_error, &note, &handle);
-    consumer
-        .take_until(stop)
-        .for_each_concurrent(usize::from(prefetch), move |delivery| async move {
-            let first_error = first_error_ref;
-            let delivery = match delivery {
-                Ok(d) => d,
-                Err(e) => {
-                    first_error
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get_or_insert(e);
-                    return;
-                }
-            };
-            let redelivered = delivery.redelivered;
-            let job: TopUp = match serde_json::from_slice(&delivery.data) {
-                Ok(job) => job,
-                Err(e) => {
-                    let nack = BasicNackOptions {
-                        requeue: false,
-                        ..Default::default()
-                    };
-                    let id = format!("tag-{}", delivery.delivery_tag);
-                    if let Err(e) = delivery.acker.nack(nack).await {
-                        first_error
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get_or_insert(e);
-                    }
-                    note(Event::Nacked {
-                        id,
-                        requeue: false,
-                        error: format!("not a top-up job: {e}"),
-                    });
-                    return;
-                }
-            };
-            let id = job.id.clone();
-            note(Event::Delivered {
-                id: id.clone(),
-                redelivered,
-            });
-            let result = match handle(job).await {
-                // Committed, by this delivery or an earlier one: the job is done.
-                Ok(Outcome::Applied(())) => Ok(true),
-                // Or failed for good by an earlier delivery: never retried either.
-                Ok(Outcome::Duplicate | Outcome::Replayed(()) | Outcome::Failed(_)) => Ok(false),
-                // The same key with another payload: no redelivery can fix it.
-                Err(e @ JobError::Idem(idem::Error::KeyReused { .. })) => Err((false, e)),
-                // Nothing was kept (a rollback, a lost connection, another delivery still
-                // running the job): let the broker hand it out again.
-                Err(e) => Err((true, e)),
-            };
-            if let Ok(applied) = result {
-                note(Event::Handled {
-                    id: id.clone(),
-                    applied,
-                });
-            }
-            let sent = match result {
-                Ok(applied) => delivery
-                    .acker
-                    .ack(BasicAckOptions::default())
-                    .await
-                    .map(|_| Event::Acked {
-                        id,
-                        applied,
-                        redelivered,
-                    }),
-                Err((requeue, error)) => delivery
-                    .acker
-                    .nack(BasicNackOptions {
-                        requeue,
-                        ..Default::default()
-                    })
-                    .await
-                    .map(|_| Event::Nacked {
-                        id,
-                        requeue,
-                        error: error.to_string(),
-                    }),
-            };
-            match sent {
-                Ok(event) => note(event),
-                Err(e) => {
-                    first_error
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get_or_insert(e);
-                }
-            }
-        })
-        .await;
-    if let Some(e) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        return Err(e);
-    }
-    channel
-        .basic_cancel(tag, BasicCancelOptions::default())
-        .await?;
-    Ok(tally.into_inner().unwrap_or_else(|e| e.into_inner()))
+    format!(
+        "{what} {} {} delivery={}",
+        settled.outcome,
+        settled.id.unwrap_or("-"),
+        settled.delivery
+    )
 }
 
 /// What [`run`] reports: the worker's counts and the final balances.
@@ -392,8 +182,7 @@ pub async fn run(
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .busy_timeout(Duration::from_secs(30));
-    // No ping before each job (a dead connection fails the claim: the delivery is nacked and
-    // redelivered), and one connection more than the prefetch, so that a connection going
+    // No ping before each job (a dead connection fails the claim: the delivery is retried), and one connection more than the prefetch, so that a connection going
     // back to the pool never holds up the next delivery (see `Store`'s docs).
     let pool = SqlitePoolOptions::new()
         .test_before_acquire(false)
@@ -426,41 +215,38 @@ pub async fn run(
     }
     writeln!(out, "published {} jobs twice to {queue}", jobs.len())?;
 
+    // Stopped once every copy was acked.
     let expected = 2 * jobs.len() as u64;
-    let acked = std::sync::atomic::AtomicU64::new(0);
-    let all_acked = tokio::sync::Notify::new();
-    let lines = Mutex::new(Vec::new());
-    let consuming = connection.create_channel().await?;
+    let acked = Arc::new(AtomicU64::new(0));
+    let all_acked = Arc::new(Notify::new());
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let (seen, count, done) = (lines.clone(), acked.clone(), all_acked.clone());
     let tally = work(
-        &consuming,
+        &connection,
         &queue,
-        PREFETCH,
-        |job| {
-            let store = &store;
-            async move { apply_top_up(store, &job).await }
-        },
+        &store,
         all_acked.notified(),
-        |event| {
-            lines
-                .lock()
+        move |settled| {
+            seen.lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push(event.to_string());
-            if matches!(event, Event::Acked { .. })
-                && acked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == expected
+                .push(line(settled));
+            if settled.disposition == &Disposition::Ack
+                && count.fetch_add(1, Ordering::SeqCst) + 1 == expected
             {
                 // `notify_one` keeps the wake-up if `stop` is not being polled yet.
-                all_acked.notify_one();
+                done.notify_one();
             }
         },
     )
     .await?;
-    for line in lines.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    for line in lines.lock().unwrap_or_else(|e| e.into_inner()).iter() {
         writeln!(out, "{line}")?;
     }
-    consuming.close(200, "done".into()).await?;
-    channel
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await?;
+    for q in [queue.clone(), Queue::dead_letters(&queue)] {
+        channel
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+    }
     connection.close(200, "done".into()).await?;
 
     let balances: Vec<(i64, i64)> = sqlx::query_as("SELECT id, credits FROM accounts ORDER BY id")
@@ -468,10 +254,9 @@ pub async fn run(
         .await?;
     writeln!(
         out,
-        "{} delivered, {} applied, {} duplicates acked without running; balances: {}",
-        tally.delivered,
+        "{} applied, {} duplicates acked without running; balances: {}",
         tally.applied,
-        tally.duplicates,
+        tally.acked_otherwise,
         balances
             .iter()
             .map(|(id, c)| format!("account {id} has {c}"))
