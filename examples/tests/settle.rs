@@ -1,19 +1,20 @@
-//! idem's consumer loop (`idem::settle::Runner`) on RabbitMQ through its adapter, in this
-//! process, against the real broker and PostgreSQL: each case of the decision settled on the
+//! idem's consumer loop (`idem::settle::Runner`) on each broker through its adapter, in this
+//! process, against the real brokers and PostgreSQL: each case of the decision settled on the
 //! broker, the redelivery cap, a retry that waits, a panic, and a shutdown with every delivery
-//! in flight. Effects are rows in a table without a unique index, so one applied twice shows.
+//! in flight. Each case runs on RabbitMQ and on NATS JetStream. Effects are rows in a table
+//! without a unique index, so one applied twice shows.
 
+#[path = "settle/brokers.rs"]
+mod brokers;
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem::settle::rabbitmq::{DELIVERY_HEADER, Queue, REASON_HEADER};
+use brokers::{Broker, Nats, RabbitMq};
 use idem::settle::{Runner, Settled, Tally};
 use idem::{Disposition, Outcome, Settle, Store};
-use lapin::options::{BasicGetOptions, QueueDeleteOptions};
-use lapin::types::AMQPValue;
 use serde::{Deserialize, Serialize};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Transaction};
 use support::{postgres, within};
@@ -78,19 +79,18 @@ async fn apply_gated(
     Ok(())
 }
 
-/// A test's queue (with its dead letters' and retry queues) and tables, dropped at the end.
-struct Case {
-    queue: String,
+/// A test's broker objects and tables, dropped at the end.
+struct Case<B> {
+    broker: B,
     markers: String,
     store: Store<Postgres>,
     effects: String,
     pool: PgPool,
-    amqp: lapin::Connection,
 }
 
-impl Case {
+impl<B: Broker> Case<B> {
     /// `connections`: the pool's size, one for each transaction the case holds open at once.
-    async fn new(test: &str, connections: u32) -> Case {
+    async fn new(test: &str, connections: u32) -> Case<B> {
         let id = format!("{test}_{}", std::process::id());
         let pool = postgres(connections).await;
         let (markers, effects) = (
@@ -110,73 +110,18 @@ impl Case {
         }
         let store = Store::new(pool.clone()).with_table(&markers).unwrap();
         store.migrate().await.unwrap();
-        let url = rabbitmq_url();
-        let amqp = lapin::Connection::connect(&url, Default::default())
-            .await
-            .unwrap_or_else(|e| panic!("cannot reach RabbitMQ at {url} (set IDEM_AMQP_URL): {e}"));
-        let case = Case {
-            queue: format!("idem-test-settle-{id}"),
+        Case {
+            broker: B::new(test).await,
             markers,
             store,
             effects,
             pool,
-            amqp,
-        };
-        case.delete_queues().await;
-        Queue::declare(&case.amqp, &case.queue).await.unwrap();
-        case
-    }
-
-    /// Every queue the case may have used: its own, its dead letters', its retry queues.
-    fn queues(&self) -> Vec<String> {
-        let mut queues = vec![self.queue.clone(), Queue::dead_letters(&self.queue)];
-        for ms in [1, 10, 20, 40, 50, 80, 100, 200, 300, 400, 800, 1_000, 1_600] {
-            queues.push(Queue::retry_queue(&self.queue, Duration::from_millis(ms)));
         }
-        queues
-    }
-
-    async fn delete_queues(&self) {
-        let ch = self.amqp.create_channel().await.unwrap();
-        for queue in self.queues() {
-            ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                .await
-                .unwrap();
-        }
-        ch.close(200, "deleted".into()).await.unwrap();
-    }
-
-    async fn publish(&self, payloads: impl IntoIterator<Item = (Option<String>, Vec<u8>)>) {
-        let ch = self.amqp.create_channel().await.unwrap();
-        ch.confirm_select(Default::default()).await.unwrap();
-        for (id, payload) in payloads {
-            let mut properties = lapin::BasicProperties::default().with_delivery_mode(2);
-            if let Some(id) = id {
-                properties = properties.with_message_id(id.as_str().into());
-            }
-            let confirm = ch
-                .basic_publish(
-                    "".into(),
-                    self.queue.as_str().into(),
-                    Default::default(),
-                    &payload,
-                    properties,
-                )
-                .await
-                .unwrap()
-                .await
-                .unwrap();
-            assert!(confirm.is_ack(), "the broker refused a message");
-        }
-        ch.close(200, "published".into()).await.unwrap();
     }
 
     async fn publish_jobs(&self, jobs: &[Job]) {
-        self.publish(
-            jobs.iter()
-                .map(|j| (Some(j.id.clone()), serde_json::to_vec(j).unwrap())),
-        )
-        .await;
+        let payloads = jobs.iter().map(|j| serde_json::to_vec(j).unwrap());
+        self.broker.publish(payloads.collect()).await;
     }
 
     /// (rows, distinct jobs) of the effects table.
@@ -190,29 +135,8 @@ impl Case {
         .unwrap()
     }
 
-    /// Every message in `queue`, taken off it (acked).
-    async fn take_all(&self, queue: &str) -> Vec<lapin::message::BasicGetMessage> {
-        let ch = self.amqp.create_channel().await.unwrap();
-        let mut got = Vec::new();
-        while let Some(message) = ch
-            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
-            .await
-            .unwrap()
-        {
-            got.push(message);
-        }
-        ch.close(200, "taken".into()).await.unwrap();
-        got
-    }
-
-    async fn consume(&self, prefetch: u16) -> Queue {
-        Queue::consume(&self.amqp, &self.queue, prefetch)
-            .await
-            .unwrap()
-    }
-
     async fn end(self) {
-        self.delete_queues().await;
+        self.broker.end().await;
         let markers = &self.markers;
         for t in [
             self.effects.clone(),
@@ -224,14 +148,8 @@ impl Case {
                 .await
                 .unwrap();
         }
-        self.amqp.close(200, "done".into()).await.unwrap();
         self.pool.close().await;
     }
-}
-
-fn rabbitmq_url() -> String {
-    std::env::var("IDEM_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
 fn job(n: usize) -> Job {
@@ -244,7 +162,6 @@ fn job(n: usize) -> Job {
 /// What one delivery's settlement looked like.
 #[derive(Debug, Clone, PartialEq)]
 struct Seen {
-    id: Option<String>,
     delivery: u32,
     outcome: &'static str,
     disposition: Disposition,
@@ -261,7 +178,6 @@ fn recording(
     let runner = runner.on_settled(move |s: &Settled<'_>| {
         let mut log = log.lock().unwrap();
         log.push(Seen {
-            id: s.id.map(str::to_owned),
             delivery: s.delivery,
             outcome: s.outcome,
             disposition: s.disposition.clone(),
@@ -273,14 +189,8 @@ fn recording(
     (runner, seen, done)
 }
 
-fn header(message: &lapin::message::BasicGetMessage, name: &str) -> Option<AMQPValue> {
-    let headers = message.delivery.properties.headers().as_ref()?;
-    headers.inner().get(name).cloned()
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn each_job_applied_once_and_acked_though_published_twice() {
-    let case = Case::new("twice", 17).await;
+async fn each_job_applied_once_and_acked_though_published_twice<B: Broker>() {
+    let case = Case::<B>::new("twice", 17).await;
     let jobs: Vec<Job> = (1..=20).map(job).collect();
     case.publish_jobs(&jobs).await;
     case.publish_jobs(&jobs).await;
@@ -290,7 +200,7 @@ async fn each_job_applied_once_and_acked_though_published_twice() {
         60,
         "40 deliveries",
         runner.run(
-            case.consume(16).await,
+            case.broker.source(16).await,
             |job: Job| async move { apply(store, &job, effects).await },
             done.notified(),
         ),
@@ -307,7 +217,7 @@ async fn each_job_applied_once_and_acked_though_published_twice() {
         (0, 0, 0)
     );
     assert_eq!(case.effects().await, (20, 20));
-    assert!(case.take_all(&case.queue).await.is_empty());
+    assert_eq!(case.broker.left().await, 0);
     case.end().await;
 }
 
@@ -329,9 +239,8 @@ impl idem::Classify for Flaky {
 
 /// A job whose body fails every time is retried with a growing delay and dead-lettered once,
 /// at the cap, with its error and its delivery count in the dead letter's headers.
-#[tokio::test(flavor = "multi_thread")]
-async fn poison_job_dead_lettered_once_at_the_cap_with_its_error() {
-    let case = Case::new("poison", 2).await;
+async fn poison_job_dead_lettered_once_at_the_cap_with_its_error<B: Broker>() {
+    let case = Case::<B>::new("poison", 2).await;
     case.publish_jobs(&[job(1)]).await;
     let settle = Settle::new()
         .max_deliveries(4)
@@ -346,7 +255,7 @@ async fn poison_job_dead_lettered_once_at_the_cap_with_its_error() {
         60,
         "the poison job's dead letter",
         runner.run(
-            case.consume(4).await,
+            case.broker.source(4).await,
             |_: Job| async move {
                 calls.lock().unwrap().push(Instant::now());
                 Err::<Outcome<()>, _>(Flaky)
@@ -385,92 +294,77 @@ async fn poison_job_dead_lettered_once_at_the_cap_with_its_error() {
             n + 2
         );
     }
-    let dead = case.take_all(&Queue::dead_letters(&case.queue)).await;
-    assert_eq!(dead.len(), 1, "one dead letter");
-    let reason = match header(&dead[0], REASON_HEADER) {
-        Some(AMQPValue::LongString(text)) => text.to_string(),
-        other => panic!("no reason header: {other:?}"),
-    };
+    let dead = case.broker.dead_letters().await;
+    assert_eq!(dead.len(), 1, "one dead letter: {dead:?}");
+    let reason = &dead[0].reason;
     assert!(
         reason.contains("delivered 4 times") && reason.contains("the body's own failure"),
         "{reason}"
     );
-    assert_eq!(
-        header(&dead[0], DELIVERY_HEADER),
-        Some(AMQPValue::LongLongInt(4))
-    );
-    let payload: Job = serde_json::from_slice(&dead[0].delivery.data).unwrap();
+    assert_eq!(dead[0].delivery, 4);
+    let payload: Job = serde_json::from_slice(&dead[0].payload).unwrap();
     assert_eq!(payload.id, "job-1");
-    assert!(case.take_all(&case.queue).await.is_empty());
+    assert_eq!(case.broker.left().await, 0);
     assert_eq!(case.effects().await, (0, 0));
     case.end().await;
 }
 
 /// A payload that is not a job, and a job whose key comes again with another payload, are
 /// dead-lettered at their first delivery: no retry can succeed.
-#[tokio::test(flavor = "multi_thread")]
-async fn unparsable_payload_and_reused_key_dead_lettered_at_once() {
-    let case = Case::new("permanent", 2).await;
+async fn unparsable_payload_and_reused_key_dead_lettered_at_once<B: Broker>() {
+    let case = Case::<B>::new("permanent", 2).await;
     let reused = Job {
         id: "job-1".into(),
         credits: 999,
     };
-    case.publish_jobs(&[job(1)]).await;
-    case.publish(
-        [(Some("garbage".to_owned()), b"{not json".to_vec())]
-            .into_iter()
-            .chain([(
-                Some(reused.id.clone()),
-                serde_json::to_vec(&reused).unwrap(),
-            )]),
-    )
-    .await;
+    case.broker
+        .publish(vec![
+            serde_json::to_vec(&job(1)).unwrap(),
+            b"{not json".to_vec(),
+            serde_json::to_vec(&reused).unwrap(),
+        ])
+        .await;
     let (runner, seen, done) = recording(Runner::new().in_flight(1), |seen| seen.len() == 3);
     let (store, effects) = (&case.store, case.effects.as_str());
     let tally = within(
         60,
         "three deliveries",
         runner.run(
-            case.consume(1).await,
+            case.broker.source(1).await,
             |job: Job| async move { apply(store, &job, effects).await },
             done.notified(),
         ),
     )
     .await
     .unwrap();
-    let seen: Vec<(Option<String>, u32, &str, bool)> = seen
+    let seen: Vec<(u32, &str, bool)> = seen
         .lock()
         .unwrap()
         .iter()
         .map(|s| {
             let dead = matches!(s.disposition, Disposition::DeadLetter { .. });
-            (s.id.clone(), s.delivery, s.outcome, dead)
+            (s.delivery, s.outcome, dead)
         })
         .collect();
     assert_eq!(
         seen,
         [
-            (Some("job-1".into()), 1, "applied", false),
-            (Some("garbage".into()), 1, "unparsable", true),
-            (Some("job-1".into()), 1, "error", true),
+            (1, "applied", false),
+            (1, "unparsable", true),
+            (1, "error", true)
         ]
     );
     assert_eq!((tally.applied, tally.dead_lettered), (1, 2));
-    let dead = case.take_all(&Queue::dead_letters(&case.queue)).await;
-    let reasons: Vec<String> = dead
-        .iter()
-        .map(|m| match header(m, REASON_HEADER) {
-            Some(AMQPValue::LongString(text)) => text.to_string(),
-            other => panic!("no reason header: {other:?}"),
-        })
-        .collect();
+    let dead = case.broker.dead_letters().await;
+    let reasons: Vec<&str> = dead.iter().map(|d| d.reason.as_str()).collect();
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(
         reasons[0].starts_with("the payload is not a job"),
         "{reasons:?}"
     );
     assert!(reasons[1].contains("job-1"), "{reasons:?}");
-    assert_eq!(dead[0].delivery.data, b"{not json");
+    assert_eq!(dead[0].payload, b"{not json");
+    assert_eq!(case.broker.left().await, 0);
     assert_eq!(case.effects().await, (1, 1));
     case.end().await;
 }
@@ -478,9 +372,8 @@ async fn unparsable_payload_and_reused_key_dead_lettered_at_once() {
 /// A delivery that meets its key held by another delivery still running is retried after the
 /// policy's delay (never requeued at once, never capped) and acked as a duplicate once the
 /// holder committed.
-#[tokio::test(flavor = "multi_thread")]
-async fn in_progress_retried_after_its_delay_then_acked_as_duplicate() {
-    let case = Case::new("in_progress", 3).await;
+async fn in_progress_retried_after_its_delay_then_acked_as_duplicate<B: Broker>() {
+    let case = Case::<B>::new("in_progress", 3).await;
     case.publish_jobs(&[job(1), job(1)]).await;
     let gate = Gate::default();
     let calls = Mutex::new(Vec::new());
@@ -498,7 +391,7 @@ async fn in_progress_retried_after_its_delay_then_acked_as_duplicate() {
         60,
         "both copies acked",
         runner.run(
-            case.consume(2).await,
+            case.broker.source(2).await,
             |job: Job| async move {
                 let call = {
                     let mut calls = calls.lock().unwrap();
@@ -555,9 +448,8 @@ async fn in_progress_retried_after_its_delay_then_acked_as_duplicate() {
 }
 
 /// A handler that panics is retried like one that failed; the next delivery applies the job.
-#[tokio::test(flavor = "multi_thread")]
-async fn panicking_handler_retried_and_applied_once() {
-    let case = Case::new("panic", 2).await;
+async fn panicking_handler_retried_and_applied_once<B: Broker>() {
+    let case = Case::<B>::new("panic", 2).await;
     case.publish_jobs(&[job(1)]).await;
     let (runner, seen, done) = recording(Runner::new(), |seen| {
         seen.iter().any(|s| s.disposition == Disposition::Ack)
@@ -568,7 +460,7 @@ async fn panicking_handler_retried_and_applied_once() {
         60,
         "the job's ack",
         runner.run(
-            case.consume(1).await,
+            case.broker.source(1).await,
             |job: Job| async move {
                 let outcome = apply(store, &job, effects).await;
                 if !panicked.swap(true, Ordering::SeqCst) {
@@ -598,10 +490,13 @@ async fn panicking_handler_retried_and_applied_once() {
 /// are settled, the 25 still running are dropped unsettled (their transactions roll back) and
 /// delivered again to the next runner. Nothing lost, nothing doubled, nothing acked that was
 /// not kept.
-#[tokio::test(flavor = "multi_thread")]
-async fn shutdown_with_50_in_flight_settles_what_ended_and_leaves_the_rest() {
+async fn shutdown_with_50_in_flight_settles_what_ended_and_leaves_the_rest<B: Broker>() {
     const JOBS: usize = 50;
-    let case = Case::new("shutdown", 52).await;
+    // One broker's case at a time: each holds 50 transactions open, and two at once would
+    // pass PostgreSQL's 100 connections.
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let case = Case::<B>::new("shutdown", 52).await;
     let jobs: Vec<Job> = (1..=JOBS).map(job).collect();
     case.publish_jobs(&jobs).await;
     let (in_flight, all_in) = watch::channel(0_usize);
@@ -622,7 +517,7 @@ async fn shutdown_with_50_in_flight_settles_what_ended_and_leaves_the_rest() {
         60,
         "the first runner",
         runner.run(
-            case.consume(JOBS as u16).await,
+            case.broker.source(JOBS).await,
             |job: Job| {
                 let mut all_in = all_in.clone();
                 async move {
@@ -658,7 +553,7 @@ async fn shutdown_with_50_in_flight_settles_what_ended_and_leaves_the_rest() {
         60,
         "the second runner",
         runner.run(
-            case.consume(16).await,
+            case.broker.source(16).await,
             |job: Job| async move { apply(store, &job, effects).await },
             done.notified(),
         ),
@@ -674,3 +569,34 @@ async fn shutdown_with_50_in_flight_settles_what_ended_and_leaves_the_rest() {
     assert_eq!(case.effects().await, (JOBS as i64, JOBS as i64));
     case.end().await;
 }
+
+/// Each case, as a test on each broker.
+macro_rules! on_brokers {
+    ($($case:ident),* $(,)?) => {
+        mod rabbitmq {
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $case() {
+                    super::$case::<super::RabbitMq>().await;
+                }
+            )*
+        }
+        mod nats {
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $case() {
+                    super::$case::<super::Nats>().await;
+                }
+            )*
+        }
+    };
+}
+
+on_brokers!(
+    each_job_applied_once_and_acked_though_published_twice,
+    poison_job_dead_lettered_once_at_the_cap_with_its_error,
+    unparsable_payload_and_reused_key_dead_lettered_at_once,
+    in_progress_retried_after_its_delay_then_acked_as_duplicate,
+    panicking_handler_retried_and_applied_once,
+    shutdown_with_50_in_flight_settles_what_ended_and_leaves_the_rest,
+);

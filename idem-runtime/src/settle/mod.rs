@@ -1,6 +1,6 @@
 //! The consumer loop: what a consumer does with a delivery once its handler returned (ack,
 //! retry after a delay, dead-letter), written once as code ([`Settle::decide`]), and the loop
-//! itself ([`Runner`]) on a broker's [`Source`] (RabbitMQ: the `rabbitmq` module, feature `rabbitmq`).
+//! itself ([`Runner`]) on a broker's [`Source`] (RabbitMQ: the `rabbitmq` module, feature `rabbitmq`; NATS JetStream: `nats`, feature `nats`).
 //!
 //! ```
 //! # use idem_runtime as idem;
@@ -23,6 +23,8 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::outcome::Outcome;
 
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 mod runner;
