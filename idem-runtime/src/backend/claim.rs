@@ -4,7 +4,7 @@
 
 use super::bind::Keys;
 use super::bind::statements;
-use super::{Backend, Claimant, Found, Sql};
+use super::{Backend, Claimant, Found, sql_runs};
 
 statements! {
     /// The statements of a claim in a transaction.
@@ -41,30 +41,14 @@ fn missing(statement: &str) -> ! {
     unreachable!("a backend without `{statement}` overrides the method that runs it")
 }
 
-impl<DB: Backend> Sql<DB> {
+sql_runs! {
     /// Reads a marker: its state on the database's clock, fingerprint and stored value;
     /// `None` if it is gone. Also read outside a transaction (a lease's claim).
-    pub(crate) async fn marker(
-        &self,
-        conn: &mut DB::Connection,
-        scope: &str,
-        key: &str,
-    ) -> Result<Option<Found>, sqlx::Error> {
-        let row = self.claim.marker(scope, key).fetch_optional(conn).await?;
-        Ok(row.map(Found::of_row))
-    }
-
+    marker(conn: &mut DB::Connection, scope: &str, key: &str) -> Option<Found> =
+        claim.marker(scope, key).fetch_optional => |row| row.map(Found::of_row);
     /// Stores the handler's value (JSON) with the marker, in the claim's transaction.
-    pub(crate) async fn record(
-        &self,
-        conn: &mut DB::Connection,
-        scope: &str,
-        key: &str,
-        json: &str,
-    ) -> Result<(), sqlx::Error> {
-        self.claim.record(scope, key, json).execute(conn).await?;
-        Ok(())
-    }
+    record(conn: &mut DB::Connection, scope: &str, key: &str, json: &str) -> () =
+        claim.record(scope, key, json).execute => drop;
 }
 
 impl<DB: Backend> ClaimSql<DB> {

@@ -174,3 +174,29 @@ macro_rules! backend_fns {
     };
 }
 pub(crate) use backend_fns;
+
+/// Methods of [`Sql`](crate::backend::Sql) that run one statement of a set on `on` (a pool or
+/// a connection) and read its answer, `=> f` for what is made of it: each is written as its
+/// arguments and the statement it runs, the call around them here once.
+macro_rules! sql_runs {
+    ($(
+        $(#[$meta:meta])*
+        $name:ident($on:ident: $on_ty:ty $(, $arg:ident: $ty:ty)* $(,)?) -> $out:ty =
+            $set:ident.$stmt:ident($($bind:expr),* $(,)?).$run:ident $(=> $then:expr)?;
+    )*) => {
+        impl<DB: $crate::backend::Backend> $crate::backend::Sql<DB> {
+            $(
+                $(#[$meta])*
+                pub(crate) async fn $name(
+                    &self,
+                    $on: $on_ty,
+                    $($arg: $ty),*
+                ) -> ::core::result::Result<$out, ::sqlx::Error> {
+                    let answer = self.$set.$stmt($($bind),*).$run($on).await;
+                    answer$(.map($then))?
+                }
+            )*
+        }
+    };
+}
+pub(crate) use sql_runs;

@@ -4,7 +4,7 @@
 use sqlx::Pool;
 
 use super::bind::statements;
-use super::{Backend, Holder, Sql, StepRow};
+use super::{Holder, StepRow, sql_runs};
 
 /// The words in which the backends' holder statements differ.
 pub(super) struct Words<'a> {
@@ -82,85 +82,30 @@ statements! {
     }
 }
 
-impl<DB: Backend> Sql<DB> {
+sql_runs! {
     /// Completes the lease of `h`, storing `result` (if any), on `conn` (a transaction when
     /// messages are written with it); `Ok(false)` if that holder no longer had the key.
-    pub(crate) async fn lease_complete(
-        &self,
-        conn: &mut DB::Connection,
-        h: Holder<'_>,
-        result: Option<&str>,
-    ) -> Result<bool, sqlx::Error> {
-        let complete = self.lease.complete(h.scope, h.key, h.token, result);
-        Ok(complete.execute(conn).await? == 1)
-    }
-
+    lease_complete(conn: &mut DB::Connection, h: Holder<'_>, result: Option<&str>) -> bool =
+        lease.complete(h.scope, h.key, h.token, result).execute => |n| n == 1;
     /// Completes the lease of `h` as failed for good, with `error` and no value; `Ok(false)`
     /// if that holder no longer had the key.
-    pub(crate) async fn lease_fail(
-        &self,
-        pool: &Pool<DB>,
-        h: Holder<'_>,
-        error: &str,
-    ) -> Result<bool, sqlx::Error> {
-        let fail = self.lease.fail(h.scope, h.key, h.token, error);
-        Ok(fail.execute(pool).await? == 1)
-    }
-
+    lease_fail(pool: &Pool<DB>, h: Holder<'_>, error: &str) -> bool =
+        lease.fail(h.scope, h.key, h.token, error).execute => |n| n == 1;
     /// Releases the lease of `h` now; `Ok(false)` if that holder no longer had the key.
-    pub(crate) async fn lease_release(
-        &self,
-        pool: &Pool<DB>,
-        h: Holder<'_>,
-    ) -> Result<bool, sqlx::Error> {
-        let release = self.lease.release(h.scope, h.key, h.token);
-        Ok(release.execute(pool).await? == 1)
-    }
-
+    lease_release(pool: &Pool<DB>, h: Holder<'_>) -> bool =
+        lease.release(h.scope, h.key, h.token).execute => |n| n == 1;
     /// Extends the lease of `h` by `lease_ms`; `Ok(false)` if that holder no longer had it.
-    pub(crate) async fn lease_renew(
-        &self,
-        pool: &Pool<DB>,
-        h: Holder<'_>,
-        lease_ms: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let renew = self.lease.renew(h.scope, h.key, h.token, lease_ms);
-        Ok(renew.execute(pool).await? == 1)
-    }
-
+    lease_renew(pool: &Pool<DB>, h: Holder<'_>, lease_ms: i64) -> bool =
+        lease.renew(h.scope, h.key, h.token, lease_ms).execute => |n| n == 1;
     /// The recorded steps of `(scope, key)`, in the order they were recorded.
-    pub(crate) async fn steps_read(
-        &self,
-        pool: &Pool<DB>,
-        scope: &str,
-        key: &str,
-    ) -> Result<Vec<StepRow>, sqlx::Error> {
-        self.steps.read(scope, key).fetch_all(pool).await
-    }
-
+    steps_read(pool: &Pool<DB>, scope: &str, key: &str) -> Vec<StepRow> =
+        steps.read(scope, key).fetch_all;
     /// Records the step `name` (the `seq`-th of its body) with its value `json`, on `conn`
     /// (a transaction for a database step), if `h` still holds the key; `Ok(false)` if not,
-    /// and nothing was written.
-    pub(crate) async fn step_record(
-        &self,
-        conn: &mut DB::Connection,
-        h: Holder<'_>,
-        name: &str,
-        seq: i64,
-        json: &str,
-    ) -> Result<bool, sqlx::Error> {
-        let record = self.steps.record(h.scope, h.key, h.token, name, seq, json);
-        // MySQL counts a replaced row twice (sqlx asks for found rows).
-        Ok(record.execute(conn).await? > 0)
-    }
-
+    /// and nothing was written. MySQL counts a replaced row twice (sqlx asks for found rows).
+    step_record(conn: &mut DB::Connection, h: Holder<'_>, name: &str, seq: i64, json: &str)
+        -> bool = steps.record(h.scope, h.key, h.token, name, seq, json).execute => |n| n > 0;
     /// Deletes the steps of `(scope, key)` if its marker is gone, in `forget`'s transaction.
-    pub(crate) async fn steps_forget(
-        &self,
-        conn: &mut DB::Connection,
-        scope: &str,
-        key: &str,
-    ) -> Result<u64, sqlx::Error> {
-        self.steps.forget(scope, key).execute(conn).await
-    }
+    steps_forget(conn: &mut DB::Connection, scope: &str, key: &str) -> u64 =
+        steps.forget(scope, key).execute;
 }

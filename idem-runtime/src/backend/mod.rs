@@ -55,7 +55,7 @@ mod sqlite;
 mod upgrade;
 pub(crate) mod wake;
 
-pub(crate) use glue::{backend_fns, own, wiring};
+pub(crate) use glue::{backend_fns, own, sql_runs, wiring};
 pub(crate) use health::{Bloat, COUNT_CAP};
 pub(crate) use listen::Listen;
 pub(crate) use outbox::announcer;

@@ -4,7 +4,7 @@
 use sqlx::Pool;
 
 use super::bind::statements;
-use super::{Backend, Partition, Sql};
+use super::{Backend, Partition, Sql, sql_runs};
 use crate::options::ClaimOptions;
 
 /// The partition a watermark statement names.
@@ -45,41 +45,23 @@ statements! {
     }
 }
 
-impl<DB: Backend> Sql<DB> {
+sql_runs! {
     /// Moves the watermark of `at` to `next` if it is at most `first` (every offset from
     /// `first` on is unprocessed), holding `nonce`; `Ok(false)` if it is above `first` or
-    /// missing.
-    pub(crate) async fn offsets_advance(
-        &self,
-        conn: &mut DB::Connection,
-        at: Partition<'_>,
-        first: i64,
-        next: i64,
-        nonce: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let Partition {
-            group,
-            topic,
-            partition,
-        } = at;
-        let advance = self
-            .offsets
-            .advance(group, topic, partition, first, next, nonce);
-        // MySQL counts the rows matched, changed or not (sqlx asks for found rows).
-        Ok(advance.execute(conn).await? == 1)
-    }
-
+    /// missing. MySQL counts the rows matched, changed or not (sqlx asks for found rows).
+    offsets_advance(conn: &mut DB::Connection, at: Partition<'_>, first: i64, next: i64, nonce: i64)
+        -> bool = offsets.advance(at.group, at.topic, at.partition, first, next, nonce).execute
+        => |n| n == 1;
     /// The watermark of `at`, locked until the transaction ends; `None` if there is none.
-    pub(crate) async fn offsets_lock(
-        &self,
-        conn: &mut DB::Connection,
-        at: Partition<'_>,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        let lock = self.offsets.lock(at.group, at.topic, at.partition);
-        let row: Option<(i64,)> = lock.fetch_optional(conn).await?;
-        Ok(row.map(|(next,)| next))
-    }
+    offsets_lock(conn: &mut DB::Connection, at: Partition<'_>) -> Option<i64> =
+        offsets.lock(at.group, at.topic, at.partition).fetch_optional
+        => |row: Option<(i64,)>| row.map(|(next,)| next);
+    /// The watermarks of every partition of `topic` that `group` has one for.
+    offsets_read(pool: &Pool<DB>, group: &str, topic: &str) -> Vec<(i32, i64)> =
+        offsets.read(group, topic).fetch_all;
+}
 
+impl<DB: Backend> Sql<DB> {
     /// Writes the first watermark of `at`, holding `nonce`; `Ok(false)` if another
     /// transaction wrote one first.
     pub(crate) async fn offsets_insert(
@@ -103,16 +85,6 @@ impl<DB: Backend> Sql<DB> {
             }
             Err(e) => Err(e),
         }
-    }
-
-    /// The watermarks of every partition of `topic` that `group` has one for.
-    pub(crate) async fn offsets_read(
-        &self,
-        pool: &Pool<DB>,
-        group: &str,
-        topic: &str,
-    ) -> Result<Vec<(i32, i64)>, sqlx::Error> {
-        self.offsets.read(group, topic).fetch_all(pool).await
     }
 
     /// Sets the watermark of `at` to `next`, whatever it was (operators: moving it back

@@ -5,7 +5,7 @@ use sqlx::Pool;
 
 use super::bind::statements;
 use super::sql::Text;
-use super::{Backend, MarkerRow, Sql, Status};
+use super::{Backend, MarkerRow, Sql, Status, sql_runs};
 use crate::options::ClaimOptions;
 
 /// The words in which the backends' operator statements differ.
@@ -132,6 +132,34 @@ statements! {
     }
 }
 
+sql_runs! {
+    /// Who holds the marker of `(scope, key)`, if there is one.
+    status(pool: &Pool<DB>, scope: &str, key: &str) -> Option<Status> =
+        ops.status(scope, key).fetch_optional
+        => |row: Option<(String, i64)>| row.map(|(state, over)| Status::of(&state, over != 0));
+    /// One marker, for operators.
+    inspect(pool: &Pool<DB>, scope: &str, key: &str) -> Option<MarkerRow> =
+        ops.inspect(scope, key).fetch_optional;
+    /// At most `limit` in-progress markers of `scope` (every scope: `None`).
+    in_progress(pool: &Pool<DB>, scope: Option<&str>, limit: i64) -> Vec<MarkerRow> =
+        ops.in_progress(scope, limit).fetch_all;
+    /// At most `limit` failed markers of `scope` (every scope: `None`), newest first.
+    failed(pool: &Pool<DB>, scope: Option<&str>, limit: i64) -> Vec<MarkerRow> =
+        ops.failed(scope, limit).fetch_all;
+    /// Makes the failed marker of `(scope, key)` a released lease; `Ok(false)` if it is not a
+    /// failed marker.
+    requeue(pool: &Pool<DB>, scope: &str, key: &str) -> bool =
+        ops.requeue(scope, key).execute => |n| n == 1;
+    /// Sets the window of `scope` to `keep_ms`.
+    retention_set(pool: &Pool<DB>, scope: &str, keep_ms: i64) -> () =
+        ops.retention_set(scope, keep_ms).execute => drop;
+    /// Removes the window of `scope`; `Ok(true)` if it had one.
+    retention_clear(pool: &Pool<DB>, scope: &str) -> bool =
+        ops.retention_clear(scope).execute => |n| n > 0;
+    /// Every scope's window, `(scope, keep_ms)`, by scope.
+    retention_list(pool: &Pool<DB>) -> Vec<(String, i64)> = ops.retention_list().fetch_all;
+}
+
 impl<DB: Backend> Sql<DB> {
     /// Lets the next delivery of `(scope, key)` run: deletes a completed marker, or lets go
     /// of one in progress unless a delivery holds a live lease on it and `force` is not set.
@@ -152,86 +180,6 @@ impl<DB: Backend> Sql<DB> {
             false => self.ops.release(scope, key),
         };
         Ok(release.execute(conn).await? > 0)
-    }
-
-    /// Who holds the marker of `(scope, key)`, if there is one.
-    pub(crate) async fn status(
-        &self,
-        pool: &Pool<DB>,
-        scope: &str,
-        key: &str,
-    ) -> Result<Option<Status>, sqlx::Error> {
-        let row: Option<(String, i64)> = self.ops.status(scope, key).fetch_optional(pool).await?;
-        Ok(row.map(|(state, over)| Status::of(&state, over != 0)))
-    }
-
-    /// One marker, for operators.
-    pub(crate) async fn inspect(
-        &self,
-        pool: &Pool<DB>,
-        scope: &str,
-        key: &str,
-    ) -> Result<Option<MarkerRow>, sqlx::Error> {
-        self.ops.inspect(scope, key).fetch_optional(pool).await
-    }
-
-    /// At most `limit` in-progress markers of `scope` (every scope: `None`).
-    pub(crate) async fn in_progress(
-        &self,
-        pool: &Pool<DB>,
-        scope: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<MarkerRow>, sqlx::Error> {
-        self.ops.in_progress(scope, limit).fetch_all(pool).await
-    }
-
-    /// At most `limit` failed markers of `scope` (every scope: `None`), newest first.
-    pub(crate) async fn failed(
-        &self,
-        pool: &Pool<DB>,
-        scope: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<MarkerRow>, sqlx::Error> {
-        self.ops.failed(scope, limit).fetch_all(pool).await
-    }
-
-    /// Makes the failed marker of `(scope, key)` a released lease; `Ok(false)` if it is not a
-    /// failed marker.
-    pub(crate) async fn requeue(
-        &self,
-        pool: &Pool<DB>,
-        scope: &str,
-        key: &str,
-    ) -> Result<bool, sqlx::Error> {
-        Ok(self.ops.requeue(scope, key).execute(pool).await? == 1)
-    }
-
-    /// Sets the window of `scope` to `keep_ms`.
-    pub(crate) async fn retention_set(
-        &self,
-        pool: &Pool<DB>,
-        scope: &str,
-        keep_ms: i64,
-    ) -> Result<(), sqlx::Error> {
-        self.ops.retention_set(scope, keep_ms).execute(pool).await?;
-        Ok(())
-    }
-
-    /// Removes the window of `scope`; `Ok(true)` if it had one.
-    pub(crate) async fn retention_clear(
-        &self,
-        pool: &Pool<DB>,
-        scope: &str,
-    ) -> Result<bool, sqlx::Error> {
-        Ok(self.ops.retention_clear(scope).execute(pool).await? > 0)
-    }
-
-    /// Every scope's window, `(scope, keep_ms)`, by scope.
-    pub(crate) async fn retention_list(
-        &self,
-        pool: &Pool<DB>,
-    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
-        self.ops.retention_list().fetch_all(pool).await
     }
 
     /// Deletes at most `limit` completed markers older than `age_ms` of the scopes without a

@@ -9,7 +9,7 @@ use sqlx::Pool;
 use super::bind::statements;
 use super::bind::{Bound, Keys};
 use super::wake::Announcer;
-use super::{Backend, Fence, OutboxRow, Sql};
+use super::{Backend, Fence, OutboxRow, Sql, sql_runs};
 use crate::outgoing::Unsent;
 
 /// The watermark row that holds an offset claim's nonce: a message of the claim is written
@@ -143,76 +143,28 @@ impl<DB: Backend> OutboxSql<DB> {
     }
 }
 
-impl<DB: Backend> Sql<DB> {
+sql_runs! {
     /// Publishing `id` failed: try again in `retry_ms`, or never (`park`).
-    pub(crate) async fn outbox_failed(
-        &self,
-        pool: &Pool<DB>,
-        id: &str,
-        error: &str,
-        retry_ms: i64,
-        park: bool,
-        hold: &str,
-    ) -> Result<(), sqlx::Error> {
-        let failed = self.outbox.failed(id, error, retry_ms, park, hold);
-        failed.execute(pool).await?;
-        Ok(())
-    }
-
+    outbox_failed(pool: &Pool<DB>, id: &str, error: &str, retry_ms: i64, park: bool, hold: &str)
+        -> () = outbox.failed(id, error, retry_ms, park, hold).execute => drop;
     /// Deletes the unsent messages of one job, in the transaction that forgets its marker, so
     /// that a re-run's messages, which get the same ids, are written.
-    pub(crate) async fn outbox_forget(
-        &self,
-        conn: &mut DB::Connection,
-        scope: &str,
-        key: &str,
-    ) -> Result<u64, sqlx::Error> {
-        self.outbox.forget(scope, key).execute(conn).await
-    }
-
+    outbox_forget(conn: &mut DB::Connection, scope: &str, key: &str) -> u64 =
+        outbox.forget(scope, key).execute;
     /// Deletes at most `limit` messages sent more than `age_ms` ago; returns how many.
-    pub(crate) async fn outbox_purge(
-        &self,
-        pool: &Pool<DB>,
-        age_ms: i64,
-        limit: i64,
-    ) -> Result<u64, sqlx::Error> {
-        self.outbox.purge(age_ms, limit).execute(pool).await
-    }
-
+    outbox_purge(pool: &Pool<DB>, age_ms: i64, limit: i64) -> u64 =
+        outbox.purge(age_ms, limit).execute;
     /// Unsent messages for operators, parked first, then oldest first.
-    pub(crate) async fn outbox_list(
-        &self,
-        pool: &Pool<DB>,
-        parked: bool,
-        pending: bool,
-        limit: i64,
-    ) -> Result<Vec<OutboxRow>, sqlx::Error> {
-        self.outbox
-            .list(parked, pending, limit)
-            .fetch_all(pool)
-            .await
-    }
-
+    outbox_list(pool: &Pool<DB>, parked: bool, pending: bool, limit: i64) -> Vec<OutboxRow> =
+        outbox.list(parked, pending, limit).fetch_all;
     /// One message by id, sent or not.
-    pub(crate) async fn outbox_find(
-        &self,
-        pool: &Pool<DB>,
-        id: &str,
-    ) -> Result<Option<OutboxRow>, sqlx::Error> {
-        self.outbox.find(id).fetch_optional(pool).await
-    }
-
+    outbox_find(pool: &Pool<DB>, id: &str) -> Option<OutboxRow> = outbox.find(id).fetch_optional;
     /// Makes a parked message due again; `Ok(false)` if no unsent message of that id is
     /// parked.
-    pub(crate) async fn outbox_requeue(
-        &self,
-        pool: &Pool<DB>,
-        id: &str,
-    ) -> Result<bool, sqlx::Error> {
-        Ok(self.outbox.requeue(id).execute(pool).await? == 1)
-    }
+    outbox_requeue(pool: &Pool<DB>, id: &str) -> bool = outbox.requeue(id).execute => |n| n == 1;
+}
 
+impl<DB: Backend> Sql<DB> {
     /// Announces, in `conn`'s transaction, that it wrote messages, where the database
     /// announces commits (a joined claim's: the commit is the caller's).
     pub(crate) async fn outbox_announce(
