@@ -6,6 +6,83 @@ use super::bind::Keys;
 use super::bind::statements;
 use super::{Backend, Claimant, Found, sql_runs};
 
+/// The words in which the backends' claim statements differ.
+pub(super) struct Words<'a> {
+    /// The `key` column (MySQL quotes the word).
+    pub(super) key: &'a str,
+    /// The current instant, as the markers' times are written.
+    pub(super) now: &'a str,
+    /// Whether a marker's lease is over (released or run out), as a condition.
+    pub(super) lease_over: &'a str,
+    /// The same as an integer, 0 or 1.
+    pub(super) lease_over_int: &'a str,
+    /// The `result` column as text.
+    pub(super) result: &'a str,
+    /// The `:json` bind as the `result` column stores it.
+    pub(super) json: &'a str,
+    /// Whether the `:fingerprint` bind may take the marker over: either has none, or they
+    /// are the same payload's.
+    pub(super) same_payload: &'a str,
+    /// A batch's markers, `:scope` and `:keys`, as a condition, where the backend binds its
+    /// keys as one list (`None`: it writes its batches itself).
+    pub(super) batch: Option<&'a str>,
+}
+
+impl ClaimText {
+    /// The statements alike on every backend but for `words`; a backend that binds a list adds
+    /// its `claim_batch`.
+    pub(super) fn of(words: Words<'_>) -> ClaimText {
+        let Words {
+            key,
+            now,
+            lease_over,
+            lease_over_int,
+            result,
+            json,
+            same_payload,
+            batch,
+        } = words;
+        let marker = format!("scope = :scope AND {key} = :key");
+        let batch = |statement: &dyn Fn(&str) -> String| batch.map(|b| statement(b).into());
+        ClaimText {
+            marker: format!(
+                "SELECT state, {lease_over_int}, fingerprint, {result}, error FROM {{t}} \
+                 WHERE {marker}"
+            )
+            .into(),
+            take_over: format!(
+                "UPDATE {{t}} SET state = 'completed', completed_at = {now}, \
+                 locked_until = NULL, token = :nonce, attempts = attempts + 1, result = NULL, \
+                 fingerprint = COALESCE(fingerprint, :fingerprint) \
+                 WHERE {marker} AND state = 'in_progress' AND {lease_over} AND {same_payload}"
+            )
+            .into(),
+            record: format!("UPDATE {{t}} SET result = {json} WHERE {marker}").into(),
+            claim_batch: None,
+            batch_markers: batch(&|b| {
+                format!("SELECT key, state, {lease_over_int}, error FROM {{t}} WHERE {b}")
+            }),
+            take_over_batch: batch(&|b| {
+                format!(
+                    "UPDATE {{t}} SET state = 'completed', completed_at = {now}, \
+                     locked_until = NULL, token = :nonce, attempts = attempts + 1, result = NULL \
+                     WHERE {b} AND state = 'in_progress' AND {lease_over} RETURNING key"
+                )
+            }),
+            // A job of a batch that failed alone: the marker the claim inserted goes, a lease
+            // it took over is free again (its attempt counted, its old holder still fenced
+            // out).
+            unclaim_inserted: batch(&|b| format!("DELETE FROM {{t}} WHERE {b} AND token = :nonce")),
+            unclaim_taken: batch(&|b| {
+                format!(
+                    "UPDATE {{t}} SET state = 'in_progress', completed_at = NULL, \
+                     locked_until = NULL, result = NULL WHERE {b} AND token = :nonce"
+                )
+            }),
+        }
+    }
+}
+
 statements! {
     /// The statements of a claim in a transaction.
     pub(crate) struct ClaimSql, ClaimText {

@@ -9,7 +9,7 @@ use super::batch::push_hex;
 use super::{ER_DUP_ENTRY, LEASE_OVER, bounded, number, seconds};
 use crate::backend::bind::Bound;
 use crate::backend::bind::statements;
-use crate::backend::claim::ClaimText;
+use crate::backend::claim::{ClaimText, Words};
 use crate::backend::{Check, Claimant, Found, Sql};
 use crate::options::ClaimOptions;
 
@@ -20,29 +20,17 @@ const RESTORE_WAIT: &str = "SET @@SESSION.innodb_lock_wait_timeout = IF(/*M! 1 O
 
 /// The claim statements every backend runs (a batch's are written per batch: `batch.rs`).
 pub(super) fn text() -> ClaimText {
-    ClaimText {
-        marker: format!(
-            "SELECT state, {LEASE_OVER}, fingerprint, CAST(result AS CHAR), error FROM {{t}} \
-             WHERE scope = :scope AND `key` = :key"
-        )
-        .into(),
-        // A free lease becomes this transaction's completed marker, its token this claim's
-        // nonce, which fences the old holder out and lets the commit find the marker. Another
-        // payload never takes over.
-        take_over: "UPDATE {t} SET state = 'completed', completed_at = UTC_TIMESTAMP(6), \
-                    locked_until = NULL, token = :nonce, attempts = attempts + 1, result = NULL, \
-                    fingerprint = COALESCE(fingerprint, :fingerprint) \
-                    WHERE scope = :scope AND `key` = :key AND state = 'in_progress' \
-                    AND (locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6)) \
-                    AND (fingerprint IS NULL OR fingerprint = COALESCE(:fingerprint, fingerprint))"
-            .into(),
-        record: "UPDATE {t} SET result = :json WHERE scope = :scope AND `key` = :key".into(),
-        claim_batch: None,
-        batch_markers: None,
-        take_over_batch: None,
-        unclaim_inserted: None,
-        unclaim_taken: None,
-    }
+    // A take-over's token, the claim's nonce, is what the commit finds the marker by.
+    ClaimText::of(Words {
+        key: "`key`",
+        now: "UTC_TIMESTAMP(6)",
+        lease_over: "(locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6))",
+        lease_over_int: LEASE_OVER,
+        result: "CAST(result AS CHAR)",
+        json: ":json",
+        same_payload: "(fingerprint IS NULL OR fingerprint = COALESCE(:fingerprint, fingerprint))",
+        batch: None,
+    })
 }
 
 statements! {

@@ -6,7 +6,7 @@ use sqlx::{AssertSqlSafe, Pool, Postgres, SqlSafeStr as _, SqlStr, Transaction};
 
 use super::{IN_FAILED_TRANSACTION, LEASE_OVER, database_code};
 use crate::backend::bind::statements;
-use crate::backend::claim::ClaimText;
+use crate::backend::claim::{ClaimText, Words};
 use crate::backend::{Claimant, Found, Savepoint, Sql};
 use crate::options::ClaimOptions;
 
@@ -35,20 +35,6 @@ fn claim_or_read(when_inserted: &str) -> String {
     )
 }
 
-// A free lease becomes this transaction's completed marker holding the claim's nonce; its old
-// holder's token no longer matches, so it can neither complete nor renew. Another payload
-// never takes over.
-fn take_over(returning: &str) -> String {
-    format!(
-        "UPDATE {{t}} SET state = 'completed', completed_at = now(), locked_until = NULL, \
-         token = :nonce, attempts = attempts + 1, result = NULL, \
-         fingerprint = COALESCE(fingerprint, :fingerprint) \
-         WHERE scope = :scope AND key = :key AND state = 'in_progress' AND {LEASE_OVER} \
-         AND (fingerprint IS NULL OR :fingerprint::bytea IS NULL \
-         OR fingerprint = :fingerprint){returning}"
-    )
-}
-
 /// A batch statement's scope, as a value the planner cannot see. Shown the scope itself, it
 /// reads the scope's frequency from the table's statistics, which say nothing of a scope that
 /// was new or rare at the last `ANALYZE`: it then expects one row, finds scanning the scope
@@ -60,13 +46,6 @@ const SCOPE: &str = "(SELECT :scope::text)";
 /// The texts of the claim statements every backend runs.
 pub(super) fn text() -> ClaimText {
     ClaimText {
-        marker: format!(
-            "SELECT state, {LEASE_OVER}::int::int8, fingerprint, result::text, error FROM {{t}} \
-             WHERE scope = :scope AND key = :key"
-        )
-        .into(),
-        take_over: take_over("").into(),
-        record: "UPDATE {t} SET result = :json::json WHERE scope = :scope AND key = :key".into(),
         // One statement for the whole batch: the keys travel as one array, so no bind limit
         // applies, and `ORDER BY k` makes every batch take its row locks in the same order, so
         // that two overlapping batches queue instead of deadlocking.
@@ -76,39 +55,17 @@ pub(super) fn text() -> ClaimText {
              ON CONFLICT DO NOTHING RETURNING key"
                 .into(),
         ),
-        batch_markers: Some(
-            format!(
-                "SELECT key, state, {LEASE_OVER}::int::int8, error FROM {{t}} \
-                 WHERE scope = {SCOPE} AND key = ANY(:keys::text[])"
-            )
-            .into(),
-        ),
-        take_over_batch: Some(
-            format!(
-                "UPDATE {{t}} SET state = 'completed', completed_at = now(), \
-                 locked_until = NULL, token = :nonce, attempts = attempts + 1, result = NULL \
-                 WHERE scope = {SCOPE} AND key = ANY(:keys::text[]) \
-                 AND state = 'in_progress' AND {LEASE_OVER} RETURNING key"
-            )
-            .into(),
-        ),
-        // A job of a batch that failed alone: the marker the claim inserted goes, a lease it
-        // took over is free again (its attempt counted, its old holder still fenced out).
-        unclaim_inserted: Some(
-            format!(
-                "DELETE FROM {{t}} WHERE scope = {SCOPE} AND key = ANY(:keys::text[]) \
-                 AND token = :nonce"
-            )
-            .into(),
-        ),
-        unclaim_taken: Some(
-            format!(
-                "UPDATE {{t}} SET state = 'in_progress', completed_at = NULL, \
-                 locked_until = NULL, result = NULL \
-                 WHERE scope = {SCOPE} AND key = ANY(:keys::text[]) AND token = :nonce"
-            )
-            .into(),
-        ),
+        ..ClaimText::of(Words {
+            key: "key",
+            now: "now()",
+            lease_over: LEASE_OVER,
+            lease_over_int: &format!("{LEASE_OVER}::int::int8"),
+            result: "result::text",
+            json: ":json::json",
+            same_payload: "(fingerprint IS NULL OR :fingerprint::bytea IS NULL \
+                           OR fingerprint = :fingerprint)",
+            batch: Some(&format!("scope = {SCOPE} AND key = ANY(:keys::text[])")),
+        })
     }
 }
 
@@ -123,7 +80,7 @@ statements! {
             claim_or_read(&format!("{UNBOUND} IS NULL"));
         /// With `wait`: puts the session's lock wait back once it took the lease.
         take_over_bounded(scope: &str, key: &str, fingerprint: Option<&[u8]>, nonce: i64) =
-            take_over(&format!(" RETURNING {UNBOUND}"));
+            format!("{} RETURNING {UNBOUND}", text().take_over);
         /// The session's lock wait back after a batch claimed with `wait`.
         unbind() = format!("SELECT {UNBOUND}");
     }

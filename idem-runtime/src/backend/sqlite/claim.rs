@@ -8,33 +8,15 @@ use sqlx_core::transaction::TransactionManager as _;
 
 use super::{Armed, BEGIN, LEASE_OVER, NOW, acquire, begin, busy_timeout};
 use crate::backend::bind::statements;
-use crate::backend::claim::ClaimText;
+use crate::backend::claim::{ClaimText, Words};
 use crate::backend::{Claimant, Found, Savepoint, Sql};
 use crate::options::ClaimOptions;
-
-/// A batch's keys, as a JSON array's values.
-const KEYS: &str = "(SELECT value FROM json_each(:keys))";
 
 /// The claim statements every backend runs. A batch's keys travel as one JSON array, so
 /// SQLite's bind limit does not apply; writers are serialised, so their order cannot deadlock
 /// here.
 pub(super) fn text() -> ClaimText {
     ClaimText {
-        marker: format!(
-            "SELECT state, {LEASE_OVER}, fingerprint, result, error FROM {{t}} \
-             WHERE scope = :scope AND key = :key"
-        )
-        .into(),
-        // As on PostgreSQL: a free lease becomes this transaction's completed marker.
-        take_over: format!(
-            "UPDATE {{t}} SET state = 'completed', completed_at = {NOW}, locked_until = NULL, \
-             token = :nonce, attempts = attempts + 1, result = NULL, \
-             fingerprint = COALESCE(fingerprint, :fingerprint) \
-             WHERE scope = :scope AND key = :key AND state = 'in_progress' AND {LEASE_OVER} \
-             AND (fingerprint IS NULL OR :fingerprint IS NULL OR fingerprint = :fingerprint)"
-        )
-        .into(),
-        record: "UPDATE {t} SET result = :json WHERE scope = :scope AND key = :key".into(),
         // `WHERE true`: without it SQLite would read `ON CONFLICT` as a join constraint of the
         // `SELECT`.
         claim_batch: Some(
@@ -45,36 +27,17 @@ pub(super) fn text() -> ClaimText {
             )
             .into(),
         ),
-        batch_markers: Some(
-            format!(
-                "SELECT key, state, {LEASE_OVER}, error FROM {{t}} \
-                 WHERE scope = :scope AND key IN {KEYS}"
-            )
-            .into(),
-        ),
-        take_over_batch: Some(
-            format!(
-                "UPDATE {{t}} SET state = 'completed', completed_at = {NOW}, \
-                 locked_until = NULL, token = :nonce, attempts = attempts + 1, result = NULL \
-                 WHERE scope = :scope AND key IN {KEYS} AND state = 'in_progress' \
-                 AND {LEASE_OVER} RETURNING key"
-            )
-            .into(),
-        ),
-        // A job of a batch that failed alone: the marker the claim inserted goes, a lease it
-        // took over is free again (its attempt counted, its old holder still fenced out).
-        unclaim_inserted: Some(
-            format!("DELETE FROM {{t}} WHERE scope = :scope AND key IN {KEYS} AND token = :nonce")
-                .into(),
-        ),
-        unclaim_taken: Some(
-            format!(
-                "UPDATE {{t}} SET state = 'in_progress', completed_at = NULL, \
-                 locked_until = NULL, result = NULL \
-                 WHERE scope = :scope AND key IN {KEYS} AND token = :nonce"
-            )
-            .into(),
-        ),
+        ..ClaimText::of(Words {
+            key: "key",
+            now: NOW,
+            lease_over: LEASE_OVER,
+            lease_over_int: LEASE_OVER,
+            result: "result",
+            json: ":json",
+            same_payload: "(fingerprint IS NULL OR :fingerprint IS NULL \
+                           OR fingerprint = :fingerprint)",
+            batch: Some("scope = :scope AND key IN (SELECT value FROM json_each(:keys))"),
+        })
     }
 }
 
