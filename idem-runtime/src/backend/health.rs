@@ -6,6 +6,7 @@
 use sqlx::Pool;
 
 use super::bind::statements;
+use super::sql::Text;
 use super::{Backend, Sql};
 
 /// Counts past this are reported as "at least": each count reads at most this many rows.
@@ -24,6 +25,26 @@ pub(crate) enum Bloat {
     Bytes { free: i64, used: i64 },
     /// SQLite: free pages and all pages of the database file.
     Pages { free: i64, total: i64 },
+}
+
+/// `old_in_scope`, `old` and `stuck`, each counting at most `:cap` markers, with `count` as
+/// the backend reads `COUNT(*)` and `ago` the instant `:age_ms` ago.
+pub(super) fn counts(count: &str, ago: &str) -> [Text; 3] {
+    let capped = |which: String| -> Text {
+        format!("SELECT {count} FROM (SELECT 1 FROM {{t}} WHERE {which} LIMIT :cap) s").into()
+    };
+    [
+        capped(format!(
+            "scope = :scope AND state = 'completed' AND completed_at < {ago}"
+        )),
+        capped(format!(
+            "state = 'completed' AND completed_at < {ago} \
+             AND scope NOT IN (SELECT scope FROM {{t}}_retention)"
+        )),
+        capped(format!(
+            "state = 'in_progress' AND COALESCE(locked_until, created_at) < {ago}"
+        )),
+    ]
 }
 
 statements! {

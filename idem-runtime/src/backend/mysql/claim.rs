@@ -112,76 +112,73 @@ fn begin_sql(options: &ClaimOptions) -> String {
 /// The probe `UPDATE`'s head, up to the table's name.
 const PROBE: &str = "/*M! SET STATEMENT innodb_lock_wait_timeout = 1 FOR */ UPDATE ";
 
+/// A piece of the probe after its head: text as it is, bytes as a hex literal, or an integer.
+enum Part<'a> {
+    Text(&'a str),
+    Hex(&'a [u8]),
+    Int(i64),
+}
+
 /// The commit's message: the probe of `check`, then `COMMIT` (and with a `wait`, the lock
-/// wait put back). Written into one buffer sized for it up front: growing it copied the whole
-/// message once per job, which cost more than writing it.
+/// wait put back).
 fn commit_message(check: &Check<'_>, wait: bool) -> String {
-    const COMMIT: &str = "; COMMIT";
-    // A literal's quotes and prefix, and an `i64`'s longest decimal form.
-    let (hex, number) = (3, 20);
-    let tail = COMMIT.len() + if wait { 2 + RESTORE_WAIT.len() } else { 0 };
-    let mut message = String::new();
-    match check {
-        Check::Marker(table, c) => {
-            const SET: &str = " SET token = token WHERE scope = ";
-            const KEY: &str = " AND `key` = ";
-            const TOKEN: &str = " AND token = ";
-            message.reserve_exact(
-                PROBE.len()
-                    + table.as_str().len()
-                    + SET.len()
-                    + KEY.len()
-                    + TOKEN.len()
-                    + 2 * hex
-                    + 2 * (c.scope.len() + c.key.len())
-                    + number
-                    + tail,
-            );
-            message.push_str(PROBE);
-            message.push_str(table.as_str());
-            message.push_str(SET);
-            push_hex(&mut message, c.scope.as_bytes());
-            message.push_str(KEY);
-            push_hex(&mut message, c.key.as_bytes());
-            message.push_str(TOKEN);
-            push_int(&mut message, c.nonce);
-        }
-        Check::Watermark(table, at, nonce) => {
-            const SET: &str = "_offsets SET token = token WHERE consumer_group = ";
-            const TOPIC: &str = " AND topic = ";
-            const PARTITION: &str = " AND partition_id = ";
-            const TOKEN: &str = " AND token = ";
-            message.reserve_exact(
-                PROBE.len()
-                    + table.as_str().len()
-                    + SET.len()
-                    + TOPIC.len()
-                    + PARTITION.len()
-                    + TOKEN.len()
-                    + 2 * hex
-                    + 2 * (at.group.len() + at.topic.len())
-                    + 2 * number
-                    + tail,
-            );
-            message.push_str(PROBE);
-            message.push_str(table.as_str());
-            message.push_str(SET);
-            push_hex(&mut message, at.group.as_bytes());
-            message.push_str(TOPIC);
-            push_hex(&mut message, at.topic.as_bytes());
-            message.push_str(PARTITION);
-            push_int(&mut message, i64::from(at.partition));
-            message.push_str(TOKEN);
-            push_int(&mut message, *nonce);
-        }
-        Check::Session => {
-            message.push_str("SELECT CAST(1 /*M! * @@in_transaction */ AS SIGNED)");
-        }
-    }
-    message.push_str(COMMIT);
+    use Part::{Hex, Int, Text};
+    let mut message = match check {
+        Check::Marker(table, c) => probe(
+            &[
+                Text(table.as_str()),
+                Text(" SET token = token WHERE scope = "),
+                Hex(c.scope.as_bytes()),
+                Text(" AND `key` = "),
+                Hex(c.key.as_bytes()),
+                Text(" AND token = "),
+                Int(c.nonce),
+            ],
+            wait,
+        ),
+        Check::Watermark(table, at, nonce) => probe(
+            &[
+                Text(table.as_str()),
+                Text("_offsets SET token = token WHERE consumer_group = "),
+                Hex(at.group.as_bytes()),
+                Text(" AND topic = "),
+                Hex(at.topic.as_bytes()),
+                Text(" AND partition_id = "),
+                Int(i64::from(at.partition)),
+                Text(" AND token = "),
+                Int(*nonce),
+            ],
+            wait,
+        ),
+        Check::Session => String::from("SELECT CAST(1 /*M! * @@in_transaction */ AS SIGNED)"),
+    };
+    message.push_str("; COMMIT");
     if wait {
         message.push_str("; ");
         message.push_str(RESTORE_WAIT);
+    }
+    message
+}
+
+/// [`PROBE`] and `parts`, in one buffer sized up front for the whole message: growing it
+/// copied the whole message once per job, which cost more than writing it.
+fn probe(parts: &[Part<'_>], wait: bool) -> String {
+    let tail = "; COMMIT".len() + if wait { 2 + RESTORE_WAIT.len() } else { 0 };
+    // A literal's quotes and prefix, and an `i64`'s longest decimal form.
+    let size = |part: &Part<'_>| match part {
+        Part::Text(text) => text.len(),
+        Part::Hex(bytes) => 3 + 2 * bytes.len(),
+        Part::Int(_) => 20,
+    };
+    let mut message =
+        String::with_capacity(PROBE.len() + parts.iter().map(size).sum::<usize>() + tail);
+    message.push_str(PROBE);
+    for part in parts {
+        match part {
+            Part::Text(text) => message.push_str(text),
+            Part::Hex(bytes) => push_hex(&mut message, bytes),
+            Part::Int(n) => push_int(&mut message, *n),
+        }
     }
     message
 }

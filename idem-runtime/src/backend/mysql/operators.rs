@@ -5,7 +5,7 @@ use sqlx::{MySql, Pool};
 
 use super::LEASE_OVER;
 use crate::backend::Sql;
-use crate::backend::health::HealthText;
+use crate::backend::health::{HealthText, counts};
 use crate::backend::offsets::{FORGET, OffsetText, PARTITION, READ};
 use crate::backend::operators::{OperatorText, Words};
 
@@ -100,6 +100,7 @@ pub(super) fn health() -> HealthText {
     // Named like the marker table, or with its name and `_` as prefix.
     let ours = "(TABLE_NAME = :name OR LEFT(TABLE_NAME, CHAR_LENGTH(:name) + 1) = \
                 CONCAT(:name, '_'))";
+    let [old_in_scope, old, stuck] = counts("CAST(COUNT(*) AS SIGNED)", AGO);
     HealthText {
         tables: format!(
             "SELECT CAST(TABLE_NAME AS CHAR) FROM information_schema.TABLES \
@@ -121,23 +122,9 @@ pub(super) fn health() -> HealthText {
                         'state', 'token', 'locked_until', 'attempts', 'completed_at') \
                         GROUP BY TABLE_NAME HAVING COUNT(*) = 7 ORDER BY TABLE_NAME"
             .into(),
-        old_in_scope: format!(
-            "SELECT CAST(COUNT(*) AS SIGNED) FROM (SELECT 1 FROM {{t}} WHERE scope = :scope \
-             AND state = 'completed' AND completed_at < {AGO} LIMIT :cap) s"
-        )
-        .into(),
-        old: format!(
-            "SELECT CAST(COUNT(*) AS SIGNED) FROM (SELECT 1 FROM {{t}} \
-             WHERE state = 'completed' AND completed_at < {AGO} \
-             AND scope NOT IN (SELECT scope FROM {{t}}_retention) LIMIT :cap) s"
-        )
-        .into(),
-        stuck: format!(
-            "SELECT CAST(COUNT(*) AS SIGNED) FROM (SELECT 1 FROM {{t}} \
-             WHERE state = 'in_progress' AND COALESCE(locked_until, created_at) < {AGO} \
-             LIMIT :cap) s"
-        )
-        .into(),
+        old_in_scope,
+        old,
+        stuck,
         outbox: format!(
             "SELECT CAST(COALESCE(SUM(parked), 0) AS SIGNED), \
              CAST(COALESCE(SUM(NOT parked AND next_attempt_at < {AGO}), 0) AS SIGNED) \

@@ -5,7 +5,7 @@ use sqlx::{Pool, Postgres};
 
 use super::LEASE_OVER;
 use crate::backend::Sql;
-use crate::backend::health::HealthText;
+use crate::backend::health::{HealthText, counts};
 use crate::backend::offsets::{INSERT_OR_SKIP, OffsetText, PARTITION, READ};
 use crate::backend::operators::{OperatorText, Words};
 
@@ -87,6 +87,7 @@ pub(super) fn health() -> HealthText {
         )
     };
     let ago = "now() - :age_ms * interval '1 millisecond'";
+    let [old_in_scope, old, stuck] = counts("COUNT(*)", ago);
     HealthText {
         tables: format!(
             "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema() AND {}",
@@ -110,22 +111,9 @@ pub(super) fn health() -> HealthText {
                         'key', 'state', 'token', 'locked_until', 'attempts', 'completed_at') \
                         GROUP BY table_name HAVING COUNT(*) = 7 ORDER BY table_name"
             .into(),
-        old_in_scope: format!(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM {{t}} WHERE scope = :scope \
-             AND state = 'completed' AND completed_at < {ago} LIMIT :cap) s"
-        )
-        .into(),
-        old: format!(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM {{t}} WHERE state = 'completed' \
-             AND completed_at < {ago} AND scope NOT IN (SELECT scope FROM {{t}}_retention) \
-             LIMIT :cap) s"
-        )
-        .into(),
-        stuck: format!(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM {{t}} WHERE state = 'in_progress' \
-             AND COALESCE(locked_until, created_at) < {ago} LIMIT :cap) s"
-        )
-        .into(),
+        old_in_scope,
+        old,
+        stuck,
         outbox: format!(
             "SELECT COUNT(*) FILTER (WHERE parked), COUNT(*) FILTER (WHERE NOT parked \
              AND next_attempt_at < {ago}) FROM {{t}}_outbox WHERE sent_at IS NULL"

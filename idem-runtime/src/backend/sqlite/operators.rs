@@ -2,7 +2,7 @@
 //! retention), the offset watermarks' statements, and what the doctor reads.
 
 use super::{LEASE_OVER, NOW};
-use crate::backend::health::HealthText;
+use crate::backend::health::{HealthText, counts};
 use crate::backend::offsets::{FORGET, INSERT_OR_SKIP, OffsetText, PARTITION, READ};
 use crate::backend::operators::{OperatorText, Words};
 
@@ -86,6 +86,7 @@ pub(super) fn health() -> HealthText {
     let ours = |column: &str| {
         format!("({column} = :name OR substr({column}, 1, length(:name) + 1) = :name || '_')")
     };
+    let [old_in_scope, old, stuck] = counts("COUNT(*)", AGO);
     HealthText {
         tables: format!(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND {}",
@@ -108,22 +109,9 @@ pub(super) fn health() -> HealthText {
                         'locked_until', 'attempts', 'completed_at') \
                         GROUP BY m.name HAVING COUNT(*) = 7 ORDER BY m.name"
             .into(),
-        old_in_scope: format!(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM {{t}} WHERE scope = :scope \
-             AND state = 'completed' AND completed_at < {AGO} LIMIT :cap)"
-        )
-        .into(),
-        old: format!(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM {{t}} WHERE state = 'completed' \
-             AND completed_at < {AGO} AND scope NOT IN (SELECT scope FROM {{t}}_retention) \
-             LIMIT :cap)"
-        )
-        .into(),
-        stuck: format!(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM {{t}} WHERE state = 'in_progress' \
-             AND COALESCE(locked_until, created_at) < {AGO} LIMIT :cap)"
-        )
-        .into(),
+        old_in_scope,
+        old,
+        stuck,
         outbox: format!(
             "SELECT COALESCE(SUM(parked <> 0), 0), \
              COALESCE(SUM(parked = 0 AND next_attempt_at < {AGO}), 0) \
