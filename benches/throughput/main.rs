@@ -6,6 +6,7 @@
 //! cargo bench --bench throughput -- --instructions  # client instructions per job, gated
 //! cargo bench --bench throughput -- --http       # idem::http's layer against a hand-written claim
 //! cargo bench --bench throughput -- --outbox     # the outbox: handler cost, relay vs direct
+//! cargo bench --bench throughput -- --runner     # idem's consumer loop against one by hand
 //! cargo bench --bench throughput -- --group      # group commit, and a poisoned batch
 //! cargo bench --bench throughput -- --group --each  # the poisoned batch alone
 //! cargo bench --bench throughput -- --group --floor # pgbench on each group design's statements
@@ -59,6 +60,7 @@ mod partitions;
 mod pgbench;
 mod plot;
 mod report;
+mod runner;
 mod scale;
 mod setup;
 mod steps;
@@ -196,6 +198,13 @@ fn main() -> Res<()> {
             .enable_all()
             .build()?
             .block_on(http::run(quick));
+    }
+    if argv.iter().any(|a| a == "--runner") {
+        let quick = argv.iter().any(|a| a == "--quick");
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(runner::run(quick));
     }
     if argv.iter().any(|a| a == "--outbox") {
         let quick = argv.iter().any(|a| a == "--quick");
