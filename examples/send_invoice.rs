@@ -6,12 +6,14 @@
 //! runs the `#[idempotent]` handler, which records the email in `outbox_emails` in the same
 //! transaction as its marker (a mailer sends the outbox; that part is not shown). Then the
 //! same job is published again once the window is over: JetStream accepts it this time, and
-//! the handler's claim is what stops a second email (`Duplicate`). Acks:
+//! the handler's claim is what stops a second email (`Duplicate`). The loop is idem's
+//! [`Runner`] on the consumer's [`Pull`] source, which settles each delivery as
+//! [`idem::Settle::decide`] says:
 //!
-//! - `Applied`, `Duplicate`, `Replayed`: ack (and wait for JetStream to confirm it);
-//! - `InProgress`: nak with a delay, another delivery is still on it;
-//! - `KeyReused` or a payload that is not a job: term, no redelivery can succeed;
-//! - any other error (database, rollback): nak, redelivered at once.
+//! - `Applied`, `Duplicate`, `Replayed`: ack (confirmed by JetStream);
+//! - `InProgress`, a database error, a rollback: nak with a growing delay;
+//! - `KeyReused`, a payload that is not a job, the 10th failed delivery: a copy to the
+//!   dead-letter subject, then term: no redelivery can succeed.
 //!
 //! ```text
 //! cargo run --example send_invoice
@@ -22,12 +24,16 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind, consumer, stream};
-use futures_util::StreamExt as _;
-use idem::{Outcome, Store};
+use std::sync::{Arc, Mutex};
+
+use async_nats::jetstream::{self, consumer, stream};
+use idem::settle::Runner;
+use idem::settle::nats::{NatsError, Pull};
+use idem::{Disposition, Store};
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Sqlite, SqlitePool, Transaction};
+use tokio::sync::Notify;
 
 /// The server of the example and the tests, unless `IDEM_NATS_URL` says otherwise.
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
@@ -60,40 +66,9 @@ impl SendInvoice {
     }
 }
 
-/// The handler's error.
-#[derive(Debug)]
-pub enum JobError {
-    Database(sqlx::Error),
-    Idem(idem::Error),
-}
-
-impl From<sqlx::Error> for JobError {
-    fn from(e: sqlx::Error) -> Self {
-        JobError::Database(e)
-    }
-}
-
-impl From<idem::Error> for JobError {
-    fn from(e: idem::Error) -> Self {
-        JobError::Idem(e)
-    }
-}
-
-impl std::fmt::Display for JobError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            JobError::Database(e) => write!(f, "{e}"),
-            JobError::Idem(e) => write!(f, "{e}"),
-        }
-    }
-}
-
 /// Queues the invoice email: one outbox row, committed with the marker.
 #[idem::idempotent(key = "job.order_id", scope = "billing.send_invoice", wait = "5s")]
-pub async fn send_invoice(
-    tx: &mut Transaction<'_, Sqlite>,
-    job: &SendInvoice,
-) -> Result<(), JobError> {
+pub async fn send_invoice(tx: &mut Transaction<'_, Sqlite>, job: &SendInvoice) -> sqlx::Result<()> {
     sqlx::query("INSERT INTO outbox_emails (order_id, recipient, amount) VALUES (?1, ?2, ?3)")
         .bind(&job.order_id)
         .bind(&job.email)
@@ -134,7 +109,8 @@ pub async fn emails(pool: &SqlitePool, order_id: &str) -> Result<i64, sqlx::Erro
         .await
 }
 
-/// A stream of its own for `subject`, deduplicating publishes within `window`.
+/// A stream of its own for `subject` and its dead letters' subject ([`dead_letters`]),
+/// deduplicating publishes within `window`.
 pub async fn create_stream(
     js: &jetstream::Context,
     name: &str,
@@ -144,28 +120,36 @@ pub async fn create_stream(
     Ok(js
         .create_stream(stream::Config {
             name: name.to_owned(),
-            subjects: vec![subject.to_owned()],
+            subjects: vec![subject.to_owned(), dead_letters(subject)],
             duplicate_window: window,
             ..Default::default()
         })
         .await?)
 }
 
-/// A durable pull consumer with explicit acks; an unacked message is redelivered after
-/// `ack_wait`.
+/// The subject of `subject`'s dead letters.
+pub fn dead_letters(subject: &str) -> String {
+    format!("{subject}.dead")
+}
+
+/// A durable pull consumer of `subject` with explicit acks; an unacked message is redelivered
+/// after `ack_wait`.
 pub async fn create_consumer(
     stream: &stream::Stream,
+    subject: &str,
     name: &str,
     ack_wait: Duration,
 ) -> Result<consumer::PullConsumer, async_nats::Error> {
     Ok(stream
         .create_consumer(consumer::pull::Config {
             durable_name: Some(name.to_owned()),
+            filter_subject: subject.to_owned(),
             ack_policy: consumer::AckPolicy::Explicit,
             ack_wait,
-            // Past this many deliveries JetStream stops redelivering: the markers must be kept
-            // at least as long as these attempts can take (see docs/brokers.md).
-            max_deliver: 10,
+            // Past this many deliveries JetStream stops redelivering: above the runner's cap
+            // (10), so that the cap dead-letters the last one; the markers must be kept at
+            // least as long as these attempts can take (see docs/brokers.md).
+            max_deliver: 11,
             ..Default::default()
         })
         .await?)
@@ -191,97 +175,49 @@ pub async fn publish(
     Ok((ack.duplicate, ack.sequence))
 }
 
-/// What the consumer did with one message.
+/// One settled delivery: which delivery of its message it was (JetStream's count), what the
+/// handler answered, and how it was settled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Handled {
-    pub order_id: String,
-    pub stream_sequence: u64,
-    /// JetStream's delivery count: 1 for the first delivery, 2 for a redelivery.
-    pub delivered: i64,
-    pub what: What,
+    pub delivered: u32,
+    pub outcome: &'static str,
+    pub disposition: Disposition,
 }
 
-/// The handler's outcome and the ack it led to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum What {
-    Applied,
-    Duplicate,
-    /// Nak'd or term'd, with the error.
-    Refused {
-        term: bool,
-        error: String,
-    },
-}
-
-/// The consumer loop, one batch: fetches up to `max` messages, waiting at most `expires` for
-/// them, and handles each one. Bounded in both count and time.
-pub async fn handle_batch(
+/// The consumer loop, until `n` deliveries are settled.
+pub async fn handle(
     consumer: &consumer::PullConsumer,
+    js: &jetstream::Context,
+    subject: &str,
     store: &Store<Sqlite>,
-    max: usize,
-    expires: Duration,
-) -> Result<Vec<Handled>, async_nats::Error> {
-    let mut batch = consumer
-        .fetch()
-        .max_messages(max)
-        .expires(expires)
-        .messages()
+    n: usize,
+) -> Result<Vec<Handled>, NatsError> {
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let enough = Arc::new(Notify::new());
+    let (seen, done) = (handled.clone(), enough.clone());
+    let deliveries = Pull::consume(consumer, js, 16, dead_letters(subject)).await?;
+    Runner::new()
+        .in_flight(16)
+        .on_settled(move |s| {
+            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+            seen.push(Handled {
+                delivered: s.delivery,
+                outcome: s.outcome,
+                disposition: s.disposition.clone(),
+            });
+            if seen.len() == n {
+                done.notify_one();
+            }
+        })
+        .run(
+            deliveries,
+            |job: SendInvoice| async move { send_invoice(store, &job).await },
+            enough.notified(),
+        )
         .await?;
-    let mut handled = Vec::new();
-    while let Some(message) = batch.next().await {
-        let message = message?;
-        let (stream_sequence, delivered) = {
-            let info = message.info()?;
-            (info.stream_sequence, info.delivered)
-        };
-        let job: SendInvoice = match serde_json::from_slice(&message.payload) {
-            Ok(job) => job,
-            Err(e) => {
-                message.ack_with(AckKind::Term).await?;
-                handled.push(Handled {
-                    order_id: String::new(),
-                    stream_sequence,
-                    delivered,
-                    what: What::Refused {
-                        term: true,
-                        error: format!("not a send-invoice job: {e}"),
-                    },
-                });
-                continue;
-            }
-        };
-        let what = match send_invoice(store, &job).await {
-            Ok(Outcome::Applied(())) => What::Applied,
-            Ok(Outcome::Duplicate | Outcome::Replayed(()) | Outcome::Failed(_)) => What::Duplicate,
-            Err(e) => {
-                let (kind, term) = match &e {
-                    // Another delivery still holds the key: come back once it is likely done.
-                    JobError::Idem(idem::Error::InProgress { .. }) => {
-                        (AckKind::Nak(Some(Duration::from_secs(1))), false)
-                    }
-                    JobError::Idem(idem::Error::KeyReused { .. }) => (AckKind::Term, true),
-                    _ => (AckKind::Nak(None), false),
-                };
-                message.ack_with(kind).await?;
-                What::Refused {
-                    term,
-                    error: e.to_string(),
-                }
-            }
-        };
-        if matches!(what, What::Applied | What::Duplicate) {
-            // Confirmed by the server: a plain ack is fire-and-forget, and a lost one means a
-            // redelivery after `ack_wait` (harmless, it would be a `Duplicate`).
-            message.double_ack().await?;
-        }
-        handled.push(Handled {
-            order_id: job.order_id,
-            stream_sequence,
-            delivered,
-            what,
-        });
-    }
-    Ok(handled)
+    Ok(std::mem::take(
+        &mut *handled.lock().unwrap_or_else(|e| e.into_inner()),
+    ))
 }
 
 /// Publishes `job` until JetStream no longer calls it a duplicate, i.e. its duplicate window
@@ -323,7 +259,8 @@ pub async fn run(nats: &str, db: &Path, out: &mut impl Write) -> Result<Report, 
     let subject = format!("invoices.example.{}", std::process::id());
     let mut stream = create_stream(&js, &name, &subject, Duration::from_secs(1)).await?;
     let result = async {
-        let consumer = create_consumer(&stream, "mailer", Duration::from_secs(30)).await?;
+        let consumer =
+            create_consumer(&stream, &subject, "mailer", Duration::from_secs(30)).await?;
         let job = SendInvoice {
             order_id: "order-42".into(),
             email: "alice@example.com".into(),
@@ -338,7 +275,7 @@ pub async fn run(nats: &str, db: &Path, out: &mut impl Write) -> Result<Report, 
             first.0, second.0
         )?;
         let after_clicks = stream.info().await?.state.messages;
-        let mut handled = handle_batch(&consumer, &store, 10, Duration::from_secs(2)).await?;
+        let mut handled = handle(&consumer, &js, &subject, &store, 1).await?;
 
         let dropped =
             publish_after_window(&js, &subject, &job, Duration::from_millis(100), 100).await?;
@@ -348,12 +285,12 @@ pub async fn run(nats: &str, db: &Path, out: &mut impl Write) -> Result<Report, 
             "after the window ({dropped} more publishes dropped first): the stream took the \
              job again, {after_late} messages"
         )?;
-        handled.extend(handle_batch(&consumer, &store, 10, Duration::from_secs(2)).await?);
+        handled.extend(handle(&consumer, &js, &subject, &store, 1).await?);
         for h in &handled {
             writeln!(
                 out,
-                "message {} (delivery {}) for {}: {:?}",
-                h.stream_sequence, h.delivered, h.order_id, h.what
+                "delivery {} for {}: {}, {:?}",
+                h.delivered, job.order_id, h.outcome, h.disposition
             )?;
         }
         let emails = emails(&pool, &job.order_id).await?;

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use futures_util::StreamExt as _;
-use idem::{Outcome, Store};
-use send_invoice::{Handled, SendInvoice, What, connect, nats_url};
+use idem::{Disposition, Outcome, Store};
+use send_invoice::{Handled, SendInvoice, connect, nats_url};
 use support::{CHILD_MODE, Lines, Worker, child_env, within};
 
 const CHILD_STREAM: &str = "IDEM_NATS_STREAM";
@@ -52,6 +52,25 @@ impl Fixture {
 
     fn db(&self) -> std::path::PathBuf {
         self.dir.join("jobs.db")
+    }
+
+    /// The example's loop until `n` deliveries are settled, bounded.
+    async fn handle(
+        &self,
+        consumer: &jetstream::consumer::PullConsumer,
+        store: &Store<sqlx::Sqlite>,
+        n: usize,
+    ) -> Vec<Handled> {
+        let handling = send_invoice::handle(consumer, &self.js, &self.subject, store, n);
+        within(60, "the deliveries", handling).await.unwrap()
+    }
+}
+
+fn acked(delivered: u32, outcome: &'static str) -> Handled {
+    Handled {
+        delivered,
+        outcome,
+        disposition: Disposition::Ack,
     }
 }
 
@@ -131,8 +150,8 @@ async fn example_runs_the_double_click_and_the_late_publish() {
     let report = report.unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(report.clicks, [false, true], "{text}");
     assert_eq!(report.messages, [1, 2], "{text}");
-    let whats: Vec<_> = report.handled.iter().map(|h| h.what.clone()).collect();
-    assert_eq!(whats, [What::Applied, What::Duplicate], "{text}");
+    let outcomes: Vec<_> = report.handled.iter().map(|h| h.outcome).collect();
+    assert_eq!(outcomes, ["applied", "duplicate"], "{text}");
     assert_eq!(report.emails, 1, "{text}");
 }
 
@@ -142,9 +161,10 @@ async fn two_publishes_in_the_window_make_one_message_and_one_email() {
     let (fx, mut stream) = Fixture::create("window", Duration::from_secs(60)).await;
     let pool = send_invoice::open_db(&fx.db()).await.unwrap();
     let store = Store::new(pool.clone());
-    let consumer = send_invoice::create_consumer(&stream, "mailer", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let consumer =
+        send_invoice::create_consumer(&stream, &fx.subject, "mailer", Duration::from_secs(30))
+            .await
+            .unwrap();
     let job = invoice("order-1");
     let first = send_invoice::publish(&fx.js, &fx.subject, &job)
         .await
@@ -156,18 +176,8 @@ async fn two_publishes_in_the_window_make_one_message_and_one_email() {
     assert_eq!((first, second), ((false, 1), (true, 1)));
     assert_eq!(stream.info().await.unwrap().state.messages, 1);
 
-    let handled = send_invoice::handle_batch(&consumer, &store, 10, Duration::from_secs(2))
-        .await
-        .unwrap();
-    assert_eq!(
-        handled,
-        [Handled {
-            order_id: "order-1".into(),
-            stream_sequence: 1,
-            delivered: 1,
-            what: What::Applied
-        }]
-    );
+    let handled = fx.handle(&consumer, &store, 1).await;
+    assert_eq!(handled, [acked(1, "applied")]);
     assert_eq!(send_invoice::emails(&pool, "order-1").await.unwrap(), 1);
     let info = consumer.get_info().await.unwrap();
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
@@ -179,9 +189,10 @@ async fn a_publish_after_the_window_is_a_second_message_and_a_duplicate() {
     let (fx, mut stream) = Fixture::create("late", Duration::from_secs(1)).await;
     let pool = send_invoice::open_db(&fx.db()).await.unwrap();
     let store = Store::new(pool.clone());
-    let consumer = send_invoice::create_consumer(&stream, "mailer", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let consumer =
+        send_invoice::create_consumer(&stream, &fx.subject, "mailer", Duration::from_secs(30))
+            .await
+            .unwrap();
     let job = invoice("order-2");
     assert!(
         !send_invoice::publish(&fx.js, &fx.subject, &job)
@@ -189,11 +200,8 @@ async fn a_publish_after_the_window_is_a_second_message_and_a_duplicate() {
             .unwrap()
             .0
     );
-    let first = send_invoice::handle_batch(&consumer, &store, 1, Duration::from_secs(5))
-        .await
-        .unwrap();
-    assert_eq!(first.len(), 1);
-    assert_eq!(first[0].what, What::Applied);
+    let first = fx.handle(&consumer, &store, 1).await;
+    assert_eq!(first, [acked(1, "applied")]);
 
     // A 1 s window: at most 100 publishes 50 ms apart are dropped before one is taken.
     let dropped = within(
@@ -211,17 +219,10 @@ async fn a_publish_after_the_window_is_a_second_message_and_a_duplicate() {
     .unwrap();
     assert_eq!(stream.info().await.unwrap().state.messages, 2);
 
-    let late = send_invoice::handle_batch(&consumer, &store, 1, Duration::from_secs(5))
-        .await
-        .unwrap();
+    let late = fx.handle(&consumer, &store, 1).await;
     assert_eq!(
         late,
-        [Handled {
-            order_id: "order-2".into(),
-            stream_sequence: 2,
-            delivered: 1,
-            what: What::Duplicate
-        }],
+        [acked(1, "duplicate")],
         "after {dropped} dropped publishes"
     );
     assert_eq!(send_invoice::emails(&pool, "order-2").await.unwrap(), 1);
@@ -234,9 +235,10 @@ async fn killed_after_commit_before_ack_the_redelivery_is_a_duplicate() {
     let pool = send_invoice::open_db(&fx.db()).await.unwrap();
     let store = Store::new(pool.clone());
     // Redelivered 1 s after a delivery that was not acked.
-    let consumer = send_invoice::create_consumer(&stream, "mailer", Duration::from_secs(1))
-        .await
-        .unwrap();
+    let consumer =
+        send_invoice::create_consumer(&stream, &fx.subject, "mailer", Duration::from_secs(1))
+            .await
+            .unwrap();
     let job = invoice("order-3");
     send_invoice::publish(&fx.js, &fx.subject, &job)
         .await
@@ -253,19 +255,9 @@ async fn killed_after_commit_before_ack_the_redelivery_is_a_duplicate() {
     assert_eq!(send_invoice::emails(&pool, "order-3").await.unwrap(), 1);
     assert!(!worker.kill().await.success());
 
-    // Waits for the redelivery (after `ack_wait`), bounded by `expires`.
-    let handled = send_invoice::handle_batch(&consumer, &store, 1, Duration::from_secs(20))
-        .await
-        .unwrap();
-    assert_eq!(
-        handled,
-        [Handled {
-            order_id: "order-3".into(),
-            stream_sequence: 1,
-            delivered: 2,
-            what: What::Duplicate
-        }]
-    );
+    // Waits for the redelivery (after `ack_wait`).
+    let handled = fx.handle(&consumer, &store, 1).await;
+    assert_eq!(handled, [acked(2, "duplicate")]);
     assert_eq!(send_invoice::emails(&pool, "order-3").await.unwrap(), 1);
     let info = consumer.get_info().await.unwrap();
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
