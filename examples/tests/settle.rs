@@ -1,7 +1,7 @@
 //! idem's consumer loop (`idem::settle::Runner`) on each broker through its adapter, in this
 //! process, against the real brokers and PostgreSQL: each case of the decision settled on the
 //! broker, the redelivery cap, a retry that waits, a panic, and a shutdown with every delivery
-//! in flight. Each case runs on RabbitMQ and on NATS JetStream. Effects are rows in a table
+//! in flight. Each case runs on RabbitMQ, on NATS JetStream and on SQS (moto's server). Effects are rows in a table
 //! without a unique index, so one applied twice shows.
 
 #[path = "settle/brokers.rs"]
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use brokers::{Broker, Nats, RabbitMq};
+use brokers::{Broker, Nats, RabbitMq, Sqs};
 use idem::settle::{Runner, Settled, Tally};
 use idem::{Disposition, Outcome, Settle, Store};
 use serde::{Deserialize, Serialize};
@@ -586,6 +586,14 @@ macro_rules! on_brokers {
                 #[tokio::test(flavor = "multi_thread")]
                 async fn $case() {
                     super::$case::<super::Nats>().await;
+                }
+            )*
+        }
+        mod sqs {
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $case() {
+                    super::$case::<super::Sqs>().await;
                 }
             )*
         }

@@ -7,6 +7,9 @@ use async_nats::jetstream::{self, consumer, stream};
 use idem::settle::Source;
 use idem::settle::nats::Pull;
 use idem::settle::rabbitmq::Queue;
+use idem::settle::sqs::aws_sdk_sqs::Client;
+use idem::settle::sqs::aws_sdk_sqs::types::QueueAttributeName;
+use idem::settle::sqs::{self, Queues, Receiver};
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 
@@ -287,5 +290,121 @@ impl Broker for Nats {
         for stream in [self.stream.clone(), self.dead_stream()] {
             drop(self.js.delete_stream(&stream).await);
         }
+    }
+}
+
+pub struct Sqs {
+    client: Client,
+    queue: idem_example_sqs::Queue,
+}
+
+impl Broker for Sqs {
+    type Source = Receiver;
+
+    async fn new(test: &str) -> Self {
+        let url = idem_example_sqs::sqs_url();
+        let client = idem_example_sqs::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let name = format!("idem-test-settle-{test}-{}", std::process::id());
+        // Visibility 3 s: longer than any body of these cases runs; the deliveries a
+        // shutdown leaves come back after it. The redrive only after the runner's cap.
+        let queue = idem_example_sqs::create_queue(&client, &name, 3, 100)
+            .await
+            .unwrap();
+        for url in [&queue.url, &queue.dead_letters] {
+            client.purge_queue().queue_url(url).send().await.unwrap();
+        }
+        Sqs { client, queue }
+    }
+
+    async fn publish(&self, payloads: Vec<Vec<u8>>) {
+        for payload in payloads {
+            self.client
+                .send_message()
+                .queue_url(&self.queue.url)
+                .message_body(String::from_utf8(payload).unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+
+    async fn source(&self, prefetch: usize) -> Receiver {
+        let queues = Queues {
+            url: self.queue.url.clone(),
+            dead_letters: self.queue.dead_letters.clone(),
+        };
+        Receiver::consume(&self.client, queues, prefetch, 1)
+    }
+
+    async fn dead_letters(&self) -> Vec<Dead> {
+        let mut dead = Vec::new();
+        loop {
+            let out = self
+                .client
+                .receive_message()
+                .queue_url(&self.queue.dead_letters)
+                .max_number_of_messages(10)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .unwrap();
+            let messages = out.messages.unwrap_or_default();
+            if messages.is_empty() {
+                return dead;
+            }
+            for m in messages {
+                let attribute = |name: &str| {
+                    m.message_attributes()
+                        .and_then(|a| a.get(name))
+                        .and_then(|v| v.string_value())
+                        .unwrap_or_else(|| panic!("a dead letter without {name}"))
+                        .to_owned()
+                };
+                dead.push(Dead {
+                    reason: attribute(sqs::REASON_ATTRIBUTE),
+                    delivery: attribute(sqs::DELIVERY_ATTRIBUTE).parse().unwrap(),
+                    payload: m.body().unwrap_or_default().as_bytes().to_vec(),
+                });
+                self.client
+                    .delete_message()
+                    .queue_url(&self.queue.dead_letters)
+                    .receipt_handle(m.receipt_handle().unwrap_or_default())
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    async fn left(&self) -> u64 {
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(&self.queue.url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .unwrap();
+        let attributes = out.attributes.unwrap_or_default();
+        [
+            QueueAttributeName::ApproximateNumberOfMessages,
+            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+        ]
+        .iter()
+        .map(|name| {
+            attributes
+                .get(name)
+                .map_or(0, |n| n.parse::<u64>().unwrap())
+        })
+        .sum()
+    }
+
+    async fn end(self) {
+        idem_example_sqs::delete_queue(&self.client, &self.queue)
+            .await
+            .unwrap();
     }
 }

@@ -1,6 +1,6 @@
 //! The consumer loop: what a consumer does with a delivery once its handler returned (ack,
 //! retry after a delay, dead-letter), written once as code ([`Settle::decide`]), and the loop
-//! itself ([`Runner`]) on a broker's [`Source`] (RabbitMQ: the `rabbitmq` module, feature `rabbitmq`; NATS JetStream: `nats`, feature `nats`).
+//! itself ([`Runner`]) on a broker's [`Source`] (RabbitMQ: the `rabbitmq` module, feature `rabbitmq`; NATS JetStream: `nats`, feature `nats`; Amazon SQS: `sqs`, feature `sqs`).
 //!
 //! ```
 //! # use idem_runtime as idem;
@@ -28,6 +28,8 @@ pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 mod runner;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 
 pub use runner::{Delivery, Runner, SETTLED_TOTAL, Settled, Source, Tally};
 
