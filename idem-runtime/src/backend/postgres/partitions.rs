@@ -7,7 +7,7 @@
 //! `(scope, key)` across the whole table: a key lands in one partition, whichever delivery
 //! writes it. `key` is compared bytewise (`COLLATE "C"`), as the bounds are written.
 
-use sqlx::{Pool, Postgres, Row as _, Transaction};
+use sqlx::{AssertSqlSafe, PgConnection, Pool, Postgres, Row as _, SqlSafeStr, Transaction};
 
 use super::{DDL, database_code};
 use crate::backend::Sql;
@@ -77,6 +77,15 @@ async fn locked(
     Ok(tx)
 }
 
+/// Runs `statement` in `conn` unnamed, as every statement here (none is kept prepared).
+async fn run(conn: &mut PgConnection, statement: impl SqlSafeStr) -> Result<(), sqlx::Error> {
+    sqlx::query(statement)
+        .persistent(false)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Creates the marker and steps tables partitioned, each with a default partition for keys
 /// that carry no time, unless the marker table is partitioned already; refuses a marker table
 /// that exists and is not.
@@ -105,10 +114,7 @@ pub(crate) async fn create_parents(
             partitioned(create),
             format!("CREATE TABLE IF NOT EXISTS {parent}_default PARTITION OF {parent} DEFAULT"),
         ] {
-            sqlx::query(table.fill(&stmt))
-                .persistent(false)
-                .execute(&mut *tx)
-                .await?;
+            run(&mut tx, table.fill(&stmt)).await?;
         }
     }
     tx.commit().await?;
@@ -125,30 +131,20 @@ pub(crate) async fn create(
 ) -> Result<(Vec<String>, Vec<String>), sqlx::Error> {
     let table = &sql.table;
     let mut tx = locked(pool, table).await?;
-    sqlx::query("SET LOCAL client_min_messages = warning")
-        .persistent(false)
-        .execute(&mut *tx)
-        .await?;
+    run(&mut tx, "SET LOCAL client_min_messages = warning").await?;
     let existing = list_in(&mut tx, sql).await?;
     let (mut made, mut skipped) = (Vec::new(), Vec::new());
     for day in days.iter().filter(|d| !existing.contains(&d.suffix)) {
         // A range the default partition already holds rows of cannot be split off it: that
         // day stays in the default partition, purged row by row.
-        sqlx::query("SAVEPOINT idem_partition")
-            .persistent(false)
-            .execute(&mut *tx)
-            .await?;
+        run(&mut tx, "SAVEPOINT idem_partition").await?;
         let mut refused = false;
         for parent in PARENTS {
             let stmt = format!(
                 "CREATE TABLE {parent}_{} PARTITION OF {parent} FOR VALUES FROM ('{}') TO ('{}')",
                 day.suffix, day.from, day.to
             );
-            match sqlx::query(table.fill(&stmt))
-                .persistent(false)
-                .execute(&mut *tx)
-                .await
-            {
+            match run(&mut tx, table.fill(&stmt)).await {
                 Ok(_) => {}
                 Err(e) if database_code(&e).as_deref() == Some(CHECK_VIOLATION) => {
                     refused = true;
@@ -161,7 +157,7 @@ pub(crate) async fn create(
             true => "ROLLBACK TO SAVEPOINT idem_partition",
             false => "RELEASE SAVEPOINT idem_partition",
         };
-        sqlx::query(end).persistent(false).execute(&mut *tx).await?;
+        run(&mut tx, end).await?;
         match refused {
             true => skipped.push(day.suffix.clone()),
             false => made.push(day.suffix.clone()),
@@ -180,10 +176,7 @@ pub(crate) async fn list(
     list_in(&mut conn, sql).await
 }
 
-async fn list_in(
-    conn: &mut sqlx::PgConnection,
-    sql: &Sql<Postgres>,
-) -> Result<Vec<String>, sqlx::Error> {
+async fn list_in(conn: &mut PgConnection, sql: &Sql<Postgres>) -> Result<Vec<String>, sqlx::Error> {
     let table = sql.table.as_str();
     let rows = sqlx::query(
         "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
@@ -217,19 +210,15 @@ pub(crate) async fn drop(
     }
     let table = &sql.table;
     let mut tx = locked(pool, table).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SET LOCAL lock_timeout = {lock_ms}"
-    )))
-    .persistent(false)
-    .execute(&mut *tx)
+    run(
+        &mut tx,
+        AssertSqlSafe(format!("SET LOCAL lock_timeout = {lock_ms}")),
+    )
     .await?;
     for suffix in suffixes {
         for parent in PARENTS {
             let stmt = format!("DROP TABLE IF EXISTS {parent}_{suffix}");
-            sqlx::query(table.fill(&stmt))
-                .persistent(false)
-                .execute(&mut *tx)
-                .await?;
+            run(&mut tx, table.fill(&stmt)).await?;
         }
     }
     tx.commit().await
