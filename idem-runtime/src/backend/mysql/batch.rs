@@ -24,14 +24,12 @@ pub(super) fn hex_bytes(value: &[u8]) -> String {
     out
 }
 
-/// Appends `value` as a hex literal to `out`. Every claim's commit probe writes its scope and
-/// key this way: a table lookup per nibble, where `write!` with `{:02x}` cost a formatter call
-/// per byte.
+/// Appends `value` as a hex literal to `out` (every claim's commit probe writes its scope and
+/// key this way), by table lookup rather than a formatter call per byte.
 pub(super) fn push_hex(out: &mut String, value: &[u8]) {
     out.reserve(3 + 2 * value.len());
     out.push_str("X'");
-    // Up to 64 bytes' digits at a time, from the table into a buffer checked once: pushing
-    // two chars or a two-byte `&str` per byte costs several times as much.
+    // Up to 64 bytes' digits at a time, into a buffer checked once rather than per byte.
     for chunk in value.chunks(64) {
         let mut digits = [0; 128];
         for (pair, &b) in digits.chunks_exact_mut(2).zip(chunk) {

@@ -160,8 +160,8 @@ fn commit_message(check: &Check<'_>, wait: bool) -> String {
     message
 }
 
-/// [`PROBE`] and `parts`, in one buffer sized up front for the whole message: growing it
-/// copied the whole message once per job, which cost more than writing it.
+/// [`PROBE`] and `parts`, in one buffer sized up front for the whole message (never copied
+/// as it grows).
 fn probe(parts: &[Part<'_>], wait: bool) -> String {
     let tail = "; COMMIT".len() + if wait { 2 + RESTORE_WAIT.len() } else { 0 };
     // A literal's quotes and prefix, and an `i64`'s longest decimal form.
@@ -183,8 +183,7 @@ fn probe(parts: &[Part<'_>], wait: bool) -> String {
     message
 }
 
-/// Appends `n` in decimal: what `write!` does, without the formatter's machinery, which cost
-/// as much as the rest of the message.
+/// Appends `n` in decimal: what `write!` does, without the formatter's machinery.
 fn push_int(out: &mut String, n: i64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();

@@ -39,8 +39,7 @@ fn claim_or_read(when_inserted: &str) -> String {
 /// reads the scope's frequency from the table's statistics, which say nothing of a scope that
 /// was new or rare at the last `ANALYZE`: it then expects one row, finds scanning the scope
 /// alone as cheap as looking up each key (PostgreSQL before 17 prices an `= ANY` on the index's
-/// second column by its descents) and filters the keys out of every marker of the scope, a
-/// hundred times slower than the index.
+/// second column by its descents) and filters the keys out of every marker of the scope.
 const SCOPE: &str = "(SELECT :scope::text)";
 
 /// The texts of the claim statements every backend runs.
