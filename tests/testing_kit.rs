@@ -344,3 +344,72 @@ async fn panic_of<T>(case: impl Future<Output = T>) -> String {
         },
     }
 }
+
+#[idem::idempotent(key = "job.id", scope = "kit.group_top_up", group)]
+async fn group_top_up(tx: &mut Transaction<'_, Sqlite>, job: &TopUp) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE accounts SET credits = credits + 50 WHERE id = ?1")
+        .bind(job.account)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// A `group` handler on its defaults: the racing deliveries queue in one lane (one key, one
+/// lane), and the kit counts each as in flight from its start, before it waits for its turn.
+#[tokio::test]
+async fn a_sound_group_handler_passes_every_case() {
+    let (store, pool) = lite().await;
+    let group = store.group(idem::GroupOptions::new()).unwrap();
+    let fresh = async |n: usize| {
+        let account = i64::try_from(n).unwrap();
+        sqlx::query("INSERT INTO accounts (id, credits) VALUES (?1, 100)")
+            .bind(account)
+            .execute(&pool)
+            .await
+            .unwrap();
+        TopUp {
+            id: format!("top-up-{n}"),
+            account,
+        }
+    };
+    let balance = async |job: &TopUp| -> i64 {
+        sqlx::query_scalar("SELECT credits FROM accounts WHERE id = ?1")
+            .bind(job.account)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let cases = all_cases(
+        fresh,
+        async |job| group_top_up(&group, job).await,
+        balance,
+        150,
+    );
+    let reports = tokio::time::timeout(Duration::from_secs(120), cases)
+        .await
+        .expect("the kit's cases on a group handler did not end within 120 s");
+    let ran: Vec<_> = reports.iter().map(|(case, _)| *case).collect();
+    assert_eq!(
+        ran,
+        [
+            "deliver_twice",
+            "deliver_concurrently",
+            "fail_before_commit"
+        ]
+    );
+    assert_eq!(reports[0].1.got(), [Got::Applied, Got::Duplicate]);
+    let racing = reports[1].1.got();
+    assert_eq!(racing.len(), CONCURRENT_DELIVERIES);
+    assert_eq!(racing.iter().filter(|g| **g == Got::Applied).count(), 1);
+    assert_eq!(
+        reports[2].1.got(),
+        [Got::Injected, Got::Applied, Got::Duplicate]
+    );
+    for (n, credits) in [(1, 150), (2, 150), (3, 150)] {
+        let job = TopUp {
+            id: String::new(),
+            account: n,
+        };
+        assert_eq!(balance(&job).await, credits, "account {n}");
+    }
+}

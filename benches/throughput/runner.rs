@@ -20,8 +20,8 @@ use idem::settle::Runner;
 use idem::settle::rabbitmq::Queue;
 use idem::{Outcome, Store};
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, ConfirmSelectOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
@@ -64,7 +64,11 @@ struct Run {
 }
 
 pub(crate) async fn run(quick: bool) -> Res<()> {
-    let (jobs, rounds) = if quick { (1_000_u64, 2) } else { (5_000_u64, 5) };
+    let (jobs, rounds) = if quick {
+        (1_000_u64, 2)
+    } else {
+        (5_000_u64, 5)
+    };
     let cfg = config();
     let accounts = format!("idem_bench_runner_accounts_{}", cfg.suffix);
     let markers = format!("idem_bench_runner_markers_{}", cfg.suffix);
@@ -105,7 +109,11 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
             }
         }
         let median = |which: Loop, f: fn(&Run) -> f64| {
-            let mut v: Vec<f64> = runs.iter().filter(|r| r.0 == which).map(|r| f(&r.1)).collect();
+            let mut v: Vec<f64> = runs
+                .iter()
+                .filter(|r| r.0 == which)
+                .map(|r| f(&r.1))
+                .collect();
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };

@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -73,6 +73,10 @@ pub(crate) enum Pause {
     Paused,
     Resumed,
 }
+
+/// How long a delivery waits at its commit for the others of its race before the kit fails
+/// the case (instead of hanging).
+const RACE_LIMIT: Duration = Duration::from_secs(60);
 
 /// Deliveries that must all have started their claims before any of them commits.
 #[derive(Debug)]
@@ -161,10 +165,12 @@ fn current() -> Option<Arc<Probe>> {
 /// A delivery is about to claim. In transaction mode it counts as in flight for a race from
 /// here, before any statement: its claim may wait on the holder's transaction (PostgreSQL's
 /// row lock, SQLite's write lock), which the holder keeps open until every delivery arrived.
+/// A group's member too, before it waits for its lane's turn: the deliveries of one key share
+/// a lane, whose turn the holder keeps until it is kept.
 pub(crate) fn claiming(mode: Mode) {
     if let Some(probe) = current() {
         probe.note(|s| s.mode = Some(mode));
-        if mode == Mode::Transaction {
+        if matches!(mode, Mode::Transaction | Mode::Group) {
             probe.arrive();
         }
     }
@@ -214,8 +220,19 @@ pub(crate) trait Held: Sync {
 /// asked for one. `Some(error)` means: do not commit, undo, and return it.
 pub(crate) async fn before_commit(scope: &str, key: &str, at: &'static str) -> Option<Error> {
     let probe = current()?;
-    if let Some(race) = &probe.race {
-        race.all_arrived().await;
+    if let Some(race) = &probe.race
+        && tokio::time::timeout(RACE_LIMIT, race.all_arrived())
+            .await
+            .is_err()
+    {
+        let arrived = *race.arrived.borrow();
+        panic!(
+            "idem::testing: a delivery of {key:?} waited {RACE_LIMIT:?} at its commit for the \
+             other deliveries of the race to start their claims, and only {arrived} of {} did: \
+             something makes them wait for this one before they claim (a lock the handler \
+             takes before its claim, a pool too small for the deliveries at once)",
+            race.total
+        );
     }
     if probe.fault != Fault::BeforeCommit {
         return None;
