@@ -179,3 +179,22 @@ async fn lease_apply_on<DB: TestDb>(
     DB::execute(&mut conn, &sql, &binds).await?;
     Ok(job.amount)
 }
+
+/// A top-up of a hot account: one of few rows that many concurrent jobs update.
+#[idem::idempotent(key = "job.key", scope = "hot", group)]
+pub(crate) async fn top_up_grouped<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    job: &Job,
+    accounts: &str,
+    account: i64,
+) -> Result<(), TestError> {
+    let sql = format!("UPDATE {accounts} SET credits = credits + $1 WHERE id = $2");
+    DB::execute(
+        &mut **tx,
+        &sql,
+        &[Bind::I64(job.amount), Bind::I64(account)],
+    )
+    .await?;
+    insert_effect(tx, job, "hot").await?;
+    Ok(())
+}

@@ -350,6 +350,7 @@ macro_rules! every_backend_tests {
             group_left_by_a_cancelled_call_commits_at_its_delay_bound,
             group_beside_transaction_and_lease_mode_applies_each_key_once,
             group_keeps_replay_fingerprint_and_outbox,
+            group_on_its_defaults_applies_hot_rows_without_deadlock,
             // Retention per scope (schema version 3).
             retention_per_scope_decides_what_purge_deletes,
             retention_refuses_bad_windows_before_any_io,

@@ -66,13 +66,14 @@ impl Default for GroupOptions {
 }
 
 impl GroupOptions {
-    /// The defaults: at most 32 calls a group, 2 ms, 2 lanes (what they gave where idem is
-    /// built, and why they are a starting point to measure from: `docs/group-commit.md`).
+    /// The defaults: at most 32 calls a group, 2 ms, one lane. One lane is safe whatever
+    /// rows the bodies touch; more are an opt-in ([`lanes`](GroupOptions::lanes) says what
+    /// they risk).
     pub const fn new() -> Self {
         GroupOptions {
             max_size: 32,
             max_delay: Duration::from_millis(2),
-            lanes: 2,
+            lanes: 1,
         }
     }
 
@@ -90,10 +91,18 @@ impl GroupOptions {
     }
 
     /// How many groups are open at once, each on a connection of its own (1 to
-    /// [`MAX_LANES`]). A call's group is chosen by its key, so the calls of one key always
-    /// meet in the same group: a second delivery of a key reads the first one's marker in its
-    /// own transaction instead of waiting for another group's commit. More lanes run more
-    /// calls side by side, fewer make larger groups.
+    /// [`MAX_LANES`]; 1 by default). A call's group is chosen by its key, so the calls of one
+    /// key always meet in the same group: a second delivery of a key reads the first one's
+    /// marker in its own transaction instead of waiting for another group's commit. More
+    /// lanes run more calls side by side, fewer make larger groups.
+    ///
+    /// **More than one lane deadlocks on shared rows.** Each lane's open transaction holds
+    /// the rows its calls updated until its group commits; when the bodies of calls with
+    /// different keys update the same rows (a few hot accounts), two lanes wait for each
+    /// other. The database breaks the deadlock after its own timeout (PostgreSQL's
+    /// `deadlock_timeout`, 1 s), every call queued in both lanes waits meanwhile, and the
+    /// victim's calls fail (PostgreSQL: the body's statement; MariaDB rolls the whole group
+    /// back). Use more lanes only where different keys' bodies touch different rows.
     pub const fn lanes(mut self, lanes: usize) -> Self {
         self.lanes = lanes;
         self

@@ -545,3 +545,65 @@ pub(crate) async fn killed_connection_fails_its_group_and_redelivery_applies_onc
     killer.close().await;
     ctx.cleanup().await;
 }
+
+/// The hot-row workload on the default options: 50 jobs on 10 accounts, each job delivered
+/// twice, every delivery at once. No error reaches a caller (no deadlock between the group's
+/// transactions), each job is applied once and the balances are exact.
+pub(crate) async fn group_on_its_defaults_applies_hot_rows_without_deadlock<S: Support>() {
+    const JOBS: i64 = 50;
+    const ACCOUNTS: i64 = 10;
+    let mut ctx = Ctx::<S>::new("hot", 12).await;
+    let accounts = ctx
+        .create_table("a", "(id BIGINT PRIMARY KEY, credits BIGINT NOT NULL)")
+        .await;
+    let rows: Vec<String> = (1..=ACCOUNTS).map(|a| format!("({a}, 0)")).collect();
+    ctx.exec(&format!(
+        "INSERT INTO {accounts} VALUES {}",
+        rows.join(", ")
+    ))
+    .await;
+    let group = group(&ctx, GroupOptions::new());
+    let account = |id: i64| id % ACCOUNTS + 1;
+    let mut deliveries: Vec<Job> = jobs(&ctx, 1..=JOBS)
+        .into_iter()
+        .flat_map(|j| [j.clone(), j])
+        .collect();
+    SplitMix::new(48).shuffle(&mut deliveries);
+    let tasks: Vec<_> = deliveries
+        .into_iter()
+        .map(|job| {
+            let (group, accounts) = (group.clone(), accounts.clone());
+            tokio::spawn(async move {
+                let done = top_up_grouped(&group, &job, &accounts, account(job.id)).await;
+                (job.id, done)
+            })
+        })
+        .collect();
+    let mut applied = vec![0; JOBS as usize + 1];
+    for task in tasks {
+        let (id, done) = within(120, "a grouped delivery", task)
+            .await
+            .expect("no panic");
+        match done {
+            Ok(Outcome::Applied(())) => applied[id as usize] += 1,
+            Ok(Outcome::Duplicate) => {}
+            other => panic!("job {id} on the default group options: {other:?}"),
+        }
+    }
+    assert!(applied[1..].iter().all(|n| *n == 1), "{applied:?}");
+    assert_eq!(
+        (ctx.effects_total().await, ctx.markers().await),
+        (JOBS, JOBS)
+    );
+    for a in 1..=ACCOUNTS {
+        // Job i (amount 10 i) tops up account i % 10 + 1.
+        let expected: i64 = (1..=JOBS)
+            .filter(|i| account(*i) == a)
+            .map(|i| 10 * i)
+            .sum();
+        let credits = ctx
+            .scalar(&format!("SELECT credits FROM {accounts} WHERE id = {a}"))
+            .await;
+        assert_eq!(credits, expected, "account {a}");
+    }
+}
