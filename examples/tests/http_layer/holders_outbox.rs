@@ -93,7 +93,10 @@ async fn outbox_of_a_request<DB: Db>(tables: &Tables<DB>, url: &str, scope: &str
         "{scope}: (effects, messages) after a 500"
     );
 
-    let sent = send(url, key, None, &marker, &[]).await;
+    // The caller's trace context reaches the message, with or without the `opentelemetry`
+    // feature (these tests build idem without it).
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let sent = send(url, key, None, &marker, &[("traceparent", traceparent)]).await;
     assert_eq!(
         (sent.status, sent.replayed()),
         (201, false),
@@ -105,6 +108,15 @@ async fn outbox_of_a_request<DB: Db>(tables: &Tables<DB>, url: &str, scope: &str
         (effects().await, messages().await, the_message().await),
         (1, 1, 1),
         "{scope}: (effects, messages, the message) after a 201"
+    );
+    let traced = count(format!(
+        "SELECT COUNT(*) FROM {outbox} WHERE id = '{id}' AND headers LIKE \
+         '%\"traceparent\":\"{traceparent}\"%'"
+    ))
+    .await;
+    assert_eq!(
+        traced, 1,
+        "{scope}: the message carries the request's traceparent"
     );
 
     let again = send(url, key, None, &marker, &[]).await;

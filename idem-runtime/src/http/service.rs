@@ -24,8 +24,10 @@ use crate::future::BoxFuture;
 use crate::job_id::job_id;
 use crate::key::Key;
 use crate::lease::claim_lease;
+use crate::observe;
 use crate::observe::semconv::{self, About};
 use crate::record::Fingerprint;
+use crate::traceparent::{TRACEPARENT, TraceParent};
 
 /// The service an [`IdempotencyLayer`](super::IdempotencyLayer) wraps around `S`.
 pub struct Idempotent<S, DB: Backend, P> {
@@ -143,15 +145,23 @@ where
         Ok(read) => read,
         Err(early) => return Ok(early),
     };
+    // The caller's trace context: the claim's span links to it, and the messages the handler
+    // writes to the outbox carry it (a valid `traceparent` header; anything else is ignored,
+    // as W3C Trace Context asks).
+    let traceparent = parts
+        .headers
+        .get(TRACEPARENT)
+        .and_then(TraceParent::from_header);
     // A replay, a conflict or a refusal is answered here. A client that hangs up during the
     // claim drops it, which rolls it back: nothing ran yet, and the retry claims again.
-    let hold = match claim(&config, &key, &fingerprint, &parts.method).await {
+    let hold = match claim(&config, &key, &fingerprint, &parts.method, traceparent).await {
         Ok(hold) => hold,
         Err(early) => return Ok(early),
     };
     // The handler and the commit are finished even if the client hangs up (`Finish`), in
     // this task unless it does.
-    match Finish::new(run_fresh(config, inner, parts, body, hold)).await {
+    let fresh = observe::carrying(traceparent, run_fresh(config, inner, parts, body, hold));
+    match Finish::new(fresh).await {
         Ok(answer) => answer,
         Err(Panicked) => Ok(problem(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -170,8 +180,9 @@ async fn claim<DB: Backend>(
     key: &Key,
     fingerprint: &Fingerprint,
     method: &::http::Method,
+    traceparent: Option<TraceParent>,
 ) -> Result<Holding<DB>, Early> {
-    let options = config.options.fingerprint(*fingerprint);
+    let options = config.options.fingerprint(*fingerprint).link(traceparent);
     let mut request = claim::Request::of(
         config.scope.clone().into(),
         key.clone(),

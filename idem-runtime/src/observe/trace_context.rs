@@ -9,7 +9,8 @@
 //! With the feature `opentelemetry` a link is an OpenTelemetry span link
 //! (`tracing_opentelemetry::OpenTelemetrySpanExt::add_link`) and the producer's side reads the
 //! current span's context; without it the claim's span records the traceparent in its field
-//! [`FIELD`], and the producer's side has no context to read. Either way nothing runs for a
+//! [`FIELD`], and the producer's side has no span context to read: it sends the traceparent
+//! the work carries (the HTTP layer carries its request's). Either way nothing runs for a
 //! call given no traceparent, nor for a span no subscriber wants.
 
 use tracing::Span;
@@ -93,18 +94,43 @@ pub(crate) fn link(span: &Span, parents: &[TraceParent]) {
     }
 }
 
-/// The traceparent of the current `tracing` span, for a message the producer writes (the
-/// outbox's `traceparent` header): with the feature `opentelemetry`, the span's OpenTelemetry
-/// context when it is valid; without it, `None`.
-#[cfg(feature = "opentelemetry")]
-pub(crate) fn ambient_traceparent() -> Option<String> {
-    TraceParent::current().map(|parent| parent.to_string())
+tokio::task_local! {
+    /// The traceparent of the request a call serves (the HTTP layer's), for the messages its
+    /// handler writes: carried, since no span context holds it without OpenTelemetry.
+    static CARRIED: Option<TraceParent>;
 }
 
-/// Without the feature `opentelemetry` there is no context to read.
+/// Runs `work` with `parent` as the traceparent its outbox messages carry where no span
+/// context gives one ([`ambient_traceparent`]).
+pub(crate) async fn carrying<F: std::future::Future>(
+    parent: Option<TraceParent>,
+    work: F,
+) -> F::Output {
+    CARRIED.scope(parent, work).await
+}
+
+fn carried() -> Option<String> {
+    CARRIED
+        .try_with(|parent| parent.as_ref().map(ToString::to_string))
+        .ok()
+        .flatten()
+}
+
+/// The traceparent for a message the producer writes (the outbox's `traceparent` header): with
+/// the feature `opentelemetry`, the current span's OpenTelemetry context when it is valid;
+/// else the one the work carries (the request an HTTP layer's handler serves), if any.
+#[cfg(feature = "opentelemetry")]
+pub(crate) fn ambient_traceparent() -> Option<String> {
+    TraceParent::current()
+        .map(|parent| parent.to_string())
+        .or_else(carried)
+}
+
+/// Without the feature `opentelemetry` no span context can be read: the traceparent the work
+/// carries (the request an HTTP layer's handler serves), if any.
 #[cfg(not(feature = "opentelemetry"))]
 pub(crate) fn ambient_traceparent() -> Option<String> {
-    None
+    carried()
 }
 
 #[cfg(test)]
