@@ -33,6 +33,10 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::oneshot;
 
+/// The rdkafka idem is built on: its `ClientConfig` is what [`Consumer`] takes, with no
+/// dependency of your own.
+pub use rdkafka;
+
 pub use self::claim::Claim;
 use self::claim::{Spans, spans};
 pub use self::context::Unseen;
