@@ -44,7 +44,9 @@ pub(crate) use in_span::in_span;
 pub use keys::{KeyInSpans, observe_keys};
 use semconv::About;
 pub use site::Site;
-pub(crate) use trace_context::{ambient_traceparent, carrying};
+pub(crate) use trace_context::ambient_traceparent;
+#[cfg(feature = "axum")]
+pub(crate) use trace_context::carrying;
 use verdict::{Ended, Verdict};
 
 /// The counter of finished calls, labelled `scope` and `outcome`.

@@ -102,6 +102,7 @@ tokio::task_local! {
 
 /// Runs `work` with `parent` as the traceparent its outbox messages carry where no span
 /// context gives one ([`ambient_traceparent`]).
+#[cfg(feature = "axum")]
 pub(crate) async fn carrying<F: std::future::Future>(
     parent: Option<TraceParent>,
     work: F,
