@@ -1,6 +1,9 @@
 //! The consumer loop: what a consumer does with a delivery once its handler returned (ack,
 //! retry after a delay, dead-letter), written once as code ([`Settle::decide`]), and the loop
-//! itself ([`Runner`]) on a broker's [`Source`] (RabbitMQ: the `rabbitmq` module, feature `rabbitmq`; NATS JetStream: `nats`, feature `nats`; Amazon SQS: `sqs`, feature `sqs`).
+//! itself ([`Runner`]) on a broker's [`Source`]: RabbitMQ (the `rabbitmq` module, feature
+//! `rabbitmq`), NATS JetStream (`nats`, feature `nats`), Amazon SQS (`sqs`, feature `sqs`);
+//! and a Lambda function's SQS event answered with a partial batch response (`lambda`,
+//! feature `lambda`).
 //!
 //! ```
 //! # use idem_runtime as idem;
@@ -23,6 +26,8 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::outcome::Outcome;
 
+#[cfg(feature = "lambda")]
+pub mod lambda;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
