@@ -56,6 +56,29 @@ async fn lite() -> (Store<Sqlite>, SqlitePool) {
     (store, pool)
 }
 
+/// A job for case `n`, on an account of its own with 100 credits.
+async fn fresh_top_up(pool: &SqlitePool, n: usize) -> TopUp {
+    let account = i64::try_from(n).unwrap();
+    sqlx::query("INSERT INTO accounts (id, credits) VALUES (?1, 100)")
+        .bind(account)
+        .execute(pool)
+        .await
+        .unwrap();
+    TopUp {
+        id: format!("top-up-{n}"),
+        account,
+    }
+}
+
+/// The credits of `job`'s account.
+async fn balance_of(pool: &SqlitePool, job: &TopUp) -> i64 {
+    sqlx::query_scalar("SELECT credits FROM accounts WHERE id = ?1")
+        .bind(job.account)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 #[idem::idempotent(key = "job.id", scope = "kit.top_up")]
 async fn top_up(tx: &mut Transaction<'_, Sqlite>, job: &TopUp) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE accounts SET credits = credits + 50 WHERE id = ?1")
@@ -68,25 +91,8 @@ async fn top_up(tx: &mut Transaction<'_, Sqlite>, job: &TopUp) -> Result<(), sql
 #[tokio::test]
 async fn a_sound_transaction_handler_passes_every_case() {
     let (store, pool) = lite().await;
-    let fresh = async |n: usize| {
-        let account = i64::try_from(n).unwrap();
-        sqlx::query("INSERT INTO accounts (id, credits) VALUES (?1, 100)")
-            .bind(account)
-            .execute(&pool)
-            .await
-            .unwrap();
-        TopUp {
-            id: format!("top-up-{n}"),
-            account,
-        }
-    };
-    let balance = async |job: &TopUp| -> i64 {
-        sqlx::query_scalar("SELECT credits FROM accounts WHERE id = ?1")
-            .bind(job.account)
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-    };
+    let fresh = async |n: usize| fresh_top_up(&pool, n).await;
+    let balance = async |job: &TopUp| balance_of(&pool, job).await;
 
     let reports = all_cases(fresh, async |job| top_up(&store, job).await, balance, 150).await;
     let ran: Vec<_> = reports.iter().map(|(case, _)| *case).collect();
@@ -360,25 +366,8 @@ async fn group_top_up(tx: &mut Transaction<'_, Sqlite>, job: &TopUp) -> Result<(
 async fn a_sound_group_handler_passes_every_case() {
     let (store, pool) = lite().await;
     let group = store.group(idem::GroupOptions::new()).unwrap();
-    let fresh = async |n: usize| {
-        let account = i64::try_from(n).unwrap();
-        sqlx::query("INSERT INTO accounts (id, credits) VALUES (?1, 100)")
-            .bind(account)
-            .execute(&pool)
-            .await
-            .unwrap();
-        TopUp {
-            id: format!("top-up-{n}"),
-            account,
-        }
-    };
-    let balance = async |job: &TopUp| -> i64 {
-        sqlx::query_scalar("SELECT credits FROM accounts WHERE id = ?1")
-            .bind(job.account)
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-    };
+    let fresh = async |n: usize| fresh_top_up(&pool, n).await;
+    let balance = async |job: &TopUp| balance_of(&pool, job).await;
     let cases = all_cases(
         fresh,
         async |job| group_top_up(&group, job).await,

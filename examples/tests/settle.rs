@@ -135,6 +135,24 @@ impl<B: Broker> Case<B> {
         .unwrap()
     }
 
+    /// Runs `runner` with [`apply`] as the handler, `prefetch` at a time, until `done`.
+    async fn apply_until(
+        &self,
+        runner: Runner,
+        prefetch: usize,
+        done: &Notify,
+        what: &str,
+    ) -> Tally {
+        let (store, effects) = (&self.store, self.effects.as_str());
+        let deliveries = self.broker.source(prefetch).await;
+        let run = runner.run(
+            deliveries,
+            |job: Job| async move { apply(store, &job, effects).await },
+            done.notified(),
+        );
+        within(60, what, run).await.unwrap()
+    }
+
     async fn end(self) {
         self.broker.end().await;
         let markers = &self.markers;
@@ -195,18 +213,7 @@ async fn each_job_applied_once_and_acked_though_published_twice<B: Broker>() {
     case.publish_jobs(&jobs).await;
     case.publish_jobs(&jobs).await;
     let (runner, _, done) = recording(Runner::new(), |seen| seen.len() == 40);
-    let (store, effects) = (&case.store, case.effects.as_str());
-    let tally = within(
-        60,
-        "40 deliveries",
-        runner.run(
-            case.broker.source(16).await,
-            |job: Job| async move { apply(store, &job, effects).await },
-            done.notified(),
-        ),
-    )
-    .await
-    .unwrap();
+    let tally = case.apply_until(runner, 16, &done, "40 deliveries").await;
     assert_eq!(
         (tally.applied, tally.acked_otherwise),
         (20, 20),
@@ -325,18 +332,7 @@ async fn unparsable_payload_and_reused_key_dead_lettered_at_once<B: Broker>() {
         ])
         .await;
     let (runner, seen, done) = recording(Runner::new().in_flight(1), |seen| seen.len() == 3);
-    let (store, effects) = (&case.store, case.effects.as_str());
-    let tally = within(
-        60,
-        "three deliveries",
-        runner.run(
-            case.broker.source(1).await,
-            |job: Job| async move { apply(store, &job, effects).await },
-            done.notified(),
-        ),
-    )
-    .await
-    .unwrap();
+    let tally = case.apply_until(runner, 1, &done, "three deliveries").await;
     let seen: Vec<(u32, &str, bool)> = seen
         .lock()
         .unwrap()
@@ -549,17 +545,9 @@ async fn shutdown_with_50_in_flight_settles_what_ended_and_leaves_the_rest<B: Br
     assert_eq!(case.effects().await, (25, 25));
     // The first runner closed its channel: the abandoned deliveries are the queue's again.
     let (runner, _, done) = recording(Runner::new(), |seen| seen.len() == 25);
-    let second = within(
-        60,
-        "the second runner",
-        runner.run(
-            case.broker.source(16).await,
-            |job: Job| async move { apply(store, &job, effects).await },
-            done.notified(),
-        ),
-    )
-    .await
-    .unwrap();
+    let second = case
+        .apply_until(runner, 16, &done, "the second runner")
+        .await;
     // Each one's first run was rolled back: applied now, not a duplicate.
     assert_eq!(
         (second.applied, second.acked_otherwise),
