@@ -11,15 +11,15 @@
 //!
 //! The delivery count is SQS's `ApproximateReceiveCount`. Messages are received by a task of
 //! the source's own into a buffer of `prefetch`, so that a receive is never cut off half-way
-//! (its messages would stay invisible for the whole visibility timeout). At shutdown the
-//! messages received and not handed out are made visible again at once; those dropped
-//! unsettled come back after the queue's visibility timeout.
+//! (its messages would stay invisible for the whole visibility timeout). At shutdown no receive
+//! begins any more, the one under way ends (within its `wait_seconds`), and the messages
+//! received and not handed out are made visible again at once; those dropped unsettled come
+//! back after the queue's visibility timeout.
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 use super::{Delivery, Disposition, Source};
 
@@ -69,7 +69,6 @@ pub struct Receiver {
     client: Client,
     queues: Queues,
     received: mpsc::Receiver<Result<Message, SqsError>>,
-    task: Option<JoinHandle<()>>,
 }
 
 impl Receiver {
@@ -78,7 +77,8 @@ impl Receiver {
     /// `wait_seconds` (SQS's long polling, 0 to 20) for messages.
     pub fn consume(client: &Client, queues: Queues, prefetch: usize, wait_seconds: i32) -> Self {
         let (tx, received) = mpsc::channel(prefetch.max(1));
-        let task = tokio::spawn(receive(
+        // It ends once the buffer is closed (at shutdown) and its last receive is handed over.
+        tokio::spawn(receive(
             client.clone(),
             queues.url.clone(),
             wait_seconds,
@@ -88,7 +88,6 @@ impl Receiver {
             client: client.clone(),
             queues,
             received,
-            task: Some(task),
         }
     }
 }
@@ -152,14 +151,14 @@ impl Source for Receiver {
         }))
     }
 
+    /// No receive begins any more; the one under way still hands its messages over.
     async fn stop(&mut self) -> Result<(), SqsError> {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
+        self.received.close();
         Ok(())
     }
 
-    /// Makes the messages received and not handed out visible again at once.
+    /// Makes the messages received and not handed out visible again at once, the last
+    /// receive's too (waiting for it: at most its `wait_seconds`).
     async fn close(mut self) -> Result<(), SqsError> {
         self.received.close();
         while let Some(message) = self.received.recv().await {
