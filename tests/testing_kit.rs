@@ -79,6 +79,25 @@ async fn balance_of(pool: &SqlitePool, job: &TopUp) -> i64 {
         .unwrap()
 }
 
+/// What a sound top-up handler's three cases report, and each case's account topped up once.
+async fn sound_top_up(reports: &[(&str, idem::testing::Report)], pool: &SqlitePool) {
+    assert_eq!(reports[0].1.got(), [Got::Applied, Got::Duplicate]);
+    let racing = reports[1].1.got();
+    assert_eq!(racing.len(), CONCURRENT_DELIVERIES);
+    assert_eq!(racing.iter().filter(|g| **g == Got::Applied).count(), 1);
+    assert_eq!(
+        reports[2].1.got(),
+        [Got::Injected, Got::Applied, Got::Duplicate]
+    );
+    for n in 1..=3 {
+        let job = TopUp {
+            id: String::new(),
+            account: n,
+        };
+        assert_eq!(balance_of(pool, &job).await, 150, "account {n}");
+    }
+}
+
 #[idem::idempotent(key = "job.id", scope = "kit.top_up")]
 async fn top_up(tx: &mut Transaction<'_, Sqlite>, job: &TopUp) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE accounts SET credits = credits + 50 WHERE id = ?1")
@@ -105,21 +124,7 @@ async fn a_sound_transaction_handler_passes_every_case() {
         ],
         "a transaction-mode handler has no lease to expire"
     );
-    assert_eq!(reports[0].1.got(), [Got::Applied, Got::Duplicate]);
-    let racing = reports[1].1.got();
-    assert_eq!(racing.len(), CONCURRENT_DELIVERIES);
-    assert_eq!(racing.iter().filter(|g| **g == Got::Applied).count(), 1);
-    assert_eq!(
-        reports[2].1.got(),
-        [Got::Injected, Got::Applied, Got::Duplicate]
-    );
-    for (n, credits) in [(1, 150), (2, 150), (3, 150)] {
-        let job = TopUp {
-            id: String::new(),
-            account: n,
-        };
-        assert_eq!(balance(&job).await, credits, "account {n}");
-    }
+    sound_top_up(&reports, &pool).await;
 }
 
 /// An outside system that honours idempotency keys: a repeated key sends nothing again.
@@ -386,19 +391,5 @@ async fn a_sound_group_handler_passes_every_case() {
             "fail_before_commit"
         ]
     );
-    assert_eq!(reports[0].1.got(), [Got::Applied, Got::Duplicate]);
-    let racing = reports[1].1.got();
-    assert_eq!(racing.len(), CONCURRENT_DELIVERIES);
-    assert_eq!(racing.iter().filter(|g| **g == Got::Applied).count(), 1);
-    assert_eq!(
-        reports[2].1.got(),
-        [Got::Injected, Got::Applied, Got::Duplicate]
-    );
-    for (n, credits) in [(1, 150), (2, 150), (3, 150)] {
-        let job = TopUp {
-            id: String::new(),
-            account: n,
-        };
-        assert_eq!(balance(&job).await, credits, "account {n}");
-    }
+    sound_top_up(&reports, &pool).await;
 }

@@ -26,22 +26,9 @@ struct Job {
     credits: i64,
 }
 
-/// One row in `effects` per application.
-#[idem::idempotent(
-    key = "job.id",
-    scope = "settle.job",
-    wait = "200ms",
-    fingerprint = "job"
-)]
-async fn apply(tx: &mut Transaction<'_, Postgres>, job: &Job, effects: &str) -> sqlx::Result<()> {
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO {effects} (job, credits) VALUES ($1, $2)"
-    )))
-    .bind(&job.id)
-    .bind(job.credits)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+/// One row in `effects` per application: [`apply_gated`] without a gate.
+async fn apply(store: &Store<Postgres>, job: &Job, effects: &str) -> sqlx::Result<Outcome<()>> {
+    apply_gated(store, job, effects, None).await
 }
 
 /// Where a body stops inside its transaction: it tells `entered`, then waits for `release`.
@@ -51,8 +38,8 @@ struct Gate {
     release: Notify,
 }
 
-/// [`apply`], with the body stopping at `gate` (when given) after its `INSERT`, inside the
-/// claim's transaction.
+/// One row in `effects` per application, the body stopping at `gate` (when given) after its
+/// `INSERT`, inside the claim's transaction.
 #[idem::idempotent(
     key = "job.id",
     scope = "settle.job",
