@@ -300,7 +300,7 @@ impl<DB: Backend> Turn<DB> {
         if members == 0 && !waiting {
             return None;
         }
-        match waiting && members + 1 < shared.options.max_size {
+        match waiting && members + 1 < shared.options.max_size && !self.due() {
             true => Some(Savepoint::Next(None)),
             false => Some(Savepoint::Release),
         }
@@ -459,13 +459,19 @@ impl<DB: Backend> Turn<DB> {
         }
     }
 
-    /// Ends the turn, and takes its generation out of the lane if `close` or if no other
-    /// call waits for the lane.
+    /// The generation's delay bound has passed: it takes no new call. Its timer cannot close
+    /// it while a call holds the turn, so each turn's end looks.
+    fn due(&self) -> bool {
+        self.guard.began.elapsed() >= self.shared.options.max_delay
+    }
+
+    /// Ends the turn, and takes its generation out of the lane if `close`, if no other call
+    /// waits for the lane, or if its delay bound has passed.
     fn close(&mut self, close: bool) -> Option<Closing<DB>> {
         self.armed = false;
         // This call still counts as queued until the turn is dropped.
         let alone = self.queued.0.load(Ordering::SeqCst) <= 1;
-        match close || alone {
+        match close || alone || self.due() {
             true => self.guard.close(),
             false => None,
         }
