@@ -126,7 +126,8 @@ pub(crate) async fn apply_grouped_sending<DB: TestDb>(
     Ok(job.amount)
 }
 
-/// By hand on `Group::claim`, the same effect; `then` as `apply`'s.
+/// By hand on `Group::claim`, the same effect, the body run within the group's bound; `then`
+/// as `apply`'s.
 pub(crate) async fn apply_grouped_by_hand<DB: TestDb>(
     group: &Group<DB>,
     job: &Job,
@@ -135,15 +136,37 @@ pub(crate) async fn apply_grouped_by_hand<DB: TestDb>(
     let key = Key::new(&job.key).map_err(idem::Error::from)?;
     match group.claim("apply", &key).await? {
         Claimed::Fresh(mut guard) => {
-            let result = async {
-                insert_effect(guard.tx(), job, "group").await?;
-                match then {
-                    Then::Fail => Err(TestError::Refused),
-                    _ => Ok(job.amount),
-                }
-            }
-            .await;
+            let body = guard.body();
+            let result = body
+                .bounded(async {
+                    insert_effect(guard.tx(), job, "group").await?;
+                    match then {
+                        Then::Fail => Err(TestError::Refused),
+                        Then::Hang => match hang_in_body().await {},
+                        _ => Ok(job.amount),
+                    }
+                })
+                .await;
             guard.finish(result).await
+        }
+        Claimed::Duplicate | Claimed::Replayed(_) => Ok(Outcome::Duplicate),
+        Claimed::Failed(failure) => Ok(Outcome::Failed(failure)),
+    }
+}
+
+/// By hand on `Group::claim`: the first call parks on `hold` after its claim and outside any
+/// body bound, holding its group's turn, then writes the effect.
+pub(crate) async fn apply_grouped_by_hand_parking<DB: TestDb>(
+    group: &Group<DB>,
+    job: &Job,
+    hold: &Hold,
+) -> Result<Outcome<i64>, TestError> {
+    let key = Key::new(&job.key).map_err(idem::Error::from)?;
+    match group.claim("apply", &key).await? {
+        Claimed::Fresh(mut guard) => {
+            hold.park_first().await;
+            let result = insert_effect(guard.tx(), job, "group").await;
+            guard.finish(result.map(|()| job.amount).map_err(TestError::from)).await
         }
         Claimed::Duplicate | Claimed::Replayed(_) => Ok(Outcome::Duplicate),
         Claimed::Failed(failure) => Ok(Outcome::Failed(failure)),

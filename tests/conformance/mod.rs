@@ -348,6 +348,7 @@ macro_rules! every_backend_tests {
             group_member_that_swallows_a_statement_error,
             cancelled_caller_in_a_group_keeps_nothing_and_others_commit,
             group_left_by_a_cancelled_call_commits_at_its_delay_bound,
+            group_body_past_its_bound_fails_alone_and_the_group_commits,
             group_beside_transaction_and_lease_mode_applies_each_key_once,
             group_keeps_replay_fingerprint_and_outbox,
             group_on_its_defaults_applies_hot_rows_without_deadlock,

@@ -116,6 +116,7 @@ pub(super) fn expand(
         },
         &item.block.stmts,
         Some((&private, &span)),
+        false,
     );
     let settle = located_at(quote!(#private::settle(#outcome)), ret.span());
     let spec = super::spec::claim(&private, &scope, &name, options);

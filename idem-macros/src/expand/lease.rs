@@ -71,6 +71,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         quote!(let #pat: #ty = #lease_ref; #bind_outbox),
         stmts,
         None,
+        false,
     );
     let print = match print_var {
         Some(print) => quote!(#print),

@@ -440,14 +440,21 @@ fn unsuggested_fields(tokens: TokenStream) -> TokenStream {
 /// For an alias that does not name `T`, the value then goes through `Returned`, which turns a
 /// `Result` into itself and anything else into an unconstrained `Result` (its one error is the
 /// signature's, on the return type).
+///
+/// A `bounded` body (a group's) runs through `Body::bounded`, under its group's bound.
 fn pinned_body(
     ret: &signature::Returned,
     var: &Ident,
     prelude: TokenStream,
     stmts: &[Stmt],
     span: Option<(&TokenStream, &Ident)>,
+    bounded: bool,
 ) -> TokenStream {
-    pinned(ret, var, prelude, stmts, span, quote!(async move))
+    let run = match bounded {
+        true => quote!(bounded),
+        false => quote!(run),
+    };
+    pinned(ret, var, prelude, stmts, span, quote!(async move), run)
 }
 
 /// [`pinned_body`] for a body that runs once per job of a batch: an `async` block that
@@ -461,7 +468,7 @@ fn pinned_body_each(
     stmts: &[Stmt],
     span: (&TokenStream, &Ident),
 ) -> TokenStream {
-    pinned(ret, var, prelude, stmts, Some(span), quote!(async))
+    pinned(ret, var, prelude, stmts, Some(span), quote!(async), quote!(run))
 }
 
 fn pinned(
@@ -471,6 +478,7 @@ fn pinned(
     stmts: &[Stmt],
     span: Option<(&TokenStream, &Ident)>,
     head: TokenStream,
+    run: TokenStream,
 ) -> TokenStream {
     // The expression runs from `async` to `await`: at the return type's first and last
     // tokens, rustc underlines the whole type (a joined span needs nightly).
@@ -487,7 +495,7 @@ fn pinned(
             let mut args = Group::new(Delimiter::Parenthesis, quote!(#span, #head #block));
             args.set_span(args.span().located_at(last));
             (
-                located_at(quote!(#private::Body::run), first),
+                located_at(quote!(#private::Body::#run), first),
                 args.into_token_stream(),
             )
         }

@@ -61,6 +61,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         quote!(let #tx_pat: #tx_ty = #tx_var; #bind_outbox),
         stmts,
         Some((private, &span)),
+        matches!(mode, Mode::Group),
     );
     let print = match print_var {
         Some(print) => quote!(#print),

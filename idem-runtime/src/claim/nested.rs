@@ -8,8 +8,9 @@
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::time::Duration;
 
-use crate::error::{Error, Refusal};
+use crate::error::{Error, NotKept, Refusal};
 
 tokio::task_local! {
     /// The claim whose transaction is open in the body being polled.
@@ -43,17 +44,59 @@ tokio::task_local! {
 pub struct Body {
     holder: Cow<'static, str>,
     span: tracing::Span,
+    bound: Option<Bound>,
+}
+
+/// A group call's bound on its body ([`GroupOptions::max_body`](crate::GroupOptions::max_body)),
+/// and the call it answers for.
+#[derive(Debug, Clone)]
+struct Bound {
+    after: Duration,
+    scope: String,
+    key: String,
 }
 
 impl Body {
     pub(crate) fn new(holder: Cow<'static, str>, span: tracing::Span) -> Body {
-        Body { holder, span }
+        Body {
+            holder,
+            span,
+            bound: None,
+        }
+    }
+
+    /// The body of a group's call: [`bounded`](Body::bounded) stops it `after` that long.
+    pub(crate) fn within(mut self, after: Duration, scope: &str, key: &str) -> Body {
+        let (scope, key) = (scope.to_owned(), key.to_owned());
+        self.bound = Some(Bound { after, scope, key });
+        self
     }
 
     /// Runs `body` in the call's span, marked as inside the claim's open transaction wherever
     /// it is polled.
     pub fn run<F: Future>(self, body: F) -> impl Future<Output = F::Output> {
         BODY.scope(self.holder, crate::observe::in_span(self.span, body))
+    }
+
+    /// [`run`](Body::run), for a group's call within its group's
+    /// [`max_body`](crate::GroupOptions::max_body): past it the body is dropped and the answer
+    /// is [`NotKept::TimedOut`], with which the guard's `finish` rolls back the call's
+    /// savepoint, so that the calls kept before it commit. The same as `run` outside a group.
+    pub async fn bounded<T, E: From<Error>>(
+        self,
+        body: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let Some(bound) = self.bound.clone() else {
+            return self.run(body).await;
+        };
+        match tokio::time::timeout(bound.after, self.run(body)).await {
+            Ok(done) => done,
+            Err(_) => Err(E::from(Error::NotKept(NotKept::TimedOut {
+                scope: bound.scope,
+                key: bound.key,
+                after: bound.after,
+            }))),
+        }
     }
 }
 

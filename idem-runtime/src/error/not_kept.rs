@@ -75,6 +75,24 @@ pub enum NotKept {
         reason: String,
     },
 
+    /// Group commit: this call's body ran longer than its group's
+    /// [`max_body`](crate::GroupOptions::max_body), and was stopped so that the calls kept
+    /// before it could commit: its savepoint was rolled back, nothing of it was kept.
+    #[error(
+        "the body of {scope:?} / {key:?} ran longer than its group's bound ({after:?}, \
+         GroupOptions::max_body) and was stopped so that the calls kept before it could commit: \
+         nothing of it was kept; nack the job so that it runs again, and give the body's own \
+         waits a timeout (or raise max_body, or run such a handler outside a group)"
+    )]
+    TimedOut {
+        /// The scope of the call.
+        scope: String,
+        /// The encoded key of the call.
+        key: String,
+        /// The bound it ran past.
+        after: std::time::Duration,
+    },
+
     /// A failure that `idem::testing` injected on purpose, right before the
     /// commit (transaction mode) or the completing statement (lease mode) of a delivery under
     /// test: the transaction was rolled back, or the lease released, instead. Only tests that

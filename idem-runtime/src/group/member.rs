@@ -310,9 +310,12 @@ impl<DB: Backend> GroupHeld<DB> {
         self.ticket.observed.span()
     }
 
-    /// The claim's body: runs in the call's span, marked as inside its open transaction.
+    /// The claim's body: runs in the call's span, marked as inside its open transaction, and
+    /// within its group's `max_body` when run [`bounded`](Body::bounded).
     pub fn body(&self) -> Body {
-        self.ticket.body()
+        let Request { scope, key, .. } = &self.ticket.request;
+        let after = self.hold.shared.options.max_body;
+        self.ticket.body().within(after, scope, key.as_str())
     }
 
     /// Ends the call with `result`, storing what `encode` makes of an `Ok` value.

@@ -32,15 +32,20 @@ pub const MAX_GROUP: usize = 1000;
 /// The longest [`GroupOptions::max_delay`].
 pub const MAX_GROUP_DELAY: Duration = Duration::from_secs(1);
 
+/// The longest [`GroupOptions::max_body`].
+pub const MAX_GROUP_BODY: Duration = Duration::from_secs(60);
+
 /// The most lanes a group may have ([`GroupOptions::lanes`]).
 pub const MAX_LANES: usize = 64;
 
 /// How a [`Group`] gathers calls: how many one group holds at most, how long it stays open at
-/// most, and how many groups are open at once.
+/// most, how long one call's body may hold it, and how many groups are open at once.
 ///
 /// A group closes (and commits) at the first of: `max_size` calls kept, `max_delay` since it
 /// began, or no other call waiting to join it. The last one means a lone call is never held
-/// back: at one call at a time a group is one call, and commits at once.
+/// back: at one call at a time a group is one call, and commits at once. A group whose
+/// `max_delay` has passed takes no new call; the one whose body is running then ends first
+/// (within `max_body`), so a kept call waits at most `max_delay` plus one body's bound.
 ///
 /// ```
 /// # use idem_runtime as idem;
@@ -56,6 +61,7 @@ pub const MAX_LANES: usize = 64;
 pub struct GroupOptions {
     pub(crate) max_size: usize,
     pub(crate) max_delay: Duration,
+    pub(crate) max_body: Duration,
     pub(crate) lanes: usize,
 }
 
@@ -66,13 +72,14 @@ impl Default for GroupOptions {
 }
 
 impl GroupOptions {
-    /// The defaults: at most 32 calls a group, 2 ms, one lane. One lane is safe whatever
-    /// rows the bodies touch; more are an opt-in ([`lanes`](GroupOptions::lanes) says what
-    /// they risk).
+    /// The defaults: at most 32 calls a group, 2 ms, a body 5 s, one lane. One lane is safe
+    /// whatever rows the bodies touch; more are an opt-in ([`lanes`](GroupOptions::lanes)
+    /// says what they risk).
     pub const fn new() -> Self {
         GroupOptions {
             max_size: 32,
             max_delay: Duration::from_millis(2),
+            max_body: Duration::from_secs(5),
             lanes: 1,
         }
     }
@@ -87,6 +94,21 @@ impl GroupOptions {
     /// most a call waits for others to join its group.
     pub const fn max_delay(mut self, delay: Duration) -> Self {
         self.max_delay = delay;
+        self
+    }
+
+    /// The longest one call's body may run in a group (at most [`MAX_GROUP_BODY`]; 5 s by
+    /// default). The calls kept before it cannot commit while it runs, since its work is in
+    /// their transaction; a body past the bound is stopped, its savepoint rolled back, and its
+    /// caller answered [`NotKept::TimedOut`](crate::NotKept::TimedOut) (nothing of it kept:
+    /// its redelivery runs it again), and the others commit.
+    ///
+    /// The attribute's `group` handlers run under it; by hand, run the body through
+    /// [`GroupGuard::body`]'s [`bounded`](crate::Body::bounded). A statement the body had
+    /// already sent runs to its end before the savepoint is rolled back: bound those with the
+    /// claim's `wait` or the database's statement timeout.
+    pub const fn max_body(mut self, body: Duration) -> Self {
+        self.max_body = body;
         self
     }
 
@@ -118,6 +140,11 @@ impl GroupOptions {
         self.max_delay
     }
 
+    /// The longest a call's body may run (set with [`max_body`](GroupOptions::max_body)).
+    pub const fn get_max_body(&self) -> Duration {
+        self.max_body
+    }
+
     /// How many groups are open at once (set with [`lanes`](GroupOptions::lanes)).
     pub const fn get_lanes(&self) -> usize {
         self.lanes
@@ -134,6 +161,12 @@ impl GroupOptions {
                 "max_delay {:?} is longer than {MAX_GROUP_DELAY:?}: every call of a group may \
                  wait that long for its commit",
                 self.max_delay
+            )
+        } else if self.max_body.is_zero() || self.max_body > MAX_GROUP_BODY {
+            format!(
+                "max_body {:?} is zero or longer than {MAX_GROUP_BODY:?}: the calls kept before a \
+                 body wait for it to end",
+                self.max_body
             )
         } else if self.lanes == 0 || self.lanes > MAX_LANES {
             format!("lanes {} is not between 1 and {MAX_LANES}", self.lanes)
@@ -165,8 +198,9 @@ impl GroupOptions {
 ///   marker.
 /// - **Bodies of one group run one after another** on its connection (each call in its own
 ///   task: a body borrows its caller's data). A body that waits (on a lock, a slow
-///   statement, anything else) delays the calls queued behind it in its group; the other
-///   lanes go on.
+///   statement, anything else) delays the calls queued behind it in its group, and the
+///   commit of those kept before it, for at most [`GroupOptions::max_body`]: past it the body
+///   is stopped and its call fails alone ([`NotKept::TimedOut`](crate::NotKept::TimedOut)).
 /// - **Cancellation**: a call dropped while it holds its group's turn (its claim or its body
 ///   running) leaves its savepoint to be rolled back before the group goes on; sqlx first
 ///   reads the answers of a statement the dropped call had sent. A call dropped while it
@@ -212,9 +246,31 @@ impl<DB: Backend> Store<DB> {
     /// bounds are refused with [`Refusal::Group`].
     ///
     /// Each lane holds one connection of the pool while its group is open (and another while
-    /// the last group commits): size the pool for the lanes, twice over, besides the rest.
+    /// the last group commits): size the pool for the lanes, twice over, besides the rest. A
+    /// pool with fewer connections than lanes is refused (the lanes could never run side by
+    /// side); one with fewer than twice the lanes is logged as a warning.
     pub fn group(&self, options: GroupOptions) -> Result<Group<DB>, Error> {
         options.check()?;
+        let connections = self.pool().options().get_max_connections() as usize;
+        let lanes = options.lanes;
+        if connections < lanes {
+            let reason = format!(
+                "the pool has at most {connections} connections and each of the group's {lanes} \
+                 lanes holds one while its group is open: give the pool at least {} connections \
+                 besides what the rest of the application uses, or make fewer lanes",
+                2 * lanes
+            );
+            return Err(Error::Refused(Refusal::Group { reason }));
+        }
+        if connections < 2 * lanes {
+            tracing::warn!(
+                connections,
+                lanes,
+                "a group's pool is small: each lane holds a connection while its group is open \
+                 and another while the last group commits, so a body that takes a second \
+                 connection, or the next group, waits for the pool"
+            );
+        }
         let lanes: Vec<Lane<DB>> = (0..options.lanes).map(|_| Lane::new()).collect();
         Ok(Group {
             shared: Arc::new(Shared {
@@ -324,4 +380,52 @@ held_calls! {
     finish_replay;
     /// Gives up: rolls back to the call's savepoint; the group goes on.
     release;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_out_of_their_bounds_are_refused_naming_the_bound() {
+        let cases = [
+            (GroupOptions::new().max_size(0), "max_size 0"),
+            (GroupOptions::new().max_size(MAX_GROUP + 1), "max_size 1001"),
+            (GroupOptions::new().max_delay(Duration::from_secs(2)), "max_delay 2s"),
+            (GroupOptions::new().max_body(Duration::ZERO), "max_body 0ns"),
+            (GroupOptions::new().max_body(Duration::from_secs(61)), "max_body 61s"),
+            (GroupOptions::new().lanes(0), "lanes 0"),
+            (GroupOptions::new().lanes(MAX_LANES + 1), "lanes 65"),
+        ];
+        for (options, named) in cases {
+            match options.check() {
+                Err(Error::Refused(Refusal::Group { reason })) => {
+                    assert!(reason.starts_with(named), "{reason}");
+                }
+                other => panic!("{options:?} gave {other:?}"),
+            }
+        }
+        assert!(GroupOptions::new().check().is_ok());
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_pool_with_fewer_connections_than_lanes_is_refused_before_any_io() {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_lazy("sqlite::memory:")
+            .expect("a lazy pool");
+        let store = Store::new(pool);
+        let refused = store.group(GroupOptions::new().lanes(3));
+        match refused {
+            Err(Error::Refused(Refusal::Group { reason })) => {
+                assert!(reason.contains("at most 2 connections"), "{reason}");
+                assert!(reason.contains("at least 6"), "{reason}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert!(store.group(GroupOptions::new().lanes(2)).is_ok());
+        // Nothing was opened: the lazy pool holds no connection.
+        assert_eq!(store.pool().size(), 0);
+    }
 }

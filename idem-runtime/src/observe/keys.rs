@@ -75,6 +75,7 @@ fn key_of(error: &Error) -> Option<&str> {
             NotKept::RolledBack { key, .. }
             | NotKept::JobNotFinished { key, .. }
             | NotKept::Group { key, .. }
+            | NotKept::TimedOut { key, .. }
             | NotKept::Injected { key, .. } => Some(key),
             NotKept::NotCommitted => None,
         },
@@ -116,7 +117,7 @@ mod tests {
     #[test]
     fn every_error_that_quotes_a_key_names_it() {
         use std::time::Duration;
-        let keyed: [fn(String, String) -> Error; 11] = [
+        let keyed: [fn(String, String) -> Error; 12] = [
             |scope, key| Error::InProgress { scope, key },
             |scope, key| Error::KeyReused { scope, key },
             |scope, key| {
@@ -133,6 +134,10 @@ mod tests {
                     may_be_kept,
                     reason,
                 })
+            },
+            |scope, key| {
+                let after = Duration::from_secs(5);
+                Error::NotKept(NotKept::TimedOut { scope, key, after })
             },
             |scope, key| {
                 Error::NotKept(NotKept::Injected {

@@ -69,7 +69,8 @@ impl Verdict {
             Error::NotKept(NotKept::RolledBack { .. }) | Error::NotKept(NotKept::NotCommitted) => {
                 Verdict::RolledBack
             }
-            Error::Lease(LeaseError::Timeout { .. }) => Verdict::Timeout,
+            Error::Lease(LeaseError::Timeout { .. })
+            | Error::NotKept(NotKept::TimedOut { .. }) => Verdict::Timeout,
             Error::KeyReused { .. } => Verdict::KeyReused,
             Error::Lease(LeaseError::Lost { .. }) => Verdict::LeaseLost,
             Error::ValueNotStored { .. } => Verdict::ValueNotStored,
@@ -186,6 +187,14 @@ mod tests {
             (Error::NotKept(NotKept::NotCommitted), "rolled_back"),
             (
                 Error::Lease(LeaseError::Timeout {
+                    scope: scope.clone(),
+                    key: key.clone(),
+                    after: std::time::Duration::from_secs(1),
+                }),
+                "timeout",
+            ),
+            (
+                Error::NotKept(NotKept::TimedOut {
                     scope: scope.clone(),
                     key: key.clone(),
                     after: std::time::Duration::from_secs(1),

@@ -336,6 +336,54 @@ pub(crate) async fn group_left_by_a_cancelled_call_commits_at_its_delay_bound<S:
     ctx.cleanup().await;
 }
 
+/// A body that never ends in a group: past `max_body` it is stopped and fails alone
+/// (`NotKept::TimedOut`, nothing of it kept), the call kept before it in its group commits, and
+/// the redelivery applies it once; the same for a body run by hand with `Body::bounded`.
+pub(crate) async fn group_body_past_its_bound_fails_alone_and_the_group_commits<S: Support>() {
+    let ctx = Ctx::<S>::new("groupbody", 12).await;
+    // The delay bound at its longest, so that the first call's group is still open when the
+    // hanging call's turn comes (unless the machine stalls for a second; the outcomes hold
+    // either way).
+    let options = GroupOptions::new()
+        .lanes(1)
+        .max_delay(Duration::from_secs(1))
+        .max_body(Duration::from_millis(100));
+    let group = group(&ctx, options);
+    let hold = Arc::new(Hold::default());
+    let batch = jobs(&ctx, 1..=3);
+    let first = {
+        let (group, hold, job) = (group.clone(), hold.clone(), batch[0].clone());
+        tokio::spawn(async move { apply_grouped_by_hand_parking(&group, &job, &hold).await })
+    };
+    within(60, "the first call parking", hold.entered()).await;
+    let hanging = {
+        let (group, job) = (group.clone(), batch[1].clone());
+        tokio::spawn(async move { apply_grouped(&group, &job, Then::Hang).await })
+    };
+    until_queued(&group, 2).await;
+    hold.release();
+    let done = within(60, "the first call's commit", first).await;
+    assert_eq!(applied(done.expect("no panic")), 10);
+    let hung = within(60, "the hanging call", hanging).await;
+    let by_hand = apply_grouped_by_hand(&group, &batch[2], Then::Hang).await;
+    for (hung, job) in [(hung.expect("no panic"), &batch[1]), (by_hand, &batch[2])] {
+        match hung {
+            Err(TestError::Idem(Error::NotKept(NotKept::TimedOut { key, after, .. }))) => {
+                assert_eq!((key, after), (job.key.clone(), Duration::from_millis(100)));
+            }
+            other => panic!("expected NotKept::TimedOut for {}, got {other:?}", job.key),
+        }
+    }
+    let effects = (ctx.effects(1).await, ctx.effects(2).await, ctx.effects(3).await);
+    assert_eq!((effects, ctx.markers().await), ((1, 0, 0), 1));
+    let again = apply_grouped(&group, &batch[1], Then::Commit).await;
+    assert_eq!(applied(again), 20);
+    let again = apply_grouped_by_hand(&group, &batch[2], Then::Commit).await;
+    assert_eq!(applied(again), 30);
+    assert_eq!((ctx.effects_total().await, ctx.markers().await), (3, 3));
+    ctx.cleanup().await;
+}
+
 /// Group commit beside transaction mode and lease mode on the same scope and keys: every key
 /// applied once, every delivery's outcome right.
 pub(crate) async fn group_beside_transaction_and_lease_mode_applies_each_key_once<S: Support>() {
