@@ -78,7 +78,7 @@ struct Case<B> {
 impl<B: Broker> Case<B> {
     /// `connections`: the pool's size, one for each transaction the case holds open at once.
     async fn new(test: &str, connections: u32) -> Case<B> {
-        let id = format!("{test}_{}", std::process::id());
+        let id = format!("{test}_{}_{}", B::NAME, std::process::id());
         let pool = postgres(connections).await;
         let (markers, effects) = (
             format!("settle_{id}_markers"),

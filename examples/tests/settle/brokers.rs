@@ -25,6 +25,10 @@ pub struct Dead {
 pub trait Broker: Sized {
     type Source: Source<Error: std::fmt::Debug>;
 
+    /// The broker's name, in the names of a case's tables: the brokers' copies of a case run
+    /// at once.
+    const NAME: &str;
+
     /// The broker's objects for `test`, made fresh.
     async fn new(test: &str) -> Self;
     /// Publishes the payloads in this order, each confirmed.
@@ -75,6 +79,7 @@ impl RabbitMq {
 
 impl Broker for RabbitMq {
     type Source = Queue;
+    const NAME: &str = "rabbitmq";
 
     async fn new(test: &str) -> Self {
         let url = rabbitmq_url();
@@ -194,6 +199,7 @@ impl Nats {
 
 impl Broker for Nats {
     type Source = Pull;
+    const NAME: &str = "nats";
 
     async fn new(test: &str) -> Self {
         let url = nats_url();
@@ -300,6 +306,7 @@ pub struct Sqs {
 
 impl Broker for Sqs {
     type Source = Receiver;
+    const NAME: &str = "sqs";
 
     async fn new(test: &str) -> Self {
         let url = idem_example_sqs::sqs_url();
