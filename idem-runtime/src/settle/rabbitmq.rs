@@ -8,6 +8,11 @@
 //!   delivery is acked. One queue per delay, so that no message waits behind a longer one.
 //! - **Dead letter**: a copy goes to `<queue>.dead` (declared by [`Queue::consume`]) with the
 //!   reason in its `x-idem-reason` header, then the delivery is acked.
+//! - **Heartbeat** (the runner's, while a handler runs): nothing ([`Delivery::extend`]'s
+//!   default). RabbitMQ keeps an unacked delivery for its consumer as long as the channel is
+//!   open, up to the broker's `consumer_timeout` (30 minutes by default): past it, RabbitMQ
+//!   closes the channel and delivers the message again. Raise it (in `rabbitmq.conf`, or per
+//!   queue with the `x-consumer-timeout` argument) for handlers that run longer.
 //!
 //! Each copy is confirmed by the broker before the delivery is acked: a worker that dies in
 //! between leaves both, and the handler's claim answers the second `Duplicate`. A copy carries

@@ -11,8 +11,10 @@ use std::time::Duration;
 
 use futures_util::FutureExt as _;
 use futures_util::StreamExt as _;
+use futures_util::future::{Fuse, FusedFuture as _};
 use futures_util::stream::FuturesUnordered;
 use serde::de::DeserializeOwned;
+use tokio::time::MissedTickBehavior;
 
 use super::{Classify, Disposition, Settle};
 use crate::outcome::Outcome;
@@ -58,6 +60,19 @@ pub trait Delivery: Send {
     /// The message's id, for logs, where it has one.
     fn id(&self) -> Option<&str> {
         None
+    }
+
+    /// Keeps the delivery from being handed out again while its handler runs: resets the
+    /// broker's timer of an unsettled delivery (JetStream's `ack_wait`, SQS's visibility
+    /// timeout) to its whole length from now. The runner calls it every
+    /// [`Runner::heartbeat`] period while the handler runs, one call at a time, never once the
+    /// delivery is settled. An error is logged and the handler goes on (the delivery may come
+    /// again; its handler's claim answers that delivery `InProgress` or `Duplicate`).
+    ///
+    /// By default it does nothing: a broker that waits for the consumer as long as it is
+    /// connected (RabbitMQ, up to its `consumer_timeout`) needs nothing.
+    fn extend(&self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        async { Ok(()) }
     }
 
     /// Settles the delivery on its broker as `disposition` says. `Ok` once the broker took
@@ -113,6 +128,10 @@ impl Tally {
     }
 }
 
+/// The default period of [`Runner::heartbeat`]: a third of the 30 s that JetStream's
+/// `ack_wait` and SQS's visibility timeout default to.
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+
 type Observer = Arc<dyn Fn(&Settled<'_>) + Send + Sync>;
 
 /// The consumer loop: takes deliveries from a [`Source`], at most
@@ -124,11 +143,16 @@ type Observer = Arc<dyn Fn(&Settled<'_>) + Send + Sync>;
 /// [`drain`](Runner::drain) bound to end and settles those that did. A handler that did not
 /// end is dropped unsettled: its transaction rolls back, nothing of it is kept, and the broker
 /// delivers it again. Nothing is ever acked before its handler answered.
+///
+/// While a handler runs, its delivery's [`Delivery::extend`] is called every
+/// [`heartbeat`](Runner::heartbeat) period, so that a handler that runs longer than the
+/// broker's ack wait or visibility timeout is not delivered again meanwhile.
 #[derive(Clone)]
 pub struct Runner {
     settle: Settle,
     in_flight: usize,
     drain: Duration,
+    heartbeat: Option<Duration>,
     observer: Option<Observer>,
 }
 
@@ -138,6 +162,7 @@ impl Debug for Runner {
             .field("settle", &self.settle)
             .field("in_flight", &self.in_flight)
             .field("drain", &self.drain)
+            .field("heartbeat", &self.heartbeat)
             .field("on_settled", &self.observer.is_some())
             .finish()
     }
@@ -151,12 +176,13 @@ impl Default for Runner {
 
 impl Runner {
     /// The defaults: [`Settle::new`]'s policy, 16 deliveries in flight, 30 s for the handlers
-    /// running at shutdown.
+    /// running at shutdown, a [`heartbeat`](Runner::heartbeat) every 10 s.
     pub fn new() -> Runner {
         Runner {
             settle: Settle::new(),
             in_flight: 16,
             drain: Duration::from_secs(30),
+            heartbeat: Some(DEFAULT_HEARTBEAT),
             observer: None,
         }
     }
@@ -178,6 +204,21 @@ impl Runner {
     /// unsettled. Keep it under the time your platform gives a stopping process.
     pub fn drain(mut self, bound: Duration) -> Runner {
         self.drain = bound;
+        self
+    }
+
+    /// How often a running handler's delivery is kept from being delivered again
+    /// ([`Delivery::extend`]: on JetStream an "in progress" ack, on SQS a visibility change,
+    /// on RabbitMQ nothing), from `every` after the handler began until it ends;
+    /// `Duration::ZERO` turns it off.
+    ///
+    /// Keep it well under the broker's timer (JetStream's `ack_wait`, SQS's visibility
+    /// timeout): a beat that is late or lost must not let the timer run out. The default,
+    /// 10 s, is a third of both brokers' defaults (30 s each), so two beats in a row may fail
+    /// before the delivery is handed out again; a handler that ends within 10 s, as most do,
+    /// costs no call at all. With shorter timers, give it a shorter period.
+    pub fn heartbeat(mut self, every: Duration) -> Runner {
+        self.heartbeat = (!every.is_zero()).then_some(every);
         self
     }
 
@@ -278,9 +319,8 @@ impl Runner {
             Ok(job) => {
                 // A panicking handler dropped its transaction: nothing of it was kept, and the
                 // loop goes on without it.
-                let answer = AssertUnwindSafe(async { handler(job).await })
-                    .catch_unwind()
-                    .await;
+                let run = AssertUnwindSafe(async { handler(job).await }).catch_unwind();
+                let answer = self.beating(&delivery, run).await;
                 match answer {
                     Ok(result) => (
                         label(&result),
@@ -310,6 +350,46 @@ impl Runner {
             outcome,
             disposition,
             settled,
+        }
+    }
+
+    /// Runs `work` (the handler) to its end, never cancelling it, and meanwhile calls
+    /// `delivery`'s [`Delivery::extend`] every heartbeat period, one call at a time.
+    async fn beating<D: Delivery, O>(&self, delivery: &D, work: impl Future<Output = O>) -> O {
+        // A period too long to be reached is no heartbeat either.
+        let first = self
+            .heartbeat
+            .and_then(|every| Some((tokio::time::Instant::now().checked_add(every)?, every)));
+        let Some((first, every)) = first else {
+            return work.await;
+        };
+        let mut work = pin!(work);
+        let mut ticks = tokio::time::interval_at(first, every);
+        // A beat that took longer than the period is followed by the next at once, then
+        // every period again: no burst of the beats it held up.
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut extending = pin!(Fuse::terminated());
+        loop {
+            tokio::select! {
+                // The handler's end first: no beat begins once it answered.
+                biased;
+                answer = &mut work => {
+                    // A beat under way ends before the delivery is settled rather than being
+                    // dropped: its request may already be on the wire, and on a broker whose
+                    // calls can pass each other (SQS's visibility change, over another
+                    // connection) it could land after the settlement and undo a retry's delay.
+                    if !extending.is_terminated() {
+                        beaten(delivery, extending.as_mut().await);
+                    }
+                    return answer;
+                }
+                beat = &mut extending, if !extending.is_terminated() => {
+                    beaten(delivery, beat);
+                }
+                _ = ticks.tick(), if extending.is_terminated() => {
+                    extending.set(delivery.extend().fuse());
+                }
+            }
         }
     }
 
@@ -352,6 +432,19 @@ struct Done<X> {
     outcome: &'static str,
     disposition: Disposition,
     settled: Result<(), X>,
+}
+
+/// Logs a heartbeat that did not reach the broker; the handler goes on regardless.
+fn beaten<D: Delivery>(delivery: &D, beat: Result<(), D::Error>) {
+    if let Err(e) = beat {
+        tracing::warn!(
+            message.id = delivery.id(),
+            delivery = delivery.count(),
+            error = %e,
+            "idem: the heartbeat did not reach the broker; the handler goes on, and the \
+             delivery may come again meanwhile"
+        );
+    }
 }
 
 fn label<T, E>(result: &Result<Outcome<T>, E>) -> &'static str {
