@@ -8,11 +8,15 @@
 //!   your dead-letter subject (which a stream must capture: the publish waits for the
 //!   stream's ack) with the reason in its `Idem-Reason` header, then the message is
 //!   terminated (`+TERM`: never redelivered).
+//! - **Heartbeat** (the runner's, while a handler runs): `+WPI` ([`AckKind::Progress`]), not
+//!   waiting for the server's answer: a lost one is covered by the next.
 //!
 //! The delivery count is JetStream's own (`delivered`). Give the consumer a `max_deliver`
 //! above the runner's cap (or none), so that the cap, not the server, decides the last
-//! delivery, and an `ack_wait` longer than a handler runs. Deliveries dropped unsettled at
-//! shutdown come back after `ack_wait`.
+//! delivery. A handler may run longer than the consumer's `ack_wait`: the runner's
+//! [heartbeat](super::Runner::heartbeat) sends an "in progress" ack (`+WPI`) every period,
+//! which starts the `ack_wait` over; give the runner a period well under it. Deliveries
+//! dropped unsettled at shutdown come back after `ack_wait`.
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::PullConsumer;
@@ -150,6 +154,15 @@ impl Delivery for Pulled {
     fn id(&self) -> Option<&str> {
         let headers = self.message.headers.as_ref()?;
         Some(headers.get("Nats-Msg-Id")?.as_str())
+    }
+
+    /// An "in progress" ack (`+WPI`): the server starts the consumer's `ack_wait` over. Sent
+    /// on the client's connection ahead of the settlement, so it never lands after it.
+    async fn extend(&self) -> Result<(), NatsError> {
+        self.message
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(|e| NatsError::new("the heartbeat (in progress)", e))
     }
 
     async fn settle(self, disposition: &Disposition) -> Result<(), NatsError> {
