@@ -8,6 +8,11 @@
 //!   `idem-reason` message attribute, then `DeleteMessage`. (The queue's redrive policy, if it
 //!   has one, moves a message only after its `maxReceiveCount`: give it one above the runner's
 //!   cap, so that the cap decides and the reason is kept.)
+//! - **Heartbeat** (the runner's, while a handler runs): `ChangeMessageVisibility` to the
+//!   receiver's [visibility](Receiver::visibility), by default the queue's own
+//!   `VisibilityTimeout` (read once, at the first heartbeat), so that a handler may run longer
+//!   than the visibility timeout. SQS refuses to keep a message invisible past 12 hours after
+//!   its receive; the refusal is logged and the message comes back then.
 //!
 //! The delivery count is SQS's `ApproximateReceiveCount`. Messages are received by a task of
 //! the source's own into a buffer of `prefetch`, so that a receive is never cut off half-way
@@ -16,10 +21,15 @@
 //! received and not handed out are made visible again at once; those dropped unsettled come
 //! back after the queue's visibility timeout.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::error::DisplayErrorContext;
-use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
-use tokio::sync::mpsc;
+use aws_sdk_sqs::types::{
+    Message, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
+};
+use tokio::sync::{OnceCell, mpsc};
 
 use super::{Delivery, Disposition, Source};
 
@@ -69,6 +79,9 @@ pub struct Receiver {
     client: Client,
     queues: Queues,
     received: mpsc::Receiver<Result<Message, SqsError>>,
+    /// The heartbeat's visibility timeout in seconds: set by [`Receiver::visibility`], else
+    /// the queue's, read at the first heartbeat. Shared by the receives, so it is read once.
+    visibility: Arc<OnceCell<i32>>,
 }
 
 impl Receiver {
@@ -88,8 +101,63 @@ impl Receiver {
             client: client.clone(),
             queues,
             received,
+            visibility: Arc::new(OnceCell::new()),
         }
     }
+
+    /// How long each [heartbeat](super::Runner::heartbeat) keeps a message whose handler runs
+    /// invisible, from the heartbeat on: rounded up to whole seconds (SQS counts in seconds),
+    /// from 1 s to 12 hours. By default the queue's own `VisibilityTimeout`, which the first
+    /// heartbeat reads (`GetQueueAttributes`). Keep the runner's heartbeat well under it.
+    pub fn visibility(mut self, timeout: Duration) -> Self {
+        self.visibility = Arc::new(OnceCell::new_with(Some(seconds(timeout).max(1))));
+        self
+    }
+}
+
+/// `d` in whole seconds, rounded up, at most SQS's 12 hours.
+fn seconds(d: Duration) -> i32 {
+    // At most 43,200: fits.
+    d.as_millis().div_ceil(1000).min(MAX_VISIBILITY.into()) as i32
+}
+
+/// The queue's `VisibilityTimeout`, in seconds.
+async fn queue_visibility(client: &Client, url: &str) -> Result<i32, SqsError> {
+    let out = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::VisibilityTimeout)
+        .send()
+        .await
+        .map_err(|e| SqsError::new("GetQueueAttributes", e))?;
+    let value = out
+        .attributes
+        .and_then(|mut a| a.remove(&QueueAttributeName::VisibilityTimeout));
+    value
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| SqsError {
+            call: "GetQueueAttributes",
+            message: format!("the queue's VisibilityTimeout is {value:?}, not a number"),
+        })
+}
+
+/// Makes a received message invisible for `seconds` from now (visible at once for 0).
+async fn change_visibility(
+    client: &Client,
+    url: &str,
+    receipt: &str,
+    seconds: i32,
+) -> Result<(), SqsError> {
+    client
+        .change_message_visibility()
+        .queue_url(url)
+        .receipt_handle(receipt)
+        .visibility_timeout(seconds)
+        .send()
+        .await
+        .map_err(|e| SqsError::new("ChangeMessageVisibility", e))?;
+    Ok(())
 }
 
 /// Receives as many messages as the buffer has room for, until the buffer is gone or a
@@ -148,6 +216,7 @@ impl Source for Receiver {
             count,
             client: self.client.clone(),
             queues: self.queues.clone(),
+            visibility: self.visibility.clone(),
         }))
     }
 
@@ -163,14 +232,8 @@ impl Source for Receiver {
         self.received.close();
         while let Some(message) = self.received.recv().await {
             let Ok(message) = message else { continue };
-            self.client
-                .change_message_visibility()
-                .queue_url(&self.queues.url)
-                .receipt_handle(message.receipt_handle().unwrap_or_default())
-                .visibility_timeout(0)
-                .send()
-                .await
-                .map_err(|e| SqsError::new("ChangeMessageVisibility", e))?;
+            let receipt = message.receipt_handle().unwrap_or_default();
+            change_visibility(&self.client, &self.queues.url, receipt, 0).await?;
         }
         Ok(())
     }
@@ -183,6 +246,7 @@ pub struct Received {
     count: u32,
     client: Client,
     queues: Queues,
+    visibility: Arc<OnceCell<i32>>,
 }
 
 impl Received {
@@ -211,20 +275,22 @@ impl Delivery for Received {
         self.message.message_id()
     }
 
+    /// `ChangeMessageVisibility` to the receiver's [visibility](Receiver::visibility) (the
+    /// queue's own unless set), counted from now.
+    async fn extend(&self) -> Result<(), SqsError> {
+        let seconds = *self
+            .visibility
+            .get_or_try_init(|| queue_visibility(&self.client, &self.queues.url))
+            .await?;
+        change_visibility(&self.client, &self.queues.url, self.receipt(), seconds).await
+    }
+
     async fn settle(self, disposition: &Disposition) -> Result<(), SqsError> {
         match disposition {
             Disposition::Ack => {}
             Disposition::Retry { after } => {
-                let seconds = after.as_millis().div_ceil(1000).min(MAX_VISIBILITY.into());
-                self.client
-                    .change_message_visibility()
-                    .queue_url(&self.queues.url)
-                    .receipt_handle(self.receipt())
-                    .visibility_timeout(seconds as i32)
-                    .send()
-                    .await
-                    .map_err(|e| SqsError::new("ChangeMessageVisibility", e))?;
-                return Ok(());
+                let (url, receipt) = (&self.queues.url, self.receipt());
+                return change_visibility(&self.client, url, receipt, seconds(*after)).await;
             }
             Disposition::DeadLetter { reason } => self.dead_letter(reason).await?,
         }
