@@ -1,11 +1,15 @@
 //! idem's consumer loop (`idem::settle::Runner`) on each broker through its adapter, in this
 //! process, against the real brokers and PostgreSQL: each case of the decision settled on the
 //! broker, the redelivery cap, a retry that waits, a panic, and a shutdown with every delivery
-//! in flight. Each case runs on RabbitMQ, on NATS JetStream and on SQS (moto's server). Effects are rows in a table
-//! without a unique index, so one applied twice shows.
+//! in flight. Each case runs on RabbitMQ, on NATS JetStream and on SQS (moto's server); the
+//! heartbeat's, a handler that runs past the broker's ack wait, on JetStream and SQS
+//! (`settle/heartbeat.rs`). Effects are rows in a table without a unique index, so one
+//! applied twice shows.
 
 #[path = "settle/brokers.rs"]
 mod brokers;
+#[path = "settle/heartbeat.rs"]
+mod heartbeat;
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -78,6 +82,11 @@ struct Case<B> {
 impl<B: Broker> Case<B> {
     /// `connections`: the pool's size, one for each transaction the case holds open at once.
     async fn new(test: &str, connections: u32) -> Case<B> {
+        Case::on(B::new(test).await, test, connections).await
+    }
+
+    /// [`Case::new`] on a broker made for `test` already.
+    async fn on(broker: B, test: &str, connections: u32) -> Case<B> {
         let id = format!("{test}_{}_{}", B::NAME, std::process::id());
         let pool = postgres(connections).await;
         let (markers, effects) = (
@@ -98,7 +107,7 @@ impl<B: Broker> Case<B> {
         let store = Store::new(pool.clone()).with_table(&markers).unwrap();
         store.migrate().await.unwrap();
         Case {
-            broker: B::new(test).await,
+            broker,
             markers,
             store,
             effects,

@@ -42,6 +42,14 @@ pub trait Broker: Sized {
     async fn end(self);
 }
 
+/// A broker that hands an unsettled delivery out again after a time of the test's choosing
+/// (JetStream's `ack_wait`, SQS's visibility timeout): the heartbeat's cases.
+pub trait Lapsing: Broker {
+    /// The broker's objects for `test`, made fresh, an unsettled delivery coming again
+    /// `after` it was handed out (whole seconds).
+    async fn lapsing(test: &str, after: Duration) -> Self;
+}
+
 pub fn rabbitmq_url() -> String {
     std::env::var("IDEM_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
@@ -202,49 +210,9 @@ impl Broker for Nats {
     const NAME: &str = "nats";
 
     async fn new(test: &str) -> Self {
-        let url = nats_url();
-        let client = async_nats::connect(&url)
-            .await
-            .unwrap_or_else(|e| panic!("cannot reach NATS at {url} (set IDEM_NATS_URL): {e}"));
-        let js = jetstream::new(client);
-        let id = format!("{test}_{}", std::process::id()).to_uppercase();
-        let name = format!("IDEM_SETTLE_{id}");
-        let subject = format!("idem-settle.{id}");
-        for stream in [name.clone(), format!("{name}_DEAD")] {
-            drop(js.delete_stream(&stream).await);
-        }
-        let stream = js
-            .create_stream(stream::Config {
-                name: name.clone(),
-                subjects: vec![subject.clone()],
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        js.create_stream(stream::Config {
-            name: format!("{name}_DEAD"),
-            subjects: vec![format!("{subject}.dead")],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        let consumer = stream
-            .create_consumer(consumer::pull::Config {
-                durable_name: Some("runner".to_owned()),
-                ack_policy: consumer::AckPolicy::Explicit,
-                // Longer than any body of these cases runs; the deliveries a shutdown leaves
-                // come back after it.
-                ack_wait: Duration::from_secs(3),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        Nats {
-            js,
-            stream: name,
-            subject,
-            consumer,
-        }
+        // Longer than any body of these cases runs; the deliveries a shutdown leaves come
+        // back after it.
+        Nats::lapsing(test, Duration::from_secs(3)).await
     }
 
     async fn publish(&self, payloads: Vec<Vec<u8>>) {
@@ -299,6 +267,52 @@ impl Broker for Nats {
     }
 }
 
+impl Lapsing for Nats {
+    async fn lapsing(test: &str, after: Duration) -> Self {
+        let url = nats_url();
+        let client = async_nats::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("cannot reach NATS at {url} (set IDEM_NATS_URL): {e}"));
+        let js = jetstream::new(client);
+        let id = format!("{test}_{}", std::process::id()).to_uppercase();
+        let name = format!("IDEM_SETTLE_{id}");
+        let subject = format!("idem-settle.{id}");
+        for stream in [name.clone(), format!("{name}_DEAD")] {
+            drop(js.delete_stream(&stream).await);
+        }
+        let stream = js
+            .create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![subject.clone()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        js.create_stream(stream::Config {
+            name: format!("{name}_DEAD"),
+            subjects: vec![format!("{subject}.dead")],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let consumer = stream
+            .create_consumer(consumer::pull::Config {
+                durable_name: Some("runner".to_owned()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: after,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        Nats {
+            js,
+            stream: name,
+            subject,
+            consumer,
+        }
+    }
+}
+
 pub struct Sqs {
     client: Client,
     queue: idem_example_sqs::Queue,
@@ -309,20 +323,9 @@ impl Broker for Sqs {
     const NAME: &str = "sqs";
 
     async fn new(test: &str) -> Self {
-        let url = idem_example_sqs::sqs_url();
-        let client = idem_example_sqs::connect(&url)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let name = format!("idem-test-settle-{test}-{}", std::process::id());
-        // Visibility 3 s: longer than any body of these cases runs; the deliveries a
-        // shutdown leaves come back after it. The redrive only after the runner's cap.
-        let queue = idem_example_sqs::create_queue(&client, &name, 3, 100)
-            .await
-            .unwrap();
-        for url in [&queue.url, &queue.dead_letters] {
-            client.purge_queue().queue_url(url).send().await.unwrap();
-        }
-        Sqs { client, queue }
+        // Longer than any body of these cases runs; the deliveries a shutdown leaves come
+        // back after it.
+        Sqs::lapsing(test, Duration::from_secs(3)).await
     }
 
     async fn publish(&self, payloads: Vec<Vec<u8>>) {
@@ -413,5 +416,25 @@ impl Broker for Sqs {
         idem_example_sqs::delete_queue(&self.client, &self.queue)
             .await
             .unwrap();
+    }
+}
+
+impl Lapsing for Sqs {
+    async fn lapsing(test: &str, after: Duration) -> Self {
+        let url = idem_example_sqs::sqs_url();
+        let client = idem_example_sqs::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let name = format!("idem-test-settle-{test}-{}", std::process::id());
+        let visibility = i32::try_from(after.as_secs()).unwrap();
+        assert_eq!(Duration::from_secs(after.as_secs()), after, "whole seconds");
+        // The redrive only after the runner's cap.
+        let queue = idem_example_sqs::create_queue(&client, &name, visibility, 100)
+            .await
+            .unwrap();
+        for url in [&queue.url, &queue.dead_letters] {
+            client.purge_queue().queue_url(url).send().await.unwrap();
+        }
+        Sqs { client, queue }
     }
 }
