@@ -52,6 +52,9 @@
 
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Doctests, this crate's and its guides' (`docs/*.md`), compile without warnings; only what a
+// snippet's hidden set-up leaves unused (items, imports, variables) is allowed.
+#![doc(test(attr(deny(warnings), allow(unused_variables, unused_imports, dead_code))))]
 
 // Lets the examples and tests inside this crate spell `::idem::...` like users do.
 extern crate self as idem;
