@@ -85,6 +85,50 @@ pub mod observability {
     #![doc = include_str!("../docs/observability.md")]
 }
 
+/// The guides of `docs/` that no page above includes, compiled as doctests so that each code
+/// block stays complete and true to the API: a block that needs a database or a broker is
+/// `no_run` (compiled, not run). A guide whose blocks use a feature's module is compiled with
+/// that feature (PostgreSQL comes with the dev-dependencies);
+/// `cargo test -p idem --doc --all-features` compiles them all. `docs/job-frameworks.md` is
+/// compiled by the package that has its frameworks (`examples/jobs/`).
+#[cfg(doctest)]
+mod guides {
+    #[doc = include_str!("../docs/BENCHMARKS.md")]
+    mod benchmarks {}
+    #[cfg(all(
+        feature = "rabbitmq",
+        feature = "nats",
+        feature = "sqs",
+        feature = "lambda",
+        feature = "kafka"
+    ))]
+    #[doc = include_str!("../docs/brokers.md")]
+    mod brokers {}
+    #[doc = include_str!("../docs/cli.md")]
+    mod cli {}
+    #[doc = include_str!("../docs/group-commit.md")]
+    mod group_commit {}
+    #[cfg(feature = "axum")]
+    #[doc = include_str!("../docs/http.md")]
+    mod http {}
+    #[cfg(feature = "kafka")]
+    #[doc = include_str!("../docs/kafka.md")]
+    mod kafka {}
+    #[cfg(all(feature = "outbox-rabbitmq", feature = "rabbitmq"))]
+    #[doc = include_str!("../docs/outbox.md")]
+    mod outbox {}
+    #[doc = include_str!("../docs/reliability.md")]
+    mod reliability {}
+    #[doc = include_str!("../docs/scaling.md")]
+    mod scaling {}
+    #[doc = include_str!("../docs/schema.md")]
+    mod schema {}
+    #[doc = include_str!("../docs/sqlx-upstream.md")]
+    mod sqlx_upstream {}
+    #[doc = include_str!("../docs/steps.md")]
+    mod steps {}
+}
+
 #[doc(hidden)]
 pub mod __private {
     pub use idem_runtime::__private::*;
