@@ -145,3 +145,10 @@ pub async fn effects(
     .fetch_all(pool)
     .await
 }
+
+/// `docs/job-frameworks.md`'s code blocks, compiled as doctests with this package's frameworks
+/// (apalis, graphile_worker), which the facade's doctests do not build. Compiled, not run
+/// (`no_run`): they need PostgreSQL.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/job-frameworks.md")]
+pub struct JobFrameworksDoctests;
