@@ -7,7 +7,8 @@
 //! `group`, called with an `idem::Group` of the default options). Variants alternate round by
 //! round, every other round in reverse. For `macro` and `group` the bench also times each
 //! job's wait from the end of its body to its answer: the commit for the macro, the group's
-//! gathering and commit for `group`.
+//! gathering and commit for `group`. `IDEM_BENCH_GROUP_ACCOUNTS=10` runs them on hot rows
+//! (every job tops up one of 10 accounts).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +47,17 @@ impl V {
             V::Group(lanes) => format!("group, {lanes} lanes"),
         }
     }
+}
+
+/// How many accounts the jobs of these rows top up: `IDEM_BENCH_GROUP_ACCOUNTS`, else the
+/// other rows' (cold rows). A few (10) is the hot-row workload, where calls of different keys
+/// update the same rows.
+fn accounts() -> u64 {
+    std::env::var("IDEM_BENCH_GROUP_ACCOUNTS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(ACCOUNTS)
 }
 
 /// The lanes of the group rows: `IDEM_BENCH_GROUP_LANES` (a comma list), else the default
@@ -211,6 +223,7 @@ async fn run(
     let start = Instant::now();
     let deadline = start + dur;
     let mut tasks = Vec::new();
+    let accounts = accounts();
     for w in 0..workers {
         let (conn, group, next) = (conn.clone(), group.clone(), next.clone());
         tasks.push(tokio::spawn(async move {
@@ -225,7 +238,7 @@ async fn run(
                 let t0 = Instant::now();
                 let top_up = TopUp {
                     id: job_id(SALT, next.fetch_add(1, Ordering::Relaxed)),
-                    account: (seed % ACCOUNTS + 1) as i64,
+                    account: (seed % accounts + 1) as i64,
                     credits: 1,
                 };
                 let (applied, waited) = job(&conn, &group, v, &top_up).await?;
