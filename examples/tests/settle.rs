@@ -3,13 +3,15 @@
 //! broker, the redelivery cap, a retry that waits, a panic, and a shutdown with every delivery
 //! in flight. Each case runs on RabbitMQ, on NATS JetStream and on SQS (moto's server); the
 //! heartbeat's, a handler that runs past the broker's ack wait, on JetStream and SQS
-//! (`settle/heartbeat.rs`). Effects are rows in a table without a unique index, so one
+//! (`settle/heartbeat.rs`); each delivery's span (`settle/spans.rs`). Effects are rows in a table without a unique index, so one
 //! applied twice shows.
 
 #[path = "settle/brokers.rs"]
 mod brokers;
 #[path = "settle/heartbeat.rs"]
 mod heartbeat;
+#[path = "settle/spans.rs"]
+mod spans;
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -554,6 +556,14 @@ async fn shutdown_with_50_in_flight_settles_what_ended_and_leaves_the_rest<B: Br
     case.end().await;
 }
 
+async fn delivery_spans<B: Broker>() {
+    let system = match B::NAME {
+        "sqs" => "aws_sqs",
+        name => name,
+    };
+    spans::each_delivery_has_its_span_with_its_outcome_and_disposition::<B>(system).await;
+}
+
 /// Each case, as a test on each broker.
 macro_rules! on_brokers {
     ($($case:ident),* $(,)?) => {
@@ -585,6 +595,7 @@ macro_rules! on_brokers {
 }
 
 on_brokers!(
+    delivery_spans,
     each_job_applied_once_and_acked_though_published_twice,
     poison_job_dead_lettered_once_at_the_cap_with_its_error,
     unparsable_payload_and_reused_key_dead_lettered_at_once,

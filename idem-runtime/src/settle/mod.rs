@@ -36,7 +36,7 @@ mod runner;
 #[cfg(feature = "sqs")]
 pub mod sqs;
 
-pub use runner::{Delivery, Runner, SETTLED_TOTAL, Settled, Source, Tally};
+pub use runner::{DELIVERY_SPAN, Delivery, Runner, SETTLED_TOTAL, Settled, Source, Tally};
 
 /// What to do with a delivery: the broker's settlement of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +63,16 @@ pub enum Disposition {
 }
 
 impl Disposition {
+    /// `ack`, `retry` or `dead_letter`: the label of [`SETTLED_TOTAL`] and of the delivery's
+    /// span.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Disposition::Ack => "ack",
+            Disposition::Retry { .. } => "retry",
+            Disposition::DeadLetter { .. } => "dead_letter",
+        }
+    }
+
     /// A payload that does not parse: it is not a job, and no delivery of it can succeed.
     pub fn unparsable(error: impl Display) -> Disposition {
         Disposition::DeadLetter {

@@ -156,6 +156,14 @@ impl Delivery for Pulled {
         Some(headers.get("Nats-Msg-Id")?.as_str())
     }
 
+    fn system(&self) -> &'static str {
+        "nats"
+    }
+
+    fn destination(&self) -> Option<&str> {
+        Some(self.message.subject.as_str())
+    }
+
     /// An "in progress" ack (`+WPI`): the server starts the consumer's `ack_wait` over. Sent
     /// on the client's connection ahead of the settlement, so it never lands after it.
     async fn extend(&self) -> Result<(), NatsError> {

@@ -219,6 +219,14 @@ impl Delivery for Message {
             .map(ShortString::as_str)
     }
 
+    fn system(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    fn destination(&self) -> Option<&str> {
+        Some(&self.shared.queue)
+    }
+
     async fn settle(self, disposition: &Disposition) -> Result<(), RabbitMqError> {
         match disposition {
             Disposition::Ack => {}

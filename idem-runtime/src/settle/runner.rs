@@ -15,9 +15,17 @@ use futures_util::future::{Fuse, FusedFuture as _};
 use futures_util::stream::FuturesUnordered;
 use serde::de::DeserializeOwned;
 use tokio::time::MissedTickBehavior;
+use tracing::Instrument as _;
 
 use super::{Classify, Disposition, Settle};
 use crate::outcome::Outcome;
+
+/// The span of each delivery, from its parsing to its settlement, with OpenTelemetry's
+/// messaging attributes (a `process` span: `messaging.system`, `messaging.operation.type`,
+/// `messaging.destination.name`, `messaging.message.id`) and idem's: `idem.delivery_count`
+/// (which delivery of the message it is), `idem.outcome` and `idem.disposition` (as
+/// [`SETTLED_TOTAL`]'s labels). The handler's `idem.claim` span is its child.
+pub const DELIVERY_SPAN: &str = "idem.delivery";
 
 /// The counter of settled deliveries, labelled `disposition` (`ack`, `retry`, `dead_letter`)
 /// and `outcome` (what the handler answered: `applied`, `duplicate`, `replayed`, `failed`,
@@ -59,6 +67,17 @@ pub trait Delivery: Send {
 
     /// The message's id, for logs, where it has one.
     fn id(&self) -> Option<&str> {
+        None
+    }
+
+    /// The broker, as OpenTelemetry's `messaging.system` names it (`rabbitmq`, `aws_sqs`,
+    /// `nats`), for the delivery's span.
+    fn system(&self) -> &'static str {
+        "unknown"
+    }
+
+    /// Where the message was consumed from (the queue, the subject), for the delivery's span.
+    fn destination(&self) -> Option<&str> {
         None
     }
 
@@ -309,6 +328,40 @@ impl Runner {
         Fut: Future<Output = Result<Outcome<T>, E>>,
         E: Classify + Display,
     {
+        let name = match delivery.destination() {
+            Some(destination) => format!("process {destination}"),
+            None => "process".to_owned(),
+        };
+        let span = tracing::info_span!(
+            "idem.delivery",
+            otel.name = name,
+            otel.kind = "consumer",
+            messaging.system = delivery.system(),
+            messaging.operation.type = "process",
+            messaging.operation.name = "process",
+            messaging.destination.name = delivery.destination(),
+            messaging.message.id = delivery.id(),
+            idem.delivery_count = delivery.count(),
+            idem.outcome = tracing::field::Empty,
+            idem.disposition = tracing::field::Empty,
+        );
+        let done = self
+            .handled(delivery, handler)
+            .instrument(span.clone())
+            .await;
+        span.record("idem.outcome", done.outcome);
+        span.record("idem.disposition", done.disposition.name());
+        done
+    }
+
+    async fn handled<D, J, F, Fut, T, E>(&self, delivery: D, handler: &F) -> Done<D::Error>
+    where
+        D: Delivery,
+        J: DeserializeOwned,
+        F: Fn(J) -> Fut,
+        Fut: Future<Output = Result<Outcome<T>, E>>,
+        E: Classify + Display,
+    {
         let count = delivery.count();
         let (outcome, error, disposition) = match serde_json::from_slice::<J>(delivery.payload()) {
             Err(e) => (
@@ -394,19 +447,15 @@ impl Runner {
     }
 
     fn observe(&self, settled: &Settled<'_>) {
-        let disposition = match settled.disposition {
-            Disposition::Ack => "ack",
-            Disposition::Retry { .. } => "retry",
-            Disposition::DeadLetter { reason } => {
-                tracing::warn!(
-                    message.id = settled.id,
-                    delivery = settled.delivery,
-                    reason,
-                    "idem: dead-lettered"
-                );
-                "dead_letter"
-            }
-        };
+        let disposition = settled.disposition.name();
+        if let Disposition::DeadLetter { reason } = settled.disposition {
+            tracing::warn!(
+                message.id = settled.id,
+                delivery = settled.delivery,
+                reason,
+                "idem: dead-lettered"
+            );
+        }
         metrics::counter!(SETTLED_TOTAL, "disposition" => disposition, "outcome" => settled.outcome)
             .increment(1);
         if let Some(f) = &self.observer {

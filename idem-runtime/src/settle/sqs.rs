@@ -275,6 +275,14 @@ impl Delivery for Received {
         self.message.message_id()
     }
 
+    fn system(&self) -> &'static str {
+        "aws_sqs"
+    }
+
+    fn destination(&self) -> Option<&str> {
+        Some(&self.queues.url)
+    }
+
     /// `ChangeMessageVisibility` to the receiver's [visibility](Receiver::visibility) (the
     /// queue's own unless set), counted from now.
     async fn extend(&self) -> Result<(), SqsError> {
