@@ -166,7 +166,9 @@ pub(crate) async fn apply_grouped_by_hand_parking<DB: TestDb>(
         Claimed::Fresh(mut guard) => {
             hold.park_first().await;
             let result = insert_effect(guard.tx(), job, "group").await;
-            guard.finish(result.map(|()| job.amount).map_err(TestError::from)).await
+            guard
+                .finish(result.map(|()| job.amount).map_err(TestError::from))
+                .await
         }
         Claimed::Duplicate | Claimed::Replayed(_) => Ok(Outcome::Duplicate),
         Claimed::Failed(failure) => Ok(Outcome::Failed(failure)),

@@ -468,7 +468,15 @@ fn pinned_body_each(
     stmts: &[Stmt],
     span: (&TokenStream, &Ident),
 ) -> TokenStream {
-    pinned(ret, var, prelude, stmts, Some(span), quote!(async), quote!(run))
+    pinned(
+        ret,
+        var,
+        prelude,
+        stmts,
+        Some(span),
+        quote!(async),
+        quote!(run),
+    )
 }
 
 fn pinned(

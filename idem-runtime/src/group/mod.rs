@@ -391,9 +391,15 @@ mod tests {
         let cases = [
             (GroupOptions::new().max_size(0), "max_size 0"),
             (GroupOptions::new().max_size(MAX_GROUP + 1), "max_size 1001"),
-            (GroupOptions::new().max_delay(Duration::from_secs(2)), "max_delay 2s"),
+            (
+                GroupOptions::new().max_delay(Duration::from_secs(2)),
+                "max_delay 2s",
+            ),
             (GroupOptions::new().max_body(Duration::ZERO), "max_body 0ns"),
-            (GroupOptions::new().max_body(Duration::from_secs(61)), "max_body 61s"),
+            (
+                GroupOptions::new().max_body(Duration::from_secs(61)),
+                "max_body 61s",
+            ),
             (GroupOptions::new().lanes(0), "lanes 0"),
             (GroupOptions::new().lanes(MAX_LANES + 1), "lanes 65"),
         ];

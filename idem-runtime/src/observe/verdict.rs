@@ -69,8 +69,9 @@ impl Verdict {
             Error::NotKept(NotKept::RolledBack { .. }) | Error::NotKept(NotKept::NotCommitted) => {
                 Verdict::RolledBack
             }
-            Error::Lease(LeaseError::Timeout { .. })
-            | Error::NotKept(NotKept::TimedOut { .. }) => Verdict::Timeout,
+            Error::Lease(LeaseError::Timeout { .. }) | Error::NotKept(NotKept::TimedOut { .. }) => {
+                Verdict::Timeout
+            }
             Error::KeyReused { .. } => Verdict::KeyReused,
             Error::Lease(LeaseError::Lost { .. }) => Verdict::LeaseLost,
             Error::ValueNotStored { .. } => Verdict::ValueNotStored,

@@ -374,7 +374,11 @@ pub(crate) async fn group_body_past_its_bound_fails_alone_and_the_group_commits<
             other => panic!("expected NotKept::TimedOut for {}, got {other:?}", job.key),
         }
     }
-    let effects = (ctx.effects(1).await, ctx.effects(2).await, ctx.effects(3).await);
+    let effects = (
+        ctx.effects(1).await,
+        ctx.effects(2).await,
+        ctx.effects(3).await,
+    );
     assert_eq!((effects, ctx.markers().await), ((1, 0, 0), 1));
     let again = apply_grouped(&group, &batch[1], Then::Commit).await;
     assert_eq!(applied(again), 20);
