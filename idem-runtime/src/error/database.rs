@@ -51,9 +51,17 @@ fn advice(err: &sqlx::Error) -> &'static str {
                 it, then let the job be redelivered";
     }
     match err {
+        // Under load the pool is spent long before the server is gone: say both.
+        sqlx::Error::PoolTimedOut => {
+            "no connection of the pool came free within its acquire timeout: every one was in \
+             use (or none could be opened). Each call in flight holds one for its claim, and a \
+             body that takes a second from the same pool holds two, which starves the pool \
+             under load: run the body's statements on the claim's transaction, or give the \
+             pool room for the calls in flight (`idem doctor` compares it with the server's \
+             limit). Nothing was kept; let the job be redelivered"
+        }
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::Configuration(_) => {
             "the database could not be reached: check its URL and that it is running. Let \

@@ -44,7 +44,7 @@ fn every_variant_says_what_to_do() {
         ),
         (
             Error::from(sqlx::Error::PoolTimedOut),
-            "could not be reached",
+            "every one was in use",
         ),
         (
             Error::from(sqlx::Error::RowNotFound),
