@@ -1,11 +1,12 @@
--- idem marker and outbox tables, schema version 4 (MySQL / MariaDB).
+-- idem marker and outbox tables, schema version 5 (MySQL / MariaDB).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
 -- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
 -- added the outbox table `idem_processed_outbox`, version 3 the tables and columns listed in
 -- `schema/mysql.v2-to-v3.sql`, which upgrades a version 2 schema (`schema/mysql.v1-to-v2.sql`
--- a version 1 schema), version 4 the outbox's `headers` (`schema/mysql.v3-to-v4.sql`).
+-- a version 1 schema), version 4 the outbox's `headers` (`schema/mysql.v3-to-v4.sql`), version 5
+-- the operators' audit log `idem_processed_audit` (`schema/mysql.v4-to-v5.sql`).
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope VARBINARY(255) NOT NULL,
@@ -79,4 +80,17 @@ CREATE TABLE IF NOT EXISTS idem_processed_offsets (
         token BIGINT NULL,
         updated_at DATETIME(6) NOT NULL,
         PRIMARY KEY (consumer_group, topic, partition_id)
+    ) ENGINE = InnoDB;
+
+-- Schema version 5: the operators' audit log (`idem audit`): one row per `idem` action that
+-- changed markers or messages (requeue, forget, outbox requeue): when, who, what, on which
+-- key or filter, how many rows.
+CREATE TABLE IF NOT EXISTS idem_processed_audit (
+        id BIGINT NOT NULL AUTO_INCREMENT,
+        acted_at DATETIME(6) NOT NULL,
+        actor VARCHAR(255) NOT NULL,
+        action VARCHAR(64) NOT NULL,
+        target TEXT NOT NULL,
+        changed BIGINT NOT NULL,
+        PRIMARY KEY (id)
     ) ENGINE = InnoDB;

@@ -1,11 +1,12 @@
--- idem marker and outbox tables, schema version 4 (PostgreSQL).
+-- idem marker and outbox tables, schema version 5 (PostgreSQL).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
 -- this file and the code in step. The meaning of every column is in docs/schema.md. Version 2
 -- added the outbox table `idem_processed_outbox`, version 3 the tables and columns listed in
 -- `schema/postgres.v2-to-v3.sql`, which upgrades a version 2 schema (`schema/postgres.v1-to-v2.sql`
--- a version 1 schema), version 4 the outbox's `headers` (`schema/postgres.v3-to-v4.sql`).
+-- a version 1 schema), version 4 the outbox's `headers` (`schema/postgres.v3-to-v4.sql`), version 5
+-- the operators' audit log `idem_processed_audit` (`schema/postgres.v4-to-v5.sql`).
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope text NOT NULL,
@@ -83,4 +84,16 @@ CREATE TABLE IF NOT EXISTS idem_processed_offsets (
         token bigint,
         updated_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (consumer_group, topic, partition_id)
+    );
+
+-- Schema version 5: the operators' audit log (`idem audit`): one row per `idem` action that
+-- changed markers or messages (requeue, forget, outbox requeue): when, who, what, on which
+-- key or filter, how many rows.
+CREATE TABLE IF NOT EXISTS idem_processed_audit (
+        id bigserial PRIMARY KEY,
+        acted_at timestamptz NOT NULL DEFAULT now(),
+        actor text NOT NULL,
+        action text NOT NULL,
+        target text NOT NULL,
+        changed bigint NOT NULL
     );

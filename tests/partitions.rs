@@ -35,7 +35,7 @@ async fn store(tag: &str) -> Store<Postgres> {
         NEXT.fetch_add(1, Ordering::Relaxed)
     );
     let pool = pool().await;
-    for t in ["", "_outbox", "_retention", "_steps", "_offsets"] {
+    for t in ["", "_outbox", "_retention", "_steps", "_offsets", "_audit"] {
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP TABLE IF EXISTS {table}{t} CASCADE"
         )))

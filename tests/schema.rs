@@ -28,7 +28,7 @@ fn check(file: &str, published: &str, ddl: Vec<String>) {
         println!("---- {file}\n{};", ddl.join(";\n\n"));
     }
     assert!(
-        published.contains("schema version 4"),
+        published.contains("schema version 5"),
         "{file} names its schema version"
     );
     assert_eq!(

@@ -187,6 +187,8 @@ impl<B: Db> Fixture<B> {
             .await;
         self.exec(&format!("DROP TABLE IF EXISTS {}_steps", self.table()))
             .await;
+        self.exec(&format!("DROP TABLE IF EXISTS {}_audit", self.table()))
+            .await;
         self.pool.close().await;
         B::remove(&self.url);
     }

@@ -143,6 +143,8 @@ impl<S: Support> Ctx<S> {
             // And its offset watermarks (schema version 3).
             self.exec(&format!("DROP TABLE IF EXISTS {t}_offsets"))
                 .await;
+            // And its operators' audit log (schema version 5).
+            self.exec(&format!("DROP TABLE IF EXISTS {t}_audit")).await;
         }
         self.pool.close().await;
         S::remove(&self.url);

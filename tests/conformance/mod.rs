@@ -133,6 +133,9 @@ pub(crate) trait Support: Send + Sync + 'static {
     /// The published upgrade from version 3 to version 4 (`schema/<db>.v3-to-v4.sql`).
     const UPGRADE_V3_TO_V4: &'static str;
 
+    /// The published upgrade from version 4 to version 5 (`schema/<db>.v4-to-v5.sql`).
+    const UPGRADE_V4_TO_V5: &'static str;
+
     /// A query of one text column describing each column of the table `{table}`: its name,
     /// type, nullability and default.
     const COLUMNS_OF: &'static str;

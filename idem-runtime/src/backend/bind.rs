@@ -39,6 +39,7 @@ pub enum Value<'a> {
     Str(&'a str),
     OptStr(Option<&'a str>),
     Int(i64),
+    OptInt(Option<i64>),
     Int32(i32),
     Bool(bool),
     Bytes(&'a [u8]),
@@ -95,6 +96,7 @@ bind! {
     &str => |v| Value::Str(v);
     Option<&str> => |v| Value::OptStr(*v);
     i64 => |v| Value::Int(*v);
+    Option<i64> => |v| Value::OptInt(*v);
     i32 => |v| Value::Int32(*v);
     bool => |v| Value::Bool(*v);
     &[u8] => |v| Value::Bytes(v);
@@ -309,6 +311,7 @@ macro_rules! driver {
                     Value::Str(v) => args.add(v),
                     Value::OptStr(v) => args.add(v),
                     Value::Int(v) => args.add(v),
+                    Value::OptInt(v) => args.add(v),
                     Value::Int32(v) => args.add(v),
                     Value::Bool(v) => args.add(v),
                     Value::Bytes(v) => args.add(v),

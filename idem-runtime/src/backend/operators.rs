@@ -20,6 +20,23 @@ pub(super) struct Words<'a> {
     pub(super) lease_over_int: &'a str,
     /// Whether the `:scope` bind is NULL (every scope).
     pub(super) null: &'a str,
+    /// Whether the `:error` bind is NULL (every error).
+    pub(super) null_error: &'a str,
+    /// Whether the `:age_ms` bind is NULL (whenever it failed).
+    pub(super) null_age: &'a str,
+    /// The instant `:age_ms` milliseconds ago, as `completed_at` compares with it.
+    pub(super) ago: &'a str,
+    /// The database's now, as the tables' times are written (UTC).
+    pub(super) now: &'a str,
+    /// `COUNT(*)` read as a 64-bit integer.
+    pub(super) count: &'a str,
+    /// A time column or aggregate as ISO-8601 UTC text, as `columns` writes them.
+    pub(super) time: fn(&str) -> String,
+    /// Whether an `UPDATE` takes its own `ORDER BY ... LIMIT` (MySQL and MariaDB, which refuse
+    /// a `LIMIT` in an `IN` subquery and a subquery of the table being updated), rather than a
+    /// page of keys chosen by a subquery (PostgreSQL and SQLite, which have no `UPDATE ...
+    /// LIMIT` in their default builds).
+    pub(super) update_limit: bool,
 }
 
 impl OperatorText {
@@ -32,8 +49,36 @@ impl OperatorText {
             lease_over,
             lease_over_int,
             null,
+            null_error,
+            null_age,
+            ago,
+            now,
+            count,
+            time,
+            update_limit,
         } = words;
         let marker = format!("scope = :scope AND {key} = :key");
+        let failed = "state = 'completed' AND error IS NOT NULL";
+        // The failed markers an operator's filter names: of a scope (or every one), with one
+        // error text (or any), failed more than `:age_ms` ago (or whenever).
+        let matching = format!(
+            "({null} OR scope = :scope) AND {failed} AND ({null_error} OR error = :error) \
+             AND ({null_age} OR completed_at < {ago})"
+        );
+        // What `requeue` does to one failed marker.
+        let requeued = "SET state = 'in_progress', completed_at = NULL, locked_until = NULL, \
+                        error = NULL, token = COALESCE(token, 0) + 1";
+        // A page of them, in the primary key's order, so that each page's row locks are taken
+        // in one order and a bulk requeue never holds more than a page's.
+        let requeue_page = match update_limit {
+            true => format!(
+                "UPDATE {{t}} {requeued} WHERE {matching} ORDER BY scope, {key} LIMIT :limit"
+            ),
+            false => format!(
+                "UPDATE {{t}} {requeued} WHERE (scope, {key}) IN (SELECT scope, {key} FROM {{t}} \
+                 WHERE {matching} ORDER BY scope, {key} LIMIT :limit) AND {matching}"
+            ),
+        };
         let release = format!(
             "UPDATE {{t}} SET locked_until = NULL, fingerprint = NULL, \
              token = COALESCE(token, 0) + 1 WHERE {marker} AND state = 'in_progress'"
@@ -55,10 +100,33 @@ impl OperatorText {
             in_progress: listing("'in_progress'", "locked_until IS NOT NULL, locked_until"),
             // The newest failures first; a scan of the completed markers (failures are few).
             failed: listing("'completed' AND error IS NOT NULL", "completed_at DESC"),
-            requeue: format!(
-                "UPDATE {{t}} SET state = 'in_progress', completed_at = NULL, \
-                 locked_until = NULL, error = NULL, token = COALESCE(token, 0) + 1 \
-                 WHERE {marker} AND state = 'completed' AND error IS NOT NULL"
+            requeue: format!("UPDATE {{t}} {requeued} WHERE {marker} AND {failed}").into(),
+            // The grouping is the database's (its collation decides which errors are one);
+            // bounded by the number of groups, the largest first.
+            failure_groups: format!(
+                "SELECT scope, error, {count}, {}, {} FROM {{t}} \
+                 WHERE ({null} OR scope = :scope) AND {failed} GROUP BY scope, error \
+                 ORDER BY {count} DESC, scope, error LIMIT :limit",
+                time("MIN(completed_at)"),
+                time("MAX(completed_at)"),
+            )
+            .into(),
+            failed_count: format!("SELECT {count} FROM {{t}} WHERE {matching}").into(),
+            failed_matching: format!(
+                "SELECT {columns} FROM {{t}} WHERE {matching} \
+                 ORDER BY completed_at DESC, scope LIMIT :limit"
+            )
+            .into(),
+            requeue_page: requeue_page.into(),
+            audit_write: format!(
+                "INSERT INTO {{t}}_audit (acted_at, actor, action, target, changed) \
+                 VALUES ({now}, :actor, :action, :target, :changed)"
+            )
+            .into(),
+            audit_list: format!(
+                "SELECT id, {}, actor, action, target, changed FROM {{t}}_audit \
+                 ORDER BY id DESC LIMIT :limit",
+                time("acted_at")
             )
             .into(),
             retention_set,
@@ -98,6 +166,20 @@ statements! {
         /// A failed marker back to a released lease, its steps and fingerprint kept, its token
         /// up: the next delivery takes it over and resumes after its recorded steps.
         requeue(scope: &str, key: &str);
+        /// The failed markers of a scope (every scope: NULL) grouped by their error:
+        /// `(scope, error, count, first failed at, last failed at)`, the largest groups first.
+        failure_groups(scope: Option<&str>, limit: i64);
+        /// How many failed markers the filter names (each bind NULL: any).
+        failed_count(scope: Option<&str>, error: Option<&str>, age_ms: Option<i64>);
+        /// At most `limit` of them (`MarkerRow`), newest first.
+        failed_matching(scope: Option<&str>, error: Option<&str>, age_ms: Option<i64>, limit: i64);
+        /// Requeues at most `limit` of them, as `requeue` does one.
+        requeue_page(scope: Option<&str>, error: Option<&str>, age_ms: Option<i64>, limit: i64);
+        /// Records one operator action in the audit log (`{t}_audit`).
+        audit_write(actor: &str, action: &str, target: &str, changed: i64);
+        /// The newest `limit` actions of the audit log: `(id, at, actor, action, target,
+        /// changed)`.
+        audit_list(limit: i64);
         /// Sets a scope's retention window (a new one, or a change).
         retention_set(scope: &str, keep_ms: i64);
         /// Removes a scope's window.
@@ -150,6 +232,27 @@ sql_runs! {
     /// failed marker.
     requeue(pool: &Pool<DB>, scope: &str, key: &str) -> bool =
         ops.requeue(scope, key).execute => |n| n == 1;
+    /// `(scope, error, count, first, last)` of at most `limit` groups of failed markers.
+    failure_groups(pool: &Pool<DB>, scope: Option<&str>, limit: i64)
+        -> Vec<(String, String, i64, String, String)> =
+        ops.failure_groups(scope, limit).fetch_all;
+    /// How many failed markers the filter names.
+    failed_count(pool: &Pool<DB>, scope: Option<&str>, error: Option<&str>, age_ms: Option<i64>)
+        -> Option<(i64,)> = ops.failed_count(scope, error, age_ms).fetch_optional;
+    /// At most `limit` failed markers the filter names, newest first.
+    failed_matching(
+        pool: &Pool<DB>, scope: Option<&str>, error: Option<&str>, age_ms: Option<i64>, limit: i64
+    ) -> Vec<MarkerRow> = ops.failed_matching(scope, error, age_ms, limit).fetch_all;
+    /// Requeues at most `limit` failed markers the filter names; returns how many.
+    requeue_page(
+        pool: &Pool<DB>, scope: Option<&str>, error: Option<&str>, age_ms: Option<i64>, limit: i64
+    ) -> u64 = ops.requeue_page(scope, error, age_ms, limit).execute => |n| n;
+    /// Writes one row of the audit log.
+    audit_write(pool: &Pool<DB>, actor: &str, action: &str, target: &str, changed: i64) -> () =
+        ops.audit_write(actor, action, target, changed).execute => drop;
+    /// The newest `limit` rows of the audit log.
+    audit_list(pool: &Pool<DB>, limit: i64) -> Vec<(i64, String, String, String, String, i64)> =
+        ops.audit_list(limit).fetch_all;
     /// Sets the window of `scope` to `keep_ms`.
     retention_set(pool: &Pool<DB>, scope: &str, keep_ms: i64) -> () =
         ops.retention_set(scope, keep_ms).execute => drop;

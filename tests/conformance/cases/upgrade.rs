@@ -96,7 +96,11 @@ pub(crate) async fn migrate_brings_a_version_2_schema_to_the_current_one<S: Supp
     // Upgraded by the published file, as a user's own migration tool runs it.
     let copied = unique_name("m", "upgrade");
     version_2(&mut ctx, &copied, "before-file").await;
-    for upgrade in [S::UPGRADE_V2_TO_V3, S::UPGRADE_V3_TO_V4] {
+    for upgrade in [
+        S::UPGRADE_V2_TO_V3,
+        S::UPGRADE_V3_TO_V4,
+        S::UPGRADE_V4_TO_V5,
+    ] {
         for stmt in statements(upgrade) {
             ctx.exec(&stmt.replace("idem_processed", &copied)).await;
         }

@@ -129,6 +129,21 @@ const DDL: &[&str] = &[
         updated_at DATETIME(6) NOT NULL,
         PRIMARY KEY (consumer_group, topic, partition_id)
     ) ENGINE = InnoDB",
+    // Schema version 5: the operators' audit log, one row per action that changed markers or
+    // messages (`idem requeue`, `forget`, `outbox requeue`): when, who, what, on which filter,
+    // how many rows. A table of the schema like the others, created by `migrate` (rather than
+    // on first use by the tool, which would need DDL rights at an operator's hand and would
+    // leave the doctor and the published files unaware of it).
+    // Its times are UTC, written by the statement (as the markers' are).
+    "CREATE TABLE IF NOT EXISTS {t}_audit (
+        id BIGINT NOT NULL AUTO_INCREMENT,
+        acted_at DATETIME(6) NOT NULL,
+        actor VARCHAR(255) NOT NULL,
+        action VARCHAR(64) NOT NULL,
+        target TEXT NOT NULL,
+        changed BIGINT NOT NULL,
+        PRIMARY KEY (id)
+    ) ENGINE = InnoDB",
 ];
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE

@@ -31,6 +31,13 @@ pub(super) fn text() -> OperatorText {
         lease_over: LEASE_OVER,
         lease_over_int: LEASE_OVER,
         null: ":scope IS NULL",
+        null_error: ":error IS NULL",
+        null_age: ":age_ms IS NULL",
+        ago: AGO,
+        now: "UTC_TIMESTAMP(6)",
+        count: "CAST(COUNT(*) AS SIGNED)",
+        time: |c| format!("DATE_FORMAT({c}, '%Y-%m-%dT%H:%i:%s.%fZ')"),
+        update_limit: true,
     };
     let retention_set = "INSERT INTO {t}_retention (scope, keep_ms, updated_at) \
                          VALUES (:scope, :keep_ms, UTC_TIMESTAMP(6)) \

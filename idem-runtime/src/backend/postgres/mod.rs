@@ -115,6 +115,19 @@ pub(super) const DDL: &[&str] = &[
         updated_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (consumer_group, topic, partition_id)
     )",
+    // Schema version 5: the operators' audit log, one row per action that changed markers or
+    // messages (`idem requeue`, `forget`, `outbox requeue`): when, who, what, on which filter,
+    // how many rows. A table of the schema like the others, created by `migrate` (rather than
+    // on first use by the tool, which would need DDL rights at an operator's hand and would
+    // leave the doctor and the published files unaware of it).
+    "CREATE TABLE IF NOT EXISTS {t}_audit (
+        id bigserial PRIMARY KEY,
+        acted_at timestamptz NOT NULL DEFAULT now(),
+        actor text NOT NULL,
+        action text NOT NULL,
+        target text NOT NULL,
+        changed bigint NOT NULL
+    )",
 ];
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE

@@ -42,6 +42,13 @@ pub(super) fn text() -> OperatorText {
         lease_over: LEASE_OVER,
         lease_over_int: &format!("{LEASE_OVER}::int::int8"),
         null: ":scope::text IS NULL",
+        null_error: ":error::text IS NULL",
+        null_age: ":age_ms::int8 IS NULL",
+        ago: "now() - :age_ms * interval '1 millisecond'",
+        now: "now()",
+        count: "COUNT(*)",
+        time: |c| format!("to_char({c} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"),
+        update_limit: false,
     };
     let retention_set = "INSERT INTO {t}_retention (scope, keep_ms) VALUES (:scope, :keep_ms) \
                          ON CONFLICT (scope) DO UPDATE SET keep_ms = EXCLUDED.keep_ms, \

@@ -123,6 +123,19 @@ const DDL: &[&str] = &[
         updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
         PRIMARY KEY (consumer_group, topic, partition_id)
     ) WITHOUT ROWID",
+    // Schema version 5: the operators' audit log, one row per action that changed markers or
+    // messages (`idem requeue`, `forget`, `outbox requeue`): when, who, what, on which filter,
+    // how many rows. A table of the schema like the others, created by `migrate` (rather than
+    // on first use by the tool, which would need DDL rights at an operator's hand and would
+    // leave the doctor and the published files unaware of it).
+    "CREATE TABLE IF NOT EXISTS {t}_audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        acted_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+        actor TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL,
+        changed INTEGER NOT NULL
+    )",
 ];
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE

@@ -32,6 +32,14 @@ pub(super) fn text() -> OperatorText {
         lease_over: LEASE_OVER,
         lease_over_int: LEASE_OVER,
         null: ":scope IS NULL",
+        null_error: ":error IS NULL",
+        null_age: ":age_ms IS NULL",
+        ago: AGO,
+        now: NOW,
+        count: "COUNT(*)",
+        // The times are ISO-8601 UTC text already.
+        time: str::to_owned,
+        update_limit: false,
     };
     let retention_set = format!(
         "INSERT INTO {{t}}_retention (scope, keep_ms) VALUES (:scope, :keep_ms) \
