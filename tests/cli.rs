@@ -214,4 +214,6 @@ every_backend!(
     doctor_exits_0_healthy_6_warnings_7_problems,
     retention_windows_are_shared_by_the_code_and_the_tool,
     failed_jobs_are_listed_requeued_and_their_steps_shown,
+    bulk_requeue_acts_on_one_group_behind_a_dry_run_and_a_confirmation,
+    bulk_requeue_refuses_bad_input_before_connecting,
 );

@@ -241,10 +241,7 @@ impl<DB: Backend> Store<DB> {
 
     /// The newest `limit` rows of the operators' audit log, newest first.
     pub async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>, Error> {
-        let rows = self
-            .sql()
-            .audit_list(self.pool(), i64::from(limit))
-            .await?;
+        let rows = self.sql().audit_list(self.pool(), i64::from(limit)).await?;
         Ok(rows
             .into_iter()
             .map(|(id, at, actor, action, target, changed)| AuditEntry {

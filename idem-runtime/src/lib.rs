@@ -71,9 +71,7 @@ pub use backend::Backend;
 pub use batch::BatchGuard;
 pub use claim::Claimed;
 pub use claim::nested::Body;
-pub use console::{
-    AuditEntry, FailedFilter, FailureGroup, GROUP_ID_LEN, MAX_GROUPS, REQUEUE_PAGE,
-};
+pub use console::{AuditEntry, FailedFilter, FailureGroup, GROUP_ID_LEN, MAX_GROUPS, REQUEUE_PAGE};
 pub use doctor::{Checkup, Diagnosis, Finding, Severity};
 pub use each::{EachGuard, JobGuard};
 pub use error::{Error, KafkaError, LeaseError, NotKept, Refusal};

@@ -1,5 +1,6 @@
 //! One case's database, table and markers, and the runs of the binary against them.
 
+pub(crate) mod bulk;
 pub(crate) mod cases;
 pub(crate) mod doctor;
 pub(crate) mod failed;
@@ -7,6 +8,7 @@ pub(crate) mod forget;
 pub(crate) mod outbox;
 
 // The cases of every file, under one path for `every_backend!`.
+pub(crate) use bulk::*;
 pub(crate) use cases::*;
 pub(crate) use doctor::*;
 pub(crate) use failed::*;

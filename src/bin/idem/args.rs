@@ -15,7 +15,8 @@ use crate::Failure;
 /// `outbox requeue` no message of that id; 4 `outbox requeue` of a message that is not parked,
 /// or `requeue` of a job that did not fail; 5 `forget` of a marker whose lease a delivery still
 /// holds (nothing was changed: see `--force`); 6 `doctor` found warnings (and no problem); 7
-/// `doctor` found a problem.
+/// `doctor` found a problem; 8 `requeue --all` of more jobs than it takes unconfirmed, without
+/// `--yes` (nothing was changed).
 #[derive(Debug, Parser)]
 #[command(name = "idem", version)]
 pub(crate) struct Cli {
@@ -30,6 +31,11 @@ pub(crate) struct Cli {
     /// Print one JSON document instead of text.
     #[arg(long, global = true)]
     pub(crate) json: bool,
+
+    /// Who acts, as the audit log records it (default: the USER or USERNAME variable, else
+    /// "unknown").
+    #[arg(long, global = true, value_name = "NAME", value_parser = parse_actor)]
+    pub(crate) actor: Option<String>,
 
     #[command(subcommand)]
     pub(crate) command: Command,
@@ -87,13 +93,25 @@ pub(crate) enum Command {
         /// Only this handler's scope (default: every scope).
         #[arg(long, value_parser = parse_scope)]
         scope: Option<String>,
-        /// At most this many markers.
+        /// At most this many markers (groups, with `--group-by`).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+        /// Count them by scope and error instead, the largest groups first, each with its id
+        /// (for `requeue --all --group ID`) and when its first and last job failed.
+        #[arg(long, value_enum, value_name = "WHAT")]
+        group_by: Option<GroupBy>,
+    },
+    /// Let the next delivery of a job that failed for good run it again, after the steps its
+    /// lease recorded (exit 3 if there is no marker, 4 if the job did not fail); with `--all`,
+    /// every failed job the filter takes.
+    Requeue(RequeueArgs),
+    /// The operators' audit log, newest first: who requeued or forgot what, when, and how
+    /// many rows it changed.
+    Audit {
+        /// At most this many rows.
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
     },
-    /// Let the next delivery of a job that failed for good run it again, after the steps its
-    /// lease recorded (exit 3 if there is no marker, 4 if the job did not fail).
-    Requeue(Target),
     /// Show the steps a job's lease recorded, in their body's order, with their values.
     Steps(Target),
     /// The outbox's messages: list the parked and pending ones, show one, requeue a parked one.
@@ -180,6 +198,57 @@ pub(crate) enum OutboxCommand {
         #[arg(value_parser = parse_message_id, allow_hyphen_values = true)]
         id: String,
     },
+}
+
+/// What `failed --group-by` counts by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum GroupBy {
+    /// The scope and the error text.
+    Error,
+}
+
+/// `requeue SCOPE KEY`, or `requeue --all` and its filter.
+#[derive(Debug, Args)]
+pub(crate) struct RequeueArgs {
+    /// The handler's scope (its `scope = "..."`).
+    #[arg(value_parser = parse_scope, required_unless_present = "all", conflicts_with = "all")]
+    pub(crate) scope: Option<String>,
+
+    /// The key as stored, as `inspect` and `failed` print it (`-`: read from standard input).
+    #[arg(allow_hyphen_values = true, conflicts_with = "all")]
+    pub(crate) key: Option<String>,
+
+    /// A tuple key given part by part, in order.
+    #[arg(long = "part", value_name = "PART", conflicts_with_all = ["key", "all"])]
+    pub(crate) parts: Vec<String>,
+
+    /// Every job that failed for good and that the filter takes (`--scope`, `--group`,
+    /// `--failed-before`; none: every one), requeued in pages of 500.
+    #[arg(long)]
+    pub(crate) all: bool,
+
+    /// With `--all`: only this handler's scope.
+    #[arg(long = "scope", id = "only_scope", value_name = "SCOPE", requires = "all",
+          value_parser = parse_scope)]
+    pub(crate) only_scope: Option<String>,
+
+    /// With `--all`: only this group's jobs (its id, as `failed --group-by error` prints it:
+    /// 12 hex digits).
+    #[arg(long, value_name = "ID", requires = "all", value_parser = parse_group_id)]
+    pub(crate) group: Option<String>,
+
+    /// With `--all`: only the jobs that failed longer ago than AGE (30m, 12h, 7d).
+    #[arg(long, value_name = "AGE", requires = "all", value_parser = parse_age)]
+    pub(crate) failed_before: Option<Age>,
+
+    /// With `--all`: print how many jobs (and which, the first 20) it would requeue, and
+    /// change nothing.
+    #[arg(long, requires = "all")]
+    pub(crate) dry_run: bool,
+
+    /// With `--all`: requeue more than 100 jobs (without it, exit 8 and nothing changed).
+    #[arg(long, requires = "all")]
+    pub(crate) yes: bool,
 }
 
 /// One job's marker: its handler's scope and its key.
@@ -295,6 +364,31 @@ fn parse_message_id(id: &str) -> Result<String, String> {
         ));
     }
     Ok(id.to_owned())
+}
+
+/// A group id is what `failed --group-by error` prints: [`idem::GROUP_ID_LEN`] lower-case hex
+/// digits.
+fn parse_group_id(id: &str) -> Result<String, String> {
+    if !idem::FailureGroup::is_id(id) {
+        return Err(format!(
+            "not a group id: a group id is {} lower-case hex digits, as `idem failed \
+             --group-by error` prints it",
+            idem::GROUP_ID_LEN
+        ));
+    }
+    Ok(id.to_owned())
+}
+
+/// An actor is a name of 1 to 255 bytes (the audit log's column).
+fn parse_actor(name: &str) -> Result<String, String> {
+    if name.trim().is_empty() || name.len() > 255 {
+        return Err(
+            "an actor is a name of 1 to 255 bytes: who acts, as the audit log \
+                    records it"
+                .to_owned(),
+        );
+    }
+    Ok(name.to_owned())
 }
 
 /// The runtime's rule for scopes, checked here so that a bad one never reaches a connection.

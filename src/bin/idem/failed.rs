@@ -44,7 +44,7 @@ pub(crate) fn list(
             m.key.clone(),
             m.attempts.to_string(),
             m.completed_at.clone().unwrap_or_else(|| "-".to_owned()),
-            one_line(m.error.as_deref().unwrap_or("-")),
+            render::one_line(m.error.as_deref().unwrap_or("-")),
         ]);
     }
     let mut out = render::columns(&rows);
@@ -138,13 +138,8 @@ pub(crate) fn steps(
             s.position.to_string(),
             s.name.clone(),
             s.recorded_at.clone(),
-            one_line(&s.value),
+            render::one_line(&s.value),
         ]);
     }
     render::columns(&rows)
-}
-
-/// Text on one line, whatever it held.
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }

@@ -5,6 +5,7 @@
 //! finds no marker with code 3. See `docs/cli.md`.
 
 mod args;
+mod bulk;
 mod doctor;
 mod failed;
 mod outbox;
@@ -47,6 +48,11 @@ impl Failure {
             code: 1,
             message: message.into(),
         }
+    }
+
+    /// What went wrong, as the tool prints it after `error: `.
+    pub(crate) fn message(&self) -> &str {
+        &self.message
     }
 
     /// Whether the database stopped the command.

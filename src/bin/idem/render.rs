@@ -283,6 +283,11 @@ pub(crate) fn human(ms: i64) -> String {
     }
 }
 
+/// Text on one line, whatever it held.
+pub(crate) fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::human;

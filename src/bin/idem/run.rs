@@ -6,11 +6,15 @@ use std::str::FromStr as _;
 use std::time::Duration;
 
 use idem::{Backend, Key, Store};
+use serde_json::json;
 use sqlx::pool::PoolOptions;
 use sqlx::{ConnectOptions as _, Connection as _};
 
 use crate::Failure;
-use crate::args::{Age, Cli, Command, DoctorArgs, OutboxCommand, RetentionCommand};
+use crate::args::{
+    Age, Cli, Command, DoctorArgs, GroupBy, OutboxCommand, RequeueArgs, RetentionCommand, Target,
+};
+use crate::bulk::{self, BulkRequeue};
 use crate::failed;
 use crate::outbox::{self, Filter};
 use crate::render;
@@ -62,6 +66,11 @@ enum Request {
     Failed {
         scope: Option<String>,
         limit: u32,
+        group_by: Option<GroupBy>,
+    },
+    RequeueAll(BulkRequeue),
+    Audit {
+        limit: u32,
     },
     RequeueJob {
         scope: String,
@@ -84,6 +93,8 @@ struct Context {
     db: DatabaseUrl,
     table: String,
     json: bool,
+    /// Who acts, for the audit log.
+    actor: String,
 }
 
 pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
@@ -115,11 +126,17 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         },
         Command::Outbox(OutboxCommand::Requeue { id }) => Request::Requeue { id },
         Command::Outbox(OutboxCommand::Show { id }) => Request::OutboxShow { id },
-        Command::Failed { scope, limit } => Request::Failed { scope, limit },
-        Command::Requeue(target) => Request::RequeueJob {
-            key: target.key()?,
-            scope: target.scope,
+        Command::Failed {
+            scope,
+            limit,
+            group_by,
+        } => Request::Failed {
+            scope,
+            limit,
+            group_by,
         },
+        Command::Requeue(args) => requeue_request(args)?,
+        Command::Audit { limit } => Request::Audit { limit },
         Command::Steps(target) => Request::Steps {
             key: target.key()?,
             scope: target.scope,
@@ -129,6 +146,7 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         db: DatabaseUrl::parse(cli.database_url)?,
         table: cli.table,
         json: cli.json,
+        actor: actor(cli.actor),
     };
     let url = cx.db.url.as_str();
     match cx.db.scheme {
@@ -146,6 +164,47 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             execute::<sqlx::Sqlite>(options.map_err(|e| bad_url(&cx, e))?, &cx, request).await
         }
     }
+}
+
+/// `requeue SCOPE KEY`, or `requeue --all` with its filter (clap requires one or the other).
+fn requeue_request(args: RequeueArgs) -> Result<Request, Failure> {
+    if args.all {
+        return Ok(Request::RequeueAll(BulkRequeue {
+            scope: args.only_scope,
+            group: args.group,
+            failed_before: args.failed_before,
+            dry_run: args.dry_run,
+            yes: args.yes,
+        }));
+    }
+    let Some(scope) = args.scope else {
+        return Err(Failure::input(
+            "requeue needs a SCOPE and a KEY, or --all (with its filter)",
+        ));
+    };
+    let target = Target {
+        scope,
+        key: args.key,
+        parts: args.parts,
+    };
+    if target.key.is_none() && target.parts.is_empty() {
+        return Err(Failure::input(
+            "requeue needs the job's KEY after its SCOPE (or --part), or --all",
+        ));
+    }
+    Ok(Request::RequeueJob {
+        key: target.key()?,
+        scope: target.scope,
+    })
+}
+
+/// Who acts: `--actor`, else the operating system's user, else "unknown".
+fn actor(given: Option<String>) -> String {
+    given
+        .or_else(|| std::env::var("USER").ok())
+        .or_else(|| std::env::var("USERNAME").ok())
+        .filter(|name| !name.trim().is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
 }
 
 fn bad_url(cx: &Context, e: sqlx::Error) -> Failure {
@@ -261,6 +320,16 @@ async fn command<DB: Backend>(
                 }
                 Err(e) => return Err(refused(e)),
             };
+            let target = json!({ "scope": scope, "key": key.as_str(), "force": force });
+            bulk::record(
+                store,
+                &cx.actor,
+                "forget",
+                &target,
+                u64::from(gone),
+                refused,
+            )
+            .await?;
             (
                 render::forget(store.table(), &scope, &key, gone, cx.json),
                 0,
@@ -318,17 +387,43 @@ async fn command<DB: Backend>(
             let table = format!("{}_outbox", store.table());
             (outbox::list(&table, filter, limit, &messages, cx.json), 0)
         }
-        Request::Failed { scope, limit } => {
+        Request::Failed {
+            scope,
+            limit,
+            group_by: Some(GroupBy::Error),
+        } => {
+            let groups = store.failure_groups(scope.as_deref(), limit).await;
+            let groups = groups.map_err(refused)?;
+            let text = bulk::groups(store.table(), scope.as_deref(), limit, &groups, cx.json);
+            (text, 0)
+        }
+        Request::Failed {
+            scope,
+            limit,
+            group_by: None,
+        } => {
             let markers = store.list_failed(scope.as_deref(), limit).await;
             let markers = markers.map_err(refused)?;
             let text = failed::list(store.table(), scope.as_deref(), limit, &markers, cx.json);
             (text, 0)
         }
         Request::RequeueJob { scope, key } => {
-            let text = failed::requeue(store, &scope, &key, cx.json, refused).await;
+            let text = failed::requeue(store, &scope, &key, cx.json, refused).await?;
+            let target = json!({ "scope": scope, "key": key.as_str() });
+            bulk::record(store, &cx.actor, "requeue", &target, 1, refused).await?;
+            store.pool().close().await;
+            print!("{text}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        Request::RequeueAll(all) => {
+            let text = bulk::requeue_all(store, &all, &cx.actor, cx.json, refused).await;
             store.pool().close().await;
             print!("{}", text?);
             return Ok(ExitCode::SUCCESS);
+        }
+        Request::Audit { limit } => {
+            let entries = store.audit_log(limit).await.map_err(refused)?;
+            (bulk::audit(store.table(), limit, &entries, cx.json), 0)
         }
         Request::Steps { scope, key } => {
             let steps = store.steps(&scope, &key).await.map_err(refused)?;
@@ -358,6 +453,10 @@ async fn command<DB: Backend>(
             let table = format!("{}_outbox", store.table());
             let done = store.requeue_outbox(&id).await.map_err(refused)?;
             let message = store.outbox_message(&id).await.map_err(refused)?;
+            if done {
+                let target = json!({ "id": id });
+                bulk::record(store, &cx.actor, "outbox requeue", &target, 1, refused).await?;
+            }
             store.pool().close().await;
             return match (done, message) {
                 (true, Some(m)) => {
