@@ -64,6 +64,9 @@ impl FailureGroup {
     }
 }
 
+/// A filter's binds: `(scope, error, age_ms)`, each `None` for any.
+type FilterBinds<'a> = (Option<&'a str>, Option<&'a str>, Option<i64>);
+
 /// Which failed jobs a bulk action takes: every one, or those of a scope, with an error text,
 /// failed more than some time ago (each condition optional, all of them together).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -107,7 +110,7 @@ impl FailedFilter {
     }
 
     /// The binds of the filter's statements, the scope checked.
-    fn binds(&self) -> Result<(Option<&str>, Option<&str>, Option<i64>), Error> {
+    fn binds(&self) -> Result<FilterBinds<'_>, Error> {
         if let Some(scope) = &self.scope {
             check_scope(scope)?;
         }
