@@ -45,7 +45,7 @@ pub async fn top_up_grouped(
         };
         let __idem_body_of = __idem_held.body();
         let __idem_tx = __idem_held.tx();
-        let __idem_result: Result<(), AppError> = ::idem::__private::Body::run(
+        let __idem_result: Result<(), AppError> = ::idem::__private::Body::bounded(
                 __idem_body_of,
                 async move {
                     let tx: &mut sqlx::Transaction<'_, Postgres> = __idem_tx;
