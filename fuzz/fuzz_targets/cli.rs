@@ -18,9 +18,9 @@ mod args;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt as _;
 
-use args::{Age, Cli, Command, OutboxCommand, RetentionCommand, Target};
+use args::{Age, Cli, Command, OutboxCommand, RequeueArgs, RetentionCommand, Target};
 use clap::Parser as _;
-use idem::{Key, MAX_KEY_LEN};
+use idem::{GROUP_ID_LEN, Key, MAX_KEY_LEN};
 use libfuzzer_sys::fuzz_target;
 
 /// The binary's `Failure`, as `args.rs` uses it (exit code 2 for input).
@@ -119,6 +119,23 @@ fn check_scope(scope: &Option<String>) {
     }
 }
 
+/// One job by its scope and key, or with `--all` every failed job a filter takes, never both.
+fn check_requeue(requeue: &RequeueArgs) {
+    if !requeue.all {
+        let scope = requeue.scope.as_deref().expect("a scope without --all");
+        assert!(scope_ok(scope), "{scope:?}");
+        assert!(!requeue.dry_run && !requeue.yes);
+        return;
+    }
+    assert!(requeue.scope.is_none() && requeue.key.is_none() && requeue.parts.is_empty());
+    check_scope(&requeue.only_scope);
+    if let Some(id) = &requeue.group {
+        let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+        assert!(id.len() == GROUP_ID_LEN && id.bytes().all(hex), "{id:?}");
+    }
+    requeue.failed_before.iter().for_each(check_age);
+}
+
 fuzz_target!(|data: &[u8]| {
     let argv = std::iter::once(OsString::from("idem")).chain(
         data.split(|&b| b == 0)
@@ -126,10 +143,11 @@ fuzz_target!(|data: &[u8]| {
     );
     match Cli::try_parse_from(argv) {
         Ok(cli) => match &cli.command {
-            Command::Inspect(target)
-            | Command::Forget { target, .. }
-            | Command::Requeue(target)
-            | Command::Steps(target) => check_target(target),
+            Command::Inspect(target) | Command::Forget { target, .. } | Command::Steps(target) => {
+                check_target(target)
+            }
+            Command::Requeue(requeue) => check_requeue(requeue),
+            Command::Audit { limit } => assert!(*limit >= 1),
             Command::Purge { older_than } => older_than.iter().for_each(check_age),
             Command::Retention(RetentionCommand::Set { scope, keep }) => {
                 assert!(scope_ok(scope));
@@ -149,7 +167,7 @@ fuzz_target!(|data: &[u8]| {
                 assert!(doctor.concurrency.is_none_or(|n| n >= 1));
                 assert!(doctor.pool_size.is_none_or(|n| n >= 1));
             }
-            Command::Stuck { scope, limit } | Command::Failed { scope, limit } => {
+            Command::Stuck { scope, limit } | Command::Failed { scope, limit, .. } => {
                 assert!(*limit >= 1);
                 check_scope(scope);
             }
