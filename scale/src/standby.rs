@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::bouncer::free_port;
+use crate::delay::DelayProxy;
 
 /// PostgreSQL's binaries: Debian keeps them in `/usr/lib/postgresql/<version>/bin`.
 fn pg_bin() -> PathBuf {
@@ -52,11 +53,37 @@ pub struct Pair {
     bin: PathBuf,
     pub primary_port: u16,
     pub standby_port: u16,
+    /// The standby's replication connection's way to the primary, when it is delayed.
+    proxy: Option<DelayProxy>,
 }
 
 impl Pair {
     /// Creates and starts both servers, the standby synchronous or not.
     pub async fn start(synchronous: bool) -> Pair {
+        Pair::start_with(synchronous, None).await
+    }
+
+    /// A synchronous standby whose replication connection passes through a [`DelayProxy`]
+    /// of `delay` each way (changed later with [`Pair::set_delay`]): a commit waits for a
+    /// round trip to the standby, as it does with a standby in another zone. Both servers
+    /// flush their writes (`fsync` on): what a commit costs is the question.
+    pub async fn start_delayed(delay: Duration) -> Pair {
+        Pair::start_with(true, Some(delay)).await
+    }
+
+    /// Changes the delay each way between the standby and the primary.
+    ///
+    /// # Panics
+    ///
+    /// If the pair was not started by [`Pair::start_delayed`].
+    pub fn set_delay(&self, delay: Duration) {
+        self.proxy
+            .as_ref()
+            .expect("a pair started with a delay")
+            .set_delay(delay);
+    }
+
+    async fn start_with(synchronous: bool, delay: Option<Duration>) -> Pair {
         let root = std::env::temp_dir().join(format!(
             "idem-standby-{}-{}",
             std::process::id(),
@@ -69,11 +96,12 @@ impl Pair {
             .status()
             .expect("chown");
         assert!(chown.success(), "chown postgres {}", root.display());
-        let pair = Pair {
+        let mut pair = Pair {
             bin: pg_bin(),
             primary_port: free_port(),
             standby_port: free_port(),
             root,
+            proxy: None,
         };
         let primary = pair.dir("primary");
         run(
@@ -81,15 +109,17 @@ impl Pair {
             "initdb",
             &["-A", "trust", "-U", "postgres", "--no-sync", "-D", &primary],
         );
-        // `fsync = off`: the test kills processes, never the machine, so what a server wrote
-        // is in the page cache all the same; it only makes the run shorter.
+        // `fsync = off` for the tests: they kill processes, never the machine, so what a
+        // server wrote is in the page cache all the same; it only makes the run shorter. A
+        // delayed pair is a benchmark's, which measures what a commit costs.
         let conf = format!(
             "listen_addresses = '127.0.0.1'\n\
              unix_socket_directories = '{root}'\n\
-             fsync = off\n\
+             fsync = {fsync}\n\
              synchronous_standby_names = '{names}'\n\
              synchronous_commit = on\n",
             root = pair.root.display(),
+            fsync = if delay.is_some() { "on" } else { "off" },
             names = if synchronous { "standby" } else { "" },
         );
         append(&format!("{primary}/postgresql.conf"), &conf);
@@ -113,6 +143,20 @@ impl Pair {
                 "--no-sync",
             ],
         );
+        // The standby streams through the proxy when there is one (pg_basebackup went
+        // direct: the copy is setup, not the measured path).
+        let upstream = match delay {
+            Some(delay) => {
+                let proxy = DelayProxy::start(
+                    std::net::SocketAddr::from(([127, 0, 0, 1], pair.primary_port)),
+                    delay,
+                );
+                let port = proxy.port();
+                pair.proxy = Some(proxy);
+                port
+            }
+            None => pair.primary_port,
+        };
         // The standby's name in the primary's list; once promoted, it waits for no standby
         // of its own.
         append(
@@ -120,7 +164,7 @@ impl Pair {
             &format!(
                 "primary_conninfo = 'host=127.0.0.1 port={} user=postgres \
                  application_name=standby'\nsynchronous_standby_names = ''\n",
-                pair.primary_port
+                upstream
             ),
         );
         pair.pg_ctl_start("standby", pair.standby_port);
