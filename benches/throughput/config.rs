@@ -61,7 +61,10 @@ impl Config {
         let name = |base: &str| format!("idem_bench_{base}_{suffix}");
         Config {
             suffix: suffix.clone(),
-            pg_url: url("IDEM_POSTGRES_URL", PG_DEFAULT),
+            pg_url: PG_URL
+                .get()
+                .cloned()
+                .unwrap_or_else(|| url("IDEM_POSTGRES_URL", PG_DEFAULT)),
             my_url: url("IDEM_MYSQL_URL", MY_DEFAULT),
             accounts: name("accounts"),
             markers: name("markers"),
@@ -91,8 +94,20 @@ impl Config {
     }
 }
 
+/// A PostgreSQL of the bench's own (`--group --standby`'s primary), in place of
+/// `IDEM_POSTGRES_URL`.
+static PG_URL: OnceLock<String> = OnceLock::new();
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+/// Points this run's PostgreSQL rows at `url`; the configuration must not have been read yet.
+pub(crate) fn use_postgres(url: String) {
+    assert!(
+        CONFIG.get().is_none() && PG_URL.set(url).is_ok(),
+        "the bench's PostgreSQL is set once, before the configuration is read"
+    );
+}
+
 /// This run's configuration, read from the environment on first use.
 pub(crate) fn config() -> &'static Config {
-    static CONFIG: OnceLock<Config> = OnceLock::new();
     CONFIG.get_or_init(Config::from_env)
 }

@@ -37,6 +37,8 @@ enum V {
     Macro,
     /// Group commit with this many lanes.
     Group(usize),
+    /// `#[idem::idempotent(batch = ..)]` with batches of this many jobs.
+    Batch(usize),
 }
 
 impl V {
@@ -45,6 +47,7 @@ impl V {
             V::Hand => "handwritten".to_owned(),
             V::Macro => "macro".to_owned(),
             V::Group(lanes) => format!("group, {lanes} lanes"),
+            V::Batch(size) => format!("batch of {size}"),
         }
     }
 }
@@ -58,6 +61,28 @@ fn accounts() -> u64 {
         .and_then(|v| v.trim().parse().ok())
         .filter(|&n| n > 0)
         .unwrap_or(ACCOUNTS)
+}
+
+/// What the single-job rows run besides the macro and the hand-written code.
+#[derive(Clone)]
+pub(crate) struct Rows {
+    /// A group of each of these lane counts.
+    pub(crate) lanes: Vec<usize>,
+    /// Batches of this size, if any.
+    pub(crate) batch: Option<usize>,
+    /// The poisoned batch's rows (`each.rs`) too.
+    pub(crate) each: bool,
+}
+
+impl Rows {
+    /// `--group`'s rows: the lanes of [`lane_counts`], no batch.
+    fn group() -> Rows {
+        Rows {
+            lanes: lane_counts(),
+            batch: None,
+            each: true,
+        }
+    }
 }
 
 /// The lanes of the group rows: `IDEM_BENCH_GROUP_LANES` (a comma list), else the default
@@ -157,6 +182,7 @@ async fn job(conn: &Conn, groups: &Groups, v: V, job: &TopUp) -> Res<(bool, Opti
         .find(|(n, _)| *n == lanes)
         .map_or(&groups[0].1, |(_, g)| g);
     let applied = match (conn, group, v) {
+        (_, _, V::Batch(_)) => unreachable!("a batch is run by `batch_job`"),
         (_, _, V::Hand) => conn.job(variants::Variant::Handwritten, job).await?,
         (Conn::Pg(s), _, V::Macro) => pg::single(s, job, &end).await?.is_applied(),
         (Conn::Lite(s), _, V::Macro) => lite::single(s, job, &end).await?.is_applied(),
@@ -165,6 +191,10 @@ async fn job(conn: &Conn, groups: &Groups, v: V, job: &TopUp) -> Res<(bool, Opti
     };
     Ok((applied, end.waited()))
 }
+
+/// Each single-job row's median jobs/s, as (workers, variant, jobs/s), for `--standby`'s
+/// plot and targets.
+pub(crate) static MEDIANS: Mutex<Vec<(usize, String, f64)>> = Mutex::new(Vec::new());
 
 /// How many grouped jobs were delivered again, and the most deliveries one job may get.
 static REDELIVERED: AtomicU64 = AtomicU64::new(0);
@@ -197,6 +227,35 @@ async fn grouped_job(group: &Grouped, job: &TopUp, end: &BodyEnd) -> Res<bool> {
 
 /// Salts of the keys, apart from the other rows' and from each other.
 const SALT: u64 = 0x6772_6f75_7000;
+
+/// A batch of `size` fresh jobs; returns how many were applied (all of them, or an error).
+/// Each worker tops up accounts of its own (account ≡ worker mod workers), as `batch.rs`'s
+/// rows do: two batches' updates never wait on each other's rows.
+async fn batch_job(
+    conn: &Conn,
+    next: &AtomicU64,
+    seed: &mut u64,
+    (worker, workers): (usize, usize),
+    size: usize,
+) -> Res<u64> {
+    let per_worker = (accounts() / workers as u64).max(1);
+    let jobs: Vec<crate::batch::Job> = (0..size)
+        .map(|_| {
+            *seed = mix(*seed);
+            crate::batch::Job {
+                id: job_id(SALT, next.fetch_add(1, Ordering::Relaxed)),
+                account: ((*seed % per_worker) * workers as u64 + worker as u64 + 1) as i64,
+            }
+        })
+        .collect();
+    let applied = conn
+        .batch(crate::batch::BatchVariant::Macro, &jobs)
+        .await?;
+    if applied != size as u64 {
+        return Err(format!("{applied} of a batch of {size} fresh jobs were applied").into());
+    }
+    Ok(applied)
+}
 
 /// The server's processes' command, to read their CPU time from /proc.
 fn server_comm(conn: &Conn) -> Option<&'static str> {
@@ -236,6 +295,16 @@ async fn run(
                 }
                 seed = mix(seed);
                 let t0 = Instant::now();
+                if let V::Batch(size) = v {
+                    let applied = batch_job(&conn, &next, &mut seed, (w, workers), size).await?;
+                    let t1 = Instant::now();
+                    lat.push((t1 - t0).as_nanos() as u64);
+                    effects += applied;
+                    if t1 <= deadline {
+                        in_window += applied;
+                    }
+                    continue;
+                }
                 let top_up = TopUp {
                     id: job_id(SALT, next.fetch_add(1, Ordering::Relaxed)),
                     account: (seed % accounts + 1) as i64,
@@ -266,12 +335,18 @@ async fn run(
     let server_ns = server
         .map(|(comm, before)| server_used(&before, &server_cpu(comm, None)).as_nanos() as u64);
     let secs = dur.as_secs_f64();
-    let server_per_job = server_ns.map(|ns| ns as f64 / 1e3 / lat_ns.len().max(1) as f64);
+    // A batch's latency is the batch's; its CPU is shared by its jobs.
+    let per = match v {
+        V::Batch(size) => size as u64,
+        _ => 1,
+    };
+    let server_per_job =
+        server_ns.map(|ns| ns as f64 / 1e3 / (lat_ns.len().max(1) as u64 * per) as f64);
     let run = Run {
         jobs,
         secs,
         lat_ns,
-        cpu_ns: Some(cpu_ns),
+        cpu_ns: Some(cpu_ns / per),
     };
     Ok((run, waits, effects, server_per_job))
 }
@@ -296,6 +371,17 @@ pub(crate) async fn bench(
     run_for: Duration,
     each_only: bool,
 ) -> Res<String> {
+    bench_with(only, rounds, run_for, each_only, &Rows::group()).await
+}
+
+/// [`bench`] with other single-job rows.
+pub(crate) async fn bench_with(
+    only: Option<Kind>,
+    rounds: usize,
+    run_for: Duration,
+    each_only: bool,
+    rows: &Rows,
+) -> Res<String> {
     let mut out = String::new();
     let dir = std::env::temp_dir().join(format!("idem-bench-group-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -309,7 +395,7 @@ pub(crate) async fn bench(
             Kind::Postgres => {
                 let admin = PgPoolOptions::new().connect(&config().pg_url).await?;
                 setup_pg(&admin).await?;
-                let done = bench_kind(kind, &sqlite, rounds, run_for, each_only).await;
+                let done = bench_kind(kind, &sqlite, rounds, run_for, each_only, rows).await;
                 let sum = credits!(
                     &admin,
                     "SELECT COALESCE(SUM(credits), 0)::bigint FROM {accounts}"
@@ -324,7 +410,7 @@ pub(crate) async fn bench(
                     .connect_with(sqlite_options(&sqlite))
                     .await?;
                 setup_lite(&admin).await?;
-                let done = bench_kind(kind, &sqlite, rounds, run_for, each_only).await;
+                let done = bench_kind(kind, &sqlite, rounds, run_for, each_only, rows).await;
                 let sum = credits!(&admin, "SELECT COALESCE(SUM(credits), 0) FROM {accounts}");
                 admin.close().await;
                 check(done, sum?)?
@@ -332,7 +418,7 @@ pub(crate) async fn bench(
             Kind::MySql => {
                 let admin = MySqlPoolOptions::new().connect(&config().my_url).await?;
                 setup_my(&admin).await?;
-                let done = bench_kind(kind, &sqlite, rounds, run_for, each_only).await;
+                let done = bench_kind(kind, &sqlite, rounds, run_for, each_only, rows).await;
                 let sum = credits!(
                     &admin,
                     "SELECT CAST(COALESCE(SUM(credits), 0) AS SIGNED) FROM {accounts}"
@@ -371,6 +457,7 @@ async fn bench_kind(
     rounds: usize,
     dur: Duration,
     each_only: bool,
+    single: &Rows,
 ) -> Res<(String, u64)> {
     let mut report = String::new();
     writeln!(
@@ -381,13 +468,16 @@ async fn bench_kind(
     )?;
     let mut effects = 0;
     if !each_only {
-        let (rows, applied) = group_rows(kind, sqlite, rounds, dur).await?;
+        let (rows, applied) = group_rows(kind, sqlite, rounds, dur, single).await?;
         report.push_str(&rows);
         effects += applied;
     }
-    let (rows, applied) = each::rows(kind, sqlite, rounds, dur).await?;
-    report.push_str(&rows);
-    Ok((report, effects + applied))
+    if single.each {
+        let (rows, applied) = each::rows(kind, sqlite, rounds, dur).await?;
+        report.push_str(&rows);
+        effects += applied;
+    }
+    Ok((report, effects))
 }
 
 /// The single-job rows: group commit against the macro and the hand-written code.
@@ -396,6 +486,7 @@ async fn group_rows(
     sqlite: &std::path::Path,
     rounds: usize,
     dur: Duration,
+    single: &Rows,
 ) -> Res<(String, u64)> {
     let next = Arc::new(AtomicU64::new(0));
     let mut effects = 0;
@@ -406,7 +497,7 @@ async fn group_rows(
         let conn = Arc::new(
             connect(
                 kind,
-                workers + 2 * lane_counts().into_iter().max().unwrap_or(1),
+                workers + 2 * single.lanes.iter().copied().max().unwrap_or(1),
                 sqlite,
             )
             .await?,
@@ -414,10 +505,11 @@ async fn group_rows(
         // The PostgreSQL here runs without autovacuum: vacuum between worker counts, as the
         // main rows do, never during a timed run.
         conn.maintain().await?;
-        let group = Arc::new(grouped(&conn)?);
+        let group = Arc::new(grouped(&conn, &single.lanes)?);
         let variants = [V::Hand, V::Macro].into_iter();
         let mut aggs: Vec<(V, Agg, Vec<u64>, Vec<f64>)> = variants
-            .chain(lane_counts().into_iter().map(V::Group))
+            .chain(single.lanes.iter().copied().map(V::Group))
+            .chain(single.batch.map(V::Batch))
             .map(|v| (v, Agg::default(), Vec::new(), Vec::new()))
             .collect();
         for (v, ..) in &aggs {
@@ -467,7 +559,10 @@ async fn group_rows(
                 median(&agg.cpu_per_job_us),
             )?;
         }
-        for lanes in lane_counts() {
+        let mut medians = MEDIANS.lock().expect("not poisoned");
+        medians.extend(aggs.iter().map(|(v, agg, ..)| (workers, v.name(), median(&agg.rates))));
+        drop(medians);
+        for &lanes in &single.lanes {
             let group = rate(V::Group(lanes));
             singles.push((
                 workers,
@@ -501,9 +596,9 @@ async fn group_rows(
     Ok((report, effects))
 }
 
-fn grouped(conn: &Conn) -> Res<Groups> {
+fn grouped(conn: &Conn, lanes: &[usize]) -> Res<Groups> {
     let mut groups = Vec::new();
-    for lanes in lane_counts() {
+    for &lanes in lanes {
         let options = GroupOptions::new().lanes(lanes);
         let group = match conn {
             Conn::Pg(s) => Grouped::Pg(s.group(options)?),

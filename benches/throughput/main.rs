@@ -10,6 +10,8 @@
 //! cargo bench --bench throughput -- --group      # group commit, and a poisoned batch
 //! cargo bench --bench throughput -- --group --each  # the poisoned batch alone
 //! cargo bench --bench throughput -- --group --floor # pgbench on each group design's statements
+//! cargo bench --bench throughput -- --group --standby  # the same with a synchronous standby
+//!                                                     # 0 to 2 ms away (a server of its own)
 //! cargo bench --bench throughput -- --steps      # lease steps: 3 steps vs 3 lease jobs
 //! cargo bench --bench throughput -- --scale      # 1, 2, 4, 8 worker processes on one server
 //! cargo bench --bench throughput -- --scale --galera  # the same on a 3-node Galera cluster
@@ -63,6 +65,7 @@ mod report;
 mod runner;
 mod scale;
 mod setup;
+mod standby;
 mod steps;
 mod variants;
 mod wire;
@@ -153,8 +156,8 @@ fn parse_args() -> Res<Args> {
             "--run-ms" => parsed.run_ms = Some(args.next().ok_or("--run-ms needs N")?.parse()?),
             // `cargo bench` passes `--bench` to every harness-less bench.
             "--bench" => {}
-            "--instructions" | "--group" | "--each" | "--floor" | "--scale" | "--galera"
-            | "--partitions" => {}
+            "--instructions" | "--group" | "--each" | "--floor" | "--standby" | "--scale"
+            | "--galera" | "--partitions" => {}
             other => eprintln!("ignoring argument {other:?}"),
         }
     }
@@ -224,6 +227,14 @@ fn main() -> Res<()> {
                 let rounds = args.rounds.unwrap_or(if quick { 3 } else { 8 });
                 let run =
                     Duration::from_millis(args.run_ms.unwrap_or(if quick { 200 } else { 1000 }));
+                if argv.iter().any(|a| a == "--standby") {
+                    let plot = args
+                        .plot
+                        .clone()
+                        .unwrap_or_else(|| std::env::temp_dir().join("idem-group-standby.png"));
+                    print!("{}", standby::run(rounds, run, &plot).await?);
+                    return Ok(());
+                }
                 if argv.iter().any(|a| a == "--floor") {
                     print!("{}", group_floor::run(rounds, run).await?);
                     return Ok(());
