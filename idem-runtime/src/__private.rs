@@ -39,7 +39,7 @@ pub use core::time::Duration;
 mod claim;
 mod group;
 pub use crate::each::{EachGuard, JobGuard};
-pub use crate::group::{Group, GroupHeld};
+pub use crate::group::{Group, GroupHeld, GroupTarget};
 pub use crate::outcome::Each;
 pub use claim::claim;
 pub use group::{claim_group, finish_group};

@@ -275,7 +275,7 @@ fn expand(
     let store_arg: FnArg = match &handler.kind {
         // Group commit: the calls share the group's transactions.
         Kind::Transaction { .. } if mode == Mode::Group => {
-            syn::parse_quote!(#store: &#private::Group<#db>)
+            syn::parse_quote!(#store: &dyn #private::GroupTarget<#db>)
         }
         // `&Store<DB>`, or `store.join(tx)` to run inside the caller's transaction.
         Kind::Transaction { .. } => syn::parse_quote!(#store: impl #private::Target<#db>),

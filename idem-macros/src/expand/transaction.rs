@@ -73,9 +73,13 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         None => quote!(return ::core::result::Result::Ok(#private::Outcome::Duplicate)),
     };
     // Group commit claims and ends through the group's adapters.
-    let (claim, finish) = match *mode {
-        Mode::Group => (quote!(claim_group), quote!(finish_group)),
-        _ => (quote!(claim), quote!(finish)),
+    let (claim, finish, target) = match *mode {
+        Mode::Group => (
+            quote!(claim_group),
+            quote!(finish_group),
+            quote!(#private::GroupTarget::as_group(#store)),
+        ),
+        _ => (quote!(claim), quote!(finish), quote!(#store)),
     };
     let codec = codec_arg(codec_var.as_ref());
     let finish = quote!(#private::#finish(#codec, #held, #result));
@@ -86,7 +90,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
     quote! {
         #spec
         let #outcome_var = async move {
-            let mut #held = match #private::#claim(#store, &__IDEM_SPEC, #key_var, #print, #link).await {
+            let mut #held = match #private::#claim(#target, &__IDEM_SPEC, #key_var, #print, #link).await {
                 ::core::result::Result::Ok(#private::Claimed::Fresh(#held)) => #held,
                 ::core::result::Result::Ok(#private::Claimed::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);

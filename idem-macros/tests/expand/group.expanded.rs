@@ -1,6 +1,6 @@
 // if_postgres: the handler when the database's feature is on
 pub async fn top_up_grouped(
-    store: &::idem::__private::Group<Postgres>,
+    store: &dyn ::idem::__private::GroupTarget<Postgres>,
     job: &TopUp,
 ) -> Result<::idem::__private::Outcome<()>, AppError> {
     let __idem_key = ::idem::__private::key(&(job.id));
@@ -11,7 +11,7 @@ pub async fn top_up_grouped(
     );
     let __idem_outcome = async move {
         let mut __idem_held = match ::idem::__private::claim_group(
-                store,
+                ::idem::__private::GroupTarget::as_group(store),
                 &__IDEM_SPEC,
                 __idem_key,
                 ::core::option::Option::None,

@@ -181,8 +181,8 @@ impl GroupOptions {
 /// a savepoint of its own, and one commit.
 ///
 /// Made by [`Store::group`]; cheap to clone (clones share the groups). A handler with the
-/// attribute's `group` flag takes `&Group<DB>` in place of `&Store<DB>`; by hand, claim with
-/// [`claim`](Group::claim) and end with [`GroupGuard::finish`]. Records of a Kafka partition
+/// attribute's `group` flag takes `&group` ([`GroupTarget`]) in place of `&store`; by hand,
+/// claim with [`claim`](Group::claim) and end with [`GroupGuard::finish`]. Records of a Kafka partition
 /// are claimed by their offsets with [`claim_offsets`](Group::claim_offsets).
 ///
 /// What each call gets is what a call of its own would:
@@ -280,6 +280,52 @@ impl<DB: Backend> Store<DB> {
             lanes: lanes.into(),
             hasher: RandomState::new(),
         })
+    }
+}
+
+/// What a `group` handler takes in place of the transaction: `&group`, where `group` is a
+/// [`Group`] made once by [`Store::group`] (or a `&Group`, or an `Arc<Group>`), shared by the
+/// calls whose commits it gathers.
+///
+/// The handler's parameter is `&dyn GroupTarget<DB>` rather than a generic one, so that a
+/// wrong argument (the `Store` itself, typically) is one error at that argument, saying what
+/// to pass: a generic parameter is checked again at the call and at its `.await`.
+#[diagnostic::on_unimplemented(
+    message = "a `group` handler takes `&idem::Group<DB>`, not `&{Self}`",
+    label = "make the group once with `store.group(idem::GroupOptions::new())?` and pass `&group`",
+    note = "the calls of one group share its transactions: a group is made once and shared, \
+            not made per call"
+)]
+pub trait GroupTarget<DB: Backend>: sealed::Sealed + Sync {
+    /// The group the call joins.
+    fn as_group(&self) -> &Group<DB>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+impl<DB: Backend> sealed::Sealed for Group<DB> {}
+impl<DB: Backend> sealed::Sealed for &Group<DB> {}
+impl<DB: Backend> sealed::Sealed for Arc<Group<DB>> {}
+
+impl<DB: Backend> GroupTarget<DB> for Group<DB> {
+    fn as_group(&self) -> &Group<DB> {
+        self
+    }
+}
+
+// `&group` where `group` is already a `&Group`, or an `Arc<Group>`: a `&Group<DB>` parameter
+// took them by deref coercion, which a coercion to a trait object does not do.
+impl<DB: Backend> GroupTarget<DB> for &Group<DB> {
+    fn as_group(&self) -> &Group<DB> {
+        self
+    }
+}
+
+impl<DB: Backend> GroupTarget<DB> for Arc<Group<DB>> {
+    fn as_group(&self) -> &Group<DB> {
+        self
     }
 }
 
