@@ -74,7 +74,7 @@ pub use claim::nested::Body;
 pub use console::{AuditEntry, FailedFilter, FailureGroup, GROUP_ID_LEN, MAX_GROUPS, REQUEUE_PAGE};
 pub use doctor::{Checkup, Diagnosis, Finding, Severity};
 pub use each::{EachGuard, JobGuard};
-pub use error::{Error, KafkaError, LeaseError, NotKept, Refusal};
+pub use error::{Error, JobError, KafkaError, LeaseError, NotKept, Refusal};
 pub use group::{
     Group, GroupGuard, GroupOptions, GroupTarget, MAX_GROUP, MAX_GROUP_BODY, MAX_GROUP_DELAY, MAX_LANES,
 };

@@ -1,6 +1,7 @@
 use crate::key::KeyError;
 
 mod database;
+mod job;
 mod kafka;
 mod lease;
 mod not_kept;
@@ -9,6 +10,7 @@ mod refusal;
 mod tests;
 
 use database::{DatabaseMessage, is_read_only, transient};
+pub use job::JobError;
 pub use kafka::KafkaError;
 pub use lease::LeaseError;
 pub use not_kept::NotKept;

@@ -23,7 +23,7 @@
 use std::fmt::Display;
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::error::{Error, JobError};
 use crate::outcome::Outcome;
 
 #[cfg(feature = "lambda")]
@@ -85,8 +85,10 @@ impl Disposition {
 /// and whether it is permanent.
 ///
 /// Implemented for [`Error`], for `sqlx::Error` (which carries an idem error converted into
-/// it) and for boxed errors. For your own error type, return the idem error it wraps (if it
-/// has one), and say which of your errors fail the same way on every delivery:
+/// it), for boxed errors and for [`JobError`], the ready handler error type (which needs no
+/// impl of yours: mark an error permanent with [`JobError::permanent`]). For your own error
+/// type, return the idem error it wraps (if it has one), and say which of your errors fail the
+/// same way on every delivery:
 ///
 /// ```
 /// # use idem_runtime as idem;
@@ -150,6 +152,24 @@ impl Classify for sqlx::Error {
         match self.idem_error() {
             Some(idem) => idem.is_permanent(),
             None => !crate::error::is_transient_database(self),
+        }
+    }
+}
+
+/// As the error it holds (see [`JobError`]), or permanent where
+/// [`JobError::permanent`] marked it.
+impl Classify for JobError {
+    fn idem_error(&self) -> Option<&Error> {
+        self.as_idem()
+    }
+
+    fn is_permanent(&self) -> bool {
+        if self.is_marked_permanent() {
+            return true;
+        }
+        match self.downcast_ref::<sqlx::Error>() {
+            Some(body) => body.is_permanent(),
+            None => self.idem_error().is_some_and(Error::is_permanent),
         }
     }
 }
