@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Pool;
+use sqlx::pool::PoolOptions;
 
 use crate::backend::{Backend, Sql, Status, Table};
 use crate::error::{Error, LeaseError};
@@ -121,21 +122,21 @@ pub(crate) const MAX_RETENTION: Duration = Duration::from_secs(100 * 366 * 24 * 
 /// A job costs a handful of round trips, and with sqlx's default pool two of them are the
 /// pool's own: a ping before each acquire (`test_before_acquire`, on by default) and a ping as
 /// the connection goes back (always; it also flushes the `ROLLBACK` of a dropped transaction,
-/// which is how a duplicate ends without waiting for it). For a worker, set:
+/// which is how a duplicate ends without waiting for it). For a worker,
+/// [`Store::pool_options`] sets the pool up without them (and
+/// [`GroupOptions::pool_options`](crate::GroupOptions::pool_options) for group commit):
 ///
 /// ```no_run
-/// # async fn f(workers: u32) -> Result<(), sqlx::Error> {
+/// # async fn f(in_flight: u32) -> Result<(), sqlx::Error> {
 /// # #[cfg(feature = "postgres")] {
-/// let pool = sqlx::postgres::PgPoolOptions::new()
-///     // A dead connection then fails the claim (an error: the job is redelivered, nothing
-///     // was written) instead of being replaced before it; idem never mistakes it for a
-///     // duplicate.
-///     .test_before_acquire(false)
-///     // One spare connection: the release ping of the job that just ended overlaps the next
-///     // job instead of delaying it.
-///     .max_connections(workers + 1)
+/// use idem::Store;
+/// use sqlx::Postgres;
+/// # use idem_runtime as idem;
+///
+/// let pool = Store::<Postgres>::pool_options(in_flight)
 ///     .connect("postgres://localhost/app")
 ///     .await?;
+/// let store = Store::new(pool);
 /// # }
 /// # Ok(()) }
 /// ```
@@ -168,6 +169,29 @@ impl<DB: Backend> fmt::Debug for Store<DB> {
 }
 
 impl<DB: Backend> Store<DB> {
+    /// The pool options of a worker that runs `in_flight` jobs at once, each on a transaction
+    /// of its own: no ping before each acquire, and one connection more than the jobs. Chain
+    /// more of sqlx's settings (timeouts, `min_connections`) before `connect`; see
+    /// [Pool settings](Store#pool-settings) for what they save.
+    ///
+    /// - `test_before_acquire(false)`: a dead connection then fails the claim (an error: the
+    ///   job is redelivered, nothing was written) instead of being replaced before it; idem
+    ///   never mistakes it for a duplicate.
+    /// - `max_connections(in_flight + 1)`: the spare connection lets the release ping of the
+    ///   job that just ended overlap the next job instead of delaying it.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")] {
+    /// # use idem_runtime as idem;
+    /// let options = idem::Store::<sqlx::Sqlite>::pool_options(16);
+    /// assert_eq!(options.get_max_connections(), 17);
+    /// assert!(!options.get_test_before_acquire());
+    /// # }
+    /// ```
+    pub fn pool_options(in_flight: u32) -> PoolOptions<DB> {
+        worker_pool(spared(in_flight))
+    }
+
     /// A store keeping its markers in [`DEFAULT_TABLE`] (`idem_processed`).
     pub fn new(pool: Pool<DB>) -> Self {
         let table = Table::new(DEFAULT_TABLE).expect("the default table is a plain identifier");
@@ -434,6 +458,19 @@ impl Store<sqlx::Postgres> {
     }
 }
 
+/// The connections `in_flight` jobs on transactions of their own want: one each and a spare
+/// (at least one job: a pool of no connection never runs one).
+pub(crate) fn spared(in_flight: u32) -> u32 {
+    in_flight.max(1).saturating_add(1)
+}
+
+/// A worker's pool of at most `connections`, without sqlx's ping before each acquire.
+pub(crate) fn worker_pool<DB: Backend>(connections: u32) -> PoolOptions<DB> {
+    PoolOptions::new()
+        .test_before_acquire(false)
+        .max_connections(connections)
+}
+
 // On SQLite, whose in-memory database needs no server.
 #[cfg(all(test, feature = "sqlite"))]
 mod tests {
@@ -475,3 +512,4 @@ mod tests {
         assert!(err.source().is_none());
     }
 }
+

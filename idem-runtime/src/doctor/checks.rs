@@ -415,8 +415,8 @@ fn pool_check(pool: u32, concurrency: Option<u32>, server_max: Option<i64>) -> F
             ),
         )
         .fix(format!(
-            "give the pool {} connections, one more than the jobs it runs at once (the \
-             `Store` docs, \"Pool settings\")",
+            "give the pool {} connections, one more than the jobs it runs at once: build it \
+             from `Store::pool_options({jobs})` (the `Store` docs, \"Pool settings\")",
             jobs + 1
         ));
     }

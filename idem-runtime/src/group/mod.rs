@@ -15,13 +15,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use sqlx::pool::PoolOptions;
+
 use crate::backend::Backend;
 use crate::claim::{Claimed, Request, held_calls};
 use crate::error::{Error, Refusal};
 use crate::key::Key;
 use crate::options::ClaimOptions;
 use crate::scope::check_scope;
-use crate::store::Store;
+use crate::store::{Store, spared, worker_pool};
 
 use lane::{Lane, Shared};
 pub use member::GroupHeld;
@@ -150,6 +152,29 @@ impl GroupOptions {
         self.lanes
     }
 
+    /// The pool options of a worker whose jobs go through a group with these options: twice
+    /// the lanes (each lane holds a connection while its group is open and another while the
+    /// last group commits), no ping before each acquire (as [`Store::pool_options`]), and,
+    /// for `in_flight` jobs the worker also runs outside the group on transactions of their
+    /// own, what [`Store::pool_options`] gives them (0 if every job goes through the group).
+    ///
+    /// ```
+    /// # #[cfg(feature = "postgres")] {
+    /// # use idem_runtime as idem;
+    /// let group = idem::GroupOptions::new().lanes(2);
+    /// let options = group.pool_options::<sqlx::Postgres>(0);
+    /// assert_eq!(options.get_max_connections(), 4);
+    /// // 8 more jobs on transactions of their own, and their spare connection.
+    /// assert_eq!(group.pool_options::<sqlx::Postgres>(8).get_max_connections(), 13);
+    /// # }
+    /// ```
+    pub fn pool_options<DB: Backend>(&self, in_flight: u32) -> PoolOptions<DB> {
+        // Lanes out of bounds are `Store::group`'s to refuse; the pool only saturates.
+        let lanes = u32::try_from(self.lanes).unwrap_or(u32::MAX);
+        let outside = if in_flight == 0 { 0 } else { spared(in_flight) };
+        worker_pool(lanes.saturating_mul(2).saturating_add(outside))
+    }
+
     fn check(&self) -> Result<(), Error> {
         let problem = if self.max_size == 0 || self.max_size > MAX_GROUP {
             format!(
@@ -246,9 +271,10 @@ impl<DB: Backend> Store<DB> {
     /// bounds are refused with [`Refusal::Group`].
     ///
     /// Each lane holds one connection of the pool while its group is open (and another while
-    /// the last group commits): size the pool for the lanes, twice over, besides the rest. A
-    /// pool with fewer connections than lanes is refused (the lanes could never run side by
-    /// side); one with fewer than twice the lanes is logged as a warning.
+    /// the last group commits): size the pool for the lanes, twice over, besides the rest
+    /// ([`GroupOptions::pool_options`] does). A pool with fewer connections than lanes is
+    /// refused (the lanes could never run side by side); one with fewer than twice the lanes
+    /// is logged as a warning.
     pub fn group(&self, options: GroupOptions) -> Result<Group<DB>, Error> {
         options.check()?;
         let connections = self.pool().options().get_max_connections() as usize;
