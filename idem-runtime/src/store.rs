@@ -512,4 +512,3 @@ mod tests {
         assert!(err.source().is_none());
     }
 }
-

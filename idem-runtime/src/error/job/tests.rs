@@ -55,7 +55,8 @@ fn decide<E: Classify + std::fmt::Display>(error: E, delivery: u32) -> Dispositi
 #[test]
 fn an_idem_error_keeps_its_kind_and_its_text() {
     for (idem, again) in idem_errors().into_iter().zip(idem_errors()) {
-        let (text, transient, permanent) = (idem.to_string(), idem.is_transient(), idem.is_permanent());
+        let (text, transient, permanent) =
+            (idem.to_string(), idem.is_transient(), idem.is_permanent());
         let job = JobError::from(again);
         let kept = job.as_idem().expect("an idem error stays one");
         assert_eq!(kept.to_string(), text);
@@ -161,15 +162,27 @@ fn a_body_error_is_its_own_and_retried_up_to_the_cap() {
 
 #[test]
 fn a_body_database_error_is_classified_as_sqlx_error_is() {
-    let errors: [fn() -> sqlx::Error; 2] = [|| sqlx::Error::RowNotFound, || sqlx::Error::PoolTimedOut];
+    let errors: [fn() -> sqlx::Error; 2] =
+        [|| sqlx::Error::RowNotFound, || sqlx::Error::PoolTimedOut];
     for error in errors {
         let text = error().to_string();
         let job = JobError::from(error());
-        assert!(job.as_idem().is_none(), "the body's own database error: {text}");
+        assert!(
+            job.as_idem().is_none(),
+            "the body's own database error: {text}"
+        );
         assert!(job.downcast_ref::<sqlx::Error>().is_some());
-        assert_eq!(job.is_permanent(), Classify::is_permanent(&error()), "{text}");
+        assert_eq!(
+            job.is_permanent(),
+            Classify::is_permanent(&error()),
+            "{text}"
+        );
         for delivery in [1, 4] {
-            assert_eq!(decide(JobError::from(error()), delivery), decide(error(), delivery), "{text}");
+            assert_eq!(
+                decide(JobError::from(error()), delivery),
+                decide(error(), delivery),
+                "{text}"
+            );
         }
     }
 }
