@@ -1,6 +1,5 @@
 //! A ready error type for handlers: idem's errors kept as themselves, the body's boxed.
 
-use std::any::Any;
 use std::error::Error as StdError;
 use std::fmt;
 
@@ -12,7 +11,9 @@ type Boxed = Box<dyn StdError + Send + Sync + 'static>;
 
 /// An error type for handlers, ready to use: `?` takes idem's errors and the body's own
 /// (`sqlx::Error`, `serde_json::Error`, any `std::error::Error + Send + Sync + 'static`), so a
-/// handler needs no error enum of its own.
+/// handler needs no error enum of its own. It is the `E` of `#[idempotent]` handlers in every
+/// mode (`Result<Outcome<T>, JobError>`, `Result<Each<T, JobError>, JobError>`, ...) and of
+/// hand-written calls (`finish(result)` takes it as any `E: From<idem::Error>`).
 ///
 /// ```
 /// # use idem_runtime as idem;
@@ -67,8 +68,10 @@ impl JobError {
 
     /// Marks `error` permanent: the job fails the same way on every delivery (a payload the
     /// body refuses, a row that can never exist), so [`Settle`](crate::Settle) dead-letters it
-    /// at once instead of retrying it up to the cap. Takes what `?` does:
-    /// `.map_err(JobError::permanent)?`.
+    /// at once instead of retrying it up to the cap. Takes what [`JobError::new`] does, so
+    /// that `.map_err(JobError::permanent)?` marks a body's error and
+    /// `JobError::permanent("3 credits is below the minimum")` says one;
+    /// [`into_permanent`](JobError::into_permanent) marks a `JobError`.
     ///
     /// An idem error keeps its own disposition where [`Settle::decide`](crate::Settle::decide)
     /// decides it before permanence ([`Error::InProgress`] is retried, [`Error::ValueNotStored`]
@@ -87,10 +90,15 @@ impl JobError {
     ///
     /// assert!(credits("nope").unwrap_err().is_permanent());
     /// ```
-    pub fn permanent(error: impl Into<JobError>) -> JobError {
+    pub fn permanent(error: impl Into<Boxed>) -> JobError {
+        JobError::new(error).into_permanent()
+    }
+
+    /// This error, marked [`permanent`](JobError::permanent).
+    pub fn into_permanent(self) -> JobError {
         JobError {
             permanent: true,
-            ..error.into()
+            ..self
         }
     }
 
@@ -142,10 +150,21 @@ impl JobError {
     }
 
     fn unboxed(boxed: Boxed) -> JobError {
-        let boxed = match boxed.downcast::<Error>() {
-            Ok(idem) => return JobError::idem(*idem),
-            Err(boxed) => boxed,
-        };
+        let families: [fn(Boxed) -> Result<Error, Boxed>; 6] = [
+            family::<Error>,
+            family::<KeyError>,
+            family::<Refusal>,
+            family::<LeaseError>,
+            family::<NotKept>,
+            family::<KafkaError>,
+        ];
+        let mut boxed = boxed;
+        for family in families {
+            match family(boxed) {
+                Ok(idem) => return JobError::idem(idem),
+                Err(other) => boxed = other,
+            }
+        }
         match boxed.downcast::<sqlx::Error>() {
             Ok(sqlx) => JobError::from_sqlx(*sqlx),
             Err(boxed) => JobError::body(boxed),
@@ -181,37 +200,21 @@ impl JobError {
     }
 }
 
-/// Takes the error out of `slot` (an `Option<E>`) if it is a `T`: an idem error is found
-/// without boxing it first, and only the body's errors pay for a box.
-fn take<T: 'static>(slot: &mut dyn Any) -> Option<T> {
-    slot.downcast_mut::<Option<T>>()?.take()
+/// The idem error `boxed` is, if it is an `F` (an idem error, or one of its families).
+fn family<F: StdError + Send + Sync + 'static>(boxed: Boxed) -> Result<Error, Boxed>
+where
+    Error: From<F>,
+{
+    boxed.downcast::<F>().map(|family| Error::from(*family))
 }
 
 impl<E: StdError + Send + Sync + 'static> From<E> for JobError {
     /// idem's errors (and its families, and a `sqlx::Error` that carries one) are kept as idem
-    /// errors; any other error is the body's, boxed.
+    /// errors; any other error is the body's.
     fn from(error: E) -> JobError {
-        let mut slot = Some(error);
-        let slot: &mut dyn Any = &mut slot;
-        if let Some(idem) = take::<Error>(slot) {
-            return JobError::idem(idem);
-        }
-        if let Some(sqlx) = take::<sqlx::Error>(slot) {
-            return JobError::from_sqlx(sqlx);
-        }
-        macro_rules! families {
-            ($($family:ty),*) => {$(
-                if let Some(e) = take::<$family>(slot) {
-                    return JobError::idem(Error::from(e));
-                }
-            )*};
-        }
-        families!(KeyError, Refusal, LeaseError, NotKept, KafkaError);
-        let error = slot
-            .downcast_mut::<Option<E>>()
-            .and_then(Option::take)
-            .expect("the slot holds the error until a branch takes it");
-        JobError::body(Box::new(error))
+        // Boxed first even when it turns out to be idem's: one allocation on a failure's path
+        // buys a single classification for `?`, `new` and `permanent`.
+        JobError::unboxed(Box::new(error))
     }
 }
 

@@ -189,7 +189,7 @@ fn a_body_database_error_is_classified_as_sqlx_error_is() {
 
 #[test]
 fn a_body_error_marked_permanent_is_dead_lettered_at_once_with_its_text() {
-    let declined = JobError::permanent(JobError::new("card declined"));
+    let declined = JobError::permanent("card declined");
     assert!(declined.is_permanent());
     assert_eq!(declined.to_string(), "card declined");
     assert_eq!(
@@ -198,6 +198,14 @@ fn a_body_error_marked_permanent_is_dead_lettered_at_once_with_its_text() {
             reason: "card declined".into()
         }
     );
+    let marked = JobError::new("card declined").into_permanent();
+    assert!(marked.is_permanent());
+    let lost = JobError::permanent(LeaseError::Lost {
+        scope: "charge".into(),
+        key: "order-9".into(),
+    });
+    assert!(matches!(lost.as_idem(), Some(Error::Lease(_))), "{lost:?}");
+    assert!(lost.is_permanent());
     let parse = || -> Result<i64, JobError> {
         Ok(serde_json::from_str::<i64>("[]").map_err(JobError::permanent)?)
     };
