@@ -35,7 +35,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use serde::{Deserialize, Serialize};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 use sqlx::{Sqlite, Transaction};
 use tokio::sync::Notify;
 
@@ -182,11 +182,8 @@ pub async fn run(
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .busy_timeout(Duration::from_secs(30));
-    // No ping before each job (a dead connection fails the claim: the delivery is retried), and one connection more than the prefetch, so that a connection going
-    // back to the pool never holds up the next delivery (see `Store`'s docs).
-    let pool = SqlitePoolOptions::new()
-        .test_before_acquire(false)
-        .max_connections(u32::from(PREFETCH) + 1)
+    // A worker's pool for the prefetch's deliveries in flight (see `Store`'s docs).
+    let pool = Store::<Sqlite>::pool_options(u32::from(PREFETCH))
         .connect_with(options)
         .await?;
     let store = Store::new(pool.clone());

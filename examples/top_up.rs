@@ -13,18 +13,14 @@ use idem::{Outcome, Store};
 // too (`examples/src/top_up.rs`).
 pub use idem_examples::top_up::database_url;
 use idem_examples::top_up::{TopUp, apply_top_up};
-use sqlx::postgres::PgPoolOptions;
+use sqlx::Postgres;
 
 /// Opens a fresh account, delivers one top-up of 50 credits three times and returns the
 /// balance after each delivery.
 pub async fn run(url: &str, out: &mut impl Write) -> Result<Vec<i64>, Box<dyn std::error::Error>> {
-    // The pool settings a worker wants (see `Store`'s docs): no ping before each job (a dead
-    // connection fails the claim and the job is redelivered), and a spare connection so that
-    // the ping sqlx sends as a connection goes back overlaps the next job. This example runs
-    // one job at a time.
-    let pool = PgPoolOptions::new()
-        .test_before_acquire(false)
-        .max_connections(1 + 1)
+    // The pool a worker wants (see `Store`'s docs): no ping before each job, and a spare
+    // connection. This example runs one job at a time.
+    let pool = Store::<Postgres>::pool_options(1)
         .connect(url)
         .await
         .map_err(|e| {

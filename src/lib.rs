@@ -6,24 +6,13 @@
 //! and the effect, or keeps both.
 //!
 //! ```no_run
-//! use idem::{Outcome, Store};
+//! use idem::{JobError, Outcome, Store};
 //! use sqlx::{Sqlite, Transaction};
 //!
 //! struct TopUp { id: String, account: i64, credits: i64 }
 //!
-//! /// The handler's own error type: idem asks only for `From<idem::Error>` (why not
-//! /// `sqlx::Error`: the attribute's docs, "Your error type").
-//! #[derive(Debug)]
-//! enum JobError { Db(sqlx::Error), Idem(idem::Error) }
-//!
-//! impl From<sqlx::Error> for JobError {
-//!     fn from(e: sqlx::Error) -> Self { JobError::Db(e) }
-//! }
-//!
-//! impl From<idem::Error> for JobError {
-//!     fn from(e: idem::Error) -> Self { JobError::Idem(e) }
-//! }
-//!
+//! // `JobError` takes idem's errors and the body's own through `?`; any error type with
+//! // `From<idem::Error>` would do (the attribute's docs, "Your error type").
 //! #[idem::idempotent(key = "job.id", scope = "billing.top_up")]
 //! async fn top_up(tx: &mut Transaction<'_, Sqlite>, job: &TopUp) -> Result<(), JobError> {
 //!     sqlx::query("UPDATE accounts SET credits = credits + ?1 WHERE id = ?2")

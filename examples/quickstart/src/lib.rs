@@ -1,6 +1,7 @@
 //! The quickstart's job and handler (`cargo run --example quickstart` tells its story, in
 //! `quickstart.rs` next to this folder).
 
+use idem::JobError;
 use sqlx::{Sqlite, Transaction};
 
 /// A job as a broker would hand it over: its id is stable across redeliveries.
@@ -10,39 +11,10 @@ pub struct TopUp {
     pub credits: i64,
 }
 
-/// The handler's own error type: idem only asks that it can hold an `idem::Error`.
-#[derive(Debug)]
-pub enum JobError {
-    Database(sqlx::Error),
-    Idem(idem::Error),
-    WorkerDied,
-}
-
-impl From<sqlx::Error> for JobError {
-    fn from(e: sqlx::Error) -> Self {
-        JobError::Database(e)
-    }
-}
-
-impl From<idem::Error> for JobError {
-    fn from(e: idem::Error) -> Self {
-        JobError::Idem(e)
-    }
-}
-
-impl std::fmt::Display for JobError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            JobError::Database(e) => write!(f, "{e}"),
-            JobError::Idem(e) => write!(f, "{e}"),
-            JobError::WorkerDied => f.write_str("the worker died before committing"),
-        }
-    }
-}
-
 /// Adds credits. The marker and the `UPDATE` commit in one transaction.
 ///
 /// `crash_after_effect` stands in for a worker that dies between the work and the commit.
+/// `JobError`, idem's ready error type, takes the body's `sqlx::Error` and idem's own.
 #[idem::idempotent(key = "job.id", scope = "billing.top_up")]
 pub async fn apply_top_up(
     tx: &mut Transaction<'_, Sqlite>,
@@ -55,7 +27,7 @@ pub async fn apply_top_up(
         .execute(&mut **tx)
         .await?;
     if crash_after_effect {
-        return Err(JobError::WorkerDied);
+        return Err(JobError::new("the worker died before committing"));
     }
     Ok(())
 }
