@@ -265,7 +265,7 @@ impl<T, E> IntoIterator for Each<T, E> {
 #[diagnostic::on_unimplemented(
     message = "the error type of an idempotent handler must implement `From<idem::Error>`: `{Self}` does not",
     label = "idem returns its own errors (in progress, rolled back, lease lost) through this `Result`'s `E`",
-    note = "use `sqlx::Error`, `anyhow::Error` or `Box<dyn std::error::Error + Send + Sync>`, or an error enum of your own with a variant for idem's errors: `#[error(transparent)] Idem(#[from] idem::Error)` (thiserror)"
+    note = "use `idem::JobError` (it takes idem's errors and the body's own through `?`), `sqlx::Error`, `anyhow::Error` or `Box<dyn std::error::Error + Send + Sync>`, or an error enum of your own with a variant for idem's errors: `#[error(transparent)] Idem(#[from] idem::Error)` (thiserror)"
 )]
 pub trait HandlerError: From<crate::error::Error> {}
 
