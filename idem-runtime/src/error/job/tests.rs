@@ -207,7 +207,7 @@ fn a_body_error_marked_permanent_is_dead_lettered_at_once_with_its_text() {
     assert!(matches!(lost.as_idem(), Some(Error::Lease(_))), "{lost:?}");
     assert!(lost.is_permanent());
     let parse = || -> Result<i64, JobError> {
-        Ok(serde_json::from_str::<i64>("[]").map_err(JobError::permanent)?)
+        serde_json::from_str::<i64>("[]").map_err(JobError::permanent)
     };
     assert!(parse().unwrap_err().is_permanent());
     assert!(format!("{:?}", parse().unwrap_err()).contains("permanent: true"));
