@@ -196,6 +196,7 @@ macro_rules! every_backend_tests {
         $crate::conformance::tests!($support;
             first_delivery_applies_second_is_duplicate,
             job_error_handlers_keep_idem_kinds_and_settle_as_them,
+            runner_settles_job_errors_as_the_errors_they_hold,
             offset_claims_apply_each_record_once_and_the_watermark_only_rises,
             failed_offset_claim_keeps_nothing_and_redelivery_applies,
             revoked_consumer_never_moves_the_watermark_back,

@@ -2,7 +2,12 @@
 //! through `?` and keep nothing, idem's keep their kind, and the consumer loop's decision
 //! (`Settle::decide`) is the one the error it holds gets.
 
-use idem::{Classify, Disposition, Error, GroupOptions, JobError, Lease, Outcome, Settle};
+use std::sync::{Arc, Mutex};
+
+use idem::settle::{Delivery, Runner, Source};
+use idem::{
+    Claimed, Classify, Disposition, Error, GroupOptions, JobError, Key, Lease, Outcome, Settle,
+};
 use sqlx::{Pool, Transaction};
 
 use crate::conformance::Support;
@@ -169,6 +174,37 @@ pub(crate) async fn job_error_handlers_keep_idem_kinds_and_settle_as_them<S: Sup
     assert_eq!(fixed.ok(), Some(Outcome::Applied(20)));
     assert_eq!(ctx.effects(2).await, 1);
 
+    // By hand: `?` takes the claim's `idem::Error`, `finish` the body's `JobError`.
+    let by_hand = ctx.job("job-13", 13, 130);
+    let key = Key::new(&by_hand.key)
+        .map_err(JobError::from)
+        .expect("a key");
+    for then in [Then::MissingTable, Then::Commit, Then::Commit] {
+        let done: Result<Outcome<i64>, JobError> = async {
+            match ctx.store.claim("job_error.by_hand", &key).await? {
+                Claimed::Fresh(mut guard) => {
+                    let result = async {
+                        insert_effect(guard.tx(), &by_hand, "hand").await?;
+                        finish::<S::Db>(&mut **guard.tx(), &by_hand, then).await
+                    }
+                    .await;
+                    guard.finish(result).await
+                }
+                Claimed::Duplicate => Ok(Outcome::Duplicate),
+                other => panic!("a transaction-mode claim: {other:?}"),
+            }
+        }
+        .await;
+        match then {
+            Then::MissingTable => missing_table(done),
+            _ => assert!(
+                matches!(done, Ok(Outcome::Applied(130) | Outcome::Duplicate)),
+                "{done:?}"
+            ),
+        }
+    }
+    assert_eq!(ctx.effects_from(13, "hand").await, 1);
+
     // Batch mode: the fresh jobs only.
     let batch = [ctx.job("job-4", 4, 40), ctx.job("job-5", 5, 50)];
     let done = in_batch(&ctx.store, &batch[..1])
@@ -268,5 +304,142 @@ pub(crate) async fn job_error_handlers_keep_idem_kinds_and_settle_as_them<S: Sup
         (1, 2)
     );
 
+    ctx.cleanup().await;
+}
+
+/// A broker in memory: its deliveries in order, and how each was settled.
+struct Queue {
+    pending: std::collections::VecDeque<Message>,
+    settled: Arc<Mutex<Vec<Disposition>>>,
+}
+
+struct Message {
+    payload: Vec<u8>,
+    count: u32,
+    settled: Arc<Mutex<Vec<Disposition>>>,
+}
+
+impl Source for Queue {
+    type Delivery = Message;
+    type Error = std::io::Error;
+
+    async fn next(&mut self) -> Option<Result<Message, std::io::Error>> {
+        self.pending.pop_front().map(Ok)
+    }
+
+    async fn stop(&mut self) -> Result<(), std::io::Error> {
+        Ok(())
+    }
+
+    async fn close(self) -> Result<(), std::io::Error> {
+        Ok(())
+    }
+}
+
+impl Delivery for Message {
+    type Error = std::io::Error;
+
+    fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    fn count(&self) -> u32 {
+        self.count
+    }
+
+    async fn settle(self, disposition: &Disposition) -> Result<(), std::io::Error> {
+        let mut settled = self.settled.lock().expect("the settlements");
+        settled.push(disposition.clone());
+        Ok(())
+    }
+}
+
+/// A delivery's payload: the job, and what its body does.
+#[derive(Debug, serde::Deserialize)]
+struct Payload {
+    key: String,
+    id: i64,
+    amount: i64,
+    unparsable: bool,
+}
+
+pub(crate) async fn runner_settles_job_errors_as_the_errors_they_hold<S: Support>() {
+    let ctx = Ctx::<S>::new("joberr_run", 3).await;
+    let settled = Arc::new(Mutex::new(Vec::new()));
+    let message = |payload: String, count: u32| Message {
+        payload: payload.into_bytes(),
+        count,
+        settled: settled.clone(),
+    };
+    let job = |key: &str, id: i64, amount: i64, unparsable: bool| {
+        format!(r#"{{"key":"{key}","id":{id},"amount":{amount},"unparsable":{unparsable}}}"#)
+    };
+    let queue = Queue {
+        pending: [
+            message(job("job-1", 1, 10, false), 1),
+            // Its redelivery: replayed, acked.
+            message(job("job-1", 1, 10, false), 2),
+            // The same key for another payload: idem's `KeyReused`.
+            message(job("job-1", 1, 11, false), 1),
+            // The body's own error, marked permanent.
+            message(job("job-2", 2, 20, true), 1),
+            message("not a job".to_owned(), 1),
+        ]
+        .into(),
+        settled: settled.clone(),
+    };
+    let store = &ctx.store;
+    let effects = &ctx.effects;
+    let handler = |payload: Payload| async move {
+        let job = Job {
+            key: payload.key,
+            id: payload.id,
+            amount: payload.amount,
+            effects: effects.clone(),
+        };
+        let then = if payload.unparsable {
+            Then::Unparsable
+        } else {
+            Then::Commit
+        };
+        in_tx(store, &job, then).await
+    };
+    let tally = Runner::new()
+        .in_flight(1)
+        .run(queue, handler, std::future::pending())
+        .await
+        .expect("the queue in memory never fails");
+    let reused = Error::KeyReused {
+        scope: "job_error.tx".into(),
+        key: "job-1".into(),
+    };
+    let unparsable = serde_json::from_str::<i64>("not a job").unwrap_err();
+    let not_a_job = serde_json::from_str::<Payload>("not a job").unwrap_err();
+    let settled = settled.lock().expect("the settlements").clone();
+    assert_eq!(
+        settled,
+        [
+            Disposition::Ack,
+            Disposition::Ack,
+            Disposition::DeadLetter {
+                reason: reused.to_string()
+            },
+            Disposition::DeadLetter {
+                reason: unparsable.to_string()
+            },
+            Disposition::unparsable(not_a_job),
+        ]
+    );
+    assert_eq!(
+        (
+            tally.applied,
+            tally.acked_otherwise,
+            tally.retried,
+            tally.dead_lettered
+        ),
+        (1, 1, 0, 3)
+    );
+    assert_eq!((ctx.effects(1).await, ctx.effects(2).await), (1, 0));
+    assert_eq!(ctx.markers().await, 1);
     ctx.cleanup().await;
 }
