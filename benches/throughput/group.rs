@@ -248,9 +248,7 @@ async fn batch_job(
             }
         })
         .collect();
-    let applied = conn
-        .batch(crate::batch::BatchVariant::Macro, &jobs)
-        .await?;
+    let applied = conn.batch(crate::batch::BatchVariant::Macro, &jobs).await?;
     if applied != size as u64 {
         return Err(format!("{applied} of a batch of {size} fresh jobs were applied").into());
     }
@@ -560,7 +558,10 @@ async fn group_rows(
             )?;
         }
         let mut medians = MEDIANS.lock().expect("not poisoned");
-        medians.extend(aggs.iter().map(|(v, agg, ..)| (workers, v.name(), median(&agg.rates))));
+        medians.extend(
+            aggs.iter()
+                .map(|(v, agg, ..)| (workers, v.name(), median(&agg.rates))),
+        );
         drop(medians);
         for &lanes in &single.lanes {
             let group = rate(V::Group(lanes));

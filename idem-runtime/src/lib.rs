@@ -76,7 +76,8 @@ pub use doctor::{Checkup, Diagnosis, Finding, Severity};
 pub use each::{EachGuard, JobGuard};
 pub use error::{Error, JobError, KafkaError, LeaseError, NotKept, Refusal};
 pub use group::{
-    Group, GroupGuard, GroupOptions, GroupTarget, MAX_GROUP, MAX_GROUP_BODY, MAX_GROUP_DELAY, MAX_LANES,
+    Group, GroupGuard, GroupOptions, GroupTarget, MAX_GROUP, MAX_GROUP_BODY, MAX_GROUP_DELAY,
+    MAX_LANES,
 };
 pub use inspect::{Marker, MarkerState, RecordedStep};
 pub use job_id::{JobId, job_id};

@@ -102,7 +102,9 @@ impl DelayProxy {
             let mut echoed = [0u8; 1];
             let t0 = Instant::now();
             client.write_all(&sent).expect("send through the proxy");
-            client.read_exact(&mut echoed).expect("the echo through the proxy");
+            client
+                .read_exact(&mut echoed)
+                .expect("the echo through the proxy");
             times.push(t0.elapsed());
             assert_eq!(echoed, sent, "the proxy changed or reordered a byte");
         }
@@ -169,7 +171,12 @@ mod tests {
             let times = DelayProxy::round_trip(delay, 20);
             assert_eq!(times.len(), 20);
             // A round trip crosses the proxy twice: it cannot be shorter than two delays.
-            assert!(times[0] >= 2 * delay, "{:?} under {:?}", times[0], 2 * delay);
+            assert!(
+                times[0] >= 2 * delay,
+                "{:?} under {:?}",
+                times[0],
+                2 * delay
+            );
         }
     }
 }
