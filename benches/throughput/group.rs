@@ -557,12 +557,10 @@ async fn group_rows(
                 median(&agg.cpu_per_job_us),
             )?;
         }
-        let mut medians = MEDIANS.lock().expect("not poisoned");
-        medians.extend(
-            aggs.iter()
-                .map(|(v, agg, ..)| (workers, v.name(), median(&agg.rates))),
-        );
-        drop(medians);
+        let medians = aggs
+            .iter()
+            .map(|(v, agg, ..)| (workers, v.name(), median(&agg.rates)));
+        MEDIANS.lock().expect("not poisoned").extend(medians);
         for &lanes in &single.lanes {
             let group = rate(V::Group(lanes));
             singles.push((
