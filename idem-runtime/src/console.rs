@@ -225,6 +225,82 @@ impl<DB: Backend> Store<DB> {
         Ok(done)
     }
 
+    /// How many markers are stuck longer than `older_than`: in progress (lease mode) since
+    /// they were created longer ago than that, and not let go; of `scope` or of every scope.
+    /// Returns `(how many, how many of them a delivery still holds)`.
+    pub async fn count_stuck(
+        &self,
+        scope: Option<&str>,
+        older_than: Duration,
+    ) -> Result<(u64, u64), Error> {
+        if let Some(scope) = scope {
+            check_scope(scope)?;
+        }
+        let age_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        let count = |row: Option<(i64,)>| row.map_or(0, |(n,)| u64::try_from(n).unwrap_or(0));
+        let all = self.sql().stuck_count(self.pool(), scope, age_ms).await?;
+        let held = self.sql().stuck_held(self.pool(), scope, age_ms).await?;
+        Ok((count(all), count(held)))
+    }
+
+    /// At most `limit` of the markers [`Store::count_stuck`] counts, by scope and key.
+    pub async fn list_stuck(
+        &self,
+        scope: Option<&str>,
+        older_than: Duration,
+        limit: u32,
+    ) -> Result<Vec<Marker>, Error> {
+        if let Some(scope) = scope {
+            check_scope(scope)?;
+        }
+        let age_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        let rows = self
+            .sql()
+            .stuck_matching(self.pool(), scope, age_ms, i64::from(limit))
+            .await?;
+        Ok(rows.into_iter().map(Marker::from_row).collect())
+    }
+
+    /// Forgets at most `at_most` of the markers [`Store::count_stuck`] counts, each as
+    /// [`Store::forget`] does one ([`Store::forget_forced`] if `force`: see what that risks);
+    /// returns how many. In pages of [`REQUEUE_PAGE`]; a marker still held is skipped unless
+    /// `force`. `at_most` bounds a run that new stuck markers keep feeding: pass what
+    /// [`Store::count_stuck`] counted.
+    pub async fn forget_stuck(
+        &self,
+        scope: Option<&str>,
+        older_than: Duration,
+        force: bool,
+        at_most: u64,
+    ) -> Result<u64, Error> {
+        let mut done = 0;
+        while done < at_most {
+            let page = REQUEUE_PAGE.min(at_most - done);
+            let markers = self.list_stuck(scope, older_than, page as u32).await?;
+            let mut changed = 0;
+            for m in &markers {
+                // The key as stored is the key: `forget` stores nothing new from it.
+                let key = m.key.as_str();
+                let forgot = match force {
+                    true => self.forget_forced(&m.scope, key).await,
+                    false => self.forget(&m.scope, key).await,
+                };
+                match forgot {
+                    Ok(true) => changed += 1,
+                    Ok(false) | Err(Error::Lease(crate::LeaseError::Held { .. })) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            done += changed;
+            // A forgotten marker is let go and not read again: a page that changed nothing
+            // holds only markers taken meanwhile, which the next page would read again.
+            if (markers.len() as u64) < page || changed == 0 {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
     /// Writes one row of the operators' audit log (`{table}_audit`, schema version 5): who
     /// (`actor`) did what (`action`) to what (`target`: a key, an id, a filter) and how many
     /// rows it changed. The tool writes one per action that changes state.

@@ -109,7 +109,10 @@ pub mod outbox {
     pub use crate::relay::RabbitMq;
     #[cfg(feature = "kafka")]
     pub use crate::relay::{Kafka, MESSAGE_ID_HEADER};
-    pub use crate::relay::{OutboxEntry, OutboxState, PublishError, Publisher, Relay, Relayed};
+    pub use crate::relay::{
+        OutboxEntry, OutboxState, ParkedFilter, PublishError, Publisher, REQUEUE_PARKED_PAGE, Relay,
+        Relayed,
+    };
 }
 
 /// The transaction an `#[idempotent]` handler's body runs on (an alias of

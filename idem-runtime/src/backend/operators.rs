@@ -79,6 +79,13 @@ impl OperatorText {
                  WHERE {matching} ORDER BY scope, {key} LIMIT :limit) AND {matching}"
             ),
         };
+        // The stuck leases an operator forgets at once: in progress since longer ago than
+        // `:age_ms`, and not let go yet (a released marker has nothing left to forget, and a
+        // page that forgot its markers must not find them again).
+        let stuck = format!(
+            "({null} OR scope = :scope) AND state = 'in_progress' \
+             AND locked_until IS NOT NULL AND created_at < {ago}"
+        );
         let release = format!(
             "UPDATE {{t}} SET locked_until = NULL, fingerprint = NULL, \
              token = COALESCE(token, 0) + 1 WHERE {marker} AND state = 'in_progress'"
@@ -118,6 +125,13 @@ impl OperatorText {
             )
             .into(),
             requeue_page: requeue_page.into(),
+            stuck_count: format!("SELECT {count} FROM {{t}} WHERE {stuck}").into(),
+            stuck_held: format!("SELECT {count} FROM {{t}} WHERE {stuck} AND NOT {lease_over}")
+                .into(),
+            stuck_matching: format!(
+                "SELECT {columns} FROM {{t}} WHERE {stuck} ORDER BY scope, {key} LIMIT :limit"
+            )
+            .into(),
             audit_write: format!(
                 "INSERT INTO {{t}}_audit (acted_at, actor, action, target, changed) \
                  VALUES ({now}, :actor, :action, :target, :changed)"
@@ -175,6 +189,13 @@ statements! {
         failed_matching(scope: Option<&str>, error: Option<&str>, age_ms: Option<i64>, limit: i64);
         /// Requeues at most `limit` of them, as `requeue` does one.
         requeue_page(scope: Option<&str>, error: Option<&str>, age_ms: Option<i64>, limit: i64);
+        /// How many markers in progress since longer ago than `age_ms` and not let go, of a
+        /// scope (every scope: NULL).
+        stuck_count(scope: Option<&str>, age_ms: i64);
+        /// How many of them a delivery still holds (their lease not run out).
+        stuck_held(scope: Option<&str>, age_ms: i64);
+        /// At most `limit` of them (`MarkerRow`), in the primary key's order.
+        stuck_matching(scope: Option<&str>, age_ms: i64, limit: i64);
         /// Records one operator action in the audit log (`{t}_audit`).
         audit_write(actor: &str, action: &str, target: &str, changed: i64);
         /// The newest `limit` actions of the audit log: `(id, at, actor, action, target,
@@ -247,6 +268,15 @@ sql_runs! {
     requeue_page(
         pool: &Pool<DB>, scope: Option<&str>, error: Option<&str>, age_ms: Option<i64>, limit: i64
     ) -> u64 = ops.requeue_page(scope, error, age_ms, limit).execute => |n| n;
+    /// How many stuck markers the bound names.
+    stuck_count(pool: &Pool<DB>, scope: Option<&str>, age_ms: i64) -> Option<(i64,)> =
+        ops.stuck_count(scope, age_ms).fetch_optional;
+    /// How many of them a delivery still holds.
+    stuck_held(pool: &Pool<DB>, scope: Option<&str>, age_ms: i64) -> Option<(i64,)> =
+        ops.stuck_held(scope, age_ms).fetch_optional;
+    /// At most `limit` of them, in the primary key's order.
+    stuck_matching(pool: &Pool<DB>, scope: Option<&str>, age_ms: i64, limit: i64)
+        -> Vec<MarkerRow> = ops.stuck_matching(scope, age_ms, limit).fetch_all;
     /// Writes one row of the audit log.
     audit_write(pool: &Pool<DB>, actor: &str, action: &str, target: &str, changed: i64) -> () =
         ops.audit_write(actor, action, target, changed).execute => drop;

@@ -33,6 +33,58 @@ pub(super) fn list(columns: &str) -> String {
     )
 }
 
+/// The words in which the backends' statements over the parked messages differ.
+pub(super) struct ParkedWords<'a> {
+    /// The operators' columns (the backend's `OutboxRow`).
+    pub(super) columns: &'a str,
+    /// Whether the `:destination` bind is NULL (every destination).
+    pub(super) null_destination: &'a str,
+    /// Whether the `:error` bind is NULL (any error).
+    pub(super) null_error: &'a str,
+    /// Whether the `:age_ms` bind is NULL (whenever it was parked).
+    pub(super) null_age: &'a str,
+    /// Whether `last_error` holds the text `:error`, byte for byte.
+    pub(super) contains: &'a str,
+    /// The instant `:age_ms` milliseconds ago, as `next_attempt_at` compares with it.
+    pub(super) ago: &'a str,
+    /// `COUNT(*)` read as a 64-bit integer.
+    pub(super) count: &'a str,
+    /// A parked message, as a condition.
+    pub(super) parked: &'a str,
+    /// The order the relay publishes a key's messages in, after the key.
+    pub(super) order: &'a str,
+}
+
+/// `parked_count` and `parked_matching`. A parked message's `next_attempt_at` is when it was
+/// parked (the relay parks it due at once, and no relay takes a parked message).
+pub(super) fn parked(words: &ParkedWords<'_>) -> (String, String) {
+    let ParkedWords {
+        columns,
+        null_destination,
+        null_error,
+        null_age,
+        contains,
+        ago,
+        count,
+        parked,
+        order,
+    } = words;
+    let matching = format!(
+        "sent_at IS NULL AND {parked} AND ({null_destination} OR destination = :destination) \
+         AND ({null_error} OR {contains}) AND ({null_age} OR next_attempt_at < {ago})"
+    );
+    (
+        format!("SELECT {count} FROM {{t}}_outbox WHERE {matching}"),
+        // Each key's messages together and in the relay's order: a bulk requeue makes them
+        // pending in the order they are to be published (a message written before ordering
+        // keys is a key of its own).
+        format!(
+            "SELECT {columns} FROM {{t}}_outbox WHERE {matching} \
+             ORDER BY COALESCE(ordering_key, id), {order} LIMIT :limit"
+        ),
+    )
+}
+
 /// `forget`, `key` being the backend's `key` column.
 pub(super) fn forget(key: &str) -> String {
     format!("DELETE FROM {{t}}_outbox WHERE scope = :scope AND {key} = :key AND sent_at IS NULL")
@@ -55,6 +107,10 @@ statements! {
         find(id: &str);
         /// Makes a parked message due again with no failed attempts.
         requeue(id: &str);
+        /// How many parked messages the filter names (each bind NULL: any).
+        parked_count(destination: Option<&str>, error: Option<&str>, age_ms: Option<i64>);
+        /// At most `limit` of them (`OutboxRow`), each key's together, in its order.
+        parked_matching(destination: Option<&str>, error: Option<&str>, age_ms: Option<i64>, limit: i64);
     } optional {
         /// One message, written only while the claim's marker holding `token` is there (a
         /// backend whose statements run in autocommit once the database rolled the transaction
@@ -162,6 +218,15 @@ sql_runs! {
     /// Makes a parked message due again; `Ok(false)` if no unsent message of that id is
     /// parked.
     outbox_requeue(pool: &Pool<DB>, id: &str) -> bool = outbox.requeue(id).execute => |n| n == 1;
+    /// How many parked messages the filter names.
+    outbox_parked_count(
+        pool: &Pool<DB>, destination: Option<&str>, error: Option<&str>, age_ms: Option<i64>
+    ) -> Option<(i64,)> = outbox.parked_count(destination, error, age_ms).fetch_optional;
+    /// At most `limit` parked messages the filter names, each key's in its order.
+    outbox_parked_matching(
+        pool: &Pool<DB>, destination: Option<&str>, error: Option<&str>, age_ms: Option<i64>,
+        limit: i64
+    ) -> Vec<OutboxRow> = outbox.parked_matching(destination, error, age_ms, limit).fetch_all;
 }
 
 impl<DB: Backend> Sql<DB> {

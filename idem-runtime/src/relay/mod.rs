@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 pub use kafka::{Kafka, MESSAGE_ID_HEADER};
 #[cfg(feature = "outbox-nats")]
 pub use nats::JetStream;
-pub use operators::{OutboxEntry, OutboxState};
+pub use operators::{OutboxEntry, OutboxState, ParkedFilter, REQUEUE_PARKED_PAGE};
 #[cfg(feature = "outbox-rabbitmq")]
 pub use rabbitmq::RabbitMq;
 
@@ -298,7 +298,10 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                         .min(Duration::from_secs(300));
                     let error = e.to_string();
                     let error = bounded(&error, ERROR_TEXT);
-                    let retry = millis(wait);
+                    // A parked message is due at once: its `next_attempt_at` is then when
+                    // it was parked, which `requeue --all --parked-before` filters on (no
+                    // relay takes a parked message, whenever it is due).
+                    let retry = if park { 0 } else { millis(wait) };
                     let failed = || st.outbox_failed(pool, id, &error, retry, park, &hold);
                     again::<DB, _, _>(failed).await?;
                     if park {

@@ -1,6 +1,8 @@
 //! What operators read and change of the outbox: its unsent messages, one message by id, and
 //! a parked message made pending again.
 
+use std::time::Duration;
+
 use crate::backend::{Backend, OutboxRow};
 use crate::error::Error;
 use crate::outgoing::Headers;
@@ -44,8 +46,9 @@ pub struct OutboxEntry {
     pub created_at: String,
     /// Milliseconds since `created_at`.
     pub age_ms: i64,
-    /// Milliseconds until the relay may take it (negative: it is due; for a parked or sent
-    /// message, the time of its last attempt's retry, which no relay uses).
+    /// Milliseconds until the relay may take it (negative: it is due; for a parked message,
+    /// minus the time since it was parked; for a sent one, the time of its last attempt's
+    /// retry, which no relay uses).
     pub due_in_ms: i64,
     /// Its ordering key (its job's key when it was written before ordering keys).
     pub ordering_key: String,
@@ -80,7 +83,112 @@ impl OutboxEntry {
     }
 }
 
+/// How many parked messages one page of [`Store::requeue_parked`] reads and requeues.
+pub const REQUEUE_PARKED_PAGE: u32 = 500;
+
+/// Which parked messages a bulk requeue takes: every one, or those to a destination, whose
+/// last error holds a text, parked more than some time ago (all the conditions given).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ParkedFilter {
+    /// Only those to this destination (exactly).
+    pub destination: Option<String>,
+    /// Only those whose last error contains this text (byte for byte).
+    pub error: Option<String>,
+    /// Only those parked longer ago than this.
+    pub parked_before: Option<Duration>,
+}
+
+impl ParkedFilter {
+    /// Every parked message.
+    pub fn new() -> ParkedFilter {
+        ParkedFilter::default()
+    }
+
+    /// Only those to `destination`.
+    pub fn destination(mut self, destination: impl Into<String>) -> ParkedFilter {
+        self.destination = Some(destination.into());
+        self
+    }
+
+    /// Only those whose last error contains `text`.
+    pub fn error(mut self, text: impl Into<String>) -> ParkedFilter {
+        self.error = Some(text.into());
+        self
+    }
+
+    /// Only those parked longer ago than `age`.
+    pub fn parked_before(mut self, age: Duration) -> ParkedFilter {
+        self.parked_before = Some(age);
+        self
+    }
+
+    fn binds(&self) -> (Option<&str>, Option<&str>, Option<i64>) {
+        let age_ms = self
+            .parked_before
+            .map(|age| i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
+        (self.destination.as_deref(), self.error.as_deref(), age_ms)
+    }
+}
+
 impl<DB: Backend> Store<DB> {
+    /// How many parked messages `filter` takes.
+    pub async fn count_parked(&self, filter: &ParkedFilter) -> Result<u64, Error> {
+        let (destination, error, age_ms) = filter.binds();
+        let row = self
+            .sql()
+            .outbox_parked_count(self.pool(), destination, error, age_ms)
+            .await?;
+        Ok(row.map_or(0, |(n,)| u64::try_from(n).unwrap_or(0)))
+    }
+
+    /// At most `limit` of the parked messages `filter` takes, each key's together and in the
+    /// order the relay publishes them.
+    pub async fn list_parked_matching(
+        &self,
+        filter: &ParkedFilter,
+        limit: u32,
+    ) -> Result<Vec<OutboxEntry>, Error> {
+        let (destination, error, age_ms) = filter.binds();
+        let rows = self
+            .sql()
+            .outbox_parked_matching(self.pool(), destination, error, age_ms, limit.into())
+            .await?;
+        Ok(rows.into_iter().map(OutboxEntry::from_row).collect())
+    }
+
+    /// Requeues at most `at_most` of the parked messages `filter` takes, each as
+    /// [`requeue_outbox`](Store::requeue_outbox) does one; returns how many. In pages of
+    /// [`REQUEUE_PARKED_PAGE`], each key's messages in the order the relay publishes them.
+    /// The relay's order holds whatever the order of the requeues (a parked message holds
+    /// its whole key back); this order only keeps a key's earlier messages from waiting on a
+    /// later page. `at_most` bounds a run whose filter new parked messages keep matching:
+    /// pass what [`Store::count_parked`] counted.
+    pub async fn requeue_parked(&self, filter: &ParkedFilter, at_most: u64) -> Result<u64, Error> {
+        let (destination, error, age_ms) = filter.binds();
+        let mut done = 0;
+        while done < at_most {
+            let page = u64::from(REQUEUE_PARKED_PAGE).min(at_most - done);
+            let rows = self
+                .sql()
+                .outbox_parked_matching(self.pool(), destination, error, age_ms, page as i64)
+                .await?;
+            let mut changed = 0;
+            for row in &rows {
+                // A message requeued meanwhile by someone else is no longer parked: skipped
+                // here, and not read again by the next page.
+                if self.sql().outbox_requeue(self.pool(), &row.0).await? {
+                    changed += 1;
+                }
+            }
+            done += changed;
+            if (rows.len() as u64) < page || changed == 0 {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
     /// At most `limit` unsent messages of the outbox: the parked ones if `parked`, the
     /// pending ones if `pending`; parked first, then oldest first (a job's in its order).
     pub async fn list_outbox(

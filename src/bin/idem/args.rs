@@ -15,8 +15,9 @@ use crate::Failure;
 /// `outbox requeue` no message of that id; 4 `outbox requeue` of a message that is not parked,
 /// or `requeue` of a job that did not fail; 5 `forget` of a marker whose lease a delivery still
 /// holds (nothing was changed: see `--force`); 6 `doctor` found warnings (and no problem); 7
-/// `doctor` found a problem; 8 `requeue --all` of more jobs than it takes unconfirmed, without
-/// `--yes` (nothing was changed).
+/// `doctor` found a problem; 8 `requeue --all`, `outbox requeue --all` or `forget
+/// --stuck-older-than` of more rows than it takes unconfirmed, without `--yes` (nothing was
+/// changed).
 #[derive(Debug, Parser)]
 #[command(name = "idem", version)]
 pub(crate) struct Cli {
@@ -47,18 +48,8 @@ pub(crate) enum Command {
     Inspect(Target),
     /// Let the next delivery of one job run again: a completed marker is deleted, one in
     /// progress let go of (exit 5, nothing changed, if a delivery still holds its lease: see
-    /// `--force`).
-    Forget {
-        #[command(flatten)]
-        target: Target,
-        /// Forget it even if a delivery still holds its lease. That delivery may still be
-        /// calling the outside system: the next delivery runs the job again beside it (with
-        /// the same idempotency key, which a provider that honours it deduplicates), and the
-        /// old holder can no longer complete or release the key (its token is fenced out).
-        /// Use it when the holder is known to be gone and its lease is too long to wait out.
-        #[arg(long)]
-        force: bool,
-    },
+    /// `--force`); with `--stuck-older-than`, every stuck lease older than AGE.
+    Forget(ForgetArgs),
     /// Delete the markers of jobs completed longer ago than their scope's retention window
     /// (`retention set`), and of the other scopes longer ago than AGE; prints how many.
     Purge {
@@ -185,12 +176,8 @@ pub(crate) enum OutboxCommand {
     },
     /// Make a parked message pending again, due at once with no failed attempts: the relay
     /// publishes it at its next round (exit 3 if there is no such message, 4 if it is not
-    /// parked).
-    Requeue {
-        /// The message's id, as `outbox list` prints it.
-        #[arg(value_parser = parse_message_id, allow_hyphen_values = true)]
-        id: String,
-    },
+    /// parked); with `--all`, every parked message the filter takes.
+    Requeue(OutboxRequeueArgs),
     /// Show one message, sent or not: where it stands, its ordering key and its headers
     /// (exit 3 if there is no such message).
     Show {
@@ -198,6 +185,92 @@ pub(crate) enum OutboxCommand {
         #[arg(value_parser = parse_message_id, allow_hyphen_values = true)]
         id: String,
     },
+}
+
+/// `outbox requeue ID`, or `outbox requeue --all` and its filter.
+#[derive(Debug, Args)]
+pub(crate) struct OutboxRequeueArgs {
+    /// The message's id, as `outbox list` prints it.
+    #[arg(value_parser = parse_message_id, allow_hyphen_values = true,
+          required_unless_present = "all", conflicts_with = "all")]
+    pub(crate) id: Option<String>,
+
+    /// Every parked message the filter takes (`--destination`, `--error`, `--parked-before`;
+    /// none: every one), requeued in pages of 500, each key's messages in the order the relay
+    /// publishes them.
+    #[arg(long)]
+    pub(crate) all: bool,
+
+    /// With `--all`: only the messages to this destination (queue, routing key, subject), as
+    /// `outbox list` prints it.
+    #[arg(long, value_name = "DESTINATION", requires = "all", value_parser = parse_message_id)]
+    pub(crate) destination: Option<String>,
+
+    /// With `--all`: only the messages whose last error contains TEXT (byte for byte).
+    #[arg(long, value_name = "TEXT", requires = "all", value_parser = parse_error_text)]
+    pub(crate) error: Option<String>,
+
+    /// With `--all`: only the messages parked longer ago than AGE (30m, 12h, 7d).
+    #[arg(long, value_name = "AGE", requires = "all", value_parser = parse_age)]
+    pub(crate) parked_before: Option<Age>,
+
+    /// With `--all`: print how many messages (and which, the first 20) it would requeue, and
+    /// change nothing.
+    #[arg(long, requires = "all")]
+    pub(crate) dry_run: bool,
+
+    /// With `--all`: requeue more than 100 messages (without it, exit 8 and nothing changed).
+    #[arg(long, requires = "all")]
+    pub(crate) yes: bool,
+}
+
+/// `forget SCOPE KEY`, or `forget --stuck-older-than AGE` and its scope.
+#[derive(Debug, Args)]
+pub(crate) struct ForgetArgs {
+    /// The handler's scope (its `scope = "..."`).
+    #[arg(value_parser = parse_scope, required_unless_present = "stuck_older_than",
+          conflicts_with = "stuck_older_than")]
+    pub(crate) scope: Option<String>,
+
+    /// The key as stored, as `inspect` and `stuck` print it (`-`: read from standard input).
+    #[arg(allow_hyphen_values = true, conflicts_with = "stuck_older_than")]
+    pub(crate) key: Option<String>,
+
+    /// A tuple key given part by part, in order.
+    #[arg(long = "part", value_name = "PART",
+          conflicts_with_all = ["key", "stuck_older_than"])]
+    pub(crate) parts: Vec<String>,
+
+    /// Forget it even if a delivery still holds its lease. That delivery may still be
+    /// calling the outside system: the next delivery runs the job again beside it (with
+    /// the same idempotency key, which a provider that honours it deduplicates), and the
+    /// old holder can no longer complete or release the key (its token is fenced out).
+    /// Use it when the holder is known to be gone and its lease is too long to wait out.
+    /// With `--stuck-older-than`, the same for every marker it takes: a holder still alive
+    /// is fenced out and its job may run twice.
+    #[arg(long)]
+    pub(crate) force: bool,
+
+    /// Every stuck lease older than AGE (30m, 12h, 7d): a marker in progress (as `stuck`
+    /// lists it) created longer ago than AGE and not let go yet, forgotten in pages of 500.
+    /// Without `--force`, exit 5 and nothing changed if a delivery still holds any of them.
+    #[arg(long, value_name = "AGE", value_parser = parse_age)]
+    pub(crate) stuck_older_than: Option<Age>,
+
+    /// With `--stuck-older-than`: only this handler's scope.
+    #[arg(long = "scope", id = "only_scope", value_name = "SCOPE",
+          requires = "stuck_older_than", value_parser = parse_scope)]
+    pub(crate) only_scope: Option<String>,
+
+    /// With `--stuck-older-than`: print how many markers (and which, the first 20) it would
+    /// forget, and change nothing.
+    #[arg(long, requires = "stuck_older_than")]
+    pub(crate) dry_run: bool,
+
+    /// With `--stuck-older-than`: forget more than 100 markers (without it, exit 8 and
+    /// nothing changed).
+    #[arg(long, requires = "stuck_older_than")]
+    pub(crate) yes: bool,
 }
 
 /// What `failed --group-by` counts by.
@@ -364,6 +437,15 @@ fn parse_message_id(id: &str) -> Result<String, String> {
         ));
     }
     Ok(id.to_owned())
+}
+
+/// An error text to look for: not empty, and no longer than the 2000 bytes the relay keeps of
+/// an error (a longer one could match nothing).
+fn parse_error_text(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.len() > 2000 {
+        return Err("give 1 to 2000 bytes of the error, as `outbox list` prints it".to_owned());
+    }
+    Ok(text.to_owned())
 }
 
 /// A group id is what `failed --group-by error` prints: [`idem::GROUP_ID_LEN`] lower-case hex

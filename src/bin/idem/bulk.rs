@@ -11,8 +11,9 @@ use crate::Failure;
 use crate::args::Age;
 use crate::render;
 
-/// Above this many jobs `requeue --all` asks for `--yes`: a mistyped filter must not requeue
-/// a whole table's failures at once.
+/// Above this many rows a bulk action (`requeue --all`, `outbox requeue --all`, `forget
+/// --stuck-older-than`) asks for `--yes`: a mistyped filter must not change a whole table's
+/// rows at once.
 pub(crate) const CONFIRM_ABOVE: u64 = 100;
 
 /// How many of the jobs a dry run names.
@@ -21,8 +22,8 @@ const SHOWN: u32 = 20;
 /// Exit code of a `requeue --all` that no group of that id was found for.
 const NOT_FOUND: u8 = 3;
 
-/// Exit code of a `requeue --all` above [`CONFIRM_ABOVE`] without `--yes`.
-const UNCONFIRMED: u8 = 8;
+/// Exit code of a bulk action above [`CONFIRM_ABOVE`] rows without `--yes`.
+pub(crate) const UNCONFIRMED: u8 = 8;
 
 /// `requeue --all` and its filter, checked.
 #[derive(Debug)]

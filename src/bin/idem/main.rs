@@ -12,6 +12,7 @@ mod outbox;
 mod render;
 mod retention;
 mod run;
+mod sweep;
 mod target;
 
 use std::process::ExitCode;

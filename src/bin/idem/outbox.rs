@@ -63,7 +63,7 @@ fn headers_json(m: &OutboxEntry) -> Value {
     Value::Object(all)
 }
 
-fn entry_json(m: &OutboxEntry) -> Value {
+pub(crate) fn entry_json(m: &OutboxEntry) -> Value {
     json!({
         "id": m.id,
         "destination": m.destination,

@@ -12,12 +12,14 @@ use sqlx::{ConnectOptions as _, Connection as _};
 
 use crate::Failure;
 use crate::args::{
-    Age, Cli, Command, DoctorArgs, GroupBy, OutboxCommand, RequeueArgs, RetentionCommand, Target,
+    Age, Cli, Command, DoctorArgs, ForgetArgs, GroupBy, OutboxCommand, OutboxRequeueArgs,
+    RequeueArgs, RetentionCommand, Target,
 };
 use crate::bulk::{self, BulkRequeue};
 use crate::failed;
 use crate::outbox::{self, Filter};
 use crate::render;
+use crate::sweep::{self, BulkForget, BulkOutbox};
 use crate::target::{DatabaseUrl, Scheme};
 use crate::{doctor, retention};
 
@@ -44,6 +46,7 @@ enum Request {
         key: Key,
         force: bool,
     },
+    ForgetStuck(BulkForget),
     Purge(Option<Age>),
     RetentionSet {
         scope: String,
@@ -83,6 +86,7 @@ enum Request {
     Requeue {
         id: String,
     },
+    OutboxRequeueAll(BulkOutbox),
     OutboxShow {
         id: String,
     },
@@ -103,11 +107,7 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             key: target.key()?,
             scope: target.scope,
         },
-        Command::Forget { target, force } => Request::Forget {
-            key: target.key()?,
-            scope: target.scope,
-            force,
-        },
+        Command::Forget(args) => forget_request(args)?,
         Command::Purge { older_than } => Request::Purge(older_than),
         Command::Retention(RetentionCommand::Set { scope, keep }) => {
             Request::RetentionSet { scope, keep }
@@ -124,7 +124,7 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             filter: Filter::of(parked, pending),
             limit,
         },
-        Command::Outbox(OutboxCommand::Requeue { id }) => Request::Requeue { id },
+        Command::Outbox(OutboxCommand::Requeue(args)) => outbox_requeue_request(args)?,
         Command::Outbox(OutboxCommand::Show { id }) => Request::OutboxShow { id },
         Command::Failed {
             scope,
@@ -196,6 +196,58 @@ fn requeue_request(args: RequeueArgs) -> Result<Request, Failure> {
         key: target.key()?,
         scope: target.scope,
     })
+}
+
+/// `forget SCOPE KEY`, or `forget --stuck-older-than AGE` (clap requires one or the other).
+fn forget_request(args: ForgetArgs) -> Result<Request, Failure> {
+    if let Some(older_than) = args.stuck_older_than {
+        return Ok(Request::ForgetStuck(BulkForget {
+            older_than,
+            scope: args.only_scope,
+            force: args.force,
+            dry_run: args.dry_run,
+            yes: args.yes,
+        }));
+    }
+    let Some(scope) = args.scope else {
+        return Err(Failure::input(
+            "forget needs a SCOPE and a KEY, or --stuck-older-than AGE",
+        ));
+    };
+    let target = Target {
+        scope,
+        key: args.key,
+        parts: args.parts,
+    };
+    if target.key.is_none() && target.parts.is_empty() {
+        return Err(Failure::input(
+            "forget needs the job's KEY after its SCOPE (or --part), or --stuck-older-than",
+        ));
+    }
+    Ok(Request::Forget {
+        key: target.key()?,
+        scope: target.scope,
+        force: args.force,
+    })
+}
+
+/// `outbox requeue ID`, or `outbox requeue --all` with its filter.
+fn outbox_requeue_request(args: OutboxRequeueArgs) -> Result<Request, Failure> {
+    if args.all {
+        return Ok(Request::OutboxRequeueAll(BulkOutbox {
+            destination: args.destination,
+            error: args.error,
+            parked_before: args.parked_before,
+            dry_run: args.dry_run,
+            yes: args.yes,
+        }));
+    }
+    match args.id {
+        Some(id) => Ok(Request::Requeue { id }),
+        None => Err(Failure::input(
+            "outbox requeue needs a message ID, or --all (with its filter)",
+        )),
+    }
 }
 
 /// Who acts: `--actor`, else the operating system's user, else "unknown".
@@ -334,6 +386,18 @@ async fn command<DB: Backend>(
                 render::forget(store.table(), &scope, &key, gone, cx.json),
                 0,
             )
+        }
+        Request::ForgetStuck(all) => {
+            let text = sweep::forget_stuck(store, &all, &cx.actor, cx.json, refused).await;
+            store.pool().close().await;
+            print!("{}", text?);
+            return Ok(ExitCode::SUCCESS);
+        }
+        Request::OutboxRequeueAll(all) => {
+            let text = sweep::outbox_requeue_all(store, &all, &cx.actor, cx.json, refused).await;
+            store.pool().close().await;
+            print!("{}", text?);
+            return Ok(ExitCode::SUCCESS);
         }
         Request::Purge(age) => {
             let deleted = match &age {

@@ -32,7 +32,22 @@ pub(super) fn text() -> OutboxText {
              UTC_TIMESTAMP(6) FROM {from} ON DUPLICATE KEY UPDATE id = id"
         )
     };
+    // The error's text is matched byte for byte, as on the other backends (not as the
+    // column's collation compares).
+    let (parked_count, parked_matching) = outbox::parked(&outbox::ParkedWords {
+        columns: OUTBOX_COLUMNS,
+        null_destination: ":destination IS NULL",
+        null_error: ":error IS NULL",
+        null_age: ":age_ms IS NULL",
+        contains: "LOCATE(CAST(:error AS BINARY), CAST(last_error AS BINARY)) > 0",
+        ago: "UTC_TIMESTAMP(6) - INTERVAL (:age_ms * 1000) MICROSECOND",
+        count: "CAST(COUNT(*) AS SIGNED)",
+        parked: "parked",
+        order: "created_at, seq, id",
+    });
     OutboxText {
+        parked_count: parked_count.into(),
+        parked_matching: parked_matching.into(),
         // Only while the message is unsent and under the round's hold (a round's sent marks
         // are one statement, written per round: `sent`).
         failed: "UPDATE {t}_outbox SET attempts = attempts + 1, last_error = :error, \

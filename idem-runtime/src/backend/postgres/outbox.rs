@@ -44,7 +44,20 @@ const RELAXED: &str = "(SELECT set_config('synchronous_commit', 'off', true)) AS
 
 /// The statements every backend runs on its outbox.
 pub(super) fn text() -> OutboxText {
+    let (parked_count, parked_matching) = outbox::parked(&outbox::ParkedWords {
+        columns: OUTBOX_COLUMNS,
+        null_destination: ":destination::text IS NULL",
+        null_error: ":error::text IS NULL",
+        null_age: ":age_ms::int8 IS NULL",
+        contains: "strpos(last_error, :error::text) > 0",
+        ago: "now() - :age_ms * interval '1 millisecond'",
+        count: "COUNT(*)",
+        parked: "parked",
+        order: "created_at, seq, id",
+    });
     OutboxText {
+        parked_count: parked_count.into(),
+        parked_matching: parked_matching.into(),
         failed: format!(
             "UPDATE {{t}}_outbox SET attempts = attempts + 1, last_error = :error, \
              next_attempt_at = now() + :retry_ms * interval '1 millisecond', parked = :park \

@@ -37,7 +37,20 @@ pub(super) fn text() -> OutboxText {
     // wrote, one for the whole statement: SQLite reads 'now' once per statement).
     let held = "id IN (SELECT value FROM json_each(:ids)) AND sent_at IS NULL \
                 AND next_attempt_at = :hold";
+    let (parked_count, parked_matching) = outbox::parked(&outbox::ParkedWords {
+        columns: OUTBOX_COLUMNS,
+        null_destination: ":destination IS NULL",
+        null_error: ":error IS NULL",
+        null_age: ":age_ms IS NULL",
+        contains: "instr(last_error, :error) > 0",
+        ago: &shifted('-', ":age_ms"),
+        count: "COUNT(*)",
+        parked: "parked <> 0",
+        order: "created_at, rowid",
+    });
     OutboxText {
+        parked_count: parked_count.into(),
+        parked_matching: parked_matching.into(),
         failed: format!(
             "UPDATE {{t}}_outbox SET attempts = attempts + 1, last_error = :error, \
              next_attempt_at = {}, parked = :park \
