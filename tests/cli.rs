@@ -216,4 +216,7 @@ every_backend!(
     failed_jobs_are_listed_requeued_and_their_steps_shown,
     bulk_requeue_acts_on_one_group_behind_a_dry_run_and_a_confirmation,
     bulk_requeue_refuses_bad_input_before_connecting,
+    outbox_requeue_all_acts_on_the_filter_behind_a_dry_run_and_a_confirmation,
+    forget_stuck_forces_only_with_force_behind_a_dry_run_and_a_confirmation,
+    bulk_outbox_and_forget_refuse_bad_input_before_connecting,
 );

@@ -6,6 +6,7 @@ pub(crate) mod doctor;
 pub(crate) mod failed;
 pub(crate) mod forget;
 pub(crate) mod outbox;
+pub(crate) mod sweep;
 
 // The cases of every file, under one path for `every_backend!`.
 pub(crate) use bulk::*;
@@ -14,6 +15,7 @@ pub(crate) use doctor::*;
 pub(crate) use failed::*;
 pub(crate) use forget::*;
 pub(crate) use outbox::*;
+pub(crate) use sweep::*;
 
 use std::collections::BTreeMap;
 use std::process::Stdio;

@@ -177,6 +177,11 @@ fn requeue_request(args: RequeueArgs) -> Result<Request, Failure> {
             yes: args.yes,
         }));
     }
+    if args.dry_run || args.yes {
+        return Err(Failure::input(
+            "--dry-run and --yes go with --all: a single requeue changes one job",
+        ));
+    }
     let Some(scope) = args.scope else {
         return Err(Failure::input(
             "requeue needs a SCOPE and a KEY, or --all (with its filter)",
@@ -208,6 +213,12 @@ fn forget_request(args: ForgetArgs) -> Result<Request, Failure> {
             dry_run: args.dry_run,
             yes: args.yes,
         }));
+    }
+    // clap does not hold a flag to its `requires`: the bulk's flags are refused here.
+    if args.dry_run || args.yes {
+        return Err(Failure::input(
+            "--dry-run and --yes go with --stuck-older-than: a single forget changes one marker",
+        ));
     }
     let Some(scope) = args.scope else {
         return Err(Failure::input(
@@ -241,6 +252,11 @@ fn outbox_requeue_request(args: OutboxRequeueArgs) -> Result<Request, Failure> {
             dry_run: args.dry_run,
             yes: args.yes,
         }));
+    }
+    if args.dry_run || args.yes {
+        return Err(Failure::input(
+            "--dry-run and --yes go with --all: a single outbox requeue changes one message",
+        ));
     }
     match args.id {
         Some(id) => Ok(Request::Requeue { id }),
