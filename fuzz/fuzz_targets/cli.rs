@@ -8,7 +8,8 @@
 //! `steps`); every parsed age (`purge`, `retention set`, `doctor`) holds the seconds its text
 //! says; a parsed `stuck`, `failed` or `retention` a valid scope; a parsed `outbox list` at
 //! most one of `--parked` and `--pending`; a parsed `outbox requeue` or `outbox show` an id of
-//! 1 to 255 bytes without NUL.
+//! 1 to 255 bytes without NUL (`--all` instead: a filter of a valid destination, error text
+//! and age); a parsed `forget --stuck-older-than` an age and a valid scope, and no key.
 #![no_main]
 #![allow(dead_code)]
 
@@ -18,7 +19,10 @@ mod args;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt as _;
 
-use args::{Age, Cli, Command, OutboxCommand, RequeueArgs, RetentionCommand, Target};
+use args::{
+    Age, Cli, Command, ForgetArgs, OutboxCommand, OutboxRequeueArgs, RequeueArgs, RetentionCommand,
+    Target,
+};
 use clap::Parser as _;
 use idem::{GROUP_ID_LEN, Key, MAX_KEY_LEN};
 use libfuzzer_sys::fuzz_target;
@@ -136,6 +140,43 @@ fn check_requeue(requeue: &RequeueArgs) {
     requeue.failed_before.iter().for_each(check_age);
 }
 
+/// One marker by its scope and key, or with `--stuck-older-than` every stuck lease of a
+/// scope, never both (`--dry-run` and `--yes` without it are refused by the binary).
+fn check_forget(forget: &ForgetArgs) {
+    let Some(age) = &forget.stuck_older_than else {
+        let scope = forget
+            .scope
+            .clone()
+            .expect("a scope without --stuck-older-than");
+        check_target(&Target {
+            scope,
+            key: forget.key.clone(),
+            parts: forget.parts.clone(),
+        });
+        return;
+    };
+    assert!(forget.scope.is_none() && forget.key.is_none() && forget.parts.is_empty());
+    check_scope(&forget.only_scope);
+    check_age(age);
+}
+
+/// One message by its id, or with `--all` every parked message a filter takes, never both.
+fn check_outbox_requeue(requeue: &OutboxRequeueArgs) {
+    if !requeue.all {
+        let id = requeue.id.as_deref().expect("an id without --all");
+        assert!(scope_ok(id), "{id:?}");
+        return;
+    }
+    assert!(requeue.id.is_none());
+    if let Some(destination) = &requeue.destination {
+        assert!(scope_ok(destination), "{destination:?}");
+    }
+    if let Some(error) = &requeue.error {
+        assert!(!error.is_empty() && error.len() <= 2000);
+    }
+    requeue.parked_before.iter().for_each(check_age);
+}
+
 fuzz_target!(|data: &[u8]| {
     let argv = std::iter::once(OsString::from("idem")).chain(
         data.split(|&b| b == 0)
@@ -143,9 +184,8 @@ fuzz_target!(|data: &[u8]| {
     );
     match Cli::try_parse_from(argv) {
         Ok(cli) => match &cli.command {
-            Command::Inspect(target) | Command::Forget { target, .. } | Command::Steps(target) => {
-                check_target(target)
-            }
+            Command::Inspect(target) | Command::Steps(target) => check_target(target),
+            Command::Forget(forget) => check_forget(forget),
             Command::Requeue(requeue) => check_requeue(requeue),
             Command::Audit { limit } => assert!(*limit >= 1),
             Command::Purge { older_than } => older_than.iter().for_each(check_age),
@@ -180,9 +220,8 @@ fuzz_target!(|data: &[u8]| {
                 assert!(!(*parked && *pending), "--parked and --pending conflict");
             }
             // A message id is a `job_id`: what a scope may be.
-            Command::Outbox(OutboxCommand::Requeue { id } | OutboxCommand::Show { id }) => {
-                assert!(scope_ok(id), "{id:?}");
-            }
+            Command::Outbox(OutboxCommand::Requeue(requeue)) => check_outbox_requeue(requeue),
+            Command::Outbox(OutboxCommand::Show { id }) => assert!(scope_ok(id), "{id:?}"),
         },
         Err(e) => {
             let _ = e.to_string();
