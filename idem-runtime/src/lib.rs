@@ -110,8 +110,8 @@ pub mod outbox {
     #[cfg(feature = "kafka")]
     pub use crate::relay::{Kafka, MESSAGE_ID_HEADER};
     pub use crate::relay::{
-        OutboxEntry, OutboxState, ParkedFilter, PublishError, Publisher, REQUEUE_PARKED_PAGE, Relay,
-        Relayed,
+        OutboxEntry, OutboxState, ParkedFilter, PublishError, Publisher, REQUEUE_PARKED_PAGE,
+        Relay, Relayed,
     };
 }
 

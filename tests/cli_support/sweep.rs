@@ -122,7 +122,8 @@ pub(crate) async fn outbox_requeue_all_acts_on_the_filter_behind_a_dry_run_and_a
         .await
         .ok();
     assert!(
-        sms.stdout.starts_with("requeued 6 parked messages of table"),
+        sms.stdout
+            .starts_with("requeued 6 parked messages of table"),
         "{sms:?}"
     );
     assert_eq!(fx.parked().await, (OLD + 1, 0));
@@ -159,7 +160,10 @@ pub(crate) async fn outbox_requeue_all_acts_on_the_filter_behind_a_dry_run_and_a
     let at = |id: &str| published.iter().position(|p| p == id).unwrap();
     for key in 0..OLD / 3 {
         let ids: Vec<usize> = (0..3).map(|seq| at(&format!("k-{key}-{seq}"))).collect();
-        assert!(ids.is_sorted(), "key k-{key} published out of order: {ids:?}");
+        assert!(
+            ids.is_sorted(),
+            "key k-{key} published out of order: {ids:?}"
+        );
     }
 
     // Two rows in the audit log, the newest that run: who, what, the filter, how many.
@@ -244,7 +248,13 @@ pub(crate) async fn forget_stuck_forces_only_with_force_behind_a_dry_run_and_a_c
     assert_eq!(fx.holding().await, before);
 
     // None held: no --force needed.
-    let other = ["forget", "--stuck-older-than", "1h", "--scope", "other.scope"];
+    let other = [
+        "forget",
+        "--stuck-older-than",
+        "1h",
+        "--scope",
+        "other.scope",
+    ];
     let done = fx.idem(&other).await.ok();
     assert!(
         done.stdout.starts_with("forgot 1 stuck lease of table"),
@@ -255,7 +265,14 @@ pub(crate) async fn forget_stuck_forces_only_with_force_behind_a_dry_run_and_a_c
     // With --force and --yes: every one of the scope's old ones, let go with its token up;
     // the fresh lease untouched, the old holders fenced out.
     let done = fx
-        .idem(&[&["--actor", "bob", "--json"], &args[..], &["--force", "--yes"]].concat())
+        .idem(
+            &[
+                &["--actor", "bob", "--json"],
+                &args[..],
+                &["--force", "--yes"],
+            ]
+            .concat(),
+        )
         .await
         .ok()
         .json();
@@ -298,12 +315,15 @@ pub(crate) async fn forget_stuck_forces_only_with_force_behind_a_dry_run_and_a_c
 pub(crate) async fn bulk_outbox_and_forget_refuse_bad_input_before_connecting<B: Db>() {
     let url = B::unreachable_url();
     let bad = [
-        (&["outbox", "requeue", "--all", "some-id"][..], "cannot be used"),
         (
-            &["outbox", "requeue", "--destination", "mail"][..],
-            "--all",
+            &["outbox", "requeue", "--all", "some-id"][..],
+            "cannot be used",
         ),
-        (&["outbox", "requeue", "--all", "--error", ""][..], "1 to 2000"),
+        (&["outbox", "requeue", "--destination", "mail"][..], "--all"),
+        (
+            &["outbox", "requeue", "--all", "--error", ""][..],
+            "1 to 2000",
+        ),
         (
             &["outbox", "requeue", "--all", "--parked-before", "0d"][..],
             "zero",
@@ -313,7 +333,10 @@ pub(crate) async fn bulk_outbox_and_forget_refuse_bad_input_before_connecting<B:
             &["forget", "--stuck-older-than", "1h", SCOPE, "k"][..],
             "cannot be used",
         ),
-        (&["forget", SCOPE, "k", "--dry-run"][..], "--stuck-older-than"),
+        (
+            &["forget", SCOPE, "k", "--dry-run"][..],
+            "--stuck-older-than",
+        ),
         (&["forget", SCOPE, "k", "--yes"][..], "--stuck-older-than"),
         (&["outbox", "requeue", "some-id", "--dry-run"][..], "--all"),
         (&["requeue", SCOPE, "k", "--yes"][..], "--all"),

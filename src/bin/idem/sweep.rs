@@ -145,7 +145,13 @@ fn outbox_dry_run(
     if shown.is_empty() {
         return out;
     }
-    let head = ["ID", "DESTINATION", "ORDERING_KEY", "ATTEMPTS", "LAST_ERROR"];
+    let head = [
+        "ID",
+        "DESTINATION",
+        "ORDERING_KEY",
+        "ATTEMPTS",
+        "LAST_ERROR",
+    ];
     let mut rows = vec![head.map(str::to_owned)];
     for m in shown {
         rows.push([
