@@ -356,7 +356,8 @@ fn outbox_check(parked: i64, overdue: i64, checkup: &Checkup) -> Finding {
         )
         .fix(
             "`idem outbox list --parked` shows each one's last error; fix its cause (a \
-             missing queue or stream, a refused payload), then `idem outbox requeue ID`",
+             missing queue or stream, a refused payload), then `idem outbox requeue ID`, or \
+             `idem outbox requeue --all` with a filter for many",
         );
     }
     if overdue > 0 {

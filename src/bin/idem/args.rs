@@ -14,7 +14,8 @@ use crate::Failure;
 /// input (nothing was sent to the database); 3 `inspect` or `requeue` found no marker, or
 /// `outbox requeue` no message of that id; 4 `outbox requeue` of a message that is not parked,
 /// or `requeue` of a job that did not fail; 5 `forget` of a marker whose lease a delivery still
-/// holds (nothing was changed: see `--force`); 6 `doctor` found warnings (and no problem); 7
+/// holds, or `forget --stuck-older-than` of leases one of which a delivery still holds (nothing
+/// was changed: see `--force`); 6 `doctor` found warnings (and no problem); 7
 /// `doctor` found a problem; 8 `requeue --all`, `outbox requeue --all` or `forget
 /// --stuck-older-than` of more rows than it takes unconfirmed, without `--yes` (nothing was
 /// changed).
