@@ -20,8 +20,8 @@ use idem::settle::Runner;
 use idem::settle::rabbitmq::Queue;
 use idem::{Outcome, Store};
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, ConfirmSelectOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
@@ -275,7 +275,7 @@ where
 {
     let ch = amqp.create_channel().await?;
     ch.basic_qos(prefetch, BasicQosOptions::default()).await?;
-    let consumer = ch
+    let mut consumer = ch
         .basic_consume(
             queue.into(),
             "".into(),
@@ -284,7 +284,7 @@ where
         )
         .await?;
     let (handler, acked) = (&handler, &acked);
-    consumer
+    (&mut consumer)
         .take_until(stop)
         .for_each_concurrent(usize::from(prefetch), |delivery| async move {
             let Ok(delivery) = delivery else { return };
@@ -312,7 +312,13 @@ where
             }
         })
         .await;
+    // Cancelled before the close, not by the consumer's drop: lapin sends a dropped active
+    // consumer's cancel in the background, which can reach the server after the close, and
+    // a frame on a closed channel is a connection error (every other channel dies with it).
+    ch.basic_cancel(consumer.tag(), BasicCancelOptions::default())
+        .await?;
     ch.close(200, "done".into()).await?;
+    drop(consumer);
     Ok(())
 }
 
