@@ -110,6 +110,11 @@ pub(crate) fn draw(path: &Path, results: &Results) -> Res<()> {
         }
         root.present()?;
     }
+    crate::plot::save_png(path, &buf, (width, height))
+}
+
+/// Writes an RGB buffer of `size` pixels to `path` as a PNG, making its directory.
+pub(crate) fn save_png(path: &Path, buf: &[u8], (width, height): (u32, u32)) -> Res<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
@@ -117,6 +122,6 @@ pub(crate) fn draw(path: &Path, results: &Results) -> Res<()> {
     let mut encoder = png::Encoder::new(file, width, height);
     encoder.set_color(png::ColorType::Rgb);
     encoder.set_depth(png::BitDepth::Eight);
-    encoder.write_header()?.write_image_data(&buf)?;
+    encoder.write_header()?.write_image_data(buf)?;
     Ok(())
 }

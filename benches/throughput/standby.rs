@@ -204,13 +204,5 @@ fn draw(path: &Path, curve: &[(f64, usize, String, f64)]) -> Res<()> {
         }
         root.present()?;
     }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    let file = std::io::BufWriter::new(std::fs::File::create(path)?);
-    let mut encoder = png::Encoder::new(file, width, height);
-    encoder.set_color(png::ColorType::Rgb);
-    encoder.set_depth(png::BitDepth::Eight);
-    encoder.write_header()?.write_image_data(&buf)?;
-    Ok(())
+    crate::plot::save_png(path, &buf, (width, height))
 }

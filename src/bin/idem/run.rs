@@ -177,30 +177,41 @@ fn requeue_request(args: RequeueArgs) -> Result<Request, Failure> {
             yes: args.yes,
         }));
     }
-    if args.dry_run || args.yes {
-        return Err(Failure::input(
-            "--dry-run and --yes go with --all: a single requeue changes one job",
-        ));
+    let (scope, key) = one_job(
+        "requeue",
+        "--all",
+        (args.scope, args.key, args.parts),
+        args.dry_run || args.yes,
+    )?;
+    Ok(Request::RequeueJob { key, scope })
+}
+
+/// The one job a verb's single form names (`SCOPE KEY`, or `SCOPE --part ..`), refused when
+/// `bulk_only` (a flag of the bulk form, `--dry-run` or `--yes`) was given with it: clap does
+/// not hold a flag to its `requires`.
+fn one_job(
+    verb: &str,
+    bulk: &str,
+    (scope, key, parts): (Option<String>, Option<String>, Vec<String>),
+    bulk_only: bool,
+) -> Result<(String, Key), Failure> {
+    if bulk_only {
+        return Err(Failure::input(format!(
+            "--dry-run and --yes go with {bulk}: a single {verb} changes one job"
+        )));
     }
-    let Some(scope) = args.scope else {
-        return Err(Failure::input(
-            "requeue needs a SCOPE and a KEY, or --all (with its filter)",
-        ));
+    let Some(scope) = scope else {
+        return Err(Failure::input(format!(
+            "{verb} needs a SCOPE and a KEY, or {bulk} (with its filter)"
+        )));
     };
-    let target = Target {
-        scope,
-        key: args.key,
-        parts: args.parts,
-    };
+    let target = Target { scope, key, parts };
     if target.key.is_none() && target.parts.is_empty() {
-        return Err(Failure::input(
-            "requeue needs the job's KEY after its SCOPE (or --part), or --all",
-        ));
+        return Err(Failure::input(format!(
+            "{verb} needs the job's KEY after its SCOPE (or --part), or {bulk}"
+        )));
     }
-    Ok(Request::RequeueJob {
-        key: target.key()?,
-        scope: target.scope,
-    })
+    Ok((target.scope.clone(), target.key()?))
 }
 
 /// `forget SCOPE KEY`, or `forget --stuck-older-than AGE` (clap requires one or the other).
@@ -214,30 +225,15 @@ fn forget_request(args: ForgetArgs) -> Result<Request, Failure> {
             yes: args.yes,
         }));
     }
-    // clap does not hold a flag to its `requires`: the bulk's flags are refused here.
-    if args.dry_run || args.yes {
-        return Err(Failure::input(
-            "--dry-run and --yes go with --stuck-older-than: a single forget changes one marker",
-        ));
-    }
-    let Some(scope) = args.scope else {
-        return Err(Failure::input(
-            "forget needs a SCOPE and a KEY, or --stuck-older-than AGE",
-        ));
-    };
-    let target = Target {
-        scope,
-        key: args.key,
-        parts: args.parts,
-    };
-    if target.key.is_none() && target.parts.is_empty() {
-        return Err(Failure::input(
-            "forget needs the job's KEY after its SCOPE (or --part), or --stuck-older-than",
-        ));
-    }
+    let (scope, key) = one_job(
+        "forget",
+        "--stuck-older-than AGE",
+        (args.scope, args.key, args.parts),
+        args.dry_run || args.yes,
+    )?;
     Ok(Request::Forget {
-        key: target.key()?,
-        scope: target.scope,
+        key,
+        scope,
         force: args.force,
     })
 }
