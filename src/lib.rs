@@ -95,8 +95,12 @@ mod guides {
     mod brokers {}
     #[doc = include_str!("../docs/cli.md")]
     mod cli {}
+    #[doc = include_str!("../docs/operators.md")]
+    mod operators {}
     #[doc = include_str!("../docs/group-commit.md")]
     mod group_commit {}
+    #[doc = include_str!("../docs/group-commit-measured.md")]
+    mod group_commit_measured {}
     #[cfg(feature = "axum")]
     #[doc = include_str!("../docs/http.md")]
     mod http {}
