@@ -28,13 +28,20 @@ where
     Fut: Future<Output = bool>,
 {
     let deadline = Instant::now() + limit;
-    while !ready().await {
+    loop {
+        // Each probe is bounded too: a connect that a server half up accepts and never
+        // answers (RabbitMQ's listener before its boot ends) would otherwise wait for ever,
+        // past the limit, and the next probe may well succeed.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let probe = left.min(Duration::from_secs(5));
+        if tokio::time::timeout(probe, ready()).await == Ok(true) {
+            return Ok(());
+        }
         if Instant::now() > deadline {
             return Err(format!("{what}: not ready within {limit:?}"));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(())
 }
 
 async fn run(cmd: &mut Command, what: &str) -> Res<()> {
