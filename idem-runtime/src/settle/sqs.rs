@@ -1,13 +1,20 @@
 //! The consumer loop on Amazon SQS (aws-sdk-sqs): a queue's messages as a [`Source`], each
 //! settled as its [`Disposition`] says.
 //!
-//! - **Ack**: `DeleteMessage`.
+//! - **Ack**: `DeleteMessageBatch`, up to 10 acks in one call. A task of the receiver's own
+//!   gathers them and sends a batch once 10 wait, or [`batch_acks`](Receiver::batch_acks)
+//!   (50 ms by default) after the first of them; each delivery's settlement returns once SQS
+//!   answered for its entry. An entry SQS refuses is logged with its code and message, and
+//!   its settlement fails as any that did not reach SQS (the runner ends with the error): the
+//!   message comes back after its visibility timeout, and that delivery is a `Duplicate`. A
+//!   delete is sent only once the runner decided the ack, after the handler's commit.
+//!   (`batch_acks(Duration::ZERO)`: one `DeleteMessage` per ack.)
 //! - **Retry after a delay**: `ChangeMessageVisibility` to the delay, rounded up to whole
 //!   seconds (SQS counts in seconds), at most SQS's 12 hours.
 //! - **Dead letter**: a copy sent to your dead-letter queue with the reason in its
-//!   `idem-reason` message attribute, then `DeleteMessage`. (The queue's redrive policy, if it
-//!   has one, moves a message only after its `maxReceiveCount`: give it one above the runner's
-//!   cap, so that the cap decides and the reason is kept.)
+//!   `idem-reason` message attribute, then deleted as an ack is. (The queue's redrive policy,
+//!   if it has one, moves a message only after its `maxReceiveCount`: give it one above the
+//!   runner's cap, so that the cap decides and the reason is kept.)
 //! - **Heartbeat** (the runner's, while a handler runs): `ChangeMessageVisibility` to the
 //!   receiver's [visibility](Receiver::visibility), by default the queue's own
 //!   `VisibilityTimeout` (read once, at the first heartbeat), so that a handler may run longer
@@ -19,7 +26,11 @@
 //! (its messages would stay invisible for the whole visibility timeout). At shutdown no receive
 //! begins any more, the one under way ends (within its `wait_seconds`), and the messages
 //! received and not handed out are made visible again at once; those dropped unsettled come
-//! back after the queue's visibility timeout.
+//! back after the queue's visibility timeout. The acks waiting are sent at once: the source's
+//! stop returns once SQS answered them, and from then on no ack waits for others, so that the
+//! deliveries the runner drains settle without delay. Its close sends whatever was acked after
+//! that before it returns, the acks of deliveries dropped half-way through their settlement
+//! too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,9 +38,12 @@ use std::time::Duration;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{
-    Message, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
+    DeleteMessageBatchRequestEntry, Message, MessageAttributeValue, MessageSystemAttributeName,
+    QueueAttributeName,
 };
-use tokio::sync::{OnceCell, mpsc};
+use tokio::sync::{OnceCell, mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use super::{Delivery, Disposition, Source};
 
@@ -43,6 +57,10 @@ pub const DELIVERY_ATTRIBUTE: &str = "idem-delivery";
 
 /// The longest receive SQS allows in one call.
 const MAX_RECEIVE: usize = 10;
+/// The most deletes SQS takes in one `DeleteMessageBatch`.
+const MAX_BATCH: usize = 10;
+/// How long an ack waits for others by default ([`Receiver::batch_acks`]).
+pub const DEFAULT_BATCH_ACKS: Duration = Duration::from_millis(50);
 /// SQS's longest visibility timeout, in seconds (12 hours).
 const MAX_VISIBILITY: u64 = 12 * 60 * 60;
 
@@ -82,6 +100,7 @@ pub struct Receiver {
     /// The heartbeat's visibility timeout in seconds: set by [`Receiver::visibility`], else
     /// the queue's, read at the first heartbeat. Shared by the receives, so it is read once.
     visibility: Arc<OnceCell<i32>>,
+    deletes: Deletes,
 }
 
 impl Receiver {
@@ -97,12 +116,30 @@ impl Receiver {
             wait_seconds,
             tx,
         ));
+        let deletes = Deletes::start(client, &queues.url, DEFAULT_BATCH_ACKS);
         Receiver {
             client: client.clone(),
             queues,
             received,
             visibility: Arc::new(OnceCell::new()),
+            deletes,
         }
+    }
+
+    /// How long an ack waits for others to share its `DeleteMessageBatch` (SQS takes up to 10
+    /// deletes in one call): a batch is sent once 10 acks wait, or `within` after the first of
+    /// them. By default [`DEFAULT_BATCH_ACKS`], 50 ms. `Duration::ZERO`: each ack is a
+    /// `DeleteMessage` of its own, sent at once.
+    ///
+    /// A delivery's settlement returns once SQS answered for its delete, so the delivery holds
+    /// its place among the runner's [`in_flight`](super::Runner::in_flight) until then: up to
+    /// `within` longer than with a delete of its own. Give the runner 10 or more in flight,
+    /// so that a batch fills before its time runs out when messages keep coming.
+    pub fn batch_acks(mut self, within: Duration) -> Self {
+        // The task it replaces ends once its last sender is gone: here, unless deliveries
+        // were handed out before (they keep it).
+        self.deletes = Deletes::start(&self.client, &self.queues.url, within);
+        self
     }
 
     /// How long each [heartbeat](super::Runner::heartbeat) keeps a message whose handler runs
@@ -217,19 +254,25 @@ impl Source for Receiver {
             client: self.client.clone(),
             queues: self.queues.clone(),
             visibility: self.visibility.clone(),
+            deletes: self.deletes.clone(),
         }))
     }
 
-    /// No receive begins any more; the one under way still hands its messages over.
+    /// No receive begins any more; the one under way still hands its messages over. The acks
+    /// waiting are sent at once, and it returns once SQS answered them; from then on no ack
+    /// waits for others.
     async fn stop(&mut self) -> Result<(), SqsError> {
         self.received.close();
+        self.deletes.flush().await;
         Ok(())
     }
 
-    /// Makes the messages received and not handed out visible again at once, the last
+    /// Sends the acks that came since the stop (and returns once SQS answered them), then
+    /// makes the messages received and not handed out visible again at once, the last
     /// receive's too (waiting for it: at most its `wait_seconds`).
     async fn close(mut self) -> Result<(), SqsError> {
         self.received.close();
+        self.deletes.flush().await;
         while let Some(message) = self.received.recv().await {
             let Ok(message) = message else { continue };
             let receipt = message.receipt_handle().unwrap_or_default();
@@ -247,6 +290,7 @@ pub struct Received {
     client: Client,
     queues: Queues,
     visibility: Arc<OnceCell<i32>>,
+    deletes: Deletes,
 }
 
 impl Received {
@@ -293,6 +337,10 @@ impl Delivery for Received {
         change_visibility(&self.client, &self.queues.url, self.receipt(), seconds).await
     }
 
+    /// An ack (and a dead letter once its copy was sent) returns once SQS answered for the
+    /// message's delete, in a `DeleteMessageBatch` it may share with other acks
+    /// ([`Receiver::batch_acks`]): `Ok` when SQS deleted it, `Err` when the call failed or SQS
+    /// refused this entry (then the message comes back after its visibility timeout).
     async fn settle(self, disposition: &Disposition) -> Result<(), SqsError> {
         match disposition {
             Disposition::Ack => {}
@@ -302,14 +350,9 @@ impl Delivery for Received {
             }
             Disposition::DeadLetter { reason } => self.dead_letter(reason).await?,
         }
-        self.client
-            .delete_message()
-            .queue_url(&self.queues.url)
-            .receipt_handle(self.receipt())
-            .send()
-            .await
-            .map_err(|e| SqsError::new("DeleteMessage", e))?;
-        Ok(())
+        let receipt = self.receipt().to_owned();
+        let id = self.message.message_id;
+        self.deletes.delete(receipt, id).await
     }
 }
 
@@ -339,5 +382,219 @@ impl Received {
             .await
             .map_err(|e| SqsError::new("SendMessage (dead letters)", e))?;
         Ok(())
+    }
+}
+
+/// Where the receiver's acks go: the task that gathers them into batches, or, with
+/// `batch_acks(Duration::ZERO)`, a `DeleteMessage` each.
+#[derive(Debug, Clone)]
+struct Deletes {
+    client: Client,
+    url: String,
+    batcher: Option<mpsc::UnboundedSender<Command>>,
+}
+
+/// What the batcher is asked.
+#[derive(Debug)]
+enum Command {
+    Delete(Delete),
+    /// Send every delete waiting, answer once SQS answered every batch sent, and from then on
+    /// wait for no more deletes before sending one.
+    Flush(oneshot::Sender<()>),
+}
+
+/// One ack waiting for its batch.
+#[derive(Debug)]
+struct Delete {
+    receipt: String,
+    /// The message's, for the log of a refusal.
+    id: Option<String>,
+    answer: oneshot::Sender<Result<(), SqsError>>,
+}
+
+impl Deletes {
+    fn start(client: &Client, url: &str, within: Duration) -> Deletes {
+        let batcher = (!within.is_zero()).then(|| {
+            // No ack is worth holding longer than SQS can keep its message invisible; and the
+            // timer must not overflow.
+            let within = within.min(Duration::from_secs(MAX_VISIBILITY));
+            let (tx, commands) = mpsc::unbounded_channel();
+            // It ends once every sender is gone (the receiver and its deliveries), after its
+            // last batches were answered.
+            tokio::spawn(batch(client.clone(), url.to_owned(), within, commands));
+            tx
+        });
+        Deletes {
+            client: client.clone(),
+            url: url.to_owned(),
+            batcher,
+        }
+    }
+
+    /// Deletes the message, in a batch when there is a batcher; returns once SQS answered.
+    async fn delete(&self, receipt: String, id: Option<String>) -> Result<(), SqsError> {
+        let Some(batcher) = &self.batcher else {
+            self.client
+                .delete_message()
+                .queue_url(&self.url)
+                .receipt_handle(receipt)
+                .send()
+                .await
+                .map_err(|e| SqsError::new("DeleteMessage", e))?;
+            return Ok(());
+        };
+        let (answer, answered) = oneshot::channel();
+        let gone = || SqsError {
+            call: "DeleteMessageBatch",
+            message: "the receiver's task of deletes ended before it answered this one".to_owned(),
+        };
+        batcher
+            .send(Command::Delete(Delete {
+                receipt,
+                id,
+                answer,
+            }))
+            .map_err(|_| gone())?;
+        answered.await.map_err(|_| gone())?
+    }
+
+    /// Sends the deletes waiting and returns once SQS answered every batch sent so far.
+    async fn flush(&self) {
+        let Some(batcher) = &self.batcher else { return };
+        let (done, flushed) = oneshot::channel();
+        if batcher.send(Command::Flush(done)).is_ok() {
+            // An error is a batcher gone, with nothing left to send.
+            let _ = flushed.await;
+        }
+    }
+}
+
+/// The batcher: gathers deletes into batches of up to [`MAX_BATCH`], each sent once it is full
+/// or `within` after its first delete came (at once after a flush).
+async fn batch(
+    client: Client,
+    url: String,
+    mut within: Duration,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+) {
+    let mut waiting: Vec<Delete> = Vec::with_capacity(MAX_BATCH);
+    // Each batch is a task of its own: its call is under way while the next batch gathers.
+    let mut sending = JoinSet::new();
+    let due = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(due);
+    let send = |sending: &mut JoinSet<()>, waiting: &mut Vec<Delete>| {
+        let batch = std::mem::replace(waiting, Vec::with_capacity(MAX_BATCH));
+        sending.spawn(delete_batch(client.clone(), url.clone(), batch));
+    };
+    loop {
+        while sending.try_join_next().is_some() {}
+        tokio::select! {
+            // The deletes already queued before the timer: after a flush (a timer due at once)
+            // they still share a batch.
+            biased;
+            command = commands.recv() => match command {
+                Some(Command::Delete(delete)) => {
+                    if waiting.is_empty() {
+                        due.as_mut().reset(Instant::now() + within);
+                    }
+                    waiting.push(delete);
+                    if waiting.len() == MAX_BATCH {
+                        send(&mut sending, &mut waiting);
+                    }
+                }
+                Some(Command::Flush(done)) => {
+                    within = Duration::ZERO;
+                    if !waiting.is_empty() {
+                        send(&mut sending, &mut waiting);
+                    }
+                    while sending.join_next().await.is_some() {}
+                    let _ = done.send(());
+                }
+                None => {
+                    if !waiting.is_empty() {
+                        send(&mut sending, &mut waiting);
+                    }
+                    while sending.join_next().await.is_some() {}
+                    return;
+                }
+            },
+            () = &mut due, if !waiting.is_empty() => send(&mut sending, &mut waiting),
+        }
+    }
+}
+
+/// Sends one `DeleteMessageBatch` and gives each delete its answer: `Ok` only for an entry SQS
+/// says it deleted.
+async fn delete_batch(client: Client, url: String, batch: Vec<Delete>) {
+    // An entry's id is its place in the batch: unique within it, as SQS requires.
+    let entries = batch.iter().enumerate().map(|(n, delete)| {
+        DeleteMessageBatchRequestEntry::builder()
+            .id(n.to_string())
+            .receipt_handle(&delete.receipt)
+            .build()
+    });
+    let entries = match entries.collect::<Result<Vec<_>, _>>() {
+        Ok(entries) => entries,
+        Err(e) => return answer_all(batch, &SqsError::new("DeleteMessageBatch", e)),
+    };
+    let out = client
+        .delete_message_batch()
+        .queue_url(&url)
+        .set_entries(Some(entries))
+        .send()
+        .await;
+    let out = match out {
+        Ok(out) => out,
+        Err(e) => return answer_all(batch, &SqsError::new("DeleteMessageBatch", e)),
+    };
+    let mut answers: Vec<Option<Result<(), SqsError>>> = Vec::new();
+    answers.resize_with(batch.len(), || None);
+    for deleted in &out.successful {
+        if let Some(answer) = deleted
+            .id
+            .parse()
+            .ok()
+            .and_then(|n: usize| answers.get_mut(n))
+        {
+            *answer = Some(Ok(()));
+        }
+    }
+    for refused in &out.failed {
+        let Some(n) = refused.id.parse().ok().filter(|n: &usize| *n < batch.len()) else {
+            continue;
+        };
+        let message = refused.message.as_deref().unwrap_or("(no message)");
+        tracing::warn!(
+            message.id = batch[n].id.as_deref(),
+            code = refused.code.as_str(),
+            error = message,
+            sender_fault = refused.sender_fault,
+            "idem: SQS refused an ack's delete; the message comes back after its visibility \
+             timeout, and that delivery is a duplicate"
+        );
+        answers[n] = Some(Err(SqsError {
+            call: "DeleteMessageBatch",
+            message: format!("SQS refused the delete: {}: {message}", refused.code),
+        }));
+    }
+    for (delete, answer) in batch.into_iter().zip(answers) {
+        let answer = answer.unwrap_or_else(|| {
+            Err(SqsError {
+                call: "DeleteMessageBatch",
+                message: "SQS's answer names this delete neither deleted nor refused".to_owned(),
+            })
+        });
+        // A settlement dropped half-way (the runner's drain ran out) no longer waits for it.
+        let _ = delete.answer.send(answer);
+    }
+}
+
+/// Gives every delete of a batch that did not reach SQS the same error.
+fn answer_all(batch: Vec<Delete>, error: &SqsError) {
+    for delete in batch {
+        let _ = delete.answer.send(Err(SqsError {
+            call: error.call,
+            message: error.message.clone(),
+        }));
     }
 }
