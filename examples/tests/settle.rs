@@ -3,7 +3,8 @@
 //! broker, the redelivery cap, a retry that waits, a panic, and a shutdown with every delivery
 //! in flight. Each case runs on RabbitMQ, on NATS JetStream and on SQS (moto's server); the
 //! heartbeat's, a handler that runs past the broker's ack wait, on JetStream and SQS
-//! (`settle/heartbeat.rs`); each delivery's span (`settle/spans.rs`). Effects are rows in a table without a unique index, so one
+//! (`settle/heartbeat.rs`); each delivery's span (`settle/spans.rs`); SQS's acks in batches
+//! (`settle/sqs_acks.rs`). Effects are rows in a table without a unique index, so one
 //! applied twice shows.
 
 #[path = "settle/brokers.rs"]
@@ -12,6 +13,8 @@ mod brokers;
 mod heartbeat;
 #[path = "settle/spans.rs"]
 mod spans;
+#[path = "settle/sqs_acks.rs"]
+mod sqs_acks;
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -318,6 +318,20 @@ pub struct Sqs {
     queue: idem_example_sqs::Queue,
 }
 
+impl Sqs {
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The queue and its dead-letter queue, as a receiver takes them.
+    pub fn queues(&self) -> Queues {
+        Queues {
+            url: self.queue.url.clone(),
+            dead_letters: self.queue.dead_letters.clone(),
+        }
+    }
+}
+
 impl Broker for Sqs {
     type Source = Receiver;
     const NAME: &str = "sqs";
@@ -341,11 +355,7 @@ impl Broker for Sqs {
     }
 
     async fn source(&self, prefetch: usize) -> Receiver {
-        let queues = Queues {
-            url: self.queue.url.clone(),
-            dead_letters: self.queue.dead_letters.clone(),
-        };
-        Receiver::consume(&self.client, queues, prefetch, 1)
+        Receiver::consume(&self.client, self.queues(), prefetch, 1)
     }
 
     async fn dead_letters(&self) -> Vec<Dead> {
