@@ -122,11 +122,12 @@ impl conformance::Server for My {
 conformance::every_backend_tests!(My);
 
 // The cases SQLite cannot run: a connection to cut, a server to miss, a session's own settings,
-// a second writer's serialization failure, a named lock.
+// a second writer's serialization failure, a named lock, a second writer beside an open group.
 conformance::tests!(My;
     job_begun_first_and_committed_last_is_published_second,
     killed_connection_fails_its_group_and_redelivery_applies_once,
     group_claim_that_stops_waiting_is_in_progress,
+    group_calls_naming_the_same_rows_take_turns_in_one_lane,
     connection_killed_in_a_job_fails_the_batch_and_keeps_nothing,
     connection_killed_before_commit_keeps_nothing,
     unreachable_server_fails_the_test_naming_url_and_variable,

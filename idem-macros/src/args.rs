@@ -26,6 +26,8 @@ pub(crate) struct Args {
     pub(crate) fingerprint: Option<(LitStr, Expr)>,
     /// The literal (for spans) and the expression parsed from it: the message's traceparent.
     pub(crate) link: Option<(LitStr, Expr)>,
+    /// The literal (for spans) and the expression parsed from it: what picks a group's lane.
+    pub(crate) lane: Option<(LitStr, Expr)>,
     pub(crate) krate: Option<Path>,
     /// The literal (for spans) and the parameter it names, which holds the batch of jobs.
     pub(crate) batch: Option<(LitStr, syn::Ident)>,
@@ -67,7 +69,7 @@ pub(crate) enum Isolation {
     Serializable,
 }
 
-const NAMES: [&str; 13] = [
+const NAMES: [&str; 14] = [
     "key",
     "scope",
     "lease",
@@ -80,6 +82,7 @@ const NAMES: [&str; 13] = [
     "batch",
     "each",
     "group",
+    "lane",
     "crate",
 ];
 
@@ -148,6 +151,16 @@ pub(crate) fn parse(tokens: TokenStream, diag: &mut Diag) -> Args {
                     format!(
                         "`link` must hold a Rust expression that reads the message's W3C \
                          traceparent, like \"msg.traceparent\": {e}"
+                    ),
+                ),
+            },
+            "lane" => match lit.parse::<Expr>() {
+                Ok(expr) => args.lane = Some((lit, expr)),
+                Err(e) => diag.error(
+                    &lit,
+                    format!(
+                        "`lane` must hold a Rust expression that reads what the body's rows are \
+                         chosen by, like \"job.account\": {e}"
                     ),
                 ),
             },

@@ -30,6 +30,13 @@ pub(crate) fn mode(args: &Args, sig: &Signature, diag: &mut Diag) -> Mode {
         })
     };
     let lease_mode = args.gave("lease") || (args.unknown && lease_param());
+    if let (Some(span), false) = (args.span_of("lane"), args.gave("group")) {
+        diag.error_at(
+            span,
+            "`lane` picks the lane of a group commit's call, and this handler has no `group`: \
+             add `group`, or remove `lane`",
+        );
+    }
     if args.gave("each") {
         // One commit for the batch, each job behind its own savepoint: the same reasons as
         // `batch`'s, and a group of batches would be a batch.

@@ -42,7 +42,7 @@ pub use crate::each::{EachGuard, JobGuard};
 pub use crate::group::{Group, GroupHeld, GroupTarget};
 pub use crate::outcome::Each;
 pub use claim::claim;
-pub use group::{claim_group, finish_group};
+pub use group::{LaneOf, claim_group, finish_group, lane};
 
 pub mod db;
 

@@ -205,9 +205,45 @@ async fn lease_apply_on<DB: TestDb>(
     Ok(job.amount)
 }
 
-/// A top-up of a hot account: one of few rows that many concurrent jobs update.
-#[idem::idempotent(key = "job.key", scope = "hot", group)]
-pub(crate) async fn top_up_grouped<DB: TestDb>(
+/// [`top_up_grouped`] in the lane of its account: the top-ups of one account meet in one lane.
+#[idem::idempotent(key = "job.key", scope = "hot", group, lane = "account")]
+pub(crate) async fn top_up_in_its_lane<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    job: &Job,
+    accounts: &str,
+    account: i64,
+) -> Result<(), TestError> {
+    top_up_rows(tx, job, accounts, account).await
+}
+
+/// [`top_up_in_its_lane`] by hand, on `Group::claim_in_lane`; with `hold`, the first call
+/// parks on it after its claim, holding its lane's turn.
+pub(crate) async fn top_up_in_its_lane_by_hand<DB: TestDb>(
+    group: &Group<DB>,
+    job: &Job,
+    accounts: &str,
+    account: i64,
+    hold: Option<&Hold>,
+) -> Result<Outcome<()>, TestError> {
+    let key = Key::new(&job.key).map_err(idem::Error::from)?;
+    let options = idem::ClaimOptions::new();
+    match group.claim_in_lane(account, "hot", &key, options).await? {
+        Claimed::Fresh(mut guard) => {
+            if let Some(hold) = hold {
+                hold.park_first().await;
+            }
+            let body = guard.body();
+            let result = body
+                .bounded(top_up_rows(guard.tx(), job, accounts, account))
+                .await;
+            guard.finish(result).await
+        }
+        Claimed::Duplicate | Claimed::Replayed(_) => Ok(Outcome::Duplicate),
+        Claimed::Failed(failure) => Ok(Outcome::Failed(failure)),
+    }
+}
+
+async fn top_up_rows<DB: TestDb>(
     tx: &mut Transaction<'_, DB>,
     job: &Job,
     accounts: &str,
@@ -222,4 +258,15 @@ pub(crate) async fn top_up_grouped<DB: TestDb>(
     .await?;
     insert_effect(tx, job, "hot").await?;
     Ok(())
+}
+
+/// A top-up of a hot account: one of few rows that many concurrent jobs update.
+#[idem::idempotent(key = "job.key", scope = "hot", group)]
+pub(crate) async fn top_up_grouped<DB: TestDb>(
+    tx: &mut Transaction<'_, DB>,
+    job: &Job,
+    accounts: &str,
+    account: i64,
+) -> Result<(), TestError> {
+    top_up_rows(tx, job, accounts, account).await
 }

@@ -357,6 +357,7 @@ macro_rules! every_backend_tests {
             group_beside_transaction_and_lease_mode_applies_each_key_once,
             group_keeps_replay_fingerprint_and_outbox,
             group_on_its_defaults_applies_hot_rows_without_deadlock,
+            group_lanes_by_account_apply_hot_rows_without_deadlock,
             // Retention per scope (schema version 3).
             retention_per_scope_decides_what_purge_deletes,
             retention_refuses_bad_windows_before_any_io,

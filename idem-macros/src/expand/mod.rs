@@ -173,6 +173,8 @@ struct Shared<'a> {
     codec_var: Option<Ident>,
     /// `Option<TraceParent>` of the message, bound before any I/O, if `link` was given.
     link_var: Option<Ident>,
+    /// `Option<u64>`, the hash of what picks a group's lane, if `lane` was given.
+    lane_var: Option<Ident>,
     /// The `Result<Outcome<T>, Failed<E>>` that `settle` converts.
     outcome_var: Ident,
     /// The outbox parameter, if the handler takes one.
@@ -246,6 +248,7 @@ fn expand(
         print_var: args.fingerprint.as_ref().map(|_| local("__idem_print")),
         codec_var: args.replay.then(|| local("__idem_codec")),
         link_var: args.link.as_ref().map(|_| local("__idem_link")),
+        lane_var: args.lane.as_ref().map(|_| local("__idem_lane")),
         outcome_var: local("__idem_outcome"),
         outbox,
         mode,
@@ -317,6 +320,14 @@ fn expand(
             let #var = #private::link(&#expr);
         }
     });
+    // Errors about the lane's type land on the `lane` literal.
+    let lane_eval = args.lane.as_ref().map(|(lit, expr)| {
+        let var = shared.lane_var.as_ref().expect("set with the lane");
+        let expr = unsuggested_fields(by_reference(expr));
+        quote_spanned! {lit.span()=>
+            let #var = ::core::option::Option::Some(#private::lane(&#expr));
+        }
+    });
     // `replay` stores `T` and reads it back through a codec picked by autoref: a `T` that
     // cannot be replayed is one error, on the return type where `T` is written.
     let replayable = shared.codec_var.as_ref().map(|codec| {
@@ -371,6 +382,7 @@ fn expand(
             #key_eval
             #print_eval
             #link_eval
+            #lane_eval
             #run
             #settle
         }

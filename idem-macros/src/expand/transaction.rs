@@ -24,6 +24,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
         print_var,
         codec_var,
         link_var,
+        lane_var,
         outcome_var,
         outbox,
         mode,
@@ -74,12 +75,22 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
     };
     // Group commit claims and ends through the group's adapters.
     let (claim, finish, target) = match *mode {
-        Mode::Group => (
-            quote!(claim_group),
-            quote!(finish_group),
-            quote!(#private::GroupTarget::as_group(#store)),
+        Mode::Group => {
+            let lane = match lane_var {
+                Some(lane) => quote!(#lane),
+                None => quote!(::core::option::Option::None),
+            };
+            (
+                quote!(claim_group),
+                quote!(finish_group),
+                quote!(#private::GroupTarget::as_group(#store), &__IDEM_SPEC, #key_var, #lane),
+            )
+        }
+        _ => (
+            quote!(claim),
+            quote!(finish),
+            quote!(#store, &__IDEM_SPEC, #key_var),
         ),
-        _ => (quote!(claim), quote!(finish), quote!(#store)),
     };
     let codec = codec_arg(codec_var.as_ref());
     let finish = quote!(#private::#finish(#codec, #held, #result));
@@ -90,7 +101,7 @@ pub(super) fn run(shared: &Shared<'_>, args: &Args, name: &Ident, stmts: &[Stmt]
     quote! {
         #spec
         let #outcome_var = async move {
-            let mut #held = match #private::#claim(#target, &__IDEM_SPEC, #key_var, #print, #link).await {
+            let mut #held = match #private::#claim(#target, #print, #link).await {
                 ::core::result::Result::Ok(#private::Claimed::Fresh(#held)) => #held,
                 ::core::result::Result::Ok(#private::Claimed::Duplicate) => {
                     return ::core::result::Result::Ok(#private::Outcome::Duplicate);

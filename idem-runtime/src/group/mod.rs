@@ -10,7 +10,7 @@ pub(crate) mod member;
 
 use std::borrow::Cow;
 use std::fmt;
-use std::hash::{BuildHasher as _, Hash, RandomState};
+use std::hash::{BuildHasher as _, BuildHasherDefault, DefaultHasher, Hash, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -126,7 +126,11 @@ impl GroupOptions {
     /// other. The database breaks the deadlock after its own timeout (PostgreSQL's
     /// `deadlock_timeout`, 1 s), every call queued in both lanes waits meanwhile, and the
     /// victim's calls fail (PostgreSQL: the body's statement; MariaDB rolls the whole group
-    /// back). Use more lanes only where different keys' bodies touch different rows.
+    /// back). Use more lanes only where different keys' bodies touch different rows, or
+    /// where each call names the rows it touches: a handler's `lane = "job.account"`, by
+    /// hand [`Group::claim_in_lane`]. The calls that name the same rows then meet in one lane
+    /// and never hold them in two open transactions at once, so more lanes are safe on hot
+    /// rows, as long as every call of the group that touches those rows names them.
     pub const fn lanes(mut self, lanes: usize) -> Self {
         self.lanes = lanes;
         self
@@ -399,15 +403,71 @@ impl<DB: Backend> Group<DB> {
         check_scope(scope)?;
         let scope = Cow::Owned(scope.to_owned());
         let request = Request::new(scope, key.clone(), options, "Group::claim");
-        let claimed = self.claim_request(request).await?;
+        let claimed = self.claim_request(request, None).await?;
         Ok(claimed.map(|held| GroupGuard { held }))
     }
 
+    /// [`claim_with`](Group::claim_with) in the lane of `rows` instead of the key's: the calls
+    /// whose bodies update the same rows name the same `rows` (the account a top-up credits),
+    /// so that they meet in one lane, one after another, and never hold those rows in two
+    /// lanes' open transactions at once. With that, more [`lanes`](GroupOptions::lanes) are
+    /// safe on hot rows.
+    ///
+    /// `rows` must be the same for every delivery of a key (read from the job's payload, not
+    /// from the clock or the delivery): a second delivery in another lane would wait for the
+    /// first one's marker there, and with rows held both ways the database would break the
+    /// deadlock by failing one call (redelivered, and settled by its marker, so nothing is
+    /// done twice; only time is lost). A body that touches rows of two values (a transfer
+    /// between two accounts) has no one lane: give such a group one lane.
+    ///
+    /// ```no_run
+    /// # use idem_runtime as idem;
+    /// # #[cfg(feature = "sqlite")]
+    /// async fn credit(
+    ///     group: &idem::Group<sqlx::Sqlite>,
+    ///     account: i64,
+    ///     job_id: &str,
+    /// ) -> Result<idem::Outcome<()>, idem::Error> {
+    ///     let key = idem::Key::new(job_id)?;
+    ///     let options = idem::ClaimOptions::new();
+    ///     Ok(match group.claim_in_lane(account, "billing.top_up", &key, options).await? {
+    ///         idem::Claimed::Fresh(mut guard) => {
+    ///             let credited = sqlx::query("UPDATE accounts SET balance = balance + 10 WHERE id = ?")
+    ///                 .bind(account)
+    ///                 .execute(guard.tx())
+    ///                 .await;
+    ///             guard.finish(credited.map(drop).map_err(idem::Error::from)).await?
+    ///         }
+    ///         idem::Claimed::Duplicate | idem::Claimed::Replayed(_) => idem::Outcome::Duplicate,
+    ///         idem::Claimed::Failed(failure) => idem::Outcome::Failed(failure),
+    ///     })
+    /// }
+    /// ```
+    pub async fn claim_in_lane(
+        &self,
+        rows: impl Hash,
+        scope: &str,
+        key: &Key,
+        options: ClaimOptions,
+    ) -> Result<Claimed<GroupGuard<DB>>, Error> {
+        check_scope(scope)?;
+        let scope = Cow::Owned(scope.to_owned());
+        let request = Request::new(scope, key.clone(), options, "Group::claim_in_lane");
+        let claimed = self.claim_request(request, Some(rows_hash(&rows))).await?;
+        Ok(claimed.map(|held| GroupGuard { held }))
+    }
+
+    /// The claim of `request` in the lane of `rows` if the caller named them, else of its
+    /// key.
     pub(crate) async fn claim_request(
         &self,
         request: Request,
+        rows: Option<u64>,
     ) -> Result<Claimed<GroupHeld<DB>>, Error> {
-        let lane = self.lane((&*request.scope, request.key.as_str()));
+        let lane = match rows {
+            Some(rows) => self.lane(rows),
+            None => self.lane((&*request.scope, request.key.as_str())),
+        };
         member::claim(&self.shared, lane, request).await
     }
 
@@ -416,6 +476,12 @@ impl<DB: Backend> Group<DB> {
         let at = self.hasher.hash_one(what) as usize;
         &self.lanes[at % self.lanes.len()]
     }
+}
+
+/// `rows` hashed with fixed keys, the same in every path (the macro's `lane = ".."` and
+/// [`Group::claim_in_lane`]); [`Group::lane`] hashes it again with the group's own keys.
+pub(crate) fn rows_hash(rows: &(impl Hash + ?Sized)) -> u64 {
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(rows)
 }
 
 /// A fresh claim in a group: the call's savepoint in the group's open transaction.

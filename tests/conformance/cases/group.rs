@@ -602,9 +602,25 @@ pub(crate) async fn killed_connection_fails_its_group_and_redelivery_applies_onc
 /// twice, every delivery at once. No error reaches a caller (no deadlock between the group's
 /// transactions), each job is applied once and the balances are exact.
 pub(crate) async fn group_on_its_defaults_applies_hot_rows_without_deadlock<S: Support>() {
-    const JOBS: i64 = 50;
+    hot_rows::<S>("hot", GroupOptions::new(), Lane::Key).await;
+}
+
+/// The hot-row workload on four lanes, each call in the lane of its account (`lane = ..` and
+/// `Group::claim_in_lane`, deliveries alternating between the two): as on one lane, no error
+/// reaches a caller, and the balances are exact.
+pub(crate) async fn group_lanes_by_account_apply_hot_rows_without_deadlock<S: Support>() {
+    let options = GroupOptions::new().lanes(4);
+    hot_rows::<S>("hotlane", options, Lane::Account).await;
+}
+
+/// Four lanes, each call in the lane of its account: while a call (by hand) holds its lane's
+/// turn, a call of the macro naming the same account waits for it, as calls in one lane do,
+/// and calls naming the other accounts go on and commit in the other lanes. (Not on SQLite,
+/// where an open group holds the database's one write lock and no other lane commits.)
+pub(crate) async fn group_calls_naming_the_same_rows_take_turns_in_one_lane<S: Server>() {
     const ACCOUNTS: i64 = 10;
-    let mut ctx = Ctx::<S>::new("hot", 12).await;
+    const PARKED: i64 = 7;
+    let mut ctx = Ctx::<S>::new("lanerows", 20).await;
     let accounts = ctx
         .create_table("a", "(id BIGINT PRIMARY KEY, credits BIGINT NOT NULL)")
         .await;
@@ -614,7 +630,109 @@ pub(crate) async fn group_on_its_defaults_applies_hot_rows_without_deadlock<S: S
         rows.join(", ")
     ))
     .await;
-    let group = group(&ctx, GroupOptions::new());
+    let group = group(&ctx, GroupOptions::new().lanes(4));
+    let hold = Arc::new(Hold::default());
+    // Job 1 parks on account 7, job 2 names account 7 too; jobs 3 to 11 name the others.
+    let batch = jobs(&ctx, 1..=ACCOUNTS + 1);
+    let account_of = |id: i64| match id {
+        1 | 2 => PARKED,
+        id => (1..=ACCOUNTS)
+            .filter(|a| *a != PARKED)
+            .nth(id as usize - 3)
+            .expect("9 others"),
+    };
+    let first = {
+        let (group, hold, job, accounts) = (
+            group.clone(),
+            hold.clone(),
+            batch[0].clone(),
+            accounts.clone(),
+        );
+        tokio::spawn(async move {
+            top_up_in_its_lane_by_hand(&group, &job, &accounts, PARKED, Some(&hold)).await
+        })
+    };
+    within(60, "the first call parking", hold.entered()).await;
+    let same = {
+        let (group, job, accounts) = (group.clone(), batch[1].clone(), accounts.clone());
+        tokio::spawn(async move { top_up_in_its_lane(&group, &job, &accounts, PARKED).await })
+    };
+    until_queued(&group, 2).await;
+    let others: Vec<_> = batch[2..]
+        .iter()
+        .map(|job| {
+            let (group, job, accounts) = (group.clone(), job.clone(), accounts.clone());
+            let to = account_of(job.id);
+            tokio::spawn(async move {
+                top_up_in_its_lane_by_hand(&group, &job, &accounts, to, None).await
+            })
+        })
+        .collect();
+    // Nine accounts over four lanes: some are not in the parked call's lane (all nine in it
+    // is a chance of one in 4^9), and those commit while it is parked.
+    until(120, "a call in another lane committing", || async {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        ctx.effects_total().await > 0
+    })
+    .await;
+    assert_eq!(
+        ctx.effects(2).await,
+        0,
+        "the call naming the parked call's account ran beside it"
+    );
+    assert!(!same.is_finished());
+    hold.release();
+    let answers = [first, same].into_iter().chain(others);
+    for (task, job) in answers.zip(&batch) {
+        let answer = within(60, "a call's answer", task).await.expect("no panic");
+        assert!(
+            matches!(answer, Ok(Outcome::Applied(()))),
+            "job {}: {answer:?}",
+            job.id
+        );
+    }
+    for a in 1..=ACCOUNTS {
+        let expected: i64 = batch
+            .iter()
+            .filter(|j| account_of(j.id) == a)
+            .map(|j| j.amount)
+            .sum();
+        let credits = ctx
+            .scalar(&format!("SELECT credits FROM {accounts} WHERE id = {a}"))
+            .await;
+        assert_eq!(credits, expected, "account {a}");
+    }
+    assert_eq!(
+        (ctx.effects_total().await, ctx.markers().await),
+        (ACCOUNTS + 1, ACCOUNTS + 1)
+    );
+    ctx.cleanup().await;
+}
+
+/// How the hot-row calls pick their lanes.
+#[derive(Clone, Copy)]
+enum Lane {
+    /// By the job's key (no `lane`).
+    Key,
+    /// By the account, through the macro and by hand in turn.
+    Account,
+}
+
+async fn hot_rows<S: Support>(name: &str, options: GroupOptions, lane: Lane) {
+    const JOBS: i64 = 50;
+    const ACCOUNTS: i64 = 10;
+    let lanes = options.get_lanes() as u32;
+    let mut ctx = Ctx::<S>::new(name, 12 + 2 * lanes).await;
+    let accounts = ctx
+        .create_table("a", "(id BIGINT PRIMARY KEY, credits BIGINT NOT NULL)")
+        .await;
+    let rows: Vec<String> = (1..=ACCOUNTS).map(|a| format!("({a}, 0)")).collect();
+    ctx.exec(&format!(
+        "INSERT INTO {accounts} VALUES {}",
+        rows.join(", ")
+    ))
+    .await;
+    let group = group(&ctx, options);
     let account = |id: i64| id % ACCOUNTS + 1;
     let mut deliveries: Vec<Job> = jobs(&ctx, 1..=JOBS)
         .into_iter()
@@ -623,10 +741,18 @@ pub(crate) async fn group_on_its_defaults_applies_hot_rows_without_deadlock<S: S
     SplitMix::new(48).shuffle(&mut deliveries);
     let tasks: Vec<_> = deliveries
         .into_iter()
-        .map(|job| {
+        .enumerate()
+        .map(|(n, job)| {
             let (group, accounts) = (group.clone(), accounts.clone());
             tokio::spawn(async move {
-                let done = top_up_grouped(&group, &job, &accounts, account(job.id)).await;
+                let to = account(job.id);
+                let done = match (lane, n % 2) {
+                    (Lane::Key, _) => top_up_grouped(&group, &job, &accounts, to).await,
+                    (Lane::Account, 0) => top_up_in_its_lane(&group, &job, &accounts, to).await,
+                    (Lane::Account, _) => {
+                        top_up_in_its_lane_by_hand(&group, &job, &accounts, to, None).await
+                    }
+                };
                 (job.id, done)
             })
         })
@@ -639,7 +765,7 @@ pub(crate) async fn group_on_its_defaults_applies_hot_rows_without_deadlock<S: S
         match done {
             Ok(Outcome::Applied(())) => applied[id as usize] += 1,
             Ok(Outcome::Duplicate) => {}
-            other => panic!("job {id} on the default group options: {other:?}"),
+            other => panic!("job {id} on {options:?}: {other:?}"),
         }
     }
     assert!(applied[1..].iter().all(|n| *n == 1), "{applied:?}");
