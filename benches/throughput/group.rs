@@ -35,8 +35,10 @@ const WORKERS: [usize; 3] = [1, 8, 32];
 enum V {
     Hand,
     Macro,
-    /// Group commit with this many lanes.
+    /// Group commit with this many lanes, a call's lane by its key.
     Group(usize),
+    /// Group commit with this many lanes, a call's lane by its account (`lane = ..`).
+    ByAccount(usize),
     /// `#[idem::idempotent(batch = ..)]` with batches of this many jobs.
     Batch(usize),
 }
@@ -47,6 +49,7 @@ impl V {
             V::Hand => "handwritten".to_owned(),
             V::Macro => "macro".to_owned(),
             V::Group(lanes) => format!("group, {lanes} lanes"),
+            V::ByAccount(lanes) => format!("group, {lanes} lanes by account"),
             V::Batch(size) => format!("batch of {size}"),
         }
     }
@@ -68,6 +71,8 @@ fn accounts() -> u64 {
 pub(crate) struct Rows {
     /// A group of each of these lane counts.
     pub(crate) lanes: Vec<usize>,
+    /// A group of each of these lane counts, the calls' lanes chosen by their accounts.
+    pub(crate) by_account: Vec<usize>,
     /// Batches of this size, if any.
     pub(crate) batch: Option<usize>,
     /// The poisoned batch's rows (`each.rs`) too.
@@ -75,10 +80,19 @@ pub(crate) struct Rows {
 }
 
 impl Rows {
+    /// Every lane count a group of these rows is made with.
+    fn all_lanes(&self) -> Vec<usize> {
+        let mut lanes: Vec<usize> = self.lanes.iter().chain(&self.by_account).copied().collect();
+        lanes.sort_unstable();
+        lanes.dedup();
+        lanes
+    }
+
     /// `--group`'s rows: the lanes of [`lane_counts`], no batch.
     fn group() -> Rows {
         Rows {
             lanes: lane_counts(),
+            by_account: by_account_lanes(),
             batch: None,
             each: true,
         }
@@ -98,6 +112,15 @@ fn lane_counts() -> Vec<usize> {
         })
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| vec![default, 2 * default])
+}
+
+/// The lanes of the group rows whose calls pick their lane by account:
+/// `IDEM_BENCH_GROUP_LANES_BY_ACCOUNT` (a comma list; empty for none), else 4.
+fn by_account_lanes() -> Vec<usize> {
+    match std::env::var("IDEM_BENCH_GROUP_LANES_BY_ACCOUNT") {
+        Ok(v) => v.split(',').filter_map(|n| n.trim().parse().ok()).collect(),
+        Err(_) => vec![4],
+    }
 }
 
 /// When the body ended, to time the wait for the commit.
@@ -134,8 +157,16 @@ macro_rules! handlers {
             Ok(())
         }
 
-        #[idem::idempotent(key = "job.id", scope = "bench.top_up", group)]
-        pub(super) async fn grouped(
+        #[idem::idempotent(key = "job.id", scope = "bench.top_up", group, lane = "job.account")]
+        pub(super) async fn by_account(
+            tx: &mut Transaction<'_, $db>,
+            job: &TopUp,
+            end: &BodyEnd,
+        ) -> Result<(), sqlx::Error> {
+            grouped_body(tx, job, end).await
+        }
+
+        async fn grouped_body(
             tx: &mut Transaction<'_, $db>,
             job: &TopUp,
             end: &BodyEnd,
@@ -147,6 +178,15 @@ macro_rules! handlers {
                 .await?;
             end.mark();
             Ok(())
+        }
+
+        #[idem::idempotent(key = "job.id", scope = "bench.top_up", group)]
+        pub(super) async fn grouped(
+            tx: &mut Transaction<'_, $db>,
+            job: &TopUp,
+            end: &BodyEnd,
+        ) -> Result<(), sqlx::Error> {
+            grouped_body(tx, job, end).await
         }
     };
 }
@@ -174,7 +214,7 @@ type Groups = Vec<(usize, Grouped)>;
 async fn job(conn: &Conn, groups: &Groups, v: V, job: &TopUp) -> Res<(bool, Option<u64>)> {
     let end = BodyEnd::default();
     let lanes = match v {
-        V::Group(lanes) => lanes,
+        V::Group(lanes) | V::ByAccount(lanes) => lanes,
         _ => 0,
     };
     let group = groups
@@ -187,7 +227,7 @@ async fn job(conn: &Conn, groups: &Groups, v: V, job: &TopUp) -> Res<(bool, Opti
         (Conn::Pg(s), _, V::Macro) => pg::single(s, job, &end).await?.is_applied(),
         (Conn::Lite(s), _, V::Macro) => lite::single(s, job, &end).await?.is_applied(),
         (Conn::My(s), _, V::Macro) => my::single(s, job, &end).await?.is_applied(),
-        (_, group, _) => grouped_job(group, job, &end).await?,
+        (_, group, v) => grouped_job(group, job, &end, matches!(v, V::ByAccount(_))).await?,
     };
     Ok((applied, end.waited()))
 }
@@ -203,14 +243,17 @@ const DELIVERIES: usize = 5;
 /// A grouped job, delivered again when its group failed or it lost a deadlock, as a consumer
 /// nacks it and the broker redelivers: on MariaDB two lanes' open groups can each hold a row
 /// the other's next body updates, and InnoDB rolls one group back whole.
-async fn grouped_job(group: &Grouped, job: &TopUp, end: &BodyEnd) -> Res<bool> {
+async fn grouped_job(group: &Grouped, job: &TopUp, end: &BodyEnd, by_account: bool) -> Res<bool> {
     let mut delivery = 0;
     loop {
         delivery += 1;
-        let done = match group {
-            Grouped::Pg(g) => pg::grouped(g, job, end).await,
-            Grouped::Lite(g) => lite::grouped(g, job, end).await,
-            Grouped::My(g) => my::grouped(g, job, end).await,
+        let done = match (group, by_account) {
+            (Grouped::Pg(g), false) => pg::grouped(g, job, end).await,
+            (Grouped::Pg(g), true) => pg::by_account(g, job, end).await,
+            (Grouped::Lite(g), false) => lite::grouped(g, job, end).await,
+            (Grouped::Lite(g), true) => lite::by_account(g, job, end).await,
+            (Grouped::My(g), false) => my::grouped(g, job, end).await,
+            (Grouped::My(g), true) => my::by_account(g, job, end).await,
         };
         let e = match done {
             Ok(outcome) => return Ok(outcome.is_applied()),
@@ -495,7 +538,7 @@ async fn group_rows(
         let conn = Arc::new(
             connect(
                 kind,
-                workers + 2 * single.lanes.iter().copied().max().unwrap_or(1),
+                workers + 2 * single.all_lanes().into_iter().max().unwrap_or(1),
                 sqlite,
             )
             .await?,
@@ -503,10 +546,11 @@ async fn group_rows(
         // The PostgreSQL here runs without autovacuum: vacuum between worker counts, as the
         // main rows do, never during a timed run.
         conn.maintain().await?;
-        let group = Arc::new(grouped(&conn, &single.lanes)?);
+        let group = Arc::new(grouped(&conn, &single.all_lanes())?);
         let variants = [V::Hand, V::Macro].into_iter();
         let mut aggs: Vec<(V, Agg, Vec<u64>, Vec<f64>)> = variants
             .chain(single.lanes.iter().copied().map(V::Group))
+            .chain(single.by_account.iter().copied().map(V::ByAccount))
             .chain(single.batch.map(V::Batch))
             .map(|v| (v, Agg::default(), Vec::new(), Vec::new()))
             .collect();
@@ -561,8 +605,15 @@ async fn group_rows(
             .iter()
             .map(|(v, agg, ..)| (workers, v.name(), median(&agg.rates)));
         MEDIANS.lock().expect("not poisoned").extend(medians);
-        for &lanes in &single.lanes {
-            let group = rate(V::Group(lanes));
+        let grouped = (single.lanes.iter().copied().map(V::Group))
+            .chain(single.by_account.iter().copied().map(V::ByAccount));
+        for v in grouped {
+            let lanes = match v {
+                V::ByAccount(lanes) => format!("{lanes} by account"),
+                V::Group(lanes) => lanes.to_string(),
+                _ => unreachable!("group variants only"),
+            };
+            let group = rate(v);
             singles.push((
                 workers,
                 lanes,

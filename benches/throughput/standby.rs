@@ -37,6 +37,7 @@ pub(crate) async fn run(rounds: usize, dur: Duration, plot: &Path) -> Res<String
     admin.close().await;
     let rows = Rows {
         lanes: vec![1, 2, 4],
+        by_account: Vec::new(),
         batch: Some(100),
         each: false,
     };
