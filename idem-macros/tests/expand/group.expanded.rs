@@ -16,6 +16,7 @@ pub async fn top_up_grouped(
                 __idem_key,
                 ::core::option::Option::None,
                 ::core::option::Option::None,
+                ::core::option::Option::None,
             )
             .await
         {
