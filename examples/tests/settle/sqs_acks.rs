@@ -162,8 +162,8 @@ async fn acks_sent_ten_at_a_time_and_those_waiting_at_shutdown() {
     case.end().await;
 }
 
-/// One ack alone: its batch (of one) is sent once its time ran out, no sooner, and the
-/// settlement returns after that.
+/// One ack alone, where two could be out at once (a prefetch of 2): its batch (of one) is sent
+/// once its time ran out, no sooner, and the settlement returns after that.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lone_ack_sent_once_its_time_ran_out() {
     const WITHIN: Duration = Duration::from_millis(300);
@@ -171,7 +171,7 @@ async fn a_lone_ack_sent_once_its_time_ran_out() {
     case.publish_jobs(&[job(1)]).await;
     let deletes = Deletes::default();
     let client = deletes.client(&case.broker);
-    let receiver = Receiver::consume(&client, case.broker.queues(), 1, 1).batch_acks(WITHIN);
+    let receiver = Receiver::consume(&client, case.broker.queues(), 2, 1).batch_acks(WITHIN);
     let (runner, seen, done) = recording(Runner::new().in_flight(1), |seen| {
         seen.iter().any(|s| s.disposition == Disposition::Ack)
     });
@@ -204,6 +204,46 @@ async fn a_lone_ack_sent_once_its_time_ran_out() {
         "sent {:?} after the handler answered",
         *sent - answered
     );
+    assert_eq!(case.broker.left().await, 0);
+    case.end().await;
+}
+
+/// A prefetch of one: a batch is full at one ack, so each is sent at once however long the
+/// window (an hour here; the case's bound is a minute), one `DeleteMessageBatch` a message.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_prefetch_of_one_each_ack_is_sent_at_once() {
+    const JOBS: usize = 3;
+    let case = Case::<Sqs>::new("ack_one", 2).await;
+    let jobs: Vec<Job> = (1..=JOBS).map(job).collect();
+    case.publish_jobs(&jobs).await;
+    let deletes = Deletes::default();
+    let client = deletes.client(&case.broker);
+    let receiver = Receiver::consume(&client, case.broker.queues(), 1, 1)
+        .batch_acks(Duration::from_secs(3600));
+    let (runner, _, done) = recording(Runner::new().in_flight(1), |seen| seen.len() == JOBS);
+    let (store, effects) = (&case.store, case.effects.as_str());
+    let tally = within(
+        60,
+        "three acks, each sent at once",
+        runner.run(
+            receiver,
+            |job: Job| async move { apply(store, &job, effects).await },
+            done.notified(),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!((tally.applied, tally.acked()), (3, 3), "{tally:?}");
+    let calls = deletes.calls();
+    assert_eq!(calls.len(), JOBS, "{calls:?}");
+    assert!(
+        calls
+            .iter()
+            .all(|(_, c)| matches!(c, Call::Batch(r) if r.len() == 1)),
+        "{calls:?}"
+    );
+    assert_eq!(receipts(&calls).len(), JOBS);
+    assert_eq!(case.effects().await, (JOBS as i64, JOBS as i64));
     assert_eq!(case.broker.left().await, 0);
     case.end().await;
 }

@@ -101,6 +101,8 @@ pub struct Receiver {
     /// the queue's, read at the first heartbeat. Shared by the receives, so it is read once.
     visibility: Arc<OnceCell<i32>>,
     deletes: Deletes,
+    /// The most deliveries handed out at once: a batch is full at this many (at most 10).
+    prefetch: usize,
 }
 
 impl Receiver {
@@ -116,29 +118,35 @@ impl Receiver {
             wait_seconds,
             tx,
         ));
-        let deletes = Deletes::start(client, &queues.url, DEFAULT_BATCH_ACKS);
+        let prefetch = prefetch.max(1);
+        let deletes = Deletes::start(client, &queues.url, DEFAULT_BATCH_ACKS, prefetch);
         Receiver {
             client: client.clone(),
             queues,
             received,
             visibility: Arc::new(OnceCell::new()),
             deletes,
+            prefetch,
         }
     }
 
     /// How long an ack waits for others to share its `DeleteMessageBatch` (SQS takes up to 10
-    /// deletes in one call): a batch is sent once 10 acks wait, or `within` after the first of
-    /// them. By default [`DEFAULT_BATCH_ACKS`], 50 ms. `Duration::ZERO`: each ack is a
-    /// `DeleteMessage` of its own, sent at once.
+    /// deletes in one call): a batch is sent once it is full, or `within` after the first of
+    /// its acks. A batch is full at 10 acks, or at the receiver's `prefetch` if that is
+    /// smaller: a consumer with fewer deliveries out than 10 never waits for acks that cannot
+    /// come (with a prefetch of 1, each ack is sent at once). By default
+    /// [`DEFAULT_BATCH_ACKS`], 50 ms. `Duration::ZERO`: each ack is a `DeleteMessage` of its
+    /// own, sent at once.
     ///
     /// A delivery's settlement returns once SQS answered for its delete, so the delivery holds
     /// its place among the runner's [`in_flight`](super::Runner::in_flight) until then: up to
-    /// `within` longer than with a delete of its own. Give the runner 10 or more in flight,
-    /// so that a batch fills before its time runs out when messages keep coming.
+    /// `within` longer than with a delete of its own while fewer deliveries end together than
+    /// a full batch. When messages keep coming, the places held fill the batch, which is then
+    /// sent at once.
     pub fn batch_acks(mut self, within: Duration) -> Self {
         // The task it replaces ends once its last sender is gone: here, unless deliveries
         // were handed out before (they keep it).
-        self.deletes = Deletes::start(&self.client, &self.queues.url, within);
+        self.deletes = Deletes::start(&self.client, &self.queues.url, within, self.prefetch);
         self
     }
 
@@ -413,7 +421,7 @@ struct Delete {
 }
 
 impl Deletes {
-    fn start(client: &Client, url: &str, within: Duration) -> Deletes {
+    fn start(client: &Client, url: &str, within: Duration, prefetch: usize) -> Deletes {
         let batcher = (!within.is_zero()).then(|| {
             // No ack is worth holding longer than SQS can keep its message invisible; and the
             // timer must not overflow.
@@ -421,7 +429,13 @@ impl Deletes {
             let (tx, commands) = mpsc::unbounded_channel();
             // It ends once every sender is gone (the receiver and its deliveries), after its
             // last batches were answered.
-            tokio::spawn(batch(client.clone(), url.to_owned(), within, commands));
+            let full = prefetch.clamp(1, MAX_BATCH);
+            tokio::spawn(batch(
+                client.clone(),
+                url.to_owned(),
+                (within, full),
+                commands,
+            ));
             tx
         });
         Deletes {
@@ -469,12 +483,12 @@ impl Deletes {
     }
 }
 
-/// The batcher: gathers deletes into batches of up to [`MAX_BATCH`], each sent once it is full
-/// or `within` after its first delete came (at once after a flush).
+/// The batcher: gathers deletes into batches of `full` (at most [`MAX_BATCH`]), each sent once
+/// it is full or `within` after its first delete came (at once after a flush).
 async fn batch(
     client: Client,
     url: String,
-    mut within: Duration,
+    (mut within, full): (Duration, usize),
     mut commands: mpsc::UnboundedReceiver<Command>,
 ) {
     let mut waiting: Vec<Delete> = Vec::with_capacity(MAX_BATCH);
@@ -498,7 +512,7 @@ async fn batch(
                         due.as_mut().reset(Instant::now() + within);
                     }
                     waiting.push(delete);
-                    if waiting.len() == MAX_BATCH {
+                    if waiting.len() >= full {
                         send(&mut sending, &mut waiting);
                     }
                 }
