@@ -1,7 +1,8 @@
 //! A PostgreSQL primary and a streaming standby of the test's own (Debian's server binaries,
 //! run as user `postgres`, in a temporary directory, on ports of their own): `initdb`,
 //! `pg_basebackup`, a SIGKILL of the primary and `pg_ctl promote`. Dropped, it stops what is
-//! left and removes the directory.
+//! left and removes the directory. [`Server`] is one such server alone, with settings of the
+//! caller's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,10 +11,12 @@ use std::time::{Duration, Instant};
 use crate::bouncer::free_port;
 use crate::delay::DelayProxy;
 
-/// PostgreSQL's binaries: Debian keeps them in `/usr/lib/postgresql/<version>/bin`.
-fn pg_bin() -> PathBuf {
+/// PostgreSQL's binaries, the newest version's: Debian keeps them in
+/// `/usr/lib/postgresql/<version>/bin`. `None` where there is no `pg_ctl` there, so that a
+/// caller can say what is missing before it starts anything.
+pub fn find_pg_bin() -> Option<PathBuf> {
     let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("PostgreSQL's server binaries in /usr/lib/postgresql")
+        .ok()?
         .filter_map(|e| {
             let e = e.ok()?;
             let v = e.file_name().to_str()?.parse().ok()?;
@@ -22,10 +25,85 @@ fn pg_bin() -> PathBuf {
         .filter(|(_, bin)| bin.join("pg_ctl").exists())
         .collect();
     versions.sort();
-    versions
-        .pop()
-        .expect("pg_ctl under /usr/lib/postgresql/*/bin")
-        .1
+    versions.pop().map(|(_, bin)| bin)
+}
+
+fn pg_bin() -> PathBuf {
+    find_pg_bin().expect("PostgreSQL's server binaries: pg_ctl under /usr/lib/postgresql/*/bin")
+}
+
+/// A directory of this process's own under the temporary directory, owned by `postgres`, whose
+/// servers' data directories it will hold.
+fn owned_root(name: &str) -> PathBuf {
+    let root = std::env::temp_dir().join(format!(
+        "idem-{name}-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&root).expect("a directory for the servers");
+    let chown = Command::new("chown")
+        .args(["-R", "postgres"])
+        .arg(&root)
+        .status()
+        .expect("chown");
+    assert!(chown.success(), "chown postgres {}", root.display());
+    root
+}
+
+/// `initdb` of `dir`, then `conf` after the configuration it wrote, with the lines every
+/// server here needs: TCP on loopback alone, and the sockets in `root` rather than in
+/// `/var/run/postgresql`, which a system's own server may hold.
+fn initdb(bin: &Path, root: &Path, dir: &str, conf: &str) {
+    run(
+        bin,
+        "initdb",
+        &["-A", "trust", "-U", "postgres", "--no-sync", "-D", dir],
+    );
+    let local = format!(
+        "listen_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n",
+        root.display()
+    );
+    append(&format!("{dir}/postgresql.conf"), &(local + conf));
+}
+
+/// `pg_ctl start` of the data directory `root/name` on `port`, its log `root/name.log`.
+fn pg_ctl_start(bin: &Path, root: &Path, name: &str, port: u16) {
+    let dir = root.join(name).display().to_string();
+    let log = root.join(format!("{name}.log")).display().to_string();
+    run(
+        bin,
+        "pg_ctl",
+        &[
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            &format!("-p {port}"),
+            "-l",
+            &log,
+            "-D",
+            &dir,
+            "start",
+        ],
+    );
+}
+
+fn postmaster_pid(root: &Path, name: &str) -> Option<String> {
+    let pid = std::fs::read_to_string(root.join(name).join("postmaster.pid")).ok()?;
+    pid.lines().next().map(str::to_owned)
+}
+
+/// Stops the server `root/name` if it runs (at once: what it held is thrown away with it).
+fn stop(bin: &Path, root: &Path, name: &str) {
+    if postmaster_pid(root, name).is_some() {
+        let _ = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(bin.join("pg_ctl"))
+            .args(["-w", "-m", "immediate", "-D"])
+            .arg(root.join(name))
+            .arg("stop")
+            .output();
+    }
 }
 
 /// Runs `program` of PostgreSQL's as user `postgres`; panics with its output when it fails.
@@ -84,45 +162,25 @@ impl Pair {
     }
 
     async fn start_with(synchronous: bool, delay: Option<Duration>) -> Pair {
-        let root = std::env::temp_dir().join(format!(
-            "idem-standby-{}-{}",
-            std::process::id(),
-            free_port()
-        ));
-        std::fs::create_dir_all(&root).expect("a directory for the servers");
-        let chown = Command::new("chown")
-            .args(["-R", "postgres"])
-            .arg(&root)
-            .status()
-            .expect("chown");
-        assert!(chown.success(), "chown postgres {}", root.display());
         let mut pair = Pair {
             bin: pg_bin(),
             primary_port: free_port(),
             standby_port: free_port(),
-            root,
+            root: owned_root("standby"),
             proxy: None,
         };
         let primary = pair.dir("primary");
-        run(
-            &pair.bin,
-            "initdb",
-            &["-A", "trust", "-U", "postgres", "--no-sync", "-D", &primary],
-        );
         // `fsync = off` for the tests: they kill processes, never the machine, so what a
         // server wrote is in the page cache all the same; it only makes the run shorter. A
         // delayed pair is a benchmark's, which measures what a commit costs.
         let conf = format!(
-            "listen_addresses = '127.0.0.1'\n\
-             unix_socket_directories = '{root}'\n\
-             fsync = {fsync}\n\
+            "fsync = {fsync}\n\
              synchronous_standby_names = '{names}'\n\
              synchronous_commit = on\n",
-            root = pair.root.display(),
             fsync = if delay.is_some() { "on" } else { "off" },
             names = if synchronous { "standby" } else { "" },
         );
-        append(&format!("{primary}/postgresql.conf"), &conf);
+        initdb(&pair.bin, &pair.root, &primary, &conf);
         pair.pg_ctl_start("primary", pair.primary_port);
         let standby = pair.dir("standby");
         run(
@@ -176,23 +234,7 @@ impl Pair {
     }
 
     fn pg_ctl_start(&self, name: &str, port: u16) {
-        let log = self.dir(&format!("{name}.log"));
-        run(
-            &self.bin,
-            "pg_ctl",
-            &[
-                "-w",
-                "-t",
-                "60",
-                "-o",
-                &format!("-p {port}"),
-                "-l",
-                &log,
-                "-D",
-                &self.dir(name),
-                "start",
-            ],
-        );
+        pg_ctl_start(&self.bin, &self.root, name, port);
     }
 
     /// The URL of the `postgres` database on `port`.
@@ -260,22 +302,67 @@ impl Pair {
     }
 
     fn postmaster_pid(&self, name: &str) -> Option<String> {
-        let pid = std::fs::read_to_string(self.root.join(name).join("postmaster.pid")).ok()?;
-        pid.lines().next().map(str::to_owned)
+        postmaster_pid(&self.root, name)
     }
 }
 
 impl Drop for Pair {
     fn drop(&mut self) {
         for name in ["standby", "primary"] {
-            if self.postmaster_pid(name).is_some() {
-                let _ = Command::new("runuser")
-                    .args(["-u", "postgres", "--"])
-                    .arg(self.bin.join("pg_ctl"))
-                    .args(["-w", "-m", "immediate", "-D", &self.dir(name), "stop"])
-                    .output();
-            }
+            stop(&self.bin, &self.root, name);
         }
+        drop(std::fs::remove_dir_all(&self.root));
+    }
+}
+
+/// One PostgreSQL server of the caller's own, flushing as a production server does (`fsync`
+/// and `synchronous_commit` on), with the caller's settings after those (`wal_level =
+/// logical`, say). Dropped, it stops and its directory is removed.
+pub struct Server {
+    root: PathBuf,
+    bin: PathBuf,
+    pub port: u16,
+}
+
+impl Server {
+    /// Creates and starts the server, `conf` (lines of `postgresql.conf`) in its configuration.
+    ///
+    /// # Panics
+    ///
+    /// When PostgreSQL's binaries are missing or `initdb` or `pg_ctl` fails, with their output.
+    pub fn start(conf: &str) -> Server {
+        let server = Server {
+            bin: pg_bin(),
+            root: owned_root("server"),
+            port: free_port(),
+        };
+        let dir = server.root.join("data").display().to_string();
+        let conf = format!("fsync = on\nsynchronous_commit = on\n{conf}");
+        initdb(&server.bin, &server.root, &dir, &conf);
+        pg_ctl_start(&server.bin, &server.root, "data", server.port);
+        server
+    }
+
+    /// The URL of its `postgres` database.
+    pub fn url(&self) -> String {
+        Pair::url(self.port)
+    }
+
+    /// The directory of the binaries it runs, for their clients of the same version
+    /// (`pg_recvlogical`, say).
+    pub fn bin(&self) -> &Path {
+        &self.bin
+    }
+
+    /// Its log, for an error's message.
+    pub fn log(&self) -> PathBuf {
+        self.root.join("data.log")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        stop(&self.bin, &self.root, "data");
         drop(std::fs::remove_dir_all(&self.root));
     }
 }
