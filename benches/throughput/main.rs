@@ -6,6 +6,8 @@
 //! cargo bench --bench throughput -- --instructions  # client instructions per job, gated
 //! cargo bench --bench throughput -- --http       # idem::http's layer against a hand-written claim
 //! cargo bench --bench throughput -- --outbox     # the outbox: handler cost, relay vs direct
+//! cargo bench --bench throughput -- --outbox --wal-floor  # pgbench: outbox rows against
+//!                                                # logical decoding messages (a server of its own)
 //! cargo bench --bench throughput -- --runner     # idem's consumer loop against one by hand
 //! cargo bench --bench throughput -- --group      # group commit, and a poisoned batch
 //! cargo bench --bench throughput -- --group --each  # the poisoned batch alone
@@ -157,7 +159,7 @@ fn parse_args() -> Res<Args> {
             // `cargo bench` passes `--bench` to every harness-less bench.
             "--bench" => {}
             "--instructions" | "--group" | "--each" | "--floor" | "--standby" | "--scale"
-            | "--galera" | "--partitions" => {}
+            | "--galera" | "--partitions" | "--outbox" | "--wal-floor" => {}
             other => eprintln!("ignoring argument {other:?}"),
         }
     }
@@ -208,6 +210,18 @@ fn main() -> Res<()> {
             .enable_all()
             .build()?
             .block_on(runner::run(quick));
+    }
+    if argv.iter().any(|a| a == "--outbox") && argv.iter().any(|a| a == "--wal-floor") {
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(async {
+                let args = parse_args()?;
+                let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 5 }).max(1);
+                let run = Duration::from_millis(args.run_ms.unwrap_or(5000));
+                print!("{}", outbox::wal_floor::run(args.quick, rounds, run).await?);
+                Ok(())
+            });
     }
     if argv.iter().any(|a| a == "--outbox") {
         let quick = argv.iter().any(|a| a == "--quick");

@@ -26,6 +26,10 @@
 //!
 //! Each round runs every variant once, every other round in reverse order; the report gives
 //! the medians.
+//!
+//! `--outbox --wal-floor` runs none of these: pgbench on the handler's statements on a
+//! PostgreSQL of its own with `wal_level = logical`, the messages as outbox rows and as
+//! logical decoding messages (`outbox/wal_floor.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +50,7 @@ mod floor;
 mod jetstream;
 mod latency;
 mod wake;
+pub(crate) mod wal_floor;
 
 const WORKERS: usize = 8;
 const ACCOUNTS: i64 = 1_000;

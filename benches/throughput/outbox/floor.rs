@@ -57,7 +57,7 @@ pub(super) async fn run(
 
 /// The handler's transaction by hand: the claim, the effect and, for `n` messages, one
 /// `INSERT` of all of them with the columns idem writes. Every key is fresh.
-fn script(accounts: &str, markers: &str, n: usize) -> String {
+pub(super) fn script(accounts: &str, markers: &str, n: usize) -> String {
     let rows: Vec<String> = (0..n)
         .map(|seq| {
             format!(
@@ -80,7 +80,7 @@ fn script(accounts: &str, markers: &str, n: usize) -> String {
 
 /// Checks that the run left a marker for each of its `jobs` transactions and `n` messages for
 /// each marker, then empties both tables.
-async fn check(pool: &PgPool, markers: &str, jobs: u64, n: usize) -> Res<()> {
+pub(super) async fn check(pool: &PgPool, markers: &str, jobs: u64, n: usize) -> Res<()> {
     let count = |table: String| async move {
         let sql = format!("SELECT COUNT(*) FROM {table}");
         sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
