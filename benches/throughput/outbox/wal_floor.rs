@@ -75,12 +75,52 @@ const VARIANTS: [(&str, Writes); 6] = [
 /// The variants run again while the slot is consumed: (a), (b) and (c).
 const CONSUMED: [usize; 3] = [0, 1, 2];
 
-/// A run's rate, its WAL per transaction and, while the slot is consumed, how far the
-/// decoder was behind the WAL when the run ended.
+/// A run's rate, its WAL and the server's CPU time per transaction and, while the slot is
+/// consumed, how far the decoder was behind the WAL when the run ended.
 struct Measured {
     rate: f64,
     wal: f64,
+    cpu_us: f64,
     behind: Option<f64>,
+}
+
+/// CPU seconds the server has spent: the postmaster's own and its reaped children's (the
+/// backends of earlier runs, gone with their connections), and every living child's (this
+/// run's backends, the WAL writer, the walsender). Unlike a rate, it does not move with what
+/// else the machine runs, which on a shared machine moves the rates by more than the
+/// differences measured.
+fn server_cpu(postmaster: u32, ticks: f64) -> Res<f64> {
+    // The fields after the command's closing parenthesis, from the state (field 3) on.
+    let fields = |stat: &str| -> Vec<u64> {
+        stat.rsplit_once(')')
+            .map(|(_, rest)| rest)
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(|f| f.parse().unwrap_or(0))
+            .collect()
+    };
+    let own = fields(&std::fs::read_to_string(format!(
+        "/proc/{postmaster}/stat"
+    ))?);
+    let mut total: u64 = own.get(11..15).map_or(0, |t| t.iter().sum());
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // A process that ended since the listing has no stat any more: nothing to add.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let f = fields(&stat);
+        if f.get(1) == Some(&u64::from(postmaster)) {
+            total += f.get(11..13).map_or(0, |t| t.iter().sum());
+        }
+    }
+    Ok(total as f64 / ticks)
 }
 
 /// One message as a relay would read it back: the row's columns (its id, destination, scope,
@@ -194,12 +234,30 @@ async fn measure(
     } else {
         PgbenchLength::Secs(run.as_secs().max(1))
     };
+    let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(pool)
+        .await?;
+    let stat = std::fs::read_to_string(format!("/proc/{backend}/stat"))?;
+    let postmaster = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|ppid| ppid.parse().ok())
+        .ok_or("no postmaster's pid in a backend's /proc stat")?;
+    let ticks = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(100.0);
     let each = Each {
         pool,
         pgbench: &pgbench,
         scripts: &scripts,
         markers: &markers,
         length,
+        postmaster,
+        ticks,
     };
     eprintln!("wal floor: {rounds} rounds of each variant, no slot");
     let free = each.rounds(&[0, 1, 2, 3, 4, 5], rounds, false).await?;
@@ -238,6 +296,8 @@ struct Each<'a> {
     scripts: &'a [PathBuf],
     markers: &'a str,
     length: PgbenchLength,
+    postmaster: u32,
+    ticks: f64,
 }
 
 impl Each<'_> {
@@ -257,11 +317,13 @@ impl Each<'_> {
             for i in order {
                 let m = self.once(variants[i], consumed).await?;
                 eprintln!(
-                    "wal floor: round {round}: {}{}: {:.0} jobs/s, {:.0} WAL bytes a job{}",
+                    "wal floor: round {round}: {}{}: {:.0} jobs/s, {:.0} WAL bytes and {:.0} \
+                     server CPU µs a job{}",
                     VARIANTS[variants[i]].0,
                     if consumed { ", consumed" } else { "" },
                     m.rate,
                     m.wal,
+                    m.cpu_us,
                     m.behind
                         .map(|b| format!(", decoder {:.0} kB behind", b / 1e3))
                         .unwrap_or_default()
@@ -276,6 +338,7 @@ impl Each<'_> {
         let start: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
             .fetch_one(self.pool)
             .await?;
+        let cpu = server_cpu(self.postmaster, self.ticks)?;
         let tag = format!("wal{v}");
         let done = self
             .pgbench
@@ -286,6 +349,10 @@ impl Each<'_> {
                 .bind(&start)
                 .fetch_one(self.pool)
                 .await?;
+        // pgbench's backends exit as it disconnects: once the postmaster has reaped them
+        // their time is in its children's, and none is lost in between.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let cpu = server_cpu(self.postmaster, self.ticks)? - cpu;
         let behind = if consumed {
             // `sent_lsn` is as far as the walsender decoded and sent: the WAL after it is
             // what the relay would still have to read when the jobs stop.
@@ -304,6 +371,7 @@ impl Each<'_> {
         Ok(Measured {
             rate: done.jobs as f64 / done.secs,
             wal: wal / done.jobs as f64,
+            cpu_us: cpu * 1e6 / done.jobs as f64,
             behind,
         })
     }
@@ -449,6 +517,7 @@ fn report(
         (
             of(|m| Some(m.rate)).unwrap_or_default(),
             of(|m| Some(m.wal)).unwrap_or_default(),
+            of(|m| Some(m.cpu_us)).unwrap_or_default(),
             of(|m| m.behind),
         )
     };
@@ -461,16 +530,17 @@ fn report(
         "## The outbox through the WAL: the handler's side (PostgreSQL {version} of the \
          bench's own, wal_level = logical, fsync and synchronous_commit on; pgbench -M \
          prepared, {WORKERS} clients; {rounds} rounds of {length}, medians)\n\n\
-         | job | jobs/s | vs (a) | WAL bytes a job | message bytes a job | decoder behind at the end |\n\
-         |---|---:|---:|---:|---:|---:|\n"
+         | job | jobs/s | vs (a) | WAL bytes a job | server CPU µs a job | message bytes a job \
+         | decoder behind at the end |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n"
     );
     let mut rows = |runs: &[Vec<Measured>], variants: &[usize], suffix: &str| {
         let base = medians(&runs[0]).0;
         for (i, &v) in variants.iter().enumerate() {
-            let (rate, wal, behind) = medians(&runs[i]);
+            let (rate, wal, cpu, behind) = medians(&runs[i]);
             let _ = writeln!(
                 out,
-                "| {}{suffix} | {rate:.0} | {:.2} | {wal:.0} | {} | {} |",
+                "| {}{suffix} | {rate:.0} | {:.2} | {wal:.0} | {cpu:.0} | {} | {} |",
                 VARIANTS[v].0,
                 rate / base,
                 bytes[v],
@@ -483,7 +553,9 @@ fn report(
     out.push_str(
         "\nWith the slot consumed, `vs (a)` is to (a) with the slot consumed. Message bytes: \
          the emitted payloads, or the outbox rows' tuples (`pg_column_size`). The decoder's \
-         lag is `pg_current_wal_lsn()` less the walsender's `sent_lsn` as the run ended.\n",
+         lag is `pg_current_wal_lsn()` less the walsender's `sent_lsn` as the run ended. Server \
+         CPU: the postmaster's processes' user and system time over the run (the walsender's \
+         included, `pg_recvlogical`'s not), by transaction.\n",
     );
     out
 }
