@@ -120,6 +120,8 @@ mod guides {
     mod sqlx_upstream {}
     #[doc = include_str!("../docs/steps.md")]
     mod steps {}
+    #[doc = include_str!("../docs/wal-relay.md")]
+    mod wal_relay {}
 }
 
 #[doc(hidden)]
