@@ -14,7 +14,7 @@
 //! are one `INSERT`) and with the 10 in one emitted payload; then the job alone and with one
 //! row or one message while a `pgoutput` slot is consumed by `pg_recvlogical`, as a relay
 //! would consume it. Each run's WAL is `pg_current_wal_lsn()` after it less before it,
-//! divided by its transactions.
+//! divided by its transactions, and so is the server's CPU time (`server_cpu`).
 //!
 //! Before the runs, one transaction of each variant is decoded through a `test_decoding`
 //! slot, to check that the emitted messages are there, whole, in the job's transaction.
