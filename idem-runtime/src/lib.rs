@@ -96,6 +96,11 @@ pub use store::{DEFAULT_TABLE, MAX_TABLE_LEN, PURGE_BATCH, Store};
 pub use traceparent::{TRACEPARENT, TraceParent, TraceParentError};
 pub use transaction::Guard;
 
+/// The reqwest that `Lease::send` takes requests of (feature `reqwest`): build them with this
+/// one, and no second version of reqwest has to match it.
+#[cfg(feature = "reqwest")]
+pub use reqwest;
+
 /// The transactional outbox: the messages a handler sends with its effect
 /// ([`Outbox`]), and the relay that publishes them after the commit.
 pub mod outbox {

@@ -47,7 +47,7 @@ where
         Ok(true) => {}
         Ok(false) => {
             drop(DB::rollback(tx, &options).await);
-            return Err(E::from(super::lost(lease.request())));
+            return Err(E::from(super::lost(lease.ticket_request())));
         }
         Err(e) => {
             // The body swallowed a failed statement (PostgreSQL aborts the transaction): a

@@ -56,7 +56,7 @@ impl Lease {
                         }
                         // Not answered: another try soon, while the lease may still hold.
                         Err(_) if self.clock.deadline() > Instant::now() => every / 4,
-                        Err(_) => return Poll::Ready(Err(super::lost(self.request()))),
+                        Err(_) => return Poll::Ready(Err(super::lost(self.ticket_request()))),
                     };
                     tick.as_mut().reset(Instant::now() + next);
                 }

@@ -9,6 +9,8 @@ mod class;
 mod clock;
 mod db_step;
 mod keep_alive;
+#[cfg(feature = "reqwest")]
+mod outside;
 mod steps;
 
 use std::borrow::Cow;
@@ -50,7 +52,9 @@ use crate::record::{self, NotStorable};
 /// recorded as it returns, so that a redelivery resumes after the last recorded one; says of
 /// its error whether it is [`permanent`](Lease::permanent), [`transient`](Lease::transient)
 /// or [`unknown`](Lease::unknown); and keeps the lease alive around a slow call with
-/// [`keep_alive`](Lease::keep_alive) (`docs/steps.md`).
+/// [`keep_alive`](Lease::keep_alive) (`docs/steps.md`). With the feature `reqwest`,
+/// `Lease::send` makes such a call and classes its failure itself, and `Lease::request` and
+/// `Step::request` set the key and the timeout on it.
 pub struct Lease {
     store: Arc<dyn LeaseStore>,
     /// Taken by the finish; still here when the lease is dropped unfinished.
@@ -109,7 +113,7 @@ impl Lease {
         }
     }
 
-    fn request(&self) -> &Request {
+    fn ticket_request(&self) -> &Request {
         &self
             .ticket
             .as_ref()
@@ -119,12 +123,12 @@ impl Lease {
 
     /// The job's key, as stored in the marker.
     pub fn key(&self) -> &str {
-        self.request().key.as_str()
+        self.ticket_request().key.as_str()
     }
 
     /// The scope of the handler.
     pub fn scope(&self) -> &str {
-        &self.request().scope
+        &self.ticket_request().scope
     }
 
     /// The key to give the outside system as its `Idempotency-Key`: scope and key together
@@ -195,7 +199,7 @@ impl Lease {
             .renew(self.holder(), self.options.lease_ms())
             .await?;
         if !renewed {
-            return Err(lost(self.request()));
+            return Err(lost(self.ticket_request()));
         }
         self.clock.renewed(sent);
         Ok(())
@@ -208,7 +212,7 @@ impl Lease {
         self.clock
             .run(crate::observe::in_span(self.span().clone(), body))
             .await
-            .map_err(|after| timed_out(self.request(), after))
+            .map_err(|after| timed_out(self.ticket_request(), after))
     }
 
     /// The lease's clock, shared with whoever runs the body under it (the HTTP layer, whose
@@ -303,7 +307,7 @@ impl Lease {
     /// Ends a call whose body ran out of time (`after`): the key is released.
     #[cfg(feature = "axum")]
     pub(crate) async fn timed_out(self, after: Duration) {
-        let timeout = timed_out(self.request(), after);
+        let timeout = timed_out(self.ticket_request(), after);
         let result: Result<Result<(), ()>, Error> = Err(timeout);
         drop(self.finish_with(result, |_| Ok(None), None).await);
     }

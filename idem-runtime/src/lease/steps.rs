@@ -409,7 +409,7 @@ impl Lease {
             .await
             .map_err(Error::from)?;
         if !recorded {
-            return Err(E::from(super::lost(self.request())));
+            return Err(E::from(super::lost(self.ticket_request())));
         }
         self.step_done(step, ran).await?;
         Ok(value)
