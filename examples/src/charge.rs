@@ -63,11 +63,11 @@ pub async fn charge_once(
         customer: job.customer.clone(),
         amount: job.amount,
     };
-    let receipt = api
-        .http
-        .post(api.payments.charges_url())
-        .header("Idempotency-Key", lease.idempotency_key())
-        .timeout(lease.remaining())
+    // The key and the timeout from the lease; sent as it is rather than through `Lease::send`,
+    // which would class a timeout as unknown and keep the lease: this example's story shows
+    // the redelivery right after a timeout answered from the API's idempotency store.
+    let receipt = lease
+        .request(api.http.post(api.payments.charges_url()))
         .json(&request)
         .send()
         .await?

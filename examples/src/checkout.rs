@@ -2,7 +2,8 @@
 //! once however often the job is delivered and wherever the worker dies.
 //!
 //! 1. `charge`: the payments API (which honours `Idempotency-Key`, given the step's own key),
-//!    the lease kept alive while the call runs; a declined card fails the job for good;
+//!    through `Lease::send`: the lease kept alive while the call runs, a declined card failing
+//!    the job for good;
 //! 2. `receipt-mail`: the mail sink, which has no idempotency key: the step's record is what
 //!    keeps a redelivery from mailing twice, and its verify asks the sink (by the step's key,
 //!    sent as `X-Reference`) whether a worker that died before the record had sent it;
@@ -33,11 +34,11 @@ pub struct Done {
     pub ledger_row: i64,
 }
 
-/// The checkout's error: an outside call that failed, a declined card, or idem's own.
+/// The checkout's error: an outside call that failed (a declined card among them), the shop's
+/// database, or idem's own.
 #[derive(Debug)]
 pub enum ShopError {
     Http(reqwest::Error),
-    Declined(String),
     Db(sqlx::Error),
     Idem(idem::Error),
 }
@@ -64,7 +65,6 @@ impl std::fmt::Display for ShopError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ShopError::Http(e) => write!(f, "an outside call failed: {e}"),
-            ShopError::Declined(why) => write!(f, "the card was declined: {why}"),
             ShopError::Db(e) => write!(f, "the shop's database failed: {e}"),
             ShopError::Idem(e) => write!(f, "{e}"),
         }
@@ -141,8 +141,9 @@ pub async fn checkout(lease: &Lease, order: &Order, shop: &Shop) -> Result<Done,
     })
 }
 
-/// The charge, with the step's idempotency key; the lease renews itself while it runs. A
-/// declined card (402) fails the job for good: no retry charges it.
+/// The charge, under the step's idempotency key and time budget. `Lease::send` keeps the lease
+/// alive while it runs and classes a failure: a declined card (402) fails the job for good, a
+/// 5xx or a refused connection is retried at once, a timeout keeps the lease until it runs out.
 async fn charge(
     lease: &Lease,
     step: Step,
@@ -153,19 +154,9 @@ async fn charge(
         customer: order.customer.clone(),
         amount: order.amount,
     };
-    let sent = shop
-        .http
-        .post(format!("{}/charges", shop.payments_url))
-        .header("Idempotency-Key", step.idempotency_key())
-        .timeout(step.remaining())
-        .json(&request)
-        .send();
-    let response = lease.keep_alive(sent).await??;
-    if response.status() == reqwest::StatusCode::PAYMENT_REQUIRED {
-        let why = response.text().await?;
-        return Err(lease.permanent(ShopError::Declined(why)));
-    }
-    Ok(response.error_for_status()?.json::<Receipt>().await?)
+    let post = shop.http.post(format!("{}/charges", shop.payments_url));
+    let response = lease.send(step.request(post).json(&request)).await??;
+    Ok(response.json::<Receipt>().await?)
 }
 
 /// The receipt mail, under the step's key as its reference.

@@ -83,7 +83,7 @@ async fn checkout_story_does_each_step_once_and_fails_a_declined_card_for_good()
         };
         assert_eq!(
             failure.error(),
-            "the card was declined: insufficient funds",
+            "402 Payment Required from /charges: insufficient funds",
             "{text}"
         );
     }
