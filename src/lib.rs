@@ -37,7 +37,9 @@
 //! Databases are chosen with the cargo features `sqlite` (on by default), `postgres` and
 //! `mysql`. See [`idempotent`] for the attribute and [`Store`] for the table it keeps. The
 //! feature `axum` adds `idem::http`, an `Idempotency-Key` layer for axum and tower whose
-//! claim and stored response commit with the handler's own writes.
+//! claim and stored response commit with the handler's own writes. The feature `reqwest` adds
+//! `Lease::send`, a lease's outside HTTP call with its key and timeout set and its failure
+//! classed (`docs/steps.md`).
 
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -77,7 +79,8 @@ pub mod observability {
 /// The guides of `docs/` that no page above includes, compiled as doctests so that each code
 /// block stays complete and true to the API: a block that needs a database or a broker is
 /// `no_run` (compiled, not run). A guide whose blocks use a feature's module is compiled with
-/// that feature (PostgreSQL comes with the dev-dependencies);
+/// that feature (PostgreSQL comes with the dev-dependencies); steps.md's HTTP call is gated
+/// inside its block, on the feature `reqwest`, so that the rest of the page is compiled always;
 /// `cargo test -p idem --doc --all-features` compiles them all. `docs/job-frameworks.md` is
 /// compiled by the package that has its frameworks (`examples/jobs/`).
 #[cfg(doctest)]
