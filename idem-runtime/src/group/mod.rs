@@ -434,7 +434,7 @@ impl<DB: Backend> Group<DB> {
     ///         idem::Claimed::Fresh(mut guard) => {
     ///             let credited = sqlx::query("UPDATE accounts SET balance = balance + 10 WHERE id = ?")
     ///                 .bind(account)
-    ///                 .execute(guard.tx())
+    ///                 .execute(&mut **guard.tx())
     ///                 .await;
     ///             guard.finish(credited.map(drop).map_err(idem::Error::from)).await?
     ///         }
