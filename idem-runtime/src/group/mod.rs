@@ -400,11 +400,7 @@ impl<DB: Backend> Group<DB> {
         key: &Key,
         options: ClaimOptions,
     ) -> Result<Claimed<GroupGuard<DB>>, Error> {
-        check_scope(scope)?;
-        let scope = Cow::Owned(scope.to_owned());
-        let request = Request::new(scope, key.clone(), options, "Group::claim");
-        let claimed = self.claim_request(request, None).await?;
-        Ok(claimed.map(|held| GroupGuard { held }))
+        self.claim_named(scope, key, options, None).await
     }
 
     /// [`claim_with`](Group::claim_with) in the lane of `rows` instead of the key's: the calls
@@ -450,10 +446,26 @@ impl<DB: Backend> Group<DB> {
         key: &Key,
         options: ClaimOptions,
     ) -> Result<Claimed<GroupGuard<DB>>, Error> {
+        self.claim_named(scope, key, options, Some(rows_hash(&rows)))
+            .await
+    }
+
+    /// A hand-written claim, in the lane of `rows` if the caller named them.
+    async fn claim_named(
+        &self,
+        scope: &str,
+        key: &Key,
+        options: ClaimOptions,
+        rows: Option<u64>,
+    ) -> Result<Claimed<GroupGuard<DB>>, Error> {
         check_scope(scope)?;
         let scope = Cow::Owned(scope.to_owned());
-        let request = Request::new(scope, key.clone(), options, "Group::claim_in_lane");
-        let claimed = self.claim_request(request, Some(rows_hash(&rows))).await?;
+        let what = match rows {
+            Some(_) => "Group::claim_in_lane",
+            None => "Group::claim",
+        };
+        let request = Request::new(scope, key.clone(), options, what);
+        let claimed = self.claim_request(request, rows).await?;
         Ok(claimed.map(|held| GroupGuard { held }))
     }
 
