@@ -219,4 +219,6 @@ every_backend!(
     outbox_requeue_all_acts_on_the_filter_behind_a_dry_run_and_a_confirmation,
     forget_stuck_forces_only_with_force_behind_a_dry_run_and_a_confirmation,
     bulk_outbox_and_forget_refuse_bad_input_before_connecting,
+    console_requeues_a_failure_group_for_an_admin_only,
+    console_requeues_a_parked_message_that_the_relay_then_sends,
 );

@@ -41,7 +41,7 @@ mod testing {
 
 mod backend;
 
-mod console;
+mod bulk;
 mod doctor;
 mod inspect;
 mod retention;
@@ -61,7 +61,9 @@ mod relay;
 mod transaction;
 
 // Above the modes: the HTTP layer claims through transaction and lease mode, the Kafka
-// consumer through the offset-watermark mode.
+// consumer through the offset-watermark mode; the web console reads the store and the outbox.
+#[cfg(feature = "console")]
+pub mod console;
 #[cfg(feature = "axum")]
 pub mod http;
 #[cfg(feature = "kafka")]
@@ -69,9 +71,11 @@ pub mod kafka;
 
 pub use backend::Backend;
 pub use batch::BatchGuard;
+pub use bulk::{
+    AuditEntry, FailedFilter, FailureGroup, GROUP_ID_LEN, MAX_GROUPS, OutcomeCount, REQUEUE_PAGE,
+};
 pub use claim::Claimed;
 pub use claim::nested::Body;
-pub use console::{AuditEntry, FailedFilter, FailureGroup, GROUP_ID_LEN, MAX_GROUPS, REQUEUE_PAGE};
 pub use doctor::{Checkup, Diagnosis, Finding, Severity};
 pub use each::{EachGuard, JobGuard};
 pub use error::{Error, JobError, KafkaError, LeaseError, NotKept, Refusal};

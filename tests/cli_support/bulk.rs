@@ -8,14 +8,14 @@ use serde_json::json;
 use crate::Db;
 use crate::cli_support::{Fixture, run};
 
-const SCOPE: &str = "billing.charge";
+pub(crate) const SCOPE: &str = "billing.charge";
 
 /// The jobs of each group.
 const DECLINED_JOBS: i64 = 180;
 const TIMEOUT_JOBS: i64 = 120;
 
 /// The second group's error.
-const TIMEOUT: &str = "gateway timeout after 30s";
+pub(crate) const TIMEOUT: &str = "gateway timeout after 30s";
 
 pub(crate) async fn bulk_requeue_acts_on_one_group_behind_a_dry_run_and_a_confirmation<B: Db>() {
     let fx = Fixture::<B>::new("bulk").await;
@@ -191,7 +191,7 @@ impl<B: Db> Fixture<B> {
     /// Writes failed markers of keys `{prefix}-{n}` for `range`, as a lease's permanent
     /// failure leaves them (completed, with the error and the holder's token), failed two
     /// hours ago; one statement per hundred.
-    async fn fail_many(&self, prefix: &str, range: std::ops::Range<i64>, error: &str) {
+    pub(crate) async fn fail_many(&self, prefix: &str, range: std::ops::Range<i64>, error: &str) {
         let rows: Vec<String> = range
             .map(|n| {
                 format!(
@@ -213,7 +213,7 @@ impl<B: Db> Fixture<B> {
     }
 
     /// `(failed with declined, failed with the timeout, in progress)`.
-    async fn counts(&self, declined: &str) -> (i64, i64, i64) {
+    pub(crate) async fn counts(&self, declined: &str) -> (i64, i64, i64) {
         let failed = |error: &str| {
             format!(
                 "SELECT COUNT(*) FROM {} WHERE state = 'completed' AND error = '{error}'",

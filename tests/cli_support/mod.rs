@@ -2,6 +2,7 @@
 
 pub(crate) mod bulk;
 pub(crate) mod cases;
+pub(crate) mod console;
 pub(crate) mod doctor;
 pub(crate) mod failed;
 pub(crate) mod forget;
@@ -11,6 +12,7 @@ pub(crate) mod sweep;
 // The cases of every file, under one path for `every_backend!`.
 pub(crate) use bulk::*;
 pub(crate) use cases::*;
+pub(crate) use console::*;
 pub(crate) use doctor::*;
 pub(crate) use failed::*;
 pub(crate) use forget::*;

@@ -12,7 +12,7 @@ use crate::Db;
 use crate::cli_support::Fixture;
 
 /// A broker that refuses every message, with an error of two lines.
-struct Refusing;
+pub(crate) struct Refusing;
 
 impl Publisher for Refusing {
     async fn publish(&self, _: &Message) -> Result<(), PublishError> {
@@ -21,7 +21,7 @@ impl Publisher for Refusing {
 }
 
 /// A broker that takes every message, keeping their ids.
-struct Taking(Arc<Mutex<Vec<String>>>);
+pub(crate) struct Taking(pub(crate) Arc<Mutex<Vec<String>>>);
 
 impl Publisher for Taking {
     async fn publish(&self, message: &Message) -> Result<(), PublishError> {

@@ -32,6 +32,8 @@ pub(super) struct Words<'a> {
     pub(super) count: &'a str,
     /// A time column or aggregate as ISO-8601 UTC text, as `columns` writes them.
     pub(super) time: fn(&str) -> String,
+    /// A time column as a whole number of `:bucket_s` seconds since 1970 (UTC), rounded down.
+    pub(super) bucket: fn(&str) -> String,
     /// Whether an `UPDATE` takes its own `ORDER BY ... LIMIT` (MySQL and MariaDB, which refuse
     /// a `LIMIT` in an `IN` subquery and a subquery of the table being updated), rather than a
     /// page of keys chosen by a subquery (PostgreSQL and SQLite, which have no `UPDATE ...
@@ -55,6 +57,7 @@ impl OperatorText {
             now,
             count,
             time,
+            bucket,
             update_limit,
         } = words;
         let marker = format!("scope = :scope AND {key} = :key");
@@ -116,6 +119,16 @@ impl OperatorText {
                  ORDER BY {count} DESC, scope, error LIMIT :limit",
                 time("MIN(completed_at)"),
                 time("MAX(completed_at)"),
+            )
+            .into(),
+            // The completed markers of a window, from the index on `completed_at`, counted per
+            // scope and bucket; `COUNT(error)` counts the failed among them.
+            outcomes: format!(
+                "SELECT scope, {}, {count}, {} FROM {{t}} WHERE state = 'completed' \
+                 AND completed_at >= {ago} AND ({null} OR scope = :scope) \
+                 GROUP BY scope, 2 ORDER BY scope, 2 LIMIT :limit",
+                bucket("completed_at"),
+                count.replace("COUNT(*)", "COUNT(error)"),
             )
             .into(),
             failed_count: format!("SELECT {count} FROM {{t}} WHERE {matching}").into(),
@@ -183,6 +196,10 @@ statements! {
         /// The failed markers of a scope (every scope: NULL) grouped by their error:
         /// `(scope, error, count, first failed at, last failed at)`, the largest groups first.
         failure_groups(scope: Option<&str>, limit: i64);
+        /// The markers completed in the last `age_ms` of a scope (every scope: NULL), per scope
+        /// and bucket of `bucket_s` seconds: `(scope, bucket, completed, failed)`, at most
+        /// `limit` rows.
+        outcomes(bucket_s: i64, age_ms: i64, scope: Option<&str>, limit: i64);
         /// How many failed markers the filter names (each bind NULL: any).
         failed_count(scope: Option<&str>, error: Option<&str>, age_ms: Option<i64>);
         /// At most `limit` of them (`MarkerRow`), newest first.
@@ -257,6 +274,10 @@ sql_runs! {
     failure_groups(pool: &Pool<DB>, scope: Option<&str>, limit: i64)
         -> Vec<(String, String, i64, String, String)> =
         ops.failure_groups(scope, limit).fetch_all;
+    /// `(scope, bucket, completed, failed)` of the markers completed in the last `age_ms`.
+    outcomes(pool: &Pool<DB>, bucket_s: i64, age_ms: i64, scope: Option<&str>, limit: i64)
+        -> Vec<(String, i64, i64, i64)> =
+        ops.outcomes(bucket_s, age_ms, scope, limit).fetch_all;
     /// How many failed markers the filter names.
     failed_count(pool: &Pool<DB>, scope: Option<&str>, error: Option<&str>, age_ms: Option<i64>)
         -> Option<(i64,)> = ops.failed_count(scope, error, age_ms).fetch_optional;

@@ -109,6 +109,18 @@ pub(crate) enum Command {
     /// The outbox's messages: list the parked and pending ones, show one, requeue a parked one.
     #[command(subcommand)]
     Outbox(OutboxCommand),
+    /// Serve the web console (failures grouped by error, stuck leases, the outbox, a job's
+    /// story, the audit log) until Ctrl-C: read-only unless `--admin`.
+    Console {
+        /// Where to listen.
+        #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDRESS")]
+        listen: std::net::SocketAddr,
+        /// Grant every visitor the console's actions (requeue), audited as `--actor`: only on
+        /// an address that no one else reaches. To grant some users only, mount
+        /// `idem::console` in an application behind its own login.
+        #[arg(long)]
+        admin: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -6,6 +6,7 @@
 
 mod args;
 mod bulk;
+mod console;
 mod doctor;
 mod failed;
 mod outbox;

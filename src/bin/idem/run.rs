@@ -16,6 +16,7 @@ use crate::args::{
     RequeueArgs, RetentionCommand, Target,
 };
 use crate::bulk::{self, BulkRequeue};
+use crate::console::{self, Serve};
 use crate::failed;
 use crate::outbox::{self, Filter};
 use crate::render;
@@ -90,6 +91,7 @@ enum Request {
     OutboxShow {
         id: String,
     },
+    Console(Serve),
 }
 
 /// Where the command runs and how it prints.
@@ -141,6 +143,7 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             key: target.key()?,
             scope: target.scope,
         },
+        Command::Console { listen, admin } => Request::Console(Serve { listen, admin }),
     };
     let cx = Context {
         db: DatabaseUrl::parse(cli.database_url)?,
@@ -284,8 +287,13 @@ async fn execute<DB: Backend>(
     request: Request,
 ) -> Result<ExitCode, Failure> {
     // A lazy pool connects at its first statement: the table name is checked before that.
+    // The console serves pages side by side; every other command runs one statement at a time.
+    let connections = match request {
+        Request::Console(_) => 4,
+        _ => 1,
+    };
     let pool = PoolOptions::<DB>::new()
-        .max_connections(1)
+        .max_connections(connections)
         .acquire_timeout(CONNECT_TIMEOUT)
         .connect_lazy_with(options.clone());
     let store = Store::new(pool)
@@ -495,6 +503,11 @@ async fn command<DB: Backend>(
             let text = bulk::requeue_all(store, &all, &cx.actor, cx.json, refused).await;
             store.pool().close().await;
             print!("{}", text?);
+            return Ok(ExitCode::SUCCESS);
+        }
+        Request::Console(serve) => {
+            console::serve(store.clone(), &serve, &cx.actor).await?;
+            store.pool().close().await;
             return Ok(ExitCode::SUCCESS);
         }
         Request::Audit { limit } => {

@@ -37,6 +37,11 @@ pub(super) fn text() -> OperatorText {
         now: "UTC_TIMESTAMP(6)",
         count: "CAST(COUNT(*) AS SIGNED)",
         time: |c| format!("DATE_FORMAT({c}, '%Y-%m-%dT%H:%i:%s.%fZ')"),
+        bucket: |c| {
+            format!(
+                "CAST(FLOOR(TIMESTAMPDIFF(SECOND, '1970-01-01 00:00:00', {c}) / :bucket_s) AS SIGNED)"
+            )
+        },
         update_limit: true,
     };
     let retention_set = "INSERT INTO {t}_retention (scope, keep_ms, updated_at) \

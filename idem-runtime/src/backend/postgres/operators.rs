@@ -48,6 +48,7 @@ pub(super) fn text() -> OperatorText {
         now: "now()",
         count: "COUNT(*)",
         time: |c| format!("to_char({c} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"),
+        bucket: |c| format!("(floor(extract(epoch FROM {c}) / :bucket_s))::int8"),
         update_limit: false,
     };
     let retention_set = "INSERT INTO {t}_retention (scope, keep_ms) VALUES (:scope, :keep_ms) \

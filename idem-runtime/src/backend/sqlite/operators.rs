@@ -39,6 +39,7 @@ pub(super) fn text() -> OperatorText {
         count: "COUNT(*)",
         // The times are ISO-8601 UTC text already.
         time: str::to_owned,
+        bucket: |c| format!("(CAST(strftime('%s', {c}) AS INTEGER) / :bucket_s)"),
         update_limit: false,
     };
     let retention_set = format!(

@@ -139,7 +139,58 @@ pub struct AuditEntry {
     pub changed: u64,
 }
 
+/// How many jobs of one scope completed in one stretch of time, as [`Store::outcomes`]
+/// counts them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutcomeCount {
+    /// The handler's scope.
+    pub scope: String,
+    /// The stretch's start, in seconds since 1970 (UTC): a multiple of the bucket's length.
+    pub from: i64,
+    /// Jobs whose effect was committed (or whose lease-mode call completed) in it.
+    pub applied: u64,
+    /// Jobs that failed for good in it.
+    pub failed: u64,
+}
+
 impl<DB: Backend> Store<DB> {
+    /// The jobs completed in the last `window`, of `scope` or of every scope (`None`), counted
+    /// per scope and stretch of `bucket` (at least a second; whole seconds), by scope then
+    /// time, at most `limit` rows: applied and failed over time. Stretches without a job are
+    /// left out. A duplicate writes nothing to the marker table, so it is not counted here
+    /// (the metric `idem_outcomes_total` counts it), nor is a job still in progress.
+    ///
+    /// One statement, a range of the index on `completed_at`: it reads the markers of the
+    /// window, and no others.
+    pub async fn outcomes(
+        &self,
+        scope: Option<&str>,
+        window: Duration,
+        bucket: Duration,
+        limit: u32,
+    ) -> Result<Vec<OutcomeCount>, Error> {
+        if let Some(scope) = scope {
+            check_scope(scope)?;
+        }
+        let bucket_s = i64::try_from(bucket.as_secs().max(1)).unwrap_or(i64::MAX);
+        let age_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+        let rows = self
+            .sql()
+            .outcomes(self.pool(), bucket_s, age_ms, scope, i64::from(limit))
+            .await?;
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        Ok(rows
+            .into_iter()
+            .map(|(scope, n, completed, failed)| OutcomeCount {
+                scope,
+                from: n.saturating_mul(bucket_s),
+                applied: count(completed - failed),
+                failed: count(failed),
+            })
+            .collect())
+    }
+
     /// The jobs that failed for good ([`Store::list_failed`]), of `scope` or of every scope
     /// (`None`), grouped by scope and error text, at most `limit` groups, the largest first:
     /// what failed, how often, since when. The database groups them, in one statement (a scan
