@@ -7,11 +7,11 @@
 //! after the double click goes to the test's temporary directory, and with
 //! `IDEM_BLESS_SCREENSHOT=1` to `docs/invoice_button.png`.
 
+mod browser;
 #[allow(dead_code)]
 #[path = "../invoice_button.rs"]
 mod invoice_button;
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,10 +19,9 @@ use axum::extract::Request;
 use axum::http::Method;
 use axum::middleware::{Next, from_fn};
 use axum::response::Response;
+use fantoccini::Locator;
 use fantoccini::actions::{InputSource as _, MOUSE_BUTTON_LEFT, MouseActions, PointerAction};
-use fantoccini::{ClientBuilder, Locator};
 use std::sync::atomic::{AtomicU32, Ordering};
-use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use tokio::sync::{Notify, watch};
 
@@ -73,37 +72,6 @@ async fn count_posts(posts: Arc<Posts>, request: Request, next: Next) -> Respons
     response
 }
 
-/// chromedriver on a free loopback port, killed with the test.
-async fn chromedriver() -> (tokio::process::Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = tokio::process::Command::new("chromedriver")
-        .arg(format!("--port={port}"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot start chromedriver ({e}): install Debian's chromium and chromium-driver")
-        });
-    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-    let started = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = out.next_line().await.unwrap() {
-            if line.contains("started successfully") {
-                return true;
-            }
-        }
-        false
-    })
-    .await;
-    assert_eq!(started, Ok(true), "chromedriver did not start");
-    tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
-    (child, format!("http://127.0.0.1:{port}"))
-}
-
 async fn wait_for(counter: &watch::Sender<u32>, n: u32, what: &str) {
     let mut rx = counter.subscribe();
     let reached = tokio::time::timeout(Duration::from_secs(60), rx.wait_for(|v| *v >= n)).await;
@@ -130,29 +98,8 @@ async fn double_click_and_back_send_one_invoice_and_show_one_confirmation() {
     let url = format!("http://{}/", listener.local_addr().unwrap());
     let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
-    let (_driver, webdriver) = chromedriver().await;
-    let profile = dir.join("chromium-profile");
-    let args = [
-        "--headless".to_owned(),
-        "--no-sandbox".to_owned(),
-        "--disable-gpu".to_owned(),
-        "--disable-background-networking".to_owned(),
-        "--disable-component-update".to_owned(),
-        "--disable-sync".to_owned(),
-        "--no-first-run".to_owned(),
-        "--window-size=900,600".to_owned(),
-        format!("--user-data-dir={}", profile.display()),
-    ];
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        serde_json::json!({ "binary": "/usr/bin/chromium", "args": args }),
-    );
-    let browser = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-        .capabilities(caps)
-        .connect(&webdriver)
-        .await
-        .expect("a WebDriver session with headless Chromium");
+    let (_driver, webdriver) = browser::chromedriver().await;
+    let browser = browser::session(&webdriver, &dir.join("chromium-profile"), 900, 600).await;
 
     browser.goto(&url).await.unwrap();
     let key_field = Locator::Css("input[name=idempotency_key]");

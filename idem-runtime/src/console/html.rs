@@ -57,11 +57,13 @@ pub(super) fn page(viewer: &Viewer, title: &str, body: &str) -> Response {
         Some(admin) => format!("{} (admin)", esc(admin.actor())),
         None => "read-only".to_owned(),
     };
+    // Nested at `/idem`, the overview is `/idem` (axum matches no `/idem/`); alone, `/`.
+    let home = if b.is_empty() { "/" } else { &b };
     let html = format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width\"><title>{t} · idem</title>\
          <style>{STYLE}</style></head><body><nav>\
-         <a href=\"{b}/\">Overview</a><a href=\"{b}/failures\">Failures</a>\
+         <a href=\"{home}\">Overview</a><a href=\"{b}/failures\">Failures</a>\
          <a href=\"{b}/stuck\">Stuck</a><a href=\"{b}/outbox\">Outbox</a>\
          <a href=\"{b}/audit\">Audit</a><a href=\"{b}/doctor\">Doctor</a>\
          <form method=\"get\" action=\"{b}/job\"><input name=\"scope\" placeholder=\"scope\" \
