@@ -1,4 +1,4 @@
--- idem marker and outbox tables, schema version 5 (MySQL / MariaDB).
+-- idem marker and outbox tables, schema version 6 (MySQL / MariaDB).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
@@ -6,7 +6,8 @@
 -- added the outbox table `idem_processed_outbox`, version 3 the tables and columns listed in
 -- `schema/mysql.v2-to-v3.sql`, which upgrades a version 2 schema (`schema/mysql.v1-to-v2.sql`
 -- a version 1 schema), version 4 the outbox's `headers` (`schema/mysql.v3-to-v4.sql`), version 5
--- the operators' audit log `idem_processed_audit` (`schema/mysql.v4-to-v5.sql`).
+-- the operators' audit log `idem_processed_audit` (`schema/mysql.v4-to-v5.sql`), version 6
+-- nothing here (`schema/mysql.v5-to-v6.sql` says why).
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope VARBINARY(255) NOT NULL,

@@ -1,4 +1,4 @@
--- idem marker and outbox tables, schema version 5 (SQLite).
+-- idem marker and outbox tables, schema version 6 (SQLite).
 --
 -- This is what `Store::migrate()` runs (`Store::ddl()` returns the same statements for another
 -- table name). Copy it into your own migrations if you manage the schema yourself; a test keeps
@@ -6,7 +6,8 @@
 -- added the outbox table `idem_processed_outbox`, version 3 the tables and columns listed in
 -- `schema/sqlite.v2-to-v3.sql`, which upgrades a version 2 schema (`schema/sqlite.v1-to-v2.sql`
 -- a version 1 schema), version 4 the outbox's `headers` (`schema/sqlite.v3-to-v4.sql`), version 5
--- the operators' audit log `idem_processed_audit` (`schema/sqlite.v4-to-v5.sql`).
+-- the operators' audit log `idem_processed_audit` (`schema/sqlite.v4-to-v5.sql`), version 6
+-- the indexes of the failed markers and of those in progress (`schema/sqlite.v5-to-v6.sql`).
 
 CREATE TABLE IF NOT EXISTS idem_processed (
         scope TEXT NOT NULL,
@@ -97,3 +98,10 @@ CREATE TABLE IF NOT EXISTS idem_processed_audit (
         target TEXT NOT NULL,
         changed INTEGER NOT NULL
     );
+
+-- Schema version 6: the failed markers and the ones in progress, each a few among many
+-- completed ones, found without a scan of the table (`idem failed --group-by error`, `idem
+-- stuck`, the web console). Partial: a transaction-mode claim adds no entry to either.
+CREATE INDEX IF NOT EXISTS idem_processed_failed ON idem_processed (scope, completed_at) WHERE state = 'completed' AND error IS NOT NULL;
+
+CREATE INDEX IF NOT EXISTS idem_processed_in_progress ON idem_processed (scope, key) WHERE state = 'in_progress';

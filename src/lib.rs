@@ -98,6 +98,9 @@ mod guides {
     mod brokers {}
     #[doc = include_str!("../docs/cli.md")]
     mod cli {}
+    #[cfg(feature = "console")]
+    #[doc = include_str!("../docs/console.md")]
+    mod console {}
     #[doc = include_str!("../docs/operators.md")]
     mod operators {}
     #[doc = include_str!("../docs/group-commit.md")]

@@ -61,6 +61,7 @@ impl conformance::Support for My {
     const UPGRADE_V2_TO_V3: &'static str = include_str!("../schema/mysql.v2-to-v3.sql");
     const UPGRADE_V3_TO_V4: &'static str = include_str!("../schema/mysql.v3-to-v4.sql");
     const UPGRADE_V4_TO_V5: &'static str = include_str!("../schema/mysql.v4-to-v5.sql");
+    const UPGRADE_V5_TO_V6: &'static str = include_str!("../schema/mysql.v5-to-v6.sql");
     const COLUMNS_OF: &'static str = "SELECT CONCAT_WS(' ', column_name, column_type, \
          is_nullable, coalesce(column_default, '')) FROM information_schema.columns \
          WHERE table_schema = DATABASE() AND table_name = '{table}'";

@@ -31,6 +31,7 @@ impl conformance::Support for Pg {
     const UPGRADE_V2_TO_V3: &'static str = include_str!("../schema/postgres.v2-to-v3.sql");
     const UPGRADE_V3_TO_V4: &'static str = include_str!("../schema/postgres.v3-to-v4.sql");
     const UPGRADE_V4_TO_V5: &'static str = include_str!("../schema/postgres.v4-to-v5.sql");
+    const UPGRADE_V5_TO_V6: &'static str = include_str!("../schema/postgres.v5-to-v6.sql");
     const COLUMNS_OF: &'static str = "SELECT column_name || ' ' || data_type || ' ' || is_nullable \
          || ' ' || coalesce(column_default, '') FROM information_schema.columns \
          WHERE table_schema = current_schema() AND table_name = '{table}'";

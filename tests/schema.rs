@@ -28,7 +28,7 @@ fn check(file: &str, published: &str, ddl: Vec<String>) {
         println!("---- {file}\n{};", ddl.join(";\n\n"));
     }
     assert!(
-        published.contains("schema version 5"),
+        published.contains("schema version 6"),
         "{file} names its schema version"
     );
     assert_eq!(

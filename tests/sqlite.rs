@@ -25,6 +25,8 @@ impl conformance::Support for Lite {
     const UPGRADE_V2_TO_V3: &'static str = include_str!("../schema/sqlite.v2-to-v3.sql");
     const UPGRADE_V3_TO_V4: &'static str = include_str!("../schema/sqlite.v3-to-v4.sql");
     const UPGRADE_V4_TO_V5: &'static str = include_str!("../schema/sqlite.v4-to-v5.sql");
+    const DROP_FAILED_INDEX: Option<&'static str> = Some("DROP INDEX {table}_failed");
+    const UPGRADE_V5_TO_V6: &'static str = include_str!("../schema/sqlite.v5-to-v6.sql");
     const COLUMNS_OF: &'static str = "SELECT name || ' ' || type || ' ' || \"notnull\" || ' ' \
          || pk || ' ' || coalesce(dflt_value, '') FROM pragma_table_info('{table}')";
     const INDEXES_OF: &'static str = "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = '{table}' \

@@ -18,6 +18,7 @@
 //! cargo bench --bench throughput -- --scale      # 1, 2, 4, 8 worker processes on one server
 //! cargo bench --bench throughput -- --scale --galera  # the same on a 3-node Galera cluster
 //! cargo bench --bench throughput -- --partitions # a claim at 10M markers, partitioned by day
+//! cargo bench --bench throughput -- --console    # the web console's pages at 10M markers
 //! ```
 //! Other arguments: `--plot PATH` (default `target/tmp/throughput.png`), `--only postgres|
 //! sqlite|mysql`, `--rounds N`, `--run-ms N`, `--pool lean|sqlx` (the pool settings the docs
@@ -51,6 +52,7 @@
 // its effects and prints the report.
 mod batch;
 mod config;
+mod console;
 mod each;
 mod group;
 mod group_floor;
@@ -203,6 +205,13 @@ fn main() -> Res<()> {
             .enable_all()
             .build()?
             .block_on(http::run(quick));
+    }
+    if argv.iter().any(|a| a == "--console") {
+        let quick = argv.iter().any(|a| a == "--quick");
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(console::run(quick));
     }
     if argv.iter().any(|a| a == "--runner") {
         let quick = argv.iter().any(|a| a == "--quick");

@@ -155,20 +155,22 @@ pub struct OutcomeCount {
 }
 
 impl<DB: Backend> Store<DB> {
-    /// The jobs completed in the last `window`, of `scope` or of every scope (`None`), counted
-    /// per scope and stretch of `bucket` (at least a second; whole seconds), by scope then
-    /// time, at most `limit` rows: applied and failed over time. Stretches without a job are
-    /// left out. A duplicate writes nothing to the marker table, so it is not counted here
-    /// (the metric `idem_outcomes_total` counts it), nor is a job still in progress.
+    /// The newest `at_most` jobs completed in the last `window`, of `scope` or of every scope
+    /// (`None`), counted per scope and stretch of `bucket` (at least a second; whole seconds),
+    /// by scope then time: applied and failed over time. Stretches without a job are left
+    /// out. When the counts add up to `at_most`, older jobs of the window were not read: the
+    /// earliest stretch is then partly counted, and the ones before it not at all. A duplicate
+    /// writes nothing to the marker table, so it is not counted here (the metric
+    /// `idem_outcomes_total` counts it), nor is a job still in progress.
     ///
-    /// One statement, a range of the index on `completed_at`: it reads the markers of the
-    /// window, and no others.
+    /// One statement, which reads at most `at_most` markers backwards along the index on
+    /// `completed_at`: its cost does not grow with the table.
     pub async fn outcomes(
         &self,
         scope: Option<&str>,
         window: Duration,
         bucket: Duration,
-        limit: u32,
+        at_most: u32,
     ) -> Result<Vec<OutcomeCount>, Error> {
         if let Some(scope) = scope {
             check_scope(scope)?;
@@ -177,7 +179,7 @@ impl<DB: Backend> Store<DB> {
         let age_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
         let rows = self
             .sql()
-            .outcomes(self.pool(), bucket_s, age_ms, scope, i64::from(limit))
+            .outcomes(self.pool(), bucket_s, age_ms, scope, i64::from(at_most))
             .await?;
         let count = |n: i64| u64::try_from(n).unwrap_or(0);
         Ok(rows

@@ -102,6 +102,11 @@ pub(crate) trait Support: Send + Sync + 'static {
     /// until it is rolled back: PostgreSQL. Elsewhere a failed statement undoes only itself.
     const FAILED_STATEMENT_ABORTS: bool = false;
 
+    /// What drops the index of failed markers (`{table}` for the marker table) where a column
+    /// it names cannot be dropped while it is there: SQLite. PostgreSQL drops it with the
+    /// column; MySQL has none.
+    const DROP_FAILED_INDEX: Option<&'static str> = None;
+
     /// Where a claim with `wait` changes a session setting that outlives the transaction
     /// unless put back (MySQL's `innodb_lock_wait_timeout`): a query for the session's id,
     /// and one answering 1 when the setting is back to the server's default. `None` where the
@@ -135,6 +140,9 @@ pub(crate) trait Support: Send + Sync + 'static {
 
     /// The published upgrade from version 4 to version 5 (`schema/<db>.v4-to-v5.sql`).
     const UPGRADE_V4_TO_V5: &'static str;
+
+    /// The published upgrade from version 5 to version 6 (`schema/<db>.v5-to-v6.sql`).
+    const UPGRADE_V5_TO_V6: &'static str;
 
     /// A query of one text column describing each column of the table `{table}`: its name,
     /// type, nullability and default.

@@ -121,12 +121,14 @@ impl OperatorText {
                 time("MAX(completed_at)"),
             )
             .into(),
-            // The completed markers of a window, from the index on `completed_at`, counted per
-            // scope and bucket; `COUNT(error)` counts the failed among them.
+            // The newest `:limit` completed markers of a window, read backwards along the index
+            // on `completed_at` (a bounded read whatever the table's size), counted per scope
+            // and bucket; `COUNT(error)` counts the failed among them.
             outcomes: format!(
-                "SELECT scope, {}, {count}, {} FROM {{t}} WHERE state = 'completed' \
-                 AND completed_at >= {ago} AND ({null} OR scope = :scope) \
-                 GROUP BY scope, 2 ORDER BY scope, 2 LIMIT :limit",
+                "SELECT scope, {}, {count}, {} FROM (SELECT scope, completed_at, error \
+                 FROM {{t}} WHERE state = 'completed' AND completed_at >= {ago} \
+                 AND ({null} OR scope = :scope) ORDER BY completed_at DESC LIMIT :limit) AS s \
+                 GROUP BY scope, 2 ORDER BY scope, 2",
                 bucket("completed_at"),
                 count.replace("COUNT(*)", "COUNT(error)"),
             )
@@ -196,9 +198,9 @@ statements! {
         /// The failed markers of a scope (every scope: NULL) grouped by their error:
         /// `(scope, error, count, first failed at, last failed at)`, the largest groups first.
         failure_groups(scope: Option<&str>, limit: i64);
-        /// The markers completed in the last `age_ms` of a scope (every scope: NULL), per scope
-        /// and bucket of `bucket_s` seconds: `(scope, bucket, completed, failed)`, at most
-        /// `limit` rows.
+        /// The newest `limit` markers completed in the last `age_ms` of a scope (every scope:
+        /// NULL), counted per scope and bucket of `bucket_s` seconds: `(scope, bucket,
+        /// completed, failed)`.
         outcomes(bucket_s: i64, age_ms: i64, scope: Option<&str>, limit: i64);
         /// How many failed markers the filter names (each bind NULL: any).
         failed_count(scope: Option<&str>, error: Option<&str>, age_ms: Option<i64>);

@@ -168,6 +168,9 @@ pub(crate) async fn doctor_finds_each_breakage_and_says_what_to_do<S: Support>()
     // `error` (version 3), missing until `migrate` adds it, as the fix says.
     ctx.store.migrate().await.expect("migrate");
     drop(lease);
+    if let Some(drop_index) = S::DROP_FAILED_INDEX {
+        ctx.exec(&drop_index.replace("{table}", &table)).await;
+    }
     ctx.exec(&format!("ALTER TABLE {table} DROP COLUMN error"))
         .await;
     let diagnosis = ctx.store.doctor(&checkup()).await.expect("doctor");

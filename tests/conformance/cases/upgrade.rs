@@ -100,6 +100,7 @@ pub(crate) async fn migrate_brings_a_version_2_schema_to_the_current_one<S: Supp
         S::UPGRADE_V2_TO_V3,
         S::UPGRADE_V3_TO_V4,
         S::UPGRADE_V4_TO_V5,
+        S::UPGRADE_V5_TO_V6,
     ] {
         for stmt in statements(upgrade) {
             ctx.exec(&stmt.replace("idem_processed", &copied)).await;

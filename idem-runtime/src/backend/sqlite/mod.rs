@@ -136,6 +136,13 @@ const DDL: &[&str] = &[
         target TEXT NOT NULL,
         changed INTEGER NOT NULL
     )",
+    // Schema version 6: the failed markers and the ones in progress, each a few among many
+    // completed ones, found without a scan of the table (the operators' failure groups and
+    // stuck leases, the console's pages). Partial: a transaction-mode claim, which writes a
+    // completed marker without an error, adds no entry to either.
+    "CREATE INDEX IF NOT EXISTS {t}_failed ON {t} (scope, completed_at) \
+     WHERE state = 'completed' AND error IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS {t}_in_progress ON {t} (scope, key) WHERE state = 'in_progress'",
 ];
 
 /// What a schema version added to a table an earlier version created: each is in the `CREATE

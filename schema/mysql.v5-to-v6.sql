@@ -1,0 +1,7 @@
+-- idem schema version 5 to 6 (MySQL / MariaDB). `Store::migrate()` applies it to a version 5 schema
+-- (every statement is `IF NOT EXISTS`); copy it into your own migrations if you manage the schema yourself.
+--
+-- Nothing to run. MySQL and MariaDB have no partial indexes, and an index of every marker's
+-- `(state, error)` would add an entry to each claim's insert. Markers in progress are found
+-- along `idem_completed_at (state, completed_at)`, whose first column is the state; failed
+-- ones are read from the completed markers (a scan of them): see docs/console.md.

@@ -1,0 +1,13 @@
+-- idem schema version 5 to 6 (PostgreSQL). `Store::migrate()` applies it to a version 5 schema
+-- (every statement is `IF NOT EXISTS`); copy it into your own migrations if you manage the schema yourself.
+--
+-- On a large table, `CREATE INDEX` blocks writes to it while it runs. Run these two with
+-- `CREATE INDEX CONCURRENTLY IF NOT EXISTS` (outside a transaction) before the workers of the
+-- new version start, and `migrate` finds them there.
+
+-- Schema version 6: the failed markers and the ones in progress, each a few among many
+-- completed ones, found without a scan of the table (`idem failed --group-by error`, `idem
+-- stuck`, the web console). Partial: a transaction-mode claim adds no entry to either.
+CREATE INDEX IF NOT EXISTS idem_processed_failed ON idem_processed (scope, completed_at) WHERE state = 'completed' AND error IS NOT NULL;
+
+CREATE INDEX IF NOT EXISTS idem_processed_in_progress ON idem_processed (scope, key) WHERE state = 'in_progress';
