@@ -221,4 +221,5 @@ every_backend!(
     bulk_outbox_and_forget_refuse_bad_input_before_connecting,
     console_requeues_a_failure_group_for_an_admin_only,
     console_requeues_a_parked_message_that_the_relay_then_sends,
+    console_forgets_the_stuck_leases_no_delivery_holds,
 );

@@ -362,5 +362,113 @@ pub(crate) async fn console_requeues_a_parked_message_that_the_relay_then_sends<
         "{page}"
     );
     assert!(!page.contains(&first[0]), "{page}");
+
+    // Every parked message at once, behind its count: the one left.
+    let (status, page) = reader.get("/outbox/parked").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("<b id=\"count\">1</b>") && page.contains(&second[0]),
+        "{page}"
+    );
+    assert!(!page.contains("method=\"post\""), "{page}");
+    let (_, page) = admin.get("/outbox/parked").await;
+    let form = format!("token={}&count=1", token_of(&page));
+    assert_eq!(reader.post("/outbox/requeue-all", &form).await.0, 403);
+    assert_eq!(
+        fx.store.count_parked(&ParkedFilter::new()).await.unwrap(),
+        1
+    );
+    let (status, page) = admin.post("/outbox/requeue-all", &form).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("requeued 1 parked messages"), "{page}");
+    assert_eq!(
+        fx.store.count_parked(&ParkedFilter::new()).await.unwrap(),
+        0
+    );
+    let log = fx.store.audit_log(10).await.unwrap();
+    let row = (
+        log[0].actor.as_str(),
+        log[0].action.as_str(),
+        log[0].changed,
+    );
+    assert_eq!(
+        (log.len(), row),
+        (2, ("carol", "console outbox requeue --all", 1))
+    );
+    assert_eq!(taking.relay_once().await.unwrap().sent, 1);
+    assert_eq!(
+        *published.lock().unwrap(),
+        [first[0].clone(), second[0].clone()]
+    );
+    fx.cleanup().await;
+}
+
+pub(crate) async fn console_forgets_the_stuck_leases_no_delivery_holds<B: Db>() {
+    let fx = Fixture::<B>::new("console_stuck").await;
+    let held = fx.lease(SCOPE, "held", 300).await;
+    // Two holders that stopped (kept, never finished): their leases ran out.
+    let mut stopped = Vec::new();
+    for key in ["gone-1", "gone-2"] {
+        stopped.push(fx.lease(SCOPE, key, 300).await);
+        fx.expire(SCOPE, key).await;
+    }
+    let token = |m: idem::Marker| m.token.expect("a lease's token");
+    let before = token(fx.store.inspect(SCOPE, "gone-1").await.unwrap().unwrap());
+    let held_token = token(fx.store.inspect(SCOPE, "held").await.unwrap().unwrap());
+    let reader = Served::start(&fx, false).await;
+    let admin = Served::start(&fx, true).await;
+
+    let (status, page) = reader.get("/stuck?minutes=0").await;
+    assert_eq!(status, 200, "{page}");
+    let counted = page.contains("3 markers in progress") && page.contains("holds the lease of 1");
+    assert!(counted, "{page}");
+    assert_eq!(page.matches("/job?scope=").count(), 3, "{page}");
+    assert!(!page.contains("method=\"post\""), "{page}");
+    let (_, page) = admin.get("/stuck?minutes=0").await;
+    assert!(page.contains("Forget the 2 not held"), "{page}");
+    let form = format!("token={}&minutes=0&count=3", token_of(&page));
+    assert_eq!(reader.post("/stuck/forget", &form).await.0, 403);
+    assert_eq!(audit_rows(&fx).await, 0);
+    let (status, page) = admin.post("/stuck/forget", &form).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("forgot 2 leases"), "{page}");
+    let log = fx.store.audit_log(10).await.unwrap();
+    let row = (log[0].action.as_str(), log[0].changed);
+    assert_eq!(
+        (log.len(), row),
+        (1, ("console forget --stuck-older-than", 2))
+    );
+
+    // The run-out leases are let go (their tokens up), the held one is left to its holder.
+    for key in ["gone-1", "gone-2"] {
+        let m = fx.store.inspect(SCOPE, key).await.unwrap().unwrap();
+        assert!(
+            m.locked_until.is_none() && m.token > Some(before),
+            "{key}: {m:?}"
+        );
+    }
+    let m = fx.store.inspect(SCOPE, "held").await.unwrap().unwrap();
+    assert!(
+        m.locked_until.is_some() && m.token == Some(held_token),
+        "{m:?}"
+    );
+    let done = held.finish::<(), idem::Error>(Ok(())).await.unwrap();
+    assert_eq!(done, Outcome::Applied(()));
+    // Each let-go job's next delivery takes it over and runs it once.
+    let options = LeaseOptions::new(Duration::from_secs(30));
+    for key in ["gone-1", "gone-2"] {
+        let key = Key::new(key).unwrap();
+        match fx.store.lease(SCOPE, &key, options).await.unwrap() {
+            Claimed::Fresh(lease) => {
+                assert_eq!(lease.attempt(), 2, "{key}");
+                let done = lease.finish::<(), idem::Error>(Ok(())).await.unwrap();
+                assert_eq!(done, Outcome::Applied(()));
+            }
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+    let (_, page) = reader.get("/stuck?minutes=0").await;
+    assert!(page.contains("0 markers in progress"), "{page}");
+    drop(stopped);
     fx.cleanup().await;
 }

@@ -18,7 +18,11 @@ use crate::bulk::{FailedFilter, FailureGroup};
 
 /// The admin a form comes from, or why it is refused (403): not an admin, or a form without
 /// this admin's token (another site's, or one served for someone else).
-fn admin<DB: Backend>(c: &Shared<DB>, viewer: &Viewer, token: &str) -> Result<Admin, &'static str> {
+pub(super) fn admin<DB: Backend>(
+    c: &Shared<DB>,
+    viewer: &Viewer,
+    token: &str,
+) -> Result<Admin, &'static str> {
     let Some(admin) = &viewer.admin else {
         return Err(
             "this console is read-only for you: the application grants actions to \
@@ -180,7 +184,7 @@ pub(super) async fn requeue_message<DB: Backend>(
 
 /// Writes the action's row of the audit log, then says what was done; if the row cannot be
 /// written, says what was changed all the same (500), as the `idem` tool does.
-async fn record<DB: Backend>(
+pub(super) async fn record<DB: Backend>(
     c: &Shared<DB>,
     viewer: &Viewer,
     admin: &Admin,

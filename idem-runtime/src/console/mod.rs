@@ -43,6 +43,7 @@
 mod actions;
 mod html;
 mod pages;
+mod sweep;
 
 use std::sync::Arc;
 
@@ -116,9 +117,12 @@ impl<DB: Backend> Console<DB> {
             .route("/failures/{id}/requeue", post(actions::requeue_group::<DB>))
             .route("/job", get(pages::job::<DB>))
             .route("/job/requeue", post(actions::requeue_job::<DB>))
-            .route("/stuck", get(pages::stuck::<DB>))
-            .route("/outbox", get(pages::outbox::<DB>))
+            .route("/stuck", get(sweep::stuck::<DB>))
+            .route("/stuck/forget", post(sweep::forget_stuck::<DB>))
+            .route("/outbox", get(sweep::outbox::<DB>))
+            .route("/outbox/parked", get(sweep::parked::<DB>))
             .route("/outbox/requeue", post(actions::requeue_message::<DB>))
+            .route("/outbox/requeue-all", post(sweep::requeue_parked::<DB>))
             .route("/audit", get(pages::audit::<DB>))
             .route("/doctor", get(pages::doctor::<DB>))
             .with_state(shared)

@@ -19,14 +19,13 @@ use crate::bulk::{FailedFilter, FailureGroup};
 use crate::doctor::Checkup;
 use crate::error::Error;
 use crate::inspect::{Marker, MarkerState};
-use crate::relay::{OutboxEntry, OutboxState};
 
 /// The overview's window, and its stretches.
 const DAY: Duration = Duration::from_secs(86_400);
 const HOUR: i64 = 3_600;
 
 /// How many rows a listing shows at most.
-const ROWS: u32 = 100;
+pub(super) const ROWS: u32 = 100;
 
 /// How many of a group's jobs its page lists.
 const GROUP_ROWS: u32 = 20;
@@ -35,7 +34,7 @@ const GROUP_ROWS: u32 = 20;
 /// about the last four hours. Its page answers in a bounded time whatever the table holds.
 const OVERVIEW_JOBS: u32 = 50_000;
 
-type Console<DB> = State<Arc<Shared<DB>>>;
+pub(super) type Console<DB> = State<Arc<Shared<DB>>>;
 
 /// The page for a store error: refused input is the asker's (400), the rest the database's.
 pub(super) fn error_page(viewer: &Viewer, error: Error) -> Response {
@@ -307,91 +306,6 @@ pub(super) async fn job<DB: Backend>(
     page(&viewer, "Job", &body)
 }
 
-#[derive(Deserialize)]
-pub(super) struct StuckQuery {
-    minutes: Option<u64>,
-}
-
-/// Leases in progress for longer than a bound (15 minutes unless `?minutes=` says).
-pub(super) async fn stuck<DB: Backend>(
-    State(c): Console<DB>,
-    Query(q): Query<StuckQuery>,
-    parts: Parts,
-) -> Response {
-    let viewer = Viewer::of(&parts);
-    let minutes = q.minutes.unwrap_or(15);
-    let older = Duration::from_secs(minutes.saturating_mul(60));
-    let list = match c.store.list_stuck(None, older, ROWS).await {
-        Ok(list) => list,
-        Err(e) => return error_page(&viewer, e),
-    };
-    let body = format!(
-        "<p class=\"note\">Markers in progress since more than {minutes} minutes, not let go \
-         (at most {ROWS}). A lease whose time is left is still held by a delivery: \
-         <code>idem forget</code> lets one go.</p>{}",
-        markers(&viewer, "stuck", &list)
-    );
-    page(&viewer, "Stuck leases", &body)
-}
-
-/// The parked messages, then the oldest pending ones; a parked one requeued by an admin.
-pub(super) async fn outbox<DB: Backend>(State(c): Console<DB>, parts: Parts) -> Response {
-    let viewer = Viewer::of(&parts);
-    let list = match c.store.list_outbox(true, true, ROWS).await {
-        Ok(list) => list,
-        Err(e) => return error_page(&viewer, e),
-    };
-    let token = viewer.admin.as_ref().map(|admin| c.token(admin));
-    let rows: Vec<Vec<String>> = list
-        .iter()
-        .map(|m| message_row(&viewer, token.as_deref(), m))
-        .collect();
-    let header = [
-        "Id",
-        "State",
-        "Destination",
-        "Job",
-        "Attempts",
-        "Age",
-        "Last error",
-        "",
-    ];
-    let body = format!(
-        "<p class=\"note\">Unsent messages, parked first, then the oldest pending (at most \
-         {ROWS}).</p>{}",
-        table("messages", &header, &rows)
-    );
-    page(&viewer, "Outbox", &body)
-}
-
-fn message_row(viewer: &Viewer, token: Option<&str>, m: &OutboxEntry) -> Vec<String> {
-    let action = match (token, m.state) {
-        (Some(token), OutboxState::Parked) => format!(
-            "<form class=\"inline\" method=\"post\" action=\"{}/outbox/requeue\">{}\
-             <input type=\"hidden\" name=\"id\" value=\"{}\"><button>Requeue</button></form>",
-            esc(&viewer.base),
-            token_field(token),
-            esc(&m.id),
-        ),
-        _ => String::new(),
-    };
-    let state = match m.state {
-        OutboxState::Parked => "parked",
-        OutboxState::Pending => "pending",
-        OutboxState::Sent => "sent",
-    };
-    vec![
-        format!("<code>{}</code>", esc(&m.id)),
-        state.into(),
-        esc(&m.destination),
-        job_link(viewer, &m.scope, &m.key),
-        m.attempts.to_string(),
-        age(m.age_ms),
-        m.last_error.as_deref().map(esc).unwrap_or_default(),
-        action,
-    ]
-}
-
 /// The newest actions of the audit log.
 pub(super) async fn audit<DB: Backend>(State(c): Console<DB>, parts: Parts) -> Response {
     let viewer = Viewer::of(&parts);
@@ -445,7 +359,7 @@ pub(super) async fn doctor<DB: Backend>(State(c): Console<DB>, parts: Parts) -> 
 }
 
 /// A listing of markers, each linked to its job's page.
-fn markers(viewer: &Viewer, id: &str, list: &[Marker]) -> String {
+pub(super) fn markers(viewer: &Viewer, id: &str, list: &[Marker]) -> String {
     let rows: Vec<Vec<String>> = list
         .iter()
         .map(|m| {
@@ -469,7 +383,7 @@ fn markers(viewer: &Viewer, id: &str, list: &[Marker]) -> String {
     table(id, &header, &rows)
 }
 
-fn job_link(viewer: &Viewer, scope: &str, key: &str) -> String {
+pub(super) fn job_link(viewer: &Viewer, scope: &str, key: &str) -> String {
     format!(
         "<a href=\"{}/job?scope={}&amp;key={}\">{}</a>",
         esc(&viewer.base),
@@ -488,7 +402,7 @@ fn state(state: MarkerState) -> &'static str {
 }
 
 /// Milliseconds as an operator reads them.
-fn age(ms: i64) -> String {
+pub(super) fn age(ms: i64) -> String {
     let s = ms.max(0) / 1000;
     match s {
         0..60 => format!("{s} s"),
