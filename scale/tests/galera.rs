@@ -217,10 +217,13 @@ where
     }
     let mut tally = Tally::default();
     let mut applied = vec![0; jobs.len()];
+    // Each job's answers, in the order they came, for a failure's message.
+    let mut answers: Vec<Vec<String>> = vec![Vec::new(); jobs.len()];
     let mut again = Vec::new();
     for (i, node, task) in tasks {
         let answer = task.await.expect("a delivery panicked");
         tally.deliveries += 1;
+        answers[i].push(format!("node {node}: {answer:?}"));
         if matches!(answer, Ok(Outcome::Applied(_))) {
             applied[i] += 1;
         }
@@ -233,6 +236,7 @@ where
         loop {
             let answer = deliver(node, jobs[i].clone()).await;
             tally.redeliveries += 1;
+            answers[i].push(format!("node {node} again: {answer:?}"));
             if matches!(answer, Ok(Outcome::Applied(_))) {
                 applied[i] += 1;
             }
@@ -249,10 +253,17 @@ where
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    assert!(
-        applied.iter().all(|&a| a == 1),
-        "{what}: Applied per job {applied:?}"
-    );
+    // The effects first: a job answered Applied twice with one effect is another failure
+    // than one whose effect is there twice.
+    let twice: Vec<_> = (0..jobs.len()).filter(|&i| applied[i] != 1).collect();
+    if !twice.is_empty() {
+        let (keys, doubled) = my::counts(&mut case.synced(0).await, &case.effects).await;
+        let shown: Vec<_> = twice.iter().map(|&i| (&jobs[i].key, &answers[i])).collect();
+        panic!(
+            "{what}: Applied per job {applied:?}; effects (keys, doubled) = ({keys}, \
+             {doubled}); the answers of those jobs: {shown:#?}"
+        );
+    }
     case.assert_once_each(0, jobs.len(), what).await;
     tally.aborted = aborts(cluster).await - aborts_before;
     eprintln!(
