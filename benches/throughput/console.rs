@@ -24,6 +24,32 @@ const SCOPES: u64 = 20;
 const REQUESTS: usize = 40;
 const WARM: usize = 3;
 
+/// The pages' times on a table of one failed job, then on the same table filled with `n`
+/// markers.
+async fn both(
+    admin: &Pool<Postgres>,
+    pool: Pool<Postgres>,
+    table: &str,
+    n: u64,
+) -> Res<(Vec<Vec<u64>>, Vec<Vec<u64>>)> {
+    let store = Store::new(pool).with_table(table)?;
+    store.migrate().await?;
+    // One failed job before the fill, so that its group's page answers on both tables.
+    exec(
+        admin,
+        &format!(
+            "INSERT INTO {table} (scope, key, state, token, completed_at, error) \
+             VALUES ('scope-0', 'seed', 'completed', 1, now(), 'error 0')"
+        ),
+    )
+    .await?;
+    let group = FailureGroup::id_of("scope-0", "error 0");
+    let empty = measure(store.clone(), &group).await?;
+    fill(admin, table, n).await?;
+    let full = measure(store, &group).await?;
+    Ok((empty, full))
+}
+
 /// `n` markers in one statement, then `VACUUM ANALYZE` (as autovacuum would leave them).
 async fn fill(admin: &Pool<Postgres>, table: &str, n: u64) -> Res<()> {
     let t0 = Instant::now();
@@ -114,22 +140,10 @@ pub(crate) async fn run(quick: bool) -> Res<()> {
          {table}_audit CASCADE"
     );
     exec(&admin, &drop).await?;
-    let store = Store::new(pool.clone()).with_table(&table)?;
-    store.migrate().await?;
-    // One failed job before the fill, so that its group's page answers on both tables.
-    exec(
-        &admin,
-        &format!(
-            "INSERT INTO {table} (scope, key, state, token, completed_at, error) \
-             VALUES ('scope-0', 'seed', 'completed', 1, now(), 'error 0')"
-        ),
-    )
-    .await?;
-    let group = FailureGroup::id_of("scope-0", "error 0");
-    let empty = measure(store.clone(), &group).await?;
-    fill(&admin, &table, n).await?;
-    let full = measure(store.clone(), &group).await?;
+    let measured = both(&admin, pool, &table, n).await;
+    // Dropped whether the run succeeded or not.
     exec(&admin, &drop).await?;
+    let (empty, full) = measured?;
 
     println!("## Console pages at {n} markers (PostgreSQL)\n");
     println!("| page | p50 ms | p95 ms | p95 at 1 job ms | p95 / 1 job |");
