@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use axum::Form;
-use axum::extract::{Path, State};
-use axum::response::Response;
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Path, Request, State};
+use axum::response::{IntoResponse as _, Response};
 use http::StatusCode;
-use http::request::Parts;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use super::html::{esc, failure, page};
 use super::pages::error_page;
@@ -16,13 +17,54 @@ use super::{Admin, Shared, Viewer};
 use crate::backend::Backend;
 use crate::bulk::{FailedFilter, FailureGroup};
 
-/// The admin a form comes from, or why it is refused (403): not an admin, or a form without
-/// this admin's token (another site's, or one served for someone else).
-pub(super) fn admin<DB: Backend>(
-    c: &Shared<DB>,
-    viewer: &Viewer,
-    token: &str,
-) -> Result<Admin, &'static str> {
+/// The largest form an action reads.
+const FORM_LIMIT: usize = 64 * 1024;
+
+/// An admin's form, its token checked before its other fields are read: a request that is not
+/// an admin's, or a form without this admin's token (another site's, or one served for
+/// someone else), is refused (403) whatever else it holds.
+pub(super) struct Acting<F> {
+    pub(super) viewer: Viewer,
+    pub(super) admin: Admin,
+    pub(super) form: F,
+}
+
+#[derive(Deserialize)]
+struct Token {
+    #[serde(default)]
+    token: String,
+}
+
+impl<DB: Backend, F: DeserializeOwned + Send> FromRequest<Arc<Shared<DB>>> for Acting<F> {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, c: &Arc<Shared<DB>>) -> Result<Self, Response> {
+        let (parts, body) = request.into_parts();
+        let viewer = Viewer::of(&parts);
+        let bytes = axum::body::to_bytes(body, FORM_LIMIT).await.map_err(|e| {
+            let what = format!("the form could not be read: {e}; nothing was changed");
+            failure(&viewer, StatusCode::BAD_REQUEST, &what)
+        })?;
+        let again = |bytes: Bytes| Request::from_parts(parts.clone(), Body::from(bytes));
+        let Form(Token { token }) = Form::<Token>::from_request(again(bytes.clone()), &())
+            .await
+            .map_err(|e| e.into_response())?;
+        let admin = admin(c, &viewer, &token)
+            .map_err(|why| failure(&viewer, StatusCode::FORBIDDEN, why))?;
+        let Form(form) = Form::<F>::from_request(again(bytes), &())
+            .await
+            .map_err(|e| e.into_response())?;
+        Ok(Acting {
+            viewer,
+            admin,
+            form,
+        })
+    }
+}
+
+/// The admin a form comes from, or why it is refused: not an admin, or not this admin's
+/// token.
+fn admin<DB: Backend>(c: &Shared<DB>, viewer: &Viewer, token: &str) -> Result<Admin, &'static str> {
     let Some(admin) = &viewer.admin else {
         return Err(
             "this console is read-only for you: the application grants actions to \
@@ -58,8 +100,6 @@ fn done(viewer: &Viewer, what: &str) -> Response {
 
 #[derive(Deserialize)]
 pub(super) struct GroupForm {
-    #[serde(default)]
-    token: String,
     /// What the group's page counted: the requeue takes at most that many, so that jobs that
     /// failed after the admin looked wait for the next look.
     count: u64,
@@ -69,14 +109,13 @@ pub(super) struct GroupForm {
 pub(super) async fn requeue_group<DB: Backend>(
     State(c): State<Arc<Shared<DB>>>,
     Path(id): Path<String>,
-    parts: Parts,
-    Form(form): Form<GroupForm>,
+    acting: Acting<GroupForm>,
 ) -> Response {
-    let viewer = Viewer::of(&parts);
-    let admin = match admin(&c, &viewer, &form.token) {
-        Ok(admin) => admin,
-        Err(why) => return failure(&viewer, StatusCode::FORBIDDEN, why),
-    };
+    let Acting {
+        viewer,
+        admin,
+        form,
+    } = acting;
     if !FailureGroup::is_id(&id) {
         let what = format!("{id:?} is not a group id (12 lower-case hex digits)");
         return failure(&viewer, StatusCode::BAD_REQUEST, &what);
@@ -116,8 +155,6 @@ pub(super) async fn requeue_group<DB: Backend>(
 
 #[derive(Deserialize)]
 pub(super) struct JobForm {
-    #[serde(default)]
-    token: String,
     scope: String,
     key: String,
 }
@@ -125,14 +162,13 @@ pub(super) struct JobForm {
 /// Requeues one failed job.
 pub(super) async fn requeue_job<DB: Backend>(
     State(c): State<Arc<Shared<DB>>>,
-    parts: Parts,
-    Form(form): Form<JobForm>,
+    acting: Acting<JobForm>,
 ) -> Response {
-    let viewer = Viewer::of(&parts);
-    let admin = match admin(&c, &viewer, &form.token) {
-        Ok(admin) => admin,
-        Err(why) => return failure(&viewer, StatusCode::FORBIDDEN, why),
-    };
+    let Acting {
+        viewer,
+        admin,
+        form,
+    } = acting;
     let requeued = match c.store.requeue(&form.scope, form.key.as_str()).await {
         Ok(requeued) => requeued,
         Err(e) => return error_page(&viewer, e),
@@ -151,22 +187,19 @@ pub(super) async fn requeue_job<DB: Backend>(
 
 #[derive(Deserialize)]
 pub(super) struct MessageForm {
-    #[serde(default)]
-    token: String,
     id: String,
 }
 
 /// Makes a parked outbox message pending again.
 pub(super) async fn requeue_message<DB: Backend>(
     State(c): State<Arc<Shared<DB>>>,
-    parts: Parts,
-    Form(form): Form<MessageForm>,
+    acting: Acting<MessageForm>,
 ) -> Response {
-    let viewer = Viewer::of(&parts);
-    let admin = match admin(&c, &viewer, &form.token) {
-        Ok(admin) => admin,
-        Err(why) => return failure(&viewer, StatusCode::FORBIDDEN, why),
-    };
+    let Acting {
+        viewer,
+        admin,
+        form,
+    } = acting;
     let requeued = match c.store.requeue_outbox(&form.id).await {
         Ok(requeued) => requeued,
         Err(e) => return error_page(&viewer, e),

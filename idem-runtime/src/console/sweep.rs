@@ -6,15 +6,13 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Form;
 use axum::extract::{Query, State};
 use axum::response::Response;
-use http::StatusCode;
 use http::request::Parts;
 use serde::Deserialize;
 
-use super::actions::{admin, record};
-use super::html::{esc, failure, page, table, token_field};
+use super::actions::{Acting, record};
+use super::html::{esc, page, table, token_field};
 use super::pages::{Console, ROWS, age, error_page, job_link, markers};
 use super::{Shared, Viewer};
 use crate::backend::Backend;
@@ -71,8 +69,6 @@ pub(super) async fn stuck<DB: Backend>(
 
 #[derive(Deserialize)]
 pub(super) struct ForgetForm {
-    #[serde(default)]
-    token: String,
     minutes: u64,
     /// What the page counted: at most that many are forgotten.
     count: u64,
@@ -81,14 +77,13 @@ pub(super) struct ForgetForm {
 /// Forgets the stuck leases of the bound that no delivery holds.
 pub(super) async fn forget_stuck<DB: Backend>(
     State(c): State<Arc<Shared<DB>>>,
-    parts: Parts,
-    Form(form): Form<ForgetForm>,
+    acting: Acting<ForgetForm>,
 ) -> Response {
-    let viewer = Viewer::of(&parts);
-    let admin = match admin(&c, &viewer, &form.token) {
-        Ok(admin) => admin,
-        Err(why) => return failure(&viewer, StatusCode::FORBIDDEN, why),
-    };
+    let Acting {
+        viewer,
+        admin,
+        form,
+    } = acting;
     let older = Duration::from_secs(form.minutes.saturating_mul(60));
     let forgot = match c.store.forget_stuck(None, older, false, form.count).await {
         Ok(n) => n,
@@ -201,8 +196,6 @@ pub(super) async fn parked<DB: Backend>(State(c): Console<DB>, parts: Parts) -> 
 
 #[derive(Deserialize)]
 pub(super) struct CountForm {
-    #[serde(default)]
-    token: String,
     /// What the page counted: at most that many are requeued.
     count: u64,
 }
@@ -210,14 +203,13 @@ pub(super) struct CountForm {
 /// Requeues every parked message, at most as many as the page counted.
 pub(super) async fn requeue_parked<DB: Backend>(
     State(c): State<Arc<Shared<DB>>>,
-    parts: Parts,
-    Form(form): Form<CountForm>,
+    acting: Acting<CountForm>,
 ) -> Response {
-    let viewer = Viewer::of(&parts);
-    let admin = match admin(&c, &viewer, &form.token) {
-        Ok(admin) => admin,
-        Err(why) => return failure(&viewer, StatusCode::FORBIDDEN, why),
-    };
+    let Acting {
+        viewer,
+        admin,
+        form,
+    } = acting;
     let requeued = match c
         .store
         .requeue_parked(&ParkedFilter::new(), form.count)
