@@ -223,6 +223,13 @@ fuzz_target!(|data: &[u8]| {
             // A message id is a `job_id`: what a scope may be.
             Command::Outbox(OutboxCommand::Requeue(requeue)) => check_outbox_requeue(requeue),
             Command::Outbox(OutboxCommand::Show { id }) => assert!(scope_ok(id), "{id:?}"),
+            // What clap parsed is an address that reads back as itself.
+            Command::Console { listen, .. } => {
+                assert_eq!(
+                    listen.to_string().parse::<std::net::SocketAddr>().ok(),
+                    Some(*listen)
+                );
+            }
         },
         Err(e) => {
             let _ = e.to_string();
