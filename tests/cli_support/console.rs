@@ -327,6 +327,21 @@ pub(crate) async fn console_requeues_a_parked_message_that_the_relay_then_sends<
     assert!(!page.contains("method=\"post\""), "{page}");
     let (_, page) = admin.get("/outbox").await;
     assert_eq!(page.matches("/outbox/requeue\"").count(), 2, "{page}");
+    // The job's page lists what it sent, found by the messages' ids.
+    let stored = fx.store.outbox_message(&second[0]).await.unwrap().unwrap();
+    let job = format!("/job?scope={}&key={}", stored.scope, stored.key);
+    let (status, shown) = reader.get(&job).await;
+    assert_eq!(status, 200, "{shown}");
+    let table = &shown[shown.find("id=\"messages\"").expect("the job's messages")..];
+    assert_eq!(
+        table.matches("<tr>").count(),
+        2,
+        "a header and one message: {shown}"
+    );
+    assert!(
+        row_with(table, &second[0]).contains("<td>parked</td>"),
+        "{shown}"
+    );
     let form = format!("token={}&id={}", token_of(&page), first[0]);
     let (status, _) = reader.post("/outbox/requeue", &form).await;
     assert_eq!(status, 403);
@@ -399,6 +414,11 @@ pub(crate) async fn console_requeues_a_parked_message_that_the_relay_then_sends<
     assert_eq!(
         *published.lock().unwrap(),
         [first[0].clone(), second[0].clone()]
+    );
+    let (_, page) = reader.get(&job).await;
+    assert!(
+        row_with(&page, &second[0]).contains("<td>sent</td>"),
+        "{page}"
     );
     fx.cleanup().await;
 }

@@ -8,6 +8,7 @@ use axum::response::{Html, IntoResponse, Response};
 use http::StatusCode;
 
 use super::Viewer;
+use crate::relay::{OutboxEntry, OutboxState};
 
 /// `text` safe inside an element or a quoted attribute.
 pub(super) fn esc(text: &str) -> String {
@@ -156,6 +157,57 @@ pub(super) fn bars(counts: &[(i64, u64, u64)], now: i64, bucket: i64, slots: i64
 /// `HH:00` of a time in seconds since 1970 (UTC).
 fn hour(secs: i64) -> String {
     format!("{:02}:00", secs.rem_euclid(86_400) / 3_600)
+}
+
+pub(super) fn job_link(viewer: &Viewer, scope: &str, key: &str) -> String {
+    format!(
+        "<a href=\"{}/job?scope={}&amp;key={}\">{}</a>",
+        esc(&viewer.base),
+        query_value(scope),
+        query_value(key),
+        esc(key)
+    )
+}
+
+/// Milliseconds as an operator reads them.
+pub(super) fn age(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3_600 => format!("{} min", s / 60),
+        3_600..86_400 => format!("{} h {} min", s / 3_600, s % 3_600 / 60),
+        _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3_600),
+    }
+}
+
+/// One outbox message's row: id, state, destination, its job, attempts, age, last error,
+/// and for an admin (`token`) a parked one's requeue.
+pub(super) fn message_row(viewer: &Viewer, token: Option<&str>, m: &OutboxEntry) -> Vec<String> {
+    let action = match (token, m.state) {
+        (Some(token), OutboxState::Parked) => format!(
+            "<form class=\"inline\" method=\"post\" action=\"{}/outbox/requeue\">{}\
+             <input type=\"hidden\" name=\"id\" value=\"{}\"><button>Requeue</button></form>",
+            esc(&viewer.base),
+            token_field(token),
+            esc(&m.id),
+        ),
+        _ => String::new(),
+    };
+    let state = match m.state {
+        OutboxState::Parked => "parked",
+        OutboxState::Pending => "pending",
+        OutboxState::Sent => "sent",
+    };
+    vec![
+        format!("<code>{}</code>", esc(&m.id)),
+        state.into(),
+        esc(&m.destination),
+        job_link(viewer, &m.scope, &m.key),
+        m.attempts.to_string(),
+        age(m.age_ms),
+        m.last_error.as_deref().map(esc).unwrap_or_default(),
+        action,
+    ]
 }
 
 #[cfg(test)]

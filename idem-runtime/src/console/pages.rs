@@ -12,7 +12,9 @@ use http::StatusCode;
 use http::request::Parts;
 use serde::Deserialize;
 
-use super::html::{bars, esc, failure, page, query_value, table, token_field};
+use super::html::{
+    age, bars, esc, failure, job_link, message_row, page, query_value, table, token_field,
+};
 use super::{Shared, Viewer};
 use crate::backend::Backend;
 use crate::bulk::{FailedFilter, FailureGroup};
@@ -29,6 +31,9 @@ pub(super) const ROWS: u32 = 100;
 
 /// How many of a group's jobs its page lists.
 const GROUP_ROWS: u32 = 20;
+
+/// How many of a job's outbox messages its page looks for.
+const JOB_MESSAGES: u32 = 20;
 
 /// How many of the day's jobs the overview reads at most, the newest: at 330 000 jobs a day,
 /// about the last four hours. Its page answers in a bounded time whatever the table holds.
@@ -303,6 +308,41 @@ pub(super) async fn job<DB: Backend>(
         &["#", "Step", "Token", "Recorded at", "Value"],
         &steps,
     );
+    // A job's messages have ids made from its scope, its key and their place among its
+    // messages (`job_id`): each is read by the outbox's primary key, until one is not there.
+    let mut messages = Vec::new();
+    for seq in 0..JOB_MESSAGES {
+        let found = match crate::job_id(&m.scope, &(m.key.as_str(), seq)) {
+            Ok(id) => c.store.outbox_message(id.as_str()).await,
+            Err(_) => break,
+        };
+        match found {
+            Ok(Some(message)) => messages.push(message),
+            Ok(None) => break,
+            Err(e) => return error_page(&viewer, e),
+        }
+    }
+    let token = viewer.admin.as_ref().map(|admin| c.token(admin));
+    let rows: Vec<Vec<String>> = messages
+        .iter()
+        .map(|message| message_row(&viewer, token.as_deref(), message))
+        .collect();
+    let header = [
+        "Id",
+        "State",
+        "Destination",
+        "Job",
+        "Attempts",
+        "Age",
+        "Last error",
+        "",
+    ];
+    let _ = write!(
+        body,
+        "<h2>Outbox messages</h2><p class=\"note\">What the job sent with its effect, in its \
+         order (at most {JOB_MESSAGES}; a sent message is gone once the outbox is purged).</p>{}",
+        table("messages", &header, &rows)
+    );
     page(&viewer, "Job", &body)
 }
 
@@ -383,31 +423,10 @@ pub(super) fn markers(viewer: &Viewer, id: &str, list: &[Marker]) -> String {
     table(id, &header, &rows)
 }
 
-pub(super) fn job_link(viewer: &Viewer, scope: &str, key: &str) -> String {
-    format!(
-        "<a href=\"{}/job?scope={}&amp;key={}\">{}</a>",
-        esc(&viewer.base),
-        query_value(scope),
-        query_value(key),
-        esc(key)
-    )
-}
-
 fn state(state: MarkerState) -> &'static str {
     match state {
         MarkerState::InProgress => "in progress",
         MarkerState::Completed => "completed",
         MarkerState::Failed => "failed",
-    }
-}
-
-/// Milliseconds as an operator reads them.
-pub(super) fn age(ms: i64) -> String {
-    let s = ms.max(0) / 1000;
-    match s {
-        0..60 => format!("{s} s"),
-        60..3_600 => format!("{} min", s / 60),
-        3_600..86_400 => format!("{} h {} min", s / 3_600, s % 3_600 / 60),
-        _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3_600),
     }
 }

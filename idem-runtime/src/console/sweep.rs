@@ -12,11 +12,11 @@ use http::request::Parts;
 use serde::Deserialize;
 
 use super::actions::{Acting, record};
-use super::html::{esc, page, table, token_field};
-use super::pages::{Console, ROWS, age, error_page, job_link, markers};
+use super::html::{esc, message_row, page, table, token_field};
+use super::pages::{Console, ROWS, error_page, markers};
 use super::{Shared, Viewer};
 use crate::backend::Backend;
-use crate::relay::{OutboxEntry, OutboxState, ParkedFilter};
+use crate::relay::{OutboxState, ParkedFilter};
 
 /// How many parked messages the dry run of a requeue lists.
 const PARKED_ROWS: u32 = 20;
@@ -232,32 +232,4 @@ pub(super) async fn requeue_parked<DB: Backend>(
         what,
     )
     .await
-}
-
-fn message_row(viewer: &Viewer, token: Option<&str>, m: &OutboxEntry) -> Vec<String> {
-    let action = match (token, m.state) {
-        (Some(token), OutboxState::Parked) => format!(
-            "<form class=\"inline\" method=\"post\" action=\"{}/outbox/requeue\">{}\
-             <input type=\"hidden\" name=\"id\" value=\"{}\"><button>Requeue</button></form>",
-            esc(&viewer.base),
-            token_field(token),
-            esc(&m.id),
-        ),
-        _ => String::new(),
-    };
-    let state = match m.state {
-        OutboxState::Parked => "parked",
-        OutboxState::Pending => "pending",
-        OutboxState::Sent => "sent",
-    };
-    vec![
-        format!("<code>{}</code>", esc(&m.id)),
-        state.into(),
-        esc(&m.destination),
-        job_link(viewer, &m.scope, &m.key),
-        m.attempts.to_string(),
-        age(m.age_ms),
-        m.last_error.as_deref().map(esc).unwrap_or_default(),
-        action,
-    ]
 }
