@@ -180,9 +180,24 @@ pub(super) fn age(ms: i64) -> String {
     }
 }
 
-/// One outbox message's row: id, state, destination, its job, attempts, age, last error,
+/// A table of outbox messages: id, state, destination, its job, attempts, age, last error,
 /// and for an admin (`token`) a parked one's requeue.
-pub(super) fn message_row(viewer: &Viewer, token: Option<&str>, m: &OutboxEntry) -> Vec<String> {
+pub(super) fn messages(viewer: &Viewer, token: Option<&str>, list: &[OutboxEntry]) -> String {
+    let rows: Vec<Vec<String>> = list.iter().map(|m| message_row(viewer, token, m)).collect();
+    let header = [
+        "Id",
+        "State",
+        "Destination",
+        "Job",
+        "Attempts",
+        "Age",
+        "Last error",
+        "",
+    ];
+    table("messages", &header, &rows)
+}
+
+fn message_row(viewer: &Viewer, token: Option<&str>, m: &OutboxEntry) -> Vec<String> {
     let action = match (token, m.state) {
         (Some(token), OutboxState::Parked) => format!(
             "<form class=\"inline\" method=\"post\" action=\"{}/outbox/requeue\">{}\

@@ -13,7 +13,7 @@ use http::request::Parts;
 use serde::Deserialize;
 
 use super::html::{
-    age, bars, esc, failure, job_link, message_row, page, query_value, table, token_field,
+    self as html, age, bars, esc, failure, job_link, page, query_value, table, token_field,
 };
 use super::{Shared, Viewer};
 use crate::backend::Backend;
@@ -323,25 +323,11 @@ pub(super) async fn job<DB: Backend>(
         }
     }
     let token = viewer.admin.as_ref().map(|admin| c.token(admin));
-    let rows: Vec<Vec<String>> = messages
-        .iter()
-        .map(|message| message_row(&viewer, token.as_deref(), message))
-        .collect();
-    let header = [
-        "Id",
-        "State",
-        "Destination",
-        "Job",
-        "Attempts",
-        "Age",
-        "Last error",
-        "",
-    ];
     let _ = write!(
         body,
         "<h2>Outbox messages</h2><p class=\"note\">What the job sent with its effect, in its \
          order (at most {JOB_MESSAGES}; a sent message is gone once the outbox is purged).</p>{}",
-        table("messages", &header, &rows)
+        html::messages(&viewer, token.as_deref(), &messages)
     );
     page(&viewer, "Job", &body)
 }

@@ -12,7 +12,7 @@ use http::request::Parts;
 use serde::Deserialize;
 
 use super::actions::{Acting, record};
-use super::html::{esc, message_row, page, table, token_field};
+use super::html::{esc, messages, page, token_field};
 use super::pages::{Console, ROWS, error_page, markers};
 use super::{Shared, Viewer};
 use crate::backend::Backend;
@@ -117,20 +117,6 @@ pub(super) async fn outbox<DB: Backend>(State(c): Console<DB>, parts: Parts) -> 
         Err(e) => return error_page(&viewer, e),
     };
     let token = viewer.admin.as_ref().map(|admin| c.token(admin));
-    let rows: Vec<Vec<String>> = list
-        .iter()
-        .map(|m| message_row(&viewer, token.as_deref(), m))
-        .collect();
-    let header = [
-        "Id",
-        "State",
-        "Destination",
-        "Job",
-        "Attempts",
-        "Age",
-        "Last error",
-        "",
-    ];
     let mut body = format!(
         "<p class=\"note\">Unsent messages, parked first, then the oldest pending (at most \
          {ROWS}).</p>"
@@ -143,7 +129,7 @@ pub(super) async fn outbox<DB: Backend>(State(c): Console<DB>, parts: Parts) -> 
             esc(&viewer.base)
         );
     }
-    body += &table("messages", &header, &rows);
+    body += &messages(&viewer, token.as_deref(), &list);
     page(&viewer, "Outbox", &body)
 }
 
@@ -176,21 +162,7 @@ pub(super) async fn parked<DB: Backend>(State(c): Console<DB>, parts: Parts) -> 
             token_field(&c.token(admin)),
         );
     }
-    let rows: Vec<Vec<String>> = first
-        .iter()
-        .map(|m| message_row(&viewer, None, m))
-        .collect();
-    let header = [
-        "Id",
-        "State",
-        "Destination",
-        "Job",
-        "Attempts",
-        "Age",
-        "Last error",
-        "",
-    ];
-    body += &table("messages", &header, &rows);
+    body += &messages(&viewer, None, &first);
     page(&viewer, "Parked messages", &body)
 }
 
