@@ -78,7 +78,7 @@ pub use claim::Claimed;
 pub use claim::nested::Body;
 pub use doctor::{Checkup, Diagnosis, Finding, Severity};
 pub use each::{EachGuard, JobGuard};
-pub use error::{Error, JobError, KafkaError, LeaseError, NotKept, Refusal};
+pub use error::{Error, JobError, KafkaError, LeaseError, NotKept, Refusal, WalError};
 pub use group::{
     Group, GroupGuard, GroupOptions, GroupTarget, MAX_GROUP, MAX_GROUP_BODY, MAX_GROUP_DELAY,
     MAX_LANES,
@@ -122,6 +122,8 @@ pub mod outbox {
         OutboxEntry, OutboxState, ParkedFilter, PublishError, Publisher, REQUEUE_PARKED_PAGE,
         Relay, Relayed,
     };
+    #[cfg(feature = "wal-relay")]
+    pub use crate::relay::{SlotLag, WalRelay};
 }
 
 /// The transaction an `#[idempotent]` handler's body runs on (an alias of

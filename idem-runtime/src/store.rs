@@ -218,7 +218,8 @@ impl<DB: Backend> Store<DB> {
     /// [`Refusal::Table`](crate::Refusal::Table).
     pub fn with_table(self, table: &str) -> Result<Self, Error> {
         let unnamed = self.sql.table.is_unnamed();
-        let table = Table::new(table)?.unnamed(unnamed);
+        let wal = self.sql.table.is_through_wal();
+        let table = Table::new(table)?.unnamed(unnamed).through_wal(wal);
         Ok(Store::of(self.pool, &table))
     }
 
@@ -455,6 +456,27 @@ impl Store<sqlx::Postgres> {
     pub fn outbox_notify_interval(self, interval: Duration) -> Self {
         self.sql.table.wake().set_every(interval);
         self
+    }
+
+    /// Writes this store's outbox messages to PostgreSQL's write-ahead log, for the WAL relay
+    /// ([`WalRelay`](crate::outbox::WalRelay), feature `wal-relay`), instead of the outbox
+    /// table, which the polling [`Relay`](crate::outbox::Relay) reads.
+    ///
+    /// Each message is one transactional logical decoding message
+    /// (`pg_logical_emit_message(true, 'idem:{table}', ..)`), all of a job's in one statement
+    /// of the job's transaction, as its rows would be: decoded only if that transaction
+    /// commits, in the order of the commits. It leaves no row to mark, delete or vacuum, and
+    /// costs less than half the WAL of a row. Needs `wal_level = logical` on the server (the
+    /// statement fails otherwise, and the job with it); any role may call it. Ids, headers and
+    /// ordering keys are the same as through the table. Every store that writes messages for
+    /// one relay must say the same: the polling relay never sees what went to the WAL, and
+    /// the WAL relay sends the table's rows only as the ones it parked.
+    ///
+    /// `idem outbox list` shows a message sent this way only once the relay parked it (the
+    /// WAL holds it until the relay's slot confirms it).
+    pub fn outbox_through_wal(self) -> Self {
+        let table = self.sql.table.clone().through_wal(true);
+        Store::of(self.pool, &table)
     }
 }
 

@@ -33,12 +33,15 @@ pub const MAX_TABLE_LEN: usize = 47;
 pub struct Table {
     name: String,
     unnamed: bool,
+    /// Outbox messages go to the write-ahead log as logical decoding messages, not to the
+    /// outbox table (PostgreSQL, `Store::outbox_through_wal`).
+    wal: bool,
     wake: Arc<Wake>,
 }
 
 impl PartialEq for Table {
     fn eq(&self, other: &Table) -> bool {
-        self.name == other.name && self.unnamed == other.unnamed
+        self.name == other.name && self.unnamed == other.unnamed && self.wal == other.wal
     }
 }
 
@@ -60,6 +63,7 @@ impl Table {
         Ok(Table {
             name: name.to_owned(),
             unnamed: false,
+            wal: false,
             wake: Wake::new(),
         })
     }
@@ -86,6 +90,19 @@ impl Table {
     /// The commits of the store's outbox messages, which its relays wait on.
     pub(crate) fn wake(&self) -> &Arc<Wake> {
         &self.wake
+    }
+
+    /// The same table, its outbox messages written to the WAL ([`Table::wal`]).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn through_wal(mut self, wal: bool) -> Self {
+        self.wal = wal;
+        self
+    }
+
+    /// Whether outbox messages go to the write-ahead log rather than the outbox table.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn is_through_wal(&self) -> bool {
+        self.wal
     }
 
     /// Whether the statements are sent unnamed ([`Table::unnamed`]).

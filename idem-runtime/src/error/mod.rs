@@ -8,6 +8,7 @@ mod not_kept;
 mod refusal;
 #[cfg(test)]
 mod tests;
+mod wal;
 
 use database::{DatabaseMessage, is_read_only, transient};
 pub use job::JobError;
@@ -15,6 +16,7 @@ pub use kafka::KafkaError;
 pub use lease::LeaseError;
 pub use not_kept::NotKept;
 pub use refusal::Refusal;
+pub use wal::WalError;
 
 /// Everything that can go wrong around an idempotent call.
 ///
@@ -123,6 +125,11 @@ pub enum Error {
     /// and its message what to do.
     #[error("{0}")]
     Kafka(KafkaError),
+
+    /// The WAL relay could not go on, or was not set up to (feature `wal-relay`). The
+    /// [`WalError`] says which, and its message what to do.
+    #[error("{0}")]
+    Wal(WalError),
 }
 
 impl From<KeyError> for Error {
@@ -153,6 +160,7 @@ families! {
     Lease(LeaseError),
     NotKept(NotKept),
     Kafka(KafkaError),
+    Wal(WalError),
 }
 
 /// A refused key in a handler that returns `sqlx::Error`: it travels as the [`Error`] it
@@ -230,6 +238,7 @@ impl Error {
                 KafkaError::Client { .. } => true,
                 KafkaError::WatermarkAhead { .. } => false,
             },
+            Error::Wal(wal) => matches!(wal, WalError::Stream { .. } | WalError::NoSlot),
             Error::Database(e) => transient(e),
             // A standby is promoted, a pool reconnects to the primary: a redelivery may land.
             Error::ReadOnly(_) => true,

@@ -89,7 +89,8 @@ fn key_of(error: &Error) -> Option<&str> {
         | Error::ReadOnly(_)
         | Error::Refused(_)
         | Error::Serialize(_)
-        | Error::Kafka(_) => None,
+        | Error::Kafka(_)
+        | Error::Wal(_) => None,
     }
 }
 

@@ -85,6 +85,7 @@ impl Verdict {
             Error::Database(_)
             | Error::ReadOnly(_)
             | Error::Kafka(KafkaError::Client { .. })
+            | Error::Wal(_)
             | Error::NotKept(NotKept::JobNotFinished { .. })
             | Error::NotKept(NotKept::Group { .. })
             | Error::Lease(LeaseError::Unverified { .. })

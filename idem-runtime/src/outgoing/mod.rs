@@ -12,6 +12,9 @@ use crate::key::{IntoKey, Key};
 
 mod batch;
 mod builder;
+#[cfg(feature = "postgres")]
+#[cfg_attr(not(feature = "wal-relay"), allow(dead_code))]
+pub(crate) mod frame;
 mod headers;
 
 pub use batch::BatchOutbox;

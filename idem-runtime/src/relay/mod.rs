@@ -9,6 +9,8 @@ mod operators;
 #[cfg(feature = "outbox-rabbitmq")]
 mod rabbitmq;
 mod run;
+#[cfg(feature = "wal-relay")]
+mod wal;
 mod waves;
 
 use std::future::Future;
@@ -21,6 +23,8 @@ pub use nats::JetStream;
 pub use operators::{OutboxEntry, OutboxState, ParkedFilter, REQUEUE_PARKED_PAGE};
 #[cfg(feature = "outbox-rabbitmq")]
 pub use rabbitmq::RabbitMq;
+#[cfg(feature = "wal-relay")]
+pub use wal::{SlotLag, WalRelay};
 
 use crate::backend::{Backend, Taken};
 use crate::error::Error;

@@ -185,7 +185,7 @@ where
 }
 
 /// `work`'s output, or `None` if `stop` resolved first.
-async fn unless<T>(
+pub(super) async fn unless<T>(
     mut stop: std::pin::Pin<&mut impl Future<Output = ()>>,
     work: impl Future<Output = T>,
 ) -> Option<T> {

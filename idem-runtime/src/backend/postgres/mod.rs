@@ -9,6 +9,8 @@ mod lease;
 mod operators;
 mod outbox;
 pub(crate) mod partitions;
+#[cfg(feature = "wal-relay")]
+pub(crate) use outbox::wal_prefix;
 
 use sqlx::{Pool, Postgres};
 

@@ -189,6 +189,9 @@ pub(super) async fn write(
     sql: &Sql<Postgres>,
     outbox: &Unsent,
 ) -> Result<(), sqlx::Error> {
+    if sql.table.is_through_wal() {
+        return emit(conn, sql, outbox).await;
+    }
     let (mut ids, mut destinations, mut payloads, mut keys, mut seqs, mut ordering) = (
         Vec::new(),
         Vec::new(),
@@ -224,6 +227,44 @@ pub(super) async fn write(
         .persistent(template.persistent)
         .execute(conn)
         .await?;
+    Ok(())
+}
+
+/// All of a claim's messages as transactional logical decoding messages, one statement
+/// ([`Store::outbox_through_wal`](crate::Store::outbox_through_wal)): each message's frame
+/// (`outgoing/frame.rs`) under the prefix [`wal_prefix`], in the order the claim sent them
+/// (`unnest` yields an array's elements in their order, and each is emitted as it is read).
+/// Only while a `pgoutput` slot of the database exists: WAL written before a slot was made is
+/// never decoded by it, so a message emitted with no slot would be lost. With none, nothing
+/// is emitted and the claim fails (`WalError::NoSlot`) instead.
+const EMIT: &str = "SELECT count(pg_logical_emit_message(true, $1, f)) FROM unnest($2::bytea[]) \
+    AS f WHERE EXISTS (SELECT 1 FROM pg_replication_slots WHERE plugin = 'pgoutput' \
+    AND database = current_database())";
+
+/// The prefix of the logical decoding messages of `table`'s outbox: the WAL relay of a store
+/// reads its own table's messages and passes over others'.
+pub(crate) fn wal_prefix(table: &str) -> String {
+    format!("idem:{table}")
+}
+
+async fn emit(
+    conn: &mut PgConnection,
+    sql: &Sql<Postgres>,
+    outbox: &Unsent,
+) -> Result<(), sqlx::Error> {
+    let frames: Vec<Vec<u8>> = outbox
+        .rows()
+        .map(|(key, m)| crate::outgoing::frame::encode(outbox.scope(), key, m))
+        .collect();
+    let emitted: i64 = sqlx::query_scalar(EMIT)
+        .bind(wal_prefix(sql.table.as_str()))
+        .bind(&frames)
+        .persistent(!sql.table.is_unnamed())
+        .fetch_one(conn)
+        .await?;
+    if emitted == 0 && !frames.is_empty() {
+        return Err(crate::Error::Wal(crate::WalError::NoSlot).into());
+    }
     Ok(())
 }
 

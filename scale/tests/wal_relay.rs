@@ -1,0 +1,513 @@
+//! The relay fed by the write-ahead log, on a PostgreSQL of the test's own with `wal_level =
+//! logical` (started once for every case here) and the shared RabbitMQ: the relay, a process of
+//! its own (`idem-wal-relay`), SIGKILLed mid-stream and started again delivers every message
+//! (copies only with their id, each applied once by a consumer's claim, each key's in order);
+//! a standby relay takes over from a killed one; a rolled-back job's messages never leave; a
+//! message the broker refuses parks with its key's later ones, and a requeue sends them in
+//! order; a server or role not set up is refused before anything is published.
+
+use std::collections::{HashMap, HashSet};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use idem::outbox::{RabbitMq, WalRelay};
+use idem::{Claimed, Outcome, Store};
+use idem_scale::jobs::unique;
+use idem_scale::standby::Server;
+use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use sqlx::{AssertSqlSafe, PgPool};
+
+fn amqp_url() -> String {
+    std::env::var("IDEM_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+async fn channel() -> lapin::Channel {
+    let url = amqp_url();
+    let connection = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach RabbitMQ at {url} (IDEM_AMQP_URL): {e}"));
+    connection.create_channel().await.expect("a channel")
+}
+
+async fn declare(channel: &lapin::Channel, queue: &str) -> u32 {
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("the queue");
+    declared.message_count()
+}
+
+/// A store of its own table on `url`, migrated, sending through the WAL.
+async fn store(pool: &PgPool, prefix: &str) -> Store<sqlx::Postgres> {
+    let store = Store::new(pool.clone())
+        .with_table(&unique(prefix))
+        .expect("a table name")
+        .outbox_through_wal();
+    store.migrate().await.expect("migrate");
+    store
+}
+
+/// `n` jobs from `from`, each sending one message to `queue` keyed by one of `keys` keys, its
+/// payload the job's number: what `key`'s messages must arrive in.
+async fn send_jobs(store: &Store<sqlx::Postgres>, queue: &str, from: u32, n: u32, keys: u32) {
+    for job in from..from + n {
+        let key = format!("job-{job}");
+        let Ok(Claimed::Fresh(mut guard)) = store
+            .claim("wal", &idem::Key::new(&key).expect("a key"))
+            .await
+        else {
+            panic!("a fresh claim of {key}");
+        };
+        guard
+            .outbox()
+            .send_keyed(&format!("k{}", job % keys), queue, &job)
+            .expect("a message");
+        let done = guard.finish::<(), idem::Error>(Ok(())).await;
+        assert!(matches!(done, Ok(Outcome::Applied(()))), "{key}: {done:?}");
+    }
+}
+
+/// Every message in `queue` now, as (message id, ordering key, payload), in arrival order.
+async fn drain(channel: &lapin::Channel, queue: &str) -> Vec<(String, String, u32)> {
+    let mut got = Vec::new();
+    while let Some(message) = channel
+        .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+        .await
+        .expect("basic_get")
+    {
+        let id = message
+            .properties
+            .message_id()
+            .as_ref()
+            .expect("a message id")
+            .to_string();
+        let n: u32 = serde_json_number(&message.data);
+        got.push((id, format!("k{}", n % KEYS), n));
+    }
+    got
+}
+
+fn serde_json_number(data: &[u8]) -> u32 {
+    std::str::from_utf8(data)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("a job's number, not {data:?}"))
+}
+
+const KEYS: u32 = 20;
+
+/// Waits (with a deadline, failing with what it waited for) until `queue` holds `at_least`.
+async fn wait_for(channel: &lapin::Channel, queue: &str, at_least: u32, what: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let count = declare(channel, queue).await;
+        if count >= at_least {
+            return count;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {queue} holds {count} messages after 120 s, waited for {at_least}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The relay as a process of its own, once its setup is done.
+fn relay_process(url: &str, table: &str) -> Child {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem-wal-relay"))
+        .args([url, table, &amqp_url()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the relay's process");
+    let stderr = child.stderr.take().expect("its stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let first = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert_eq!(first, "relaying", "the relay did not start");
+    // The rest of its stderr is drained, so that it never blocks writing.
+    std::thread::spawn(move || lines.for_each(drop));
+    child
+}
+
+fn kill(child: &mut Child) {
+    // SIGKILL: no chance to confirm or to close the stream cleanly.
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_wal_relay_on_a_server_of_its_own() {
+    let server =
+        Server::start("wal_level = logical\nmax_replication_slots = 10\nmax_wal_senders = 10\n");
+    let url = server.url();
+    let pool = PgPool::connect(&url).await.expect("the server");
+    a_job_sent_with_no_slot_fails_and_writes_nothing(&pool).await;
+    a_killed_relay_loses_nothing_and_its_copies_keep_their_ids(&url, &pool).await;
+    a_standby_relay_takes_over_from_a_killed_one(&url, &pool).await;
+    a_rolled_back_job_sends_nothing_and_a_refused_message_parks_with_its_key(&url, &pool).await;
+    a_server_or_role_not_set_up_is_refused_before_anything_is_published(&url, &pool).await;
+}
+
+async fn a_job_sent_with_no_slot_fails_and_writes_nothing(pool: &PgPool) {
+    let store = store(pool, "wal_no_slot").await;
+    let key = idem::Key::new("early").expect("a key");
+    let Ok(Claimed::Fresh(mut guard)) = store.claim("wal", &key).await else {
+        panic!("a fresh claim");
+    };
+    guard.outbox().send("q", &1).expect("a message");
+    let done = guard.finish::<(), idem::Error>(Ok(())).await;
+    assert!(
+        matches!(done, Err(idem::Error::Wal(idem::WalError::NoSlot))),
+        "{done:?}"
+    );
+    let markers: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM {}",
+        store.table()
+    )))
+    .fetch_one(pool)
+    .await
+    .expect("markers");
+    assert_eq!(
+        markers, 0,
+        "the job's marker was not kept: its redelivery runs it"
+    );
+}
+
+async fn a_killed_relay_loses_nothing_and_its_copies_keep_their_ids(url: &str, pool: &PgPool) {
+    let store = store(pool, "wal_kill").await;
+    let table = store.table().to_owned();
+    let channel = channel().await;
+    let queue = unique("wal_kill");
+    declare(&channel, &queue).await;
+    let (before, after) = (2000, 300);
+    set_up(&store, url).await;
+    send_jobs(&store, &queue, 0, before, KEYS).await;
+    let mut relay = relay_process(url, &table);
+    let at_kill = wait_for(&channel, &queue, 200, "the relay's first batches").await;
+    kill(&mut relay);
+    let published = declare(&channel, &queue).await;
+    assert!(
+        published < before,
+        "the relay was killed mid-stream: {published} of {before} published"
+    );
+    // Jobs committed while no relay runs wait in the slot.
+    send_jobs(&store, &queue, before, after, KEYS).await;
+    let mut relay = relay_process(url, &table);
+    let got = async {
+        let mut got = drain(&channel, &queue).await;
+        let mut distinct: HashSet<String> = got.iter().map(|m| m.0.clone()).collect();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while distinct.len() < (before + after) as usize {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {} arrived",
+                distinct.len(),
+                before + after
+            );
+            wait_for(&channel, &queue, 1, "the rest").await;
+            let more = drain(&channel, &queue).await;
+            distinct.extend(more.iter().map(|m| m.0.clone()));
+            got.extend(more);
+        }
+        got
+    }
+    .await;
+    kill(&mut relay);
+    // One id a job, each the same in every copy of it.
+    let mut ids: HashMap<u32, HashSet<&str>> = HashMap::new();
+    for (id, _, n) in &got {
+        ids.entry(*n).or_default().insert(id.as_str());
+    }
+    assert_eq!(
+        ids.len(),
+        (before + after) as usize,
+        "every job's message arrived"
+    );
+    assert!(
+        ids.values().all(|set| set.len() == 1),
+        "a job's copies carry one id"
+    );
+    // Each key's messages, first arrivals, in the order their jobs committed.
+    let mut seen = HashSet::new();
+    let mut last: HashMap<&str, u32> = HashMap::new();
+    for (id, key, n) in &got {
+        if seen.insert(id.as_str())
+            && let Some(before) = last.insert(key.as_str(), *n)
+        {
+            assert!(before < *n, "{key}: {n} arrived after {before}");
+        }
+    }
+    // A consumer's claim applies each once.
+    let effects = consume_once(pool, &got).await;
+    assert_eq!(
+        effects,
+        i64::from(before + after),
+        "effects applied by the consumer"
+    );
+    eprintln!(
+        "killed at {at_kill}+ published, {} deliveries for {} messages",
+        got.len(),
+        before + after
+    );
+}
+
+/// The relay's slot made, as its setup makes it, before the first job: a job sent before
+/// holds messages no slot decodes.
+async fn set_up(store: &Store<sqlx::Postgres>, url: &str) {
+    let relay = WalRelay::new(store.clone(), url, RabbitMq::new(channel().await));
+    relay.expect("the relay").setup().await.expect("setup");
+}
+
+/// Claims every delivery's id in a consumer's store, counting an effect for each `Applied`.
+async fn consume_once(pool: &PgPool, got: &[(String, String, u32)]) -> i64 {
+    let consumer = Store::new(pool.clone())
+        .with_table(&unique("wal_consumer"))
+        .expect("a table name");
+    consumer.migrate().await.expect("migrate");
+    let effects = unique("wal_effects");
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {effects} (n int NOT NULL)"
+    )))
+    .execute(pool)
+    .await
+    .expect("effects");
+    for (id, _, n) in got {
+        match consumer
+            .claim("consume", &idem::Key::new(id).expect("a key"))
+            .await
+            .expect("a claim")
+        {
+            Claimed::Fresh(mut guard) => {
+                sqlx::query(AssertSqlSafe(format!("INSERT INTO {effects} VALUES ($1)")))
+                    .bind(i64::from(*n) as i32)
+                    .execute(&mut **guard.tx())
+                    .await
+                    .expect("the effect");
+                let done = guard.finish::<(), idem::Error>(Ok(())).await;
+                assert!(matches!(done, Ok(Outcome::Applied(()))), "{id}: {done:?}");
+            }
+            Claimed::Duplicate => {}
+            other => panic!("{id}: {other:?}"),
+        }
+    }
+    sqlx::query_scalar(AssertSqlSafe(format!("SELECT COUNT(*) FROM {effects}")))
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
+async fn a_standby_relay_takes_over_from_a_killed_one(url: &str, pool: &PgPool) {
+    let store = store(pool, "wal_standby").await;
+    let table = store.table().to_owned();
+    let channel = channel().await;
+    let queue = unique("wal_standby");
+    declare(&channel, &queue).await;
+    set_up(&store, url).await;
+    let mut active = relay_process(url, &table);
+    let mut standby = relay_process(url, &table);
+    send_jobs(&store, &queue, 0, 50, KEYS).await;
+    wait_for(&channel, &queue, 50, "the active relay").await;
+    let active_pid: i32 = slot_pid(pool, &table).await.expect("a relay streams");
+    kill(&mut active);
+    send_jobs(&store, &queue, 50, 50, KEYS).await;
+    let got = wait_for(
+        &channel,
+        &queue,
+        100,
+        "the standby, after the active one died",
+    )
+    .await;
+    let standby_pid = slot_pid(pool, &table).await.expect("a relay streams");
+    assert_ne!(
+        standby_pid, active_pid,
+        "another walsender streams the slot"
+    );
+    kill(&mut standby);
+    let got = drain(&channel, &queue).await.len().max(got as usize);
+    assert!(got >= 100, "{got} of 100");
+}
+
+async fn slot_pid(pool: &PgPool, table: &str) -> Option<i32> {
+    sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
+        .bind(format!("{table}_relay"))
+        .fetch_one(pool)
+        .await
+        .expect("the slot")
+}
+
+async fn a_rolled_back_job_sends_nothing_and_a_refused_message_parks_with_its_key(
+    url: &str,
+    pool: &PgPool,
+) {
+    let store = store(pool, "wal_park").await;
+    let channel = channel().await;
+    let (good, missing) = (unique("wal_good"), unique("wal_missing"));
+    declare(&channel, &good).await;
+    set_up(&store, url).await;
+    // Rolled back: a failed body's messages are in the WAL, never decoded.
+    let Ok(Claimed::Fresh(mut guard)) = store
+        .claim("wal", &idem::Key::new("rolled-back").expect("a key"))
+        .await
+    else {
+        panic!("a fresh claim");
+    };
+    guard.outbox().send(&good, &999).expect("a message");
+    let failed = guard
+        .finish::<(), idem::Error>(Err(idem::Error::Serialize("no".into())))
+        .await;
+    assert!(failed.is_err());
+    // k1: its first message to a queue that does not exist, then one to the good queue.
+    // k2: to the good queue.
+    for (job, key, queue) in [(1, "k1", &missing), (2, "k1", &good), (3, "k2", &good)] {
+        let Ok(Claimed::Fresh(mut guard)) = store
+            .claim("wal", &idem::Key::new(&format!("p{job}")).expect("a key"))
+            .await
+        else {
+            panic!("a fresh claim");
+        };
+        guard
+            .outbox()
+            .send_keyed(key, queue, &job)
+            .expect("a message");
+        let done = guard.finish::<(), idem::Error>(Ok(())).await;
+        assert!(matches!(done, Ok(Outcome::Applied(()))), "p{job}: {done:?}");
+    }
+    let relay = WalRelay::new(store.clone(), url, RabbitMq::new(channel.clone()))
+        .expect("the relay")
+        .backoff(Duration::from_millis(5))
+        .max_attempts(2);
+    let table = store.table().to_owned();
+    let parked = async {
+        // Until k1's first message is parked and its second is behind it in the table.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let rows: Vec<(String, bool)> = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT destination, parked FROM {table}_outbox ORDER BY created_at"
+            )))
+            .fetch_all(pool)
+            .await
+            .expect("the outbox");
+            if rows.len() == 2 {
+                return rows;
+            }
+            assert!(Instant::now() < deadline, "parked rows: {rows:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let rows = tokio::select! {
+        ended = relay.run(std::future::pending()) => panic!("the relay ended: {ended:?}"),
+        rows = parked => rows,
+    };
+    assert_eq!(rows, [(missing.clone(), true), (good.clone(), false)]);
+    let got: Vec<u32> = drain(&channel, &good)
+        .await
+        .into_iter()
+        .map(|m| m.2)
+        .collect();
+    assert_eq!(
+        got,
+        [3],
+        "k2 went on; k1's second waits behind its first; 999 never left"
+    );
+    // The queue made, the parked message requeued: k1's two leave in their order.
+    declare(&channel, &missing).await;
+    let requeued = store
+        .requeue_parked(&idem::outbox::ParkedFilter::new(), 10)
+        .await;
+    assert!(requeued.is_ok(), "{requeued:?}");
+    // Until k1's two arrived; k2's may arrive again, a copy with its id, from the position
+    // the first run had confirmed.
+    let sent = async {
+        let (mut first, mut second) = (Vec::new(), Vec::new());
+        while first.is_empty() || second.is_empty() {
+            wait_for(&channel, &good, 1, "k1's second, after its first").await;
+            first.extend(drain(&channel, &missing).await.into_iter().map(|m| m.2));
+            second.extend(drain(&channel, &good).await.into_iter().map(|m| m.2));
+            second.retain(|&n| n != 3);
+        }
+        (first, second)
+    };
+    let arrived = tokio::select! {
+        ended = relay.run(std::future::pending()) => panic!("the relay ended: {ended:?}"),
+        arrived = sent => arrived,
+    };
+    assert_eq!(arrived, (vec![1], vec![2]));
+    for queue in [&good, &missing] {
+        channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .expect("delete");
+    }
+}
+
+async fn a_server_or_role_not_set_up_is_refused_before_anything_is_published(
+    url: &str,
+    pool: &PgPool,
+) {
+    // The shared server runs with wal_level = replica.
+    let shared = std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let shared_pool = PgPool::connect(&shared)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {shared} (IDEM_POSTGRES_URL): {e}"));
+    let level: String = sqlx::query_scalar("SHOW wal_level")
+        .fetch_one(&shared_pool)
+        .await
+        .expect("wal_level");
+    let channel = channel().await;
+    if level != "logical" {
+        let relay = WalRelay::new(
+            Store::new(shared_pool),
+            &shared,
+            RabbitMq::new(channel.clone()),
+        )
+        .expect("the relay");
+        let error = relay.setup().await.expect_err("refused").to_string();
+        assert!(
+            error.contains("ALTER SYSTEM SET wal_level = logical"),
+            "{error}"
+        );
+    }
+    let role = unique("norepl");
+    sqlx::query(AssertSqlSafe(format!("CREATE ROLE {role} LOGIN")))
+        .execute(pool)
+        .await
+        .expect("a role");
+    let without = url.replace("postgres@", &format!("{role}@"));
+    let store = store(pool, "wal_role").await;
+    let relay = WalRelay::new(store.clone(), &without, RabbitMq::new(channel)).expect("the relay");
+    let error = relay
+        .run(std::future::pending())
+        .await
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        error.contains(&format!("ALTER ROLE \"{role}\" REPLICATION")),
+        "{error}"
+    );
+    let slots: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(relay.slot_name())
+            .fetch_one(pool)
+            .await
+            .expect("slots");
+    assert_eq!(slots, 0, "nothing was made for a relay that may not stream");
+    for bad in ["", "Upper", "has-dash", &"x".repeat(64)] {
+        let refused = WalRelay::new(store.clone(), url, RabbitMq::new(self::channel().await))
+            .expect("the relay")
+            .slot(bad);
+        assert!(
+            matches!(
+                refused,
+                Err(idem::Error::Wal(idem::WalError::Refused { .. }))
+            ),
+            "{bad:?}"
+        );
+    }
+}
