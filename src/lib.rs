@@ -126,6 +126,11 @@ mod guides {
     mod sqlx_upstream {}
     #[doc = include_str!("../docs/steps.md")]
     mod steps {}
+    #[cfg(all(
+        feature = "wal-relay",
+        feature = "outbox-rabbitmq",
+        feature = "rabbitmq"
+    ))]
     #[doc = include_str!("../docs/wal-relay.md")]
     mod wal_relay {}
 }

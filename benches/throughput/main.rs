@@ -6,6 +6,7 @@
 //! cargo bench --bench throughput -- --instructions  # client instructions per job, gated
 //! cargo bench --bench throughput -- --http       # idem::http's layer against a hand-written claim
 //! cargo bench --bench throughput -- --outbox     # the outbox: handler cost, relay vs direct
+//! cargo bench --bench throughput -- --outbox --wal        # the WAL relay: handler, relay vs direct, latency, backlog
 //! cargo bench --bench throughput -- --outbox --wal-floor  # pgbench: outbox rows against
 //!                                                # logical decoding messages (a server of its own)
 //! cargo bench --bench throughput -- --runner     # idem's consumer loop against one by hand
@@ -161,7 +162,7 @@ fn parse_args() -> Res<Args> {
             // `cargo bench` passes `--bench` to every harness-less bench.
             "--bench" => {}
             "--instructions" | "--group" | "--each" | "--floor" | "--standby" | "--scale"
-            | "--galera" | "--partitions" | "--outbox" | "--wal-floor" => {}
+            | "--galera" | "--partitions" | "--outbox" | "--wal-floor" | "--wal" => {}
             other => eprintln!("ignoring argument {other:?}"),
         }
     }
@@ -219,6 +220,16 @@ fn main() -> Res<()> {
             .enable_all()
             .build()?
             .block_on(runner::run(quick));
+    }
+    if argv.iter().any(|a| a == "--outbox") && argv.iter().any(|a| a == "--wal") {
+        let quick = argv.iter().any(|a| a == "--quick");
+        return tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(async {
+                print!("{}", outbox::wal::run(quick).await?);
+                Ok(())
+            });
     }
     if argv.iter().any(|a| a == "--outbox") && argv.iter().any(|a| a == "--wal-floor") {
         return tokio::runtime::Builder::new_multi_thread()

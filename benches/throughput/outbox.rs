@@ -50,6 +50,7 @@ mod floor;
 mod jetstream;
 mod latency;
 mod wake;
+pub(crate) mod wal;
 pub(crate) mod wal_floor;
 
 const WORKERS: usize = 8;

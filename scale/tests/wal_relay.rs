@@ -150,6 +150,7 @@ async fn the_wal_relay_on_a_server_of_its_own() {
     a_job_sent_with_no_slot_fails_and_writes_nothing(&pool).await;
     a_killed_relay_loses_nothing_and_its_copies_keep_their_ids(&url, &pool).await;
     a_standby_relay_takes_over_from_a_killed_one(&url, &pool).await;
+    every_mode_sends_through_the_wal_only_what_it_kept(&url, &pool).await;
     a_rolled_back_job_sends_nothing_and_a_refused_message_parks_with_its_key(&url, &pool).await;
     a_server_or_role_not_set_up_is_refused_before_anything_is_published(&url, &pool).await;
 }
@@ -331,6 +332,75 @@ async fn a_standby_relay_takes_over_from_a_killed_one(url: &str, pool: &PgPool) 
     kill(&mut standby);
     let got = drain(&channel, &queue).await.len().max(got as usize);
     assert!(got >= 100, "{got} of 100");
+}
+
+/// A lease, a batch and claims joined to the caller's transaction send through the WAL as a
+/// claim does: what they kept arrives, what they did not keep (a lease released, a joined
+/// claim whose caller rolled back) never does.
+async fn every_mode_sends_through_the_wal_only_what_it_kept(url: &str, pool: &PgPool) {
+    use idem::LeaseOptions;
+    let store = store(pool, "wal_modes").await;
+    let channel = channel().await;
+    let queue = unique("wal_modes");
+    declare(&channel, &queue).await;
+    set_up(&store, url).await;
+    let key = |k: &str| idem::Key::new(k).expect("a key");
+    let options = LeaseOptions::new(Duration::from_secs(30));
+    // A lease kept, and one released.
+    for (k, n, keep) in [("lease-kept", 1, true), ("lease-released", 101, false)] {
+        let Ok(Claimed::Fresh(mut lease)) = store.lease("wal", &key(k), options).await else {
+            panic!("a fresh lease");
+        };
+        lease.outbox().send(&queue, &n).expect("a message");
+        if keep {
+            let done = lease.finish::<(), idem::Error>(Ok(())).await;
+            assert!(matches!(done, Ok(Outcome::Applied(()))), "{done:?}");
+        } else {
+            lease.release().await;
+        }
+    }
+    // A batch of two jobs, each with a message.
+    let keys = [key("batch-a"), key("batch-b")];
+    let mut batch = store.claim_batch("wal", &keys).await.expect("a batch");
+    for (k, n) in [(&keys[0], 2), (&keys[1], 3)] {
+        batch.outbox().send(k, &queue, &n).expect("a message");
+    }
+    let done = batch.finish::<(), idem::Error>(Ok(())).await;
+    assert!(done.is_ok(), "{done:?}");
+    // Joined to the caller's transaction: committed, and rolled back.
+    for (k, n, commit) in [("joined-kept", 4, true), ("joined-rolled-back", 104, false)] {
+        let mut tx = pool.begin().await.expect("begin");
+        let Ok(Claimed::Fresh(mut joined)) = store.join(&mut tx).claim("wal", &key(k)).await else {
+            panic!("a fresh joined claim");
+        };
+        joined.outbox().send(&queue, &n).expect("a message");
+        let done = joined.finish::<(), idem::Error>(Ok(())).await;
+        assert!(matches!(done, Ok(Outcome::Applied(()))), "{done:?}");
+        match commit {
+            true => tx.commit().await.expect("commit"),
+            false => tx.rollback().await.expect("rollback"),
+        }
+    }
+    // A last job, after every one not kept: the stream is in commit order, so a message not
+    // kept would arrive before this one.
+    send_jobs(&store, &queue, 5, 1, KEYS).await;
+    let relay =
+        WalRelay::new(store.clone(), url, RabbitMq::new(channel.clone())).expect("the relay");
+    let arrived = async {
+        let mut got = Vec::new();
+        while !got.contains(&5) {
+            wait_for(&channel, &queue, 1, "the kept modes' messages").await;
+            got.extend(drain(&channel, &queue).await.into_iter().map(|m| m.2));
+        }
+        got
+    };
+    let mut got = tokio::select! {
+        ended = relay.run(std::future::pending()) => panic!("the relay ended: {ended:?}"),
+        got = arrived => got,
+    };
+    got.sort_unstable();
+    got.dedup();
+    assert_eq!(got, [1, 2, 3, 4, 5], "what each mode kept, once each id");
 }
 
 async fn slot_pid(pool: &PgPool, table: &str) -> Option<i32> {

@@ -41,7 +41,8 @@ pub(crate) async fn doctor_exits_0_healthy_6_warnings_7_problems<B: Db>() {
             "pool",
             "ack_timeout",
             "pooler",
-            "clock"
+            "clock",
+            "wal_slots"
         ]
     );
 

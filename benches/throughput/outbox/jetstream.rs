@@ -112,6 +112,12 @@ impl Js {
     }
 
     /// Deletes the stream. Best effort: a stream left behind carries this run's suffix.
+    /// Empties the stream, whatever it holds.
+    pub(super) async fn purge(&self) -> Res<()> {
+        self.stream.purge().await?;
+        Ok(())
+    }
+
     pub(super) async fn delete(self) {
         let _ = self.context.delete_stream(&self.name).await;
     }

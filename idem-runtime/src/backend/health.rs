@@ -79,6 +79,9 @@ statements! {
         max_connections();
         /// The port the server listens on, as it says (PostgreSQL).
         server_port();
+        /// The database's logical replication slots of pgoutput, the WAL relay's (PostgreSQL):
+        /// `(name, unconfirmed bytes, retained bytes, active, wal_status)`.
+        slots();
     }
 }
 
@@ -172,6 +175,21 @@ impl<DB: Backend> Sql<DB> {
         };
         let server: Option<(Option<i64>,)> = server.fetch_optional(pool).await?;
         Ok(server.and_then(|(port,)| port).map(|port| (ours, port)))
+    }
+}
+
+/// A logical replication slot as the doctor reads it: its name, the WAL bytes written since
+/// its confirmed position and those the server keeps for it, whether a relay streams from it
+/// (1) or not (0), and its `wal_status`.
+pub(crate) type Slot = (String, i64, i64, i64, String);
+
+impl<DB: Backend> Sql<DB> {
+    /// The database's pgoutput slots, where the database has them (PostgreSQL).
+    pub(crate) async fn slots(&self, pool: &Pool<DB>) -> Result<Option<Vec<Slot>>, sqlx::Error> {
+        let Some(slots) = self.health.slots() else {
+            return Ok(None);
+        };
+        Ok(Some(slots.fetch_all(pool).await?))
     }
 }
 

@@ -56,7 +56,7 @@ mod upgrade;
 pub(crate) mod wake;
 
 pub(crate) use glue::{backend_fns, own, sql_runs, wiring};
-pub(crate) use health::{Bloat, COUNT_CAP};
+pub(crate) use health::{Bloat, COUNT_CAP, Slot};
 pub(crate) use listen::Listen;
 pub(crate) use outbox::announcer;
 pub(crate) use rows::{Found, LeaseState, MarkerRow, OutboxRow, Status, StepRow, Taken};

@@ -91,6 +91,8 @@ pub(super) async fn run<DB: Backend>(
     let db_ms = sql.clock_ms(pool).await?;
     let after = SystemTime::now();
     findings.push(clock(db_ms, before, after, checkup.clock_tolerance));
+    let slots = sql.slots(pool).await?;
+    findings.push(super::slots::slots(slots, checkup.slot_lag));
     Ok(Diagnosis { table, findings })
 }
 

@@ -5,6 +5,7 @@
 
 mod checks;
 mod schema;
+mod slots;
 
 use std::fmt;
 use std::time::Duration;
@@ -38,6 +39,7 @@ pub struct Checkup {
     pub(crate) ack_timeout: Option<Duration>,
     pub(crate) clock_tolerance: Duration,
     pub(crate) relay_lag: Duration,
+    pub(crate) slot_lag: i64,
 }
 
 impl Default for Checkup {
@@ -61,6 +63,7 @@ impl Checkup {
             ack_timeout: None,
             clock_tolerance: Duration::from_secs(1),
             relay_lag: Duration::from_secs(300),
+            slot_lag: 1 << 30,
         }
     }
 
@@ -116,6 +119,14 @@ impl Checkup {
         self.clock_tolerance = tolerance;
         self
     }
+
+    /// How many bytes of WAL a WAL relay's slot may be behind (not confirmed) before the
+    /// `wal_slots` check warns (1 GiB; PostgreSQL). A slot no relay streams from warns once
+    /// it is behind at all, an invalidated one is a problem.
+    pub fn slot_lag(mut self, bytes: u64) -> Self {
+        self.slot_lag = i64::try_from(bytes).unwrap_or(i64::MAX);
+        self
+    }
 }
 
 /// How bad a finding is. Ordered: the worst of a [`Diagnosis`] decides the `idem doctor`
@@ -156,7 +167,7 @@ impl fmt::Display for Severity {
 #[non_exhaustive]
 pub struct Finding {
     /// The check: `schema`, `indexes`, `bloat`, `retention`, `leases`, `outbox`, `pool`,
-    /// `ack_timeout`, `pooler`, `clock`.
+    /// `ack_timeout`, `pooler`, `clock`, `wal_slots`.
     pub check: &'static str,
     /// How bad it is.
     pub severity: Severity,

@@ -154,6 +154,7 @@ pub(super) fn health() -> HealthText {
         ),
         max_connections: Some("SELECT CAST(@@max_connections AS SIGNED)".into()),
         server_port: None,
+        slots: None,
     }
 }
 

@@ -133,6 +133,15 @@ pub(super) fn health() -> HealthText {
         clock: Some("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8".into()),
         max_connections: Some("SELECT current_setting('max_connections')::int8".into()),
         server_port: Some("SELECT inet_server_port()::int8".into()),
+        slots: Some(
+            "SELECT slot_name::text, \
+             COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::int8, \
+             COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::int8, \
+             (CASE WHEN active THEN 1 ELSE 0 END)::int8, \
+             COALESCE(wal_status, '') FROM pg_replication_slots WHERE slot_type = 'logical' \
+             AND plugin = 'pgoutput' AND database = current_database() ORDER BY slot_name"
+                .into(),
+        ),
     }
 }
 

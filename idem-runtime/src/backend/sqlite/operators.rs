@@ -133,5 +133,6 @@ pub(super) fn health() -> HealthText {
         clock: None,
         max_connections: None,
         server_port: None,
+        slots: None,
     }
 }

@@ -22,6 +22,7 @@ use crate::store::Store;
 /// `wal-relay`, PostgreSQL).
 ///
 /// ```no_run
+/// # #[cfg(feature = "outbox-rabbitmq")]
 /// # async fn example(pool: sqlx::PgPool, channel: lapin::Channel) -> Result<(), idem::Error> {
 /// # use idem_runtime as idem;
 /// use idem::outbox::{RabbitMq, WalRelay};

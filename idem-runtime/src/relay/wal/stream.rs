@@ -359,12 +359,15 @@ impl State {
         Ok(None)
     }
 
-    /// The earliest instant a message in hand is due; `None` with none in hand.
+    /// The earliest instant a message in hand may be tried: the earliest due of each key's
+    /// first message not done (a later one waits for it, whatever its own due); `None` with
+    /// none in hand.
     fn next_due(&self) -> Option<Instant> {
+        let mut heads: HashSet<&str> = HashSet::new();
         self.queue
             .iter()
             .flat_map(|txn| &txn.messages)
-            .filter(|p| !p.done)
+            .filter(|p| !p.done && heads.insert(p.framed.message.ordering_key.as_str()))
             .map(|p| p.due)
             .min()
     }
