@@ -454,7 +454,8 @@ async fn a_rolled_back_job_sends_nothing_and_a_refused_message_parks_with_its_ke
         .max_attempts(2);
     let table = store.table().to_owned();
     let parked = async {
-        // Until k1's first message is parked and its second is behind it in the table.
+        // Until k1's first message, refused twice, is parked, its second behind it in the
+        // table.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let rows: Vec<(String, bool)> = sqlx::query_as(AssertSqlSafe(format!(
@@ -463,7 +464,7 @@ async fn a_rolled_back_job_sends_nothing_and_a_refused_message_parks_with_its_ke
             .fetch_all(pool)
             .await
             .expect("the outbox");
-            if rows.len() == 2 {
+            if rows.len() == 2 && rows[0].1 {
                 return rows;
             }
             assert!(Instant::now() < deadline, "parked rows: {rows:?}");

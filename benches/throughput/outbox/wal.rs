@@ -164,6 +164,19 @@ async fn measure(pool: &PgPool, url: &str, quick: bool) -> Res<String> {
                 rates[v].push(jobs(&store, &names.accounts, &next, variants[v], run).await?);
             }
         }
+        // Stopped once it confirmed everything: the next runs read only their own messages.
+        let lagging = relay(Watch::new(super::Nowhere, false))?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while lagging
+            .lag()
+            .await?
+            .is_some_and(|lag| lag.unconfirmed_bytes > 0)
+        {
+            if Instant::now() > deadline {
+                return Err("the handler runs' relay did not catch up in 60 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         stop.notify_one();
         background.await??;
         rates.map(median)

@@ -49,13 +49,15 @@ use crate::store::Store;
 /// - **Commit order.** Messages leave in the order of their transactions' commits, and a job's
 ///   in the order it sent them. Within a batch, one ordering key's messages go one at a time
 ///   (each after the broker confirmed the one before), other keys' beside them.
-/// - **A refused message parks with its key.** A message the broker refused
-///   [`max_attempts`](WalRelay::max_attempts) times becomes a parked row of the outbox table,
-///   as the polling relay parks one, and every later message of its key goes to the table
-///   behind it (per key, nothing overtakes it) while other keys go on. `idem outbox requeue`
-///   brings them back; the relay sends the table's due rows between its batches, with the
-///   polling relay's rounds ([`Relay::relay_once`]), and a key leaves the table once none of
-///   its messages is left there.
+/// - **A refused message goes to the outbox table with its key.** A message the broker
+///   refused becomes a row of the outbox table at once, as a failed attempt due again after
+///   [`backoff`](WalRelay::backoff), and every later message of its key goes to the table
+///   behind it (per key, nothing overtakes it) while other keys go on and the slot's position
+///   moves past them. The table's rows are sent between the relay's batches, by the polling
+///   relay's rounds ([`Relay::relay_once`]): retried with the backoff doubling, parked after
+///   [`max_attempts`](WalRelay::max_attempts), brought back by `idem outbox requeue`. A key's
+///   messages go straight to the broker again once the table holds none of them. A broker that
+///   is down for long so turns the relay into a polling one until its backlog is sent.
 /// - **One relay a slot.** PostgreSQL lets one connection stream from a slot. A second relay
 ///   started on the same slot waits, trying again every [`standby`](WalRelay::standby) (1 s),
 ///   and takes over when the first one's connection ends.

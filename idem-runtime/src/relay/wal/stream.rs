@@ -26,13 +26,14 @@ struct Txn {
     messages: Vec<Pending>,
 }
 
-/// A message not yet confirmed by the broker (nor parked).
+/// A message not yet confirmed by the broker (nor written to the outbox table).
 struct Pending {
     framed: Framed,
     done: bool,
-    /// Not tried again before this (after a failure).
-    due: Instant,
 }
+
+/// A message for the outbox table, and its error if the broker refused it.
+type Row<'a> = (&'a Framed, Option<&'a str>);
 
 /// How a stream ended.
 enum Ended {
@@ -61,7 +62,7 @@ impl<P: Publisher> WalRelay<P> {
                 Some(client) => client.map_err(stream_error)?,
             };
             let ended = self.stream(&mut client, stop.as_mut()).await;
-            client.stop();
+            close(client).await;
             match ended? {
                 Ended::Stopped => return Ok(()),
                 Ended::Held(by) => {
@@ -89,10 +90,11 @@ impl<P: Publisher> WalRelay<P> {
             table_at: Instant::now(),
         };
         loop {
-            // Wait for the stream only with nothing to publish now.
-            let due = state.next_due();
-            if state.held == 0 || due.is_some_and(|due| due > Instant::now()) {
-                let until = due.map(tokio::time::Instant::from_std);
+            // Wait for the stream only with nothing to publish now; while the table holds
+            // messages, no longer than its next round.
+            if state.held == 0 {
+                let until = (!state.tabled.is_empty())
+                    .then(|| tokio::time::Instant::from_std(state.table_at + TABLE_EVERY));
                 let wait = async {
                     match until {
                         Some(until) => tokio::select! {
@@ -133,19 +135,27 @@ impl<P: Publisher> WalRelay<P> {
                 client.update_applied_lsn(end);
             }
             if !state.tabled.is_empty() && state.table_at.elapsed() >= TABLE_EVERY {
-                self.table.relay_once().await?;
-                state.tabled = self.tabled_keys().await?;
+                // The table's due rows, round after round while they move (a backlog left by
+                // a broker that was down), then its keys again.
+                let drained = async {
+                    while self.table.relay_once().await?.sent > 0 {}
+                    self.tabled_keys().await
+                };
+                match unless(stop.as_mut(), drained).await {
+                    None => return Ok(Ended::Stopped),
+                    Some(tabled) => state.tabled = tabled?,
+                }
                 state.table_at = Instant::now();
             }
         }
     }
 
-    /// One batch: the due messages of the transactions in hand, in commit order, up to the
-    /// batch (a key's messages after one backing off wait with it), published in waves;
-    /// those of keys with rows in the outbox table written there instead, behind them.
+    /// One batch: the messages of the transactions in hand, in commit order, up to the batch,
+    /// published in waves. Those of keys with rows in the outbox table are written there
+    /// instead, behind them; a message the broker refused goes there too, with its attempt,
+    /// its error and its backoff, and its key with it: the table's rounds retry it, park it
+    /// after `max_attempts`, and keep its key's order, while the stream goes on.
     async fn publish(&self, state: &mut State) -> Result<(), Error> {
-        let now = Instant::now();
-        let mut blocked: HashSet<&str> = HashSet::new();
         let mut picked: Vec<(usize, usize)> = Vec::new();
         let mut to_table: Vec<(usize, usize)> = Vec::new();
         'txns: for (t, txn) in state.queue.iter().enumerate() {
@@ -153,14 +163,9 @@ impl<P: Publisher> WalRelay<P> {
                 if pending.done {
                     continue;
                 }
-                let key = pending.framed.message.ordering_key.as_str();
-                if state.tabled.contains(key) {
-                    to_table.push((t, m));
-                } else if blocked.contains(key) {
-                } else if pending.due > now {
-                    blocked.insert(key);
-                } else {
-                    picked.push((t, m));
+                match state.tabled.contains(&pending.framed.message.ordering_key) {
+                    true => to_table.push((t, m)),
+                    false => picked.push((t, m)),
                 }
             }
             if picked.len() >= self.batch {
@@ -168,7 +173,7 @@ impl<P: Publisher> WalRelay<P> {
             }
         }
         if !to_table.is_empty() {
-            let rows: Vec<(&Framed, Option<&str>)> = to_table
+            let rows: Vec<Row<'_>> = to_table
                 .iter()
                 .map(|&(t, m)| (&state.queue[t].messages[m].framed, None))
                 .collect();
@@ -187,39 +192,29 @@ impl<P: Publisher> WalRelay<P> {
         let keys = waves::Keys::of(&messages);
         let mut round = waves::Round::new(messages);
         round.publish(&self.table.publisher, &keys).await;
-        let mut parked: Vec<(usize, usize, String)> = Vec::new();
+        let mut failed: Vec<(usize, usize, String)> = Vec::new();
         for (at, answer) in round.answers(&keys) {
             let (t, m) = picked[at];
             match answer {
                 waves::Answer::Published => state.finish(t, m),
+                // Its key's earlier message failed: it follows it to the table, next batch.
                 waves::Answer::Waiting | waves::Answer::Left => {}
                 waves::Answer::Failed(e) => {
-                    let pending = &mut state.queue[t].messages[m];
-                    let message = &mut pending.framed.message;
-                    message.attempts = message.attempts.saturating_add(1);
-                    let shift = message.attempts.saturating_sub(1).min(16);
-                    let wait = self
-                        .table
-                        .backoff
-                        .saturating_mul(1 << shift)
-                        .min(Duration::from_secs(300));
-                    pending.due = Instant::now() + wait;
                     let error = e.to_string();
-                    tracing::warn!(id = %message.id, attempts = message.attempts, %error,
-                        "the WAL relay could not publish a message");
-                    if message.attempts >= self.table.max_attempts {
-                        parked.push((t, m, bounded(&error, super::super::ERROR_TEXT).into()));
-                    }
+                    let message = &state.queue[t].messages[m].framed.message;
+                    tracing::warn!(id = %message.id, %error,
+                        "the WAL relay could not publish a message; the outbox table's rounds retry it");
+                    failed.push((t, m, bounded(&error, super::super::ERROR_TEXT).into()));
                 }
             }
         }
-        if !parked.is_empty() {
-            let rows: Vec<(&Framed, Option<&str>)> = parked
+        if !failed.is_empty() {
+            let rows: Vec<Row<'_>> = failed
                 .iter()
                 .map(|(t, m, error)| (&state.queue[*t].messages[*m].framed, Some(error.as_str())))
                 .collect();
             self.to_table(&rows).await?;
-            for (t, m, _) in parked {
+            for (t, m, _) in failed {
                 let key = state.queue[t].messages[m]
                     .framed
                     .message
@@ -228,26 +223,32 @@ impl<P: Publisher> WalRelay<P> {
                 state.tabled.insert(key);
                 state.finish(t, m);
             }
+            state.table_at = Instant::now();
         }
         Ok(())
     }
 
-    /// Writes `rows` to the outbox table, in their order, in one transaction: each parked
-    /// (with its error) or pending behind its key's parked one, after every row of its key
-    /// already there.
-    async fn to_table(&self, rows: &[(&Framed, Option<&str>)]) -> Result<(), Error> {
+    /// Writes `rows` to the outbox table, in their order, in one transaction, each after
+    /// every row of its key already there: one that failed (with its error) as a failed
+    /// attempt, due again after the backoff (parked at once with `max_attempts(1)`), the others
+    /// pending, behind their key's.
+    async fn to_table(&self, rows: &[Row<'_>]) -> Result<(), Error> {
         let table = self.store().sql().table.as_str();
         let insert = format!(
             "INSERT INTO {table}_outbox (id, destination, payload, scope, key, seq, \
-             ordering_key, headers, attempts, last_error, parked, created_at) \
+             ordering_key, headers, attempts, last_error, parked, next_attempt_at, created_at) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
+             now() + $12 * interval '1 millisecond', \
              GREATEST(clock_timestamp(), (SELECT max(created_at) + interval '1 microsecond' \
              FROM {table}_outbox WHERE ordering_key = $7 AND sent_at IS NULL)) \
              ON CONFLICT (id) DO NOTHING"
         );
+        let backoff = i64::try_from(self.table.backoff.as_millis()).unwrap_or(i64::MAX);
         let mut tx = self.store().pool().begin().await?;
         for (framed, error) in rows {
             let m = &framed.message;
+            let attempts = i64::from(error.is_some());
+            let park = error.is_some() && self.table.max_attempts <= 1;
             sqlx::query(sqlx::AssertSqlSafe(insert.as_str()))
                 .bind(&m.id)
                 .bind(&m.destination)
@@ -257,9 +258,10 @@ impl<P: Publisher> WalRelay<P> {
                 .bind(i64::from(m.seq))
                 .bind(&m.ordering_key)
                 .bind(m.headers.to_json())
-                .bind(i64::from(m.attempts))
+                .bind(attempts)
                 .bind(*error)
-                .bind(error.is_some())
+                .bind(park)
+                .bind(if error.is_some() { backoff } else { 0 })
                 .execute(&mut *tx)
                 .await?;
         }
@@ -331,7 +333,6 @@ impl State {
                 self.open.get_or_insert_default().push(Pending {
                     framed,
                     done: false,
-                    due: Instant::now(),
                 });
             }
             ReplicationEvent::Commit { end_lsn, .. } => {
@@ -359,19 +360,6 @@ impl State {
         Ok(None)
     }
 
-    /// The earliest instant a message in hand may be tried: the earliest due of each key's
-    /// first message not done (a later one waits for it, whatever its own due); `None` with
-    /// none in hand.
-    fn next_due(&self) -> Option<Instant> {
-        let mut heads: HashSet<&str> = HashSet::new();
-        self.queue
-            .iter()
-            .flat_map(|txn| &txn.messages)
-            .filter(|p| !p.done && heads.insert(p.framed.message.ordering_key.as_str()))
-            .map(|p| p.due)
-            .min()
-    }
-
     fn finish(&mut self, t: usize, m: usize) {
         let pending = &mut self.queue[t].messages[m];
         if !pending.done {
@@ -392,6 +380,16 @@ impl State {
             end = self.queue.pop_front().map(|txn| txn.end);
         }
         end
+    }
+}
+
+/// Ends the replication connection, so that the slot is free for the next relay at once: a
+/// graceful stop, which drains the events the client still buffers (its worker waits for room
+/// before it sees the stop), bounded; then a hard one.
+async fn close(mut client: ReplicationClient) {
+    let graceful = tokio::time::timeout(Duration::from_secs(2), client.shutdown()).await;
+    if graceful.is_err() {
+        client.abort();
     }
 }
 
