@@ -358,6 +358,13 @@ impl Server {
     pub fn log(&self) -> PathBuf {
         self.root.join("data.log")
     }
+
+    /// Stops it at once (`immediate`: as a crash, its clients' connections cut) and starts it
+    /// again on the same port; returns once it accepts connections.
+    pub fn restart(&self) {
+        stop(&self.bin, &self.root, "data");
+        pg_ctl_start(&self.bin, &self.root, "data", self.port);
+    }
 }
 
 impl Drop for Server {

@@ -150,6 +150,7 @@ async fn the_wal_relay_on_a_server_of_its_own() {
     a_job_sent_with_no_slot_fails_and_writes_nothing(&pool).await;
     a_killed_relay_loses_nothing_and_its_copies_keep_their_ids(&url, &pool).await;
     a_standby_relay_takes_over_from_a_killed_one(&url, &pool).await;
+    a_relay_restarted_after_the_server_crashed_sends_everything(&server, &url, &pool).await;
     every_mode_sends_through_the_wal_only_what_it_kept(&url, &pool).await;
     a_rolled_back_job_sends_nothing_and_a_refused_message_parks_with_its_key(&url, &pool).await;
     a_server_or_role_not_set_up_is_refused_before_anything_is_published(&url, &pool).await;
@@ -332,6 +333,76 @@ async fn a_standby_relay_takes_over_from_a_killed_one(url: &str, pool: &PgPool) 
     kill(&mut standby);
     let got = drain(&channel, &queue).await.len().max(got as usize);
     assert!(got >= 100, "{got} of 100");
+}
+
+/// The server crashes (stopped `immediate`) while the relay streams, and starts again: the
+/// relay's run ends with a transient error, its supervisor runs it again, and every message
+/// arrives, each key's first arrivals in commit order.
+async fn a_relay_restarted_after_the_server_crashed_sends_everything(
+    server: &Server,
+    url: &str,
+    pool: &PgPool,
+) {
+    let store = store(pool, "wal_restart").await;
+    let channel = channel().await;
+    let queue = unique("wal_restart");
+    declare(&channel, &queue).await;
+    set_up(&store, url).await;
+    let total = 1500;
+    send_jobs(&store, &queue, 0, total, KEYS).await;
+    let relay = WalRelay::new(store.clone(), url, RabbitMq::new(channel.clone()))
+        .expect("the relay")
+        .batch(50);
+    let (ended, errors) = (
+        tokio::sync::Notify::new(),
+        std::sync::Mutex::new(Vec::new()),
+    );
+    // What a supervisor does: runs it again after a transient error.
+    let supervised = async {
+        loop {
+            match relay.run(ended.notified()).await {
+                Ok(()) => return,
+                Err(e) if e.is_transient() => {
+                    errors.lock().unwrap().push(e.to_string());
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("the relay failed for good: {e}"),
+            }
+        }
+    };
+    let crash_and_collect = async {
+        let at_crash = wait_for(&channel, &queue, 100, "the relay's first batches").await;
+        tokio::task::block_in_place(|| server.restart());
+        let mut got = Vec::new();
+        let mut distinct = HashSet::new();
+        while distinct.len() < total as usize {
+            wait_for(&channel, &queue, 1, "the rest, after the restart").await;
+            let more = drain(&channel, &queue).await;
+            distinct.extend(more.iter().map(|m| m.0.clone()));
+            got.extend(more);
+        }
+        ended.notify_one();
+        (at_crash, got)
+    };
+    let ((), (at_crash, got)) = tokio::join!(supervised, crash_and_collect);
+    assert!(
+        at_crash < total,
+        "the crash came mid-stream: {at_crash} of {total} sent"
+    );
+    assert!(
+        !errors.lock().unwrap().is_empty(),
+        "the relay saw the crash"
+    );
+    let mut seen = HashSet::new();
+    let mut last: HashMap<&str, u32> = HashMap::new();
+    for (id, key, n) in &got {
+        if seen.insert(id.as_str())
+            && let Some(before) = last.insert(key.as_str(), *n)
+        {
+            assert!(before < *n, "{key}: {n} arrived after {before}");
+        }
+    }
+    assert_eq!(seen.len(), total as usize, "every message arrived");
 }
 
 /// A lease, a batch and claims joined to the caller's transaction send through the WAL as a
