@@ -472,8 +472,16 @@ impl Store<sqlx::Postgres> {
     /// one relay must say the same: the polling relay never sees what went to the WAL, and
     /// the WAL relay sends the table's rows only as the ones it parked.
     ///
-    /// `idem outbox list` shows a message sent this way only once the relay parked it (the
-    /// WAL holds it until the relay's slot confirms it).
+    /// WAL written before a slot exists is never decoded by it: set the relay up
+    /// ([`WalRelay::setup`](crate::outbox::WalRelay::setup)) before the first job. Until a
+    /// `pgoutput` slot exists in the database, a claim that sends messages fails with
+    /// [`WalError::NoSlot`](crate::WalError::NoSlot) and keeps nothing. The check is for any
+    /// such slot: two stores of one database that send through the WAL each need their
+    /// relay's slot made before their first job.
+    ///
+    /// `idem outbox list` shows a message sent this way only once the relay wrote it to the
+    /// table (a message the broker refused; the WAL holds the others until the relay's slot
+    /// confirms them).
     pub fn outbox_through_wal(self) -> Self {
         let table = self.sql.table.clone().through_wal(true);
         Store::of(self.pool, &table)

@@ -335,7 +335,9 @@ impl Ctx<'_> {
             };
             for m in 0..PER_JOB.min(count - job * PER_JOB) {
                 let n = (first + job) * PER_JOB + m;
-                let ordering = format!("k{}", n % KEYS);
+                // Keys of this run's own: a message of an earlier run published again (its
+                // relay stopped before the slot heard its last confirm) holds back none.
+                let ordering = format!("r{first}-k{}", n % KEYS);
                 guard
                     .outbox()
                     .send_keyed(&ordering, destination, &(n % KEYS, n))?;
@@ -384,7 +386,11 @@ impl Ctx<'_> {
             };
             let id = guard
                 .outbox()
-                .send_keyed(&format!("k{}", job % KEYS), destination, &(job % KEYS, job))?
+                .send_keyed(
+                    &format!("t{first}-k{}", job % KEYS),
+                    destination,
+                    &(job % KEYS, job),
+                )?
                 .to_owned();
             let _ = guard.finish::<(), idem::Error>(Ok(())).await?;
             committed.push((id, Instant::now()));

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
-use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
+use pgwire_replication::{FeedbackObserver, Lsn, PgWireError, ReplicationClient, ReplicationEvent};
 
 use super::WalRelay;
 use crate::backend::postgres::wal_prefix;
@@ -55,13 +55,34 @@ impl<P: Publisher> WalRelay<P> {
             None => return Ok(()),
             Some(set) => set?,
         }
+        // Told of each standby status update, so that a stopped relay can wait for its last
+        // confirmed position to reach the server before it ends the stream.
+        let reported = std::sync::Arc::new(tokio::sync::Notify::new());
+        let observer = {
+            let reported = reported.clone();
+            FeedbackObserver::new(move |_| reported.notify_one())
+        };
         loop {
-            let connected = ReplicationClient::connect(self.replication.clone());
+            let config = self
+                .replication
+                .clone()
+                .with_feedback_observer(observer.clone());
+            let connected = ReplicationClient::connect(config);
             let mut client = match unless(stop.as_mut(), connected).await {
                 None => return Ok(()),
                 Some(client) => client.map_err(stream_error)?,
             };
             let ended = self.stream(&mut client, stop.as_mut()).await;
+            if matches!(ended, Ok(Ended::Stopped)) {
+                // Its last confirmed position, sent within the status interval: otherwise the
+                // next run would publish again what this one saw confirmed.
+                let reported = async {
+                    while client.feedback_pending_since().is_some() {
+                        reported.notified().await;
+                    }
+                };
+                let _ = tokio::time::timeout(Duration::from_secs(1), reported).await;
+            }
             close(client).await;
             match ended? {
                 Ended::Stopped => return Ok(()),
