@@ -100,13 +100,13 @@ pub(crate) async fn run(quick: bool) -> Res<String> {
         .connect(&url)
         .await
         .map_err(|e| format!("the bench's own PostgreSQL at {url}: {e}"))?;
-    let measured = measure(&pool, &url, quick).await;
+    let measured = measure(&server, &pool, &url, quick).await;
     pool.close().await;
     drop(server);
     measured
 }
 
-async fn measure(pool: &PgPool, url: &str, quick: bool) -> Res<String> {
+async fn measure(server: &Server, pool: &PgPool, url: &str, quick: bool) -> Res<String> {
     let pid = std::process::id();
     let names = super::Names {
         accounts: format!("idem_bench_walr_accounts_p{pid}"),
@@ -208,9 +208,16 @@ async fn measure(pool: &PgPool, url: &str, quick: bool) -> Res<String> {
         }
         for v in order {
             let rate = match v {
-                0 => direct(&rabbit, &names.queue, relayed).await?,
+                0 => direct(&Watch::new(rabbit.clone(), false), &names.queue, relayed).await?,
                 1 => ctx.drained(&rabbit, &names.queue, relayed).await?.0,
-                2 => direct(&js.publisher, &js.subject, relayed).await?,
+                2 => {
+                    direct(
+                        &Watch::new(js.publisher.clone(), false),
+                        &js.subject,
+                        relayed,
+                    )
+                    .await?
+                }
                 _ => ctx.drained(&js.publisher, &js.subject, relayed).await?.0,
             };
             match v {
@@ -245,14 +252,37 @@ async fn measure(pool: &PgPool, url: &str, quick: bool) -> Res<String> {
     ));
 
     eprintln!("wal relay: a backlog of {backlog} messages over {KEYS} keys to RabbitMQ");
+    // A second slot of the same publication, made before the backlog: PostgreSQL's own client
+    // decodes the same WAL through it afterwards, the floor of any relay on this server.
+    let floor_slot = format!("{}_floor", names.markers);
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')::text")
+        .bind(&floor_slot)
+        .execute(pool)
+        .await?;
     let before = peak_rss_kib();
     let (rate, ordered) = ctx.drained(&rabbit, &names.queue, backlog).await?;
     let after = peak_rss_kib();
     backends::purge(&channel, &names.queue, backlog as usize).await?;
+    // A record after the backlog for pg_recvlogical to stop at: a message of no transaction,
+    // sent at once (an idle server's next keepalive could be half a minute away).
+    let end: String =
+        sqlx::query_scalar("SELECT pg_logical_emit_message(false, 'floor', 'end')::text")
+            .fetch_one(pool)
+            .await?;
+    let publication = format!("{}_relay", names.markers);
+    let decoded = recvlogical(server, &floor_slot, &publication, &end).await?;
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&floor_slot)
+        .execute(pool)
+        .await?;
+    let floor = backlog as f64 / decoded.as_secs_f64();
     out.push_str(&format!(
         "\n## The WAL relay: a backlog of {backlog} messages drained to RabbitMQ ({KEYS} \
-         ordering keys)\n\n| messages/s | each key in commit order | peak RSS before | peak \
-         RSS after |\n|---|---|---|---|\n| {rate:.0} | {} | {} MiB | {} MiB |\n",
+         ordering keys; the floor: pg_recvlogical decoding the same WAL from a second slot to \
+         /dev/null)\n\n| messages/s | pg_recvlogical: messages/s | relay vs it | each key in \
+         commit order | peak RSS before | peak RSS after |\n|---|---|---|---|---|---|\n| \
+         {rate:.0} | {floor:.0} | {:.2} | {} | {} MiB | {} MiB |\n",
+        rate / floor,
         if ordered { "yes" } else { "NO" },
         before / 1024,
         after / 1024
@@ -441,6 +471,32 @@ async fn direct<P: Publisher>(publisher: &P, destination: &str, count: u64) -> R
         }
     }
     Ok(count as f64 / started.elapsed().as_secs_f64())
+}
+
+/// How long `pg_recvlogical` takes to decode `slot` (of `publication`, with the logical
+/// decoding messages) up to `end`, writing nothing.
+async fn recvlogical(server: &Server, slot: &str, publication: &str, end: &str) -> Res<Duration> {
+    let program = server.bin().join("pg_recvlogical");
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres",
+        server.port
+    );
+    let started = Instant::now();
+    let status = tokio::process::Command::new(&program)
+        .args(["-d", &conninfo, "--slot", slot, "--start", "--no-loop"])
+        .args(["--endpos", end])
+        .args(["-o", "proto_version=1"])
+        .args(["-o", &format!("publication_names={publication}")])
+        .args(["-o", "messages=true"])
+        .args(["-f", "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .status()
+        .await
+        .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
+    if !status.success() {
+        return Err(format!("pg_recvlogical ended with {status}").into());
+    }
+    Ok(started.elapsed())
 }
 
 /// The process's peak resident memory so far (`VmHWM`), in KiB.
