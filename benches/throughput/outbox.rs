@@ -129,9 +129,23 @@ async fn handler_run(
     run: Duration,
 ) -> Res<f64> {
     let started = Instant::now();
+    let tasks = workers(store, &names.accounts, next, messages, started, run);
+    finish_run(store, names, started, tasks, messages.unwrap_or(0) as u64).await
+}
+
+/// `WORKERS` workers running jobs until `run` has passed since `started`, each job sending
+/// `messages` (none: the handler without an outbox); each answers how many it ran.
+fn workers(
+    store: &Store<Postgres>,
+    accounts: &str,
+    next: &Arc<AtomicU64>,
+    messages: Option<usize>,
+    started: Instant,
+    run: Duration,
+) -> Vec<tokio::task::JoinHandle<Result<u64, idem::Error>>> {
     let mut tasks = Vec::new();
     for _ in 0..WORKERS {
-        let (store, next, accounts) = (store.clone(), next.clone(), names.accounts.clone());
+        let (store, next, accounts) = (store.clone(), next.clone(), accounts.to_owned());
         tasks.push(tokio::spawn(async move {
             let mut done = 0_u64;
             while started.elapsed() < run {
@@ -150,12 +164,9 @@ async fn handler_run(
             Ok::<u64, idem::Error>(done)
         }));
     }
-    finish_run(store, names, started, tasks, messages.unwrap_or(0) as u64).await
+    tasks
 }
 
-/// Waits for the workers' job counts; checks that the outbox holds `per_job` messages for
-/// each job and no other, then empties it, so that every run starts alike. Returns jobs/s
-/// since `started`.
 async fn finish_run(
     store: &Store<Postgres>,
     names: &Names,

@@ -17,8 +17,8 @@ use idem::{Claimed, Outcome, Store};
 use idem_scale::jobs::unique;
 use idem_scale::standby::Server;
 use kit::{
-    KEYS, channel, consume_once, declare, drain, kill, relay_process, send_jobs, set_up, slot_pid,
-    store, wait_for,
+    KEYS, channel, consume_once, declare, drain, first_arrivals_in_commit_order, kill,
+    relay_process, send_jobs, set_up, slot_pid, store, wait_for,
 };
 use lapin::options::QueueDeleteOptions;
 use sqlx::{AssertSqlSafe, PgPool};
@@ -117,16 +117,7 @@ async fn a_killed_relay_loses_nothing_and_its_copies_keep_their_ids(url: &str, p
         ids.values().all(|set| set.len() == 1),
         "a job's copies carry one id"
     );
-    // Each key's messages, first arrivals, in the order their jobs committed.
-    let mut seen = HashSet::new();
-    let mut last: HashMap<&str, u32> = HashMap::new();
-    for (id, key, n) in &got {
-        if seen.insert(id.as_str())
-            && let Some(before) = last.insert(key.as_str(), *n)
-        {
-            assert!(before < *n, "{key}: {n} arrived after {before}");
-        }
-    }
+    first_arrivals_in_commit_order(&got);
     // A consumer's claim applies each once.
     let effects = consume_once(pool, &got).await;
     assert_eq!(
@@ -230,16 +221,8 @@ async fn a_relay_restarted_after_the_server_crashed_sends_everything(
         !errors.lock().unwrap().is_empty(),
         "the relay saw the crash"
     );
-    let mut seen = HashSet::new();
-    let mut last: HashMap<&str, u32> = HashMap::new();
-    for (id, key, n) in &got {
-        if seen.insert(id.as_str())
-            && let Some(before) = last.insert(key.as_str(), *n)
-        {
-            assert!(before < *n, "{key}: {n} arrived after {before}");
-        }
-    }
-    assert_eq!(seen.len(), total as usize, "every message arrived");
+    let arrived = first_arrivals_in_commit_order(&got);
+    assert_eq!(arrived, total as usize, "every message arrived");
 }
 
 /// A lease, a batch and claims joined to the caller's transaction send through the WAL as a

@@ -25,7 +25,7 @@ use idem_scale::standby::Server;
 use lapin::options::QueueDeleteOptions;
 use sqlx::{AssertSqlSafe, PgPool, Postgres};
 
-use super::{ACCOUNTS, Job, WORKERS, backends, confirming_channel, jetstream, median};
+use super::{ACCOUNTS, WORKERS, backends, confirming_channel, jetstream, median};
 use crate::Res;
 
 /// Ordering keys of the backlog's messages.
@@ -310,27 +310,7 @@ async fn jobs(
     run: Duration,
 ) -> Res<f64> {
     let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..WORKERS {
-        let (store, next, accounts) = (store.clone(), next.clone(), accounts.to_owned());
-        tasks.push(tokio::spawn(async move {
-            let mut done = 0_u64;
-            while started.elapsed() < run {
-                let id = next.fetch_add(1, Ordering::Relaxed);
-                let job = Job {
-                    id,
-                    account: (id as i64) % ACCOUNTS + 1,
-                };
-                let outcome = match messages {
-                    None => super::top_up(&store, &job, &accounts).await,
-                    Some(n) => super::top_up_sending(&store, &job, &accounts, n).await,
-                }?;
-                assert!(outcome.is_applied(), "job {id} was fresh");
-                done += 1;
-            }
-            Ok::<u64, idem::Error>(done)
-        }));
-    }
+    let tasks = super::workers(store, accounts, next, messages, started, run);
     let mut done = 0;
     for task in tasks {
         done += task.await??;

@@ -1,6 +1,7 @@
 //! What the WAL relay's cases share: the shared RabbitMQ, stores through the WAL, jobs that
 //! send, the relay as a process of its own, and what arrived.
 
+use std::collections::{HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -196,4 +197,19 @@ pub(crate) async fn slot_pid(pool: &PgPool, table: &str) -> Option<i32> {
         .fetch_one(pool)
         .await
         .expect("the slot")
+}
+
+/// Asserts that each key's messages first arrived in the order their jobs committed (a copy
+/// may come again later, with its id); returns how many messages arrived.
+pub(crate) fn first_arrivals_in_commit_order(got: &[(String, String, u32)]) -> usize {
+    let mut seen = HashSet::new();
+    let mut last: HashMap<&str, u32> = HashMap::new();
+    for (id, key, n) in got {
+        if seen.insert(id.as_str())
+            && let Some(before) = last.insert(key.as_str(), *n)
+        {
+            assert!(before < *n, "{key}: {n} arrived after {before}");
+        }
+    }
+    seen.len()
 }

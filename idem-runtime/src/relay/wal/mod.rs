@@ -22,9 +22,9 @@ use crate::store::Store;
 /// `wal-relay`, PostgreSQL).
 ///
 /// ```no_run
+/// # use idem_runtime as idem;
 /// # #[cfg(feature = "outbox-rabbitmq")]
 /// # async fn example(pool: sqlx::PgPool, channel: lapin::Channel) -> Result<(), idem::Error> {
-/// # use idem_runtime as idem;
 /// use idem::outbox::{RabbitMq, WalRelay};
 ///
 /// let store = idem::Store::new(pool).outbox_through_wal();
