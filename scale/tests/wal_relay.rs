@@ -17,7 +17,7 @@ use idem::{Claimed, Outcome, Store};
 use idem_scale::jobs::unique;
 use idem_scale::standby::Server;
 use kit::{
-    KEYS, channel, consume_once, declare, drain, first_arrivals_in_commit_order, kill,
+    KEYS, channel, consume_once, declare, delete, drain, first_arrivals_in_commit_order, kill,
     relay_process, send_jobs, set_up, slot_pid, store, wait_for,
 };
 use lapin::options::QueueDeleteOptions;
@@ -130,6 +130,7 @@ async fn a_killed_relay_loses_nothing_and_its_copies_keep_their_ids(url: &str, p
         got.len(),
         before + after
     );
+    delete(&channel, &queue).await;
 }
 
 async fn a_standby_relay_takes_over_from_a_killed_one(url: &str, pool: &PgPool) {
@@ -161,6 +162,7 @@ async fn a_standby_relay_takes_over_from_a_killed_one(url: &str, pool: &PgPool) 
     kill(&mut standby);
     let got = drain(&channel, &queue).await.len().max(got as usize);
     assert!(got >= 100, "{got} of 100");
+    delete(&channel, &queue).await;
 }
 
 /// The server crashes (stopped `immediate`) while the relay streams, and starts again: the
@@ -223,6 +225,7 @@ async fn a_relay_restarted_after_the_server_crashed_sends_everything(
     );
     let arrived = first_arrivals_in_commit_order(&got);
     assert_eq!(arrived, total as usize, "every message arrived");
+    delete(&channel, &queue).await;
 }
 
 /// A lease, a batch and claims joined to the caller's transaction send through the WAL as a
@@ -292,6 +295,7 @@ async fn every_mode_sends_through_the_wal_only_what_it_kept(url: &str, pool: &Pg
     got.sort_unstable();
     got.dedup();
     assert_eq!(got, [1, 2, 3, 4, 5], "what each mode kept, once each id");
+    delete(&channel, &queue).await;
 }
 
 async fn a_rolled_back_job_sends_nothing_and_a_refused_message_parks_with_its_key(

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use idem::outbox::{RabbitMq, WalRelay};
 use idem::{Claimed, Outcome, Store};
 use idem_scale::jobs::unique;
-use lapin::options::{BasicGetOptions, QueueDeclareOptions};
+use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use sqlx::{AssertSqlSafe, PgPool};
 
@@ -212,4 +212,12 @@ pub(crate) fn first_arrivals_in_commit_order(got: &[(String, String, u32)]) -> u
         }
     }
     seen.len()
+}
+
+/// Deletes a case's queue, so that the broker keeps nothing of the run.
+pub(crate) async fn delete(channel: &lapin::Channel, queue: &str) {
+    channel
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await
+        .expect("the queue deleted");
 }

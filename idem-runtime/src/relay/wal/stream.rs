@@ -1,6 +1,6 @@
 //! [`WalRelay::run`]: the slot's transactions read in commit order, their messages published
 //! in batches, the slot confirmed past a transaction once every message of it and before it
-//! is confirmed or parked.
+//! is confirmed by the broker or written to the outbox table.
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
@@ -327,7 +327,13 @@ impl State {
     ) -> Result<Option<Ended>, Error> {
         let event = match event {
             Ok(Some(event)) => event,
-            Ok(None) => return Ok(Some(Ended::Stopped)),
+            // The relay asks its client to stop only after the stream ended: this end is the
+            // server's (a shutdown), and the supervisor's restart replays from the slot.
+            Ok(None) => {
+                return Err(Error::Wal(WalError::Stream {
+                    reason: "the server ended the replication stream".to_owned(),
+                }));
+            }
             Err(e) => {
                 let text = e.to_string();
                 // 55006, object_in_use: "replication slot .. is active for PID ..".
