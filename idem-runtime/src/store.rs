@@ -475,7 +475,7 @@ impl Store<sqlx::Postgres> {
     /// WAL written before a slot exists is never decoded by it: set the relay up
     /// ([`WalRelay::setup`](crate::outbox::WalRelay::setup)) before the first job. Until a
     /// `pgoutput` slot exists in the database, a claim that sends messages fails with
-    /// [`WalError::NoSlot`](crate::WalError::NoSlot) and keeps nothing. The check is for any
+    /// [`WalError::NoSlot`](crate::error::WalError::NoSlot) and keeps nothing. The check is for any
     /// such slot: two stores of one database that send through the WAL each need their
     /// relay's slot made before their first job.
     ///

@@ -10,6 +10,7 @@ use crate::backend::bind::statements;
 use crate::backend::outbox::{self, OutboxText};
 use crate::backend::sql::{Placeholders, Template};
 use crate::backend::{Listen, Sql, Table, Taken};
+use crate::error::{Error, WalError};
 use crate::outgoing::Unsent;
 
 /// The columns of the operators' statements (see `OutboxRow`).
@@ -263,7 +264,7 @@ async fn emit(
         .fetch_one(conn)
         .await?;
     if emitted == 0 && !frames.is_empty() {
-        return Err(crate::Error::Wal(crate::WalError::NoSlot).into());
+        return Err(Error::Wal(WalError::NoSlot).into());
     }
     Ok(())
 }
